@@ -452,3 +452,37 @@ def test_original_adapter_explains_what_is_missing(tmp_path, monkeypatch):
       "items_shuffle_1000.json")
   with pytest.raises(ImportError, match="web_agent_site"):
     original.WebShopOriginalEnv()
+
+
+def test_cpu_world_splits_and_type_expert():
+  """The CPU recipe's world: one product per type, 64 held-out goals, an
+  expert that searches by product type and still wins every test goal."""
+  env = WebShopEnv(num_products=30, goals_per_product=12, num_test_goals=64,
+                   expert_query="type")
+  assert env.num_tasks("test") == 64
+  assert env.num_tasks("train") == len(env.world.goals) - 64
+  assert len({p["query"] for p in env.world.products}) == 30
+  test_asins = set()
+  for task_id in range(64):
+    obs = env.reset(task_id, "test")
+    test_asins.add(env.goal["asin"])
+    first = env.expert_action()
+    assert first == f"search[{env.goal['query']}]"
+    for _ in range(8):
+      obs = env.step(env.expert_action())
+      if obs.done:
+        break
+    assert obs.won, task_id
+  # Held-out goals are new goals on products the train split also covers.
+  train_asins = {env.world.goal(i, "train")["asin"]
+                 for i in range(env.num_tasks("train"))}
+  assert test_asins <= train_asins
+  env.reset(0, "train")
+  assert env.goal is env.world.goals[64]
+
+
+def test_bad_world_arguments_are_refused():
+  with pytest.raises(ValueError, match="expert_query"):
+    WebShopEnv(num_products=30, expert_query="copy")
+  with pytest.raises(ValueError, match="num_test_goals"):
+    WebShopEnv(num_products=30, num_test_goals=0)

@@ -54,13 +54,28 @@ def parse_action(action: str) -> tuple[str, Optional[str]]:
 
 class WebShopEnv(base.TextEnv):
   """One WebShop session over the cached world for ``(seed, num_products,
-  goals_per_product)``; see the module docstring."""
+  goals_per_product, num_test_goals)``; see the module docstring.
+
+  ``expert_query`` is what the scripted solver types: ``"instruction"``
+  (the goal's words, upstream's human-like query) or ``"type"`` (the product
+  type alone, e.g. ``search[nail polish]``: the CPU recipe's warm start,
+  which a policy trained from scratch learns in minutes; with one product per
+  type the type finds the product).
+  """
 
   name = "webshop"
+  EXPERT_QUERIES = ("instruction", "type")
 
   def __init__(self, seed: int = 0, num_products: int = 500,
-               goals_per_product: int = 3):
-    self.world = world_lib.make_world(seed, num_products, goals_per_product)
+               goals_per_product: int = 3,
+               num_test_goals: int = world_lib.NUM_TEST_GOALS,
+               expert_query: str = "instruction"):
+    if expert_query not in self.EXPERT_QUERIES:
+      raise ValueError(f"expert_query must be one of {self.EXPERT_QUERIES},"
+                       f" got {expert_query!r}")
+    self.world = world_lib.make_world(seed, num_products, goals_per_product,
+                                      num_test_goals)
+    self.expert_query = expert_query
     self.goal: Optional[dict] = None
 
   # --- TextEnv --------------------------------------------------------
@@ -105,7 +120,9 @@ class WebShopEnv(base.TextEnv):
       return None
     target = self.goal["asin"]
     if self._page == "search":
-      return f"search[{catalogue.search_words(self.goal)}]"
+      words = (self.goal["query"] if self.expert_query == "type"
+               else catalogue.search_words(self.goal))
+      return f"search[{words}]"
     if self._page == "sub":
       return "click[< prev]"
     if self._page == "results":

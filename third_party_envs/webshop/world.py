@@ -4,7 +4,8 @@ Built once per process per ``(seed, num_products, goals_per_product)`` and
 shared by every environment instance (building takes about a second).
 
 Goal order and splits follow upstream: the goal list is shuffled with a fixed
-seed (upstream: ``random.seed(233)``); goals ``0..499`` are ``test``, the rest
+seed (upstream: ``random.seed(233)``); goals ``0..499`` (``num_test_goals``)
+are ``test``, the rest
 ``train``; ``valid_seen`` and ``valid_unseen`` alias ``test`` (verl-agent
 evaluates on goals 0..499 too).
 
@@ -33,14 +34,16 @@ class World:
   by_asin: dict
   engine: search_lib.SearchEngine
   goals: list  # shuffled; index = goal id
+  num_test_goals: int = NUM_TEST_GOALS
 
   def split_ids(self, split: str) -> range:
-    """Goal ids of ``split`` (train: 500.., test/valid_*: 0..499)."""
-    n = len(self.goals)
+    """Goal ids of ``split`` (train: ``num_test_goals``.., test/valid_*:
+    0..num_test_goals-1; upstream: 500)."""
+    n, n_test = len(self.goals), min(self.num_test_goals, len(self.goals))
     if split == "train":
-      return range(min(NUM_TEST_GOALS, n), n)
+      return range(n_test, n)
     if split in ("test", "valid_seen", "valid_unseen"):
-      return range(min(NUM_TEST_GOALS, n))
+      return range(n_test)
     raise ValueError(f"unknown split {split!r}; expected train, test, "
                      "valid_seen or valid_unseen")
 
@@ -64,12 +67,16 @@ def is_solvable(goal: dict, products_by_asin: dict,
 
 @functools.lru_cache(maxsize=8)
 def make_world(seed: int = 0, num_products: int = 500,
-               goals_per_product: int = 3) -> World:
+               goals_per_product: int = 3,
+               num_test_goals: int = NUM_TEST_GOALS) -> World:
   """The cached world for these arguments (deterministic)."""
+  if num_test_goals < 1:
+    raise ValueError(f"num_test_goals must be >= 1, got {num_test_goals}")
   products = catalogue.make_catalogue(seed, num_products)
   by_asin = {p["asin"]: p for p in products}
   engine = search_lib.SearchEngine(products)
   goals = catalogue.make_goals(products, seed, goals_per_product)
   goals = [g for g in goals if is_solvable(g, by_asin, engine)]
   random.Random(233 + seed).shuffle(goals)
-  return World(products=products, by_asin=by_asin, engine=engine, goals=goals)
+  return World(products=products, by_asin=by_asin, engine=engine, goals=goals,
+               num_test_goals=num_test_goals)
