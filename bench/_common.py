@@ -172,6 +172,22 @@ def policy_batch(rows: int, prompt_len: int, resp_len: int, vocab: int,
                old_values=zeros, is_offpolicy=off)
 
 
+def task_jax_matmul(args, _shape=None) -> None:
+  """The JAX workers' (ours, Tunix's) ``--task matmul``: ``peak_matmul``,
+  the best rate of a jitted float32 ``n x n`` ``jnp.dot``, 2 n^3 FLOPs."""
+  import jax
+  import jax.numpy as jnp
+
+  n = args.matmul_n
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  t = time_calls(lambda: dot(a, b), iters=max(args.iters, 5),
+                 sync=jax.block_until_ready)
+  metric("peak_matmul", 2 * n**3 / t["min_s"] / 1e9, "GFLOP/s",
+         n=n, dtype="float32", framework="jax " + jax.__version__)
+
+
 # ----------------------------------------------------- text for the peers
 # TRL and Tunix take text prompts, so the peers share a word-level tokenizer
 # whose ids are ours: '<pad>' = 0, '<eos>' = 1, 'w{i}' = i for i >= 2. A

@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
@@ -174,21 +173,10 @@ def task_gen(args, shape):
   _common.metric("peak_rss_gen", _common.peak_rss_mb(), "MiB", better="lower")
 
 
-def task_matmul(args, _):
-  n = args.matmul_n
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
-  t = _common.time_calls(lambda: dot(a, b), iters=max(args.iters, 5),
-                         sync=jax.block_until_ready)
-  _common.metric("peak_matmul", 2 * n**3 / t["min_s"] / 1e9, "GFLOP/s",
-                 n=n, dtype="float32", framework="jax " + jax.__version__)
-
-
 def main(argv=None):
   args = _common.worker_parser(__doc__.splitlines()[0]).parse_args(argv)
   shape = _common.parse_shape(args.shape) if args.task != "matmul" else {}
-  {"train": task_train, "gen": task_gen, "matmul": task_matmul}[args.task](
+  {"train": task_train, "gen": task_gen, "matmul": _common.task_jax_matmul}[args.task](
       args, shape)
 
 

@@ -61,11 +61,13 @@ def bench_train(cfg, mesh, run, peak_flops):
   seq = run["prompt_len"] + run["resp_len"]
   batch = _common.policy_batch(rows, run["prompt_len"], run["resp_len"],
                                cfg.vocab_size, n_off=max(rows // 8, 1))
+  window = ts.response_window(batch.loss_mask)  # as Learner does
   batch_sh = ts.batch_shardings(mesh, batch, rules)
   batch = jax.device_put(batch, batch_sh)
   step = ts.make_train_step(
       graphdef, frozen, ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)), tx,
       mesh=mesh, state_shardings=state_sh, batch_sharding_tree=batch_sh,
+      window=window,
   )
   holder, key = [state], jax.random.key(0)
 
@@ -89,8 +91,10 @@ def bench_train(cfg, mesh, run, peak_flops):
   })
 
   logp = ts.make_logprob_fn(graphdef, frozen, mesh=mesh,
-                            param_shardings=state_sh.params, rules=rules)
-  inputs = (batch.tokens, batch.positions, batch.attention_mask)
+                            param_shardings=state_sh.params, rules=rules,
+                            window=window)
+  inputs = (batch.tokens, batch.positions, batch.attention_mask,
+            batch.loss_mask)
   t = _common.time_calls(lambda: logp(holder[0].params, *inputs),
                          iters=run["iters"], sync=jax.block_until_ready)
   _common.emit({

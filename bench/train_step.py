@@ -66,11 +66,13 @@ def bench_one(preset: str, mesh_shape, *, rows: int, prompt_len: int,
   state, state_sh = ts.create_train_state(params, tx, mesh, rules)
   batch = _common.policy_batch(rows, prompt_len, resp_len, cfg.vocab_size,
                                n_off=max(rows // 8, 1))
+  window = ts.response_window(batch.loss_mask)  # as Learner does
   batch_sh = ts.batch_shardings(mesh, batch, rules)
   batch = jax.device_put(batch, batch_sh)
   step = ts.make_train_step(
       graphdef, frozen, ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)), tx,
       mesh=mesh, state_shardings=state_sh, batch_sharding_tree=batch_sh,
+      window=window,
   )
   rng = jax.random.key(0)
   holder = [state]

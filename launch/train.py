@@ -8,6 +8,12 @@ r"""Trains an agent with RSPO (or a base algorithm) from a config file.
 
 The run lives in ``--workdir`` (default: the config's ``workdir``); started
 again with the same workdir it resumes from the latest checkpoint.
+
+Multi-host: start one copy per host (``srun``, ``--worker=all``, a JobSet)
+with ``RSPO_COORDINATOR`` / ``RSPO_NUM_PROCESSES`` / ``RSPO_PROCESS_ID`` or a
+detected cluster (docs/scale_out.md) and a ``--workdir`` on a filesystem all
+hosts share. Every process trains and evaluates its share; only process 0
+writes ``eval_*.json`` and metrics and prints.
 """
 
 import json
@@ -59,22 +65,31 @@ def main(argv):
   from rspo_jax import build, distributed
 
   distributed.initialize()  # multi-host: SLURM / TPU / RSPO_* env; else no-op
+  leader = distributed.is_leader()
+  if not leader:  # one log for the job
+    logging.getLogger().setLevel(logging.WARNING)
   run = build.build_run(cfg, workdir, progress=not _NO_PROGRESS.value)
   try:
     resumed = run.trainer.try_resume()
     start_eval_path = os.path.join(workdir, "eval_start.json")
-    if not os.path.exists(start_eval_path):
+    # Every process evaluates (its share) or none does.
+    missing = distributed.global_max(
+        int(not os.path.exists(start_eval_path)))
+    if missing:
       start = run.evaluate(run.trainer.a, 0)
-      _write_json(start_eval_path, start)
+      if leader:
+        _write_json(start_eval_path, start)
       run.trainer.metrics.write(0, "eval", start)
+      distributed.barrier("rspo_eval_start")
     start = json.load(open(start_eval_path))
     logging.info("start of RL: success %.3f, score %.3f (resumed: %s)",
                  start["success_rate"], start["score"], resumed)
     run.trainer.run(evaluate=run.evaluate)
     final = run.evaluate(run.trainer.a, run.trainer.state.a_steps)
     run.trainer.metrics.write(run.trainer.state.a_steps, "eval", final)
-    _write_json(os.path.join(workdir, "eval_final.json"), final)
-    print(json.dumps({"start": start, "final": final}, indent=1))
+    if leader:
+      _write_json(os.path.join(workdir, "eval_final.json"), final)
+      print(json.dumps({"start": start, "final": final}, indent=1))
   finally:
     run.close()
 

@@ -2,6 +2,14 @@
 on first use), reference policy, critic, engine, environments, trainer.
 
 ``launch/train.py`` is a thin shell over ``build_run``; tests call it too.
+
+Multi-host (after ``distributed.initialize``): the leader trains the local
+tokenizer and the warm start (on its own devices) while the others wait at
+a barrier, then every process loads them; the learners live on the global
+mesh, and each process's rollout engine on a mesh of its *local* devices,
+fed with the learner's weights gathered to the host
+(``learner.to_host``). The PRM dense reward and decoupled placement are
+refused with more than one process.
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rspo_jax import models, sharding, train_step as ts
-from rspo_jax.learner import Learner
+from rspo_jax import distributed, models, sharding, train_step as ts
+from rspo_jax.learner import Learner, to_host
 from rspo_jax.metrics import MetricsWriter
 from rspo_jax.rollout.collect import CollectConfig
 from rspo_jax.rollout.jax_engine import JaxEngine
@@ -49,6 +57,16 @@ def make_tokenizer(cfg, workdir: str):
   if path:
     return models.load_tokenizer(path), path
   path = os.path.join(workdir, "tokenizer")
+  if distributed.is_multihost():  # the leader trains it, the others wait
+    if distributed.is_leader():
+      _train_tokenizer(cfg, path)
+    distributed.barrier("rspo_tokenizer")
+    return models.load_tokenizer(path), path
+  _train_tokenizer(cfg, path)
+  return models.load_tokenizer(path), path
+
+
+def _train_tokenizer(cfg, path: str) -> None:
   if not os.path.exists(os.path.join(path, "tokenizer.json")):
     log.info("training a %d-token tokenizer on expert episodes",
              cfg.model.tokenizer_vocab)
@@ -65,7 +83,6 @@ def make_tokenizer(cfg, workdir: str):
       env.close()
     models.train_tokenizer(texts, cfg.model.tokenizer_vocab, path,
                            whole_words=words)
-  return models.load_tokenizer(path), path
 
 
 # ------------------------------------------------------------------ models
@@ -97,6 +114,16 @@ def make_policy_learner(cfg, module, mesh, *, lr: float, loss_fn) -> Learner:
                  micro_batch_rows=cfg.train.micro_batch_rows)
 
 
+def local_mesh(cfg):
+  """A mesh of this process's own devices: the config's tensor axis when it
+  fits, FSDP over the rest (the rollout engine's mesh in multi-host)."""
+  devices = jax.local_devices()
+  tensor = int(cfg.mesh.shape[2])
+  if tensor < 1 or len(devices) % tensor:
+    tensor = 1
+  return sharding.make_mesh((1, -1, tensor), devices=devices)
+
+
 def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
                         metrics: Optional[MetricsWriter] = None):
   """(ModelConfig, module): a checkpoint, the cached warm start, or a fresh
@@ -106,6 +133,21 @@ def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
     return models.load_hf_model(cfg.model.checkpoint_dir, mesh=mesh,
                                 rules=rules, dtype=cfg.model.dtype)
   ws_dir = os.path.join(workdir, "warm_start")
+  if distributed.is_multihost():
+    # The leader behaviour-clones on one of its devices (a jitted step may
+    # take numpy input only when it is replicated); then every process
+    # loads the result onto the global mesh.
+    if distributed.is_leader():
+      one = sharding.make_mesh((1, 1, 1), devices=jax.local_devices()[:1])
+      _warm_start_here(cfg, tokenizer, tokenizer_dir, one, ws_dir, metrics)
+    distributed.barrier("rspo_warm_start")
+    return models.load_hf_model(ws_dir, mesh=mesh, rules=rules)
+  return _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir,
+                          metrics)
+
+
+def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics):
+  rules = cfg.logical_axis_rules
   if os.path.exists(os.path.join(ws_dir, "config.json")):
     return models.load_hf_model(ws_dir, mesh=mesh, rules=rules)
   mcfg = model_config(cfg, tokenizer)
@@ -160,15 +202,41 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str):
   engine; an exported HF directory for SGLang servers."""
 
   def sync(engine, learner: Learner, version: int):
+    multihost = distributed.is_multihost()
     if isinstance(engine, JaxEngine):
-      engine.update_weights(learner.params, version)
+      # Multi-host: every host's engine gets the whole weights (gathered).
+      params = host_params(learner.params) if multihost else learner.params
+      engine.update_weights(params, version)
       return
     path = os.path.join(export_dir, f"v{version % 2}")
-    models.save_hf_model(learner.module(), mcfg, path,
-                         tokenizer_dir=tokenizer_dir)
+    if multihost:  # one export, by the leader; every host's client loads it
+      module = nnx.merge(learner.graphdef, host_params(learner.params),
+                         host_params(learner.frozen))
+      if distributed.is_leader():
+        models.save_hf_model(module, mcfg, path, tokenizer_dir=tokenizer_dir)
+      distributed.barrier(f"rspo_export_{version}")
+    else:
+      models.save_hf_model(learner.module(), mcfg, path,
+                           tokenizer_dir=tokenizer_dir)
     engine.update_weights(path, version)
 
   return sync
+
+
+def host_params(tree):
+  """A tree of (possibly multi-host) arrays as numpy on this host; every
+  process must call it (an all-gather per sharded leaf)."""
+  return jax.tree.map(to_host, tree)
+
+
+def engine_module(module):
+  """What ``make_engine`` takes: the module itself with one process; with
+  several, its (graphdef, params, rest) gathered to numpy so each host can
+  place them on its own devices."""
+  if not distributed.is_multihost():
+    return module
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  return graphdef, host_params(params), host_params(rest)
 
 
 def collect_config(cfg, split: str) -> CollectConfig:
@@ -220,14 +288,29 @@ class Run:
     self.trainer.ckpt.close()
 
 
+def check_multihost(cfg) -> None:
+  """ValueError naming what a multi-process run does not support."""
+  if not distributed.is_multihost():
+    return
+  n = jax.process_count()
+  if cfg.rollout.placement == "decoupled":
+    raise ValueError(f"rollout.placement='decoupled' with {n} processes:"
+                     " multi-host runs use 'colocated'")
+  if cfg.rspo.dense_reward == "prm":
+    raise ValueError(f"rspo.dense_reward='prm' with {n} processes: the PRM"
+                     " runs in one process only; use 'env'")
+
+
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
+  check_multihost(cfg)
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   tokenizer, tok_dir = make_tokenizer(cfg, workdir)
-  metrics = MetricsWriter(workdir)
+  metrics = MetricsWriter(workdir) if distributed.is_leader() else None
   mcfg, module = warm_started_policy(cfg, tokenizer, tok_dir, mesh, workdir,
                                      metrics)
-  metrics.close()
+  if metrics is not None:
+    metrics.close()
   models.check_tokenizer_matches(tokenizer, mcfg)
   policy = make_policy_learner(
       cfg, module, mesh, lr=cfg.train.lr,
@@ -246,7 +329,11 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
                      ts.make_value_loss(cfg.algo.value_clip_eps), mesh=mesh,
                      rules=cfg.logical_axis_rules, kind="value",
                      micro_batch_rows=cfg.train.micro_batch_rows)
-  engine = make_engine(cfg, mcfg, policy.module(), tokenizer, mesh)
+  if distributed.is_multihost():  # each host generates on its own devices
+    engine = make_engine(cfg, mcfg, engine_module(policy.module()),
+                         tokenizer, local_mesh(cfg))
+  else:
+    engine = make_engine(cfg, mcfg, policy.module(), tokenizer, mesh)
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))
   venv = VectorEnv(cfg.env.name, env_kwargs(cfg), n_envs,

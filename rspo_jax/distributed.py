@@ -24,6 +24,7 @@ JAX backend (``jax.devices()``, creating an array, jitting).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Mapping, Optional, Sequence
@@ -244,6 +245,85 @@ def _row_blocks(sharding: NamedSharding, ndim: int) -> int:
     return 1  # rows replicated: every host holds all of them
   start, stop = process_row_range(probe, sharding)
   return probe // (stop - start)
+
+
+def host_share(
+    n: int,
+    *,
+    process_index: Optional[int] = None,
+    process_count: Optional[int] = None,
+) -> tuple[int, int]:
+  """``[start, stop)`` of this process's share of ``n`` whole items (task
+  groups, evaluation tasks), as even as possible:
+
+      start_p = floor(p n / P),  stop_p = floor((p + 1) n / P)
+
+  Shares differ by at most one item, may be empty (``n < P``), and tile
+  ``[0, n)`` in process order. One process: ``(0, n)``.
+  """
+  p = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if not 0 <= p < count:
+    raise ValueError(f"process_index={p} outside [0, process_count={count})")
+  if n < 0:
+    raise ValueError(f"cannot share n={n} items")
+  return p * n // count, (p + 1) * n // count
+
+
+def is_multihost() -> bool:
+  return jax.process_count() > 1
+
+
+def global_sum(x) -> np.ndarray:
+  """Sum over processes of a small host array (identity with one)."""
+  x = np.asarray(x)
+  if jax.process_count() == 1:
+    return x
+  return np.asarray(multihost_utils.process_allgather(x)).sum(axis=0)
+
+
+def global_max(x) -> np.ndarray:
+  """Elementwise max over processes of a small host array."""
+  x = np.asarray(x)
+  if jax.process_count() == 1:
+    return x
+  return np.asarray(multihost_utils.process_allgather(x)).max(axis=0)
+
+
+def allgather_objects(obj: Any) -> list:
+  """``[obj of process 0, obj of process 1, ...]`` on every process, for
+  small JSON-serialisable values (stats dicts, id lists)."""
+  if jax.process_count() == 1:
+    return [obj]
+  data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+  size = int(global_max(np.int64(len(data))))
+  padded = np.zeros(size, np.uint8)
+  padded[:len(data)] = data
+  lengths = np.asarray(
+      multihost_utils.process_allgather(np.int64(len(data))))
+  rows = np.asarray(multihost_utils.process_allgather(padded))
+  return [json.loads(bytes(r[:n]).decode()) for r, n in zip(rows, lengths)]
+
+
+def pad_rows_and_length(tree: Any, rows: int, length: int) -> Any:
+  """Zero-pads every array of ``tree`` to ``rows`` on axis 0 and, for
+  arrays of rank >= 2, to ``length`` on axis 1 (so every host feeds blocks
+  of the same shape; padded rows and columns carry zero masks)."""
+
+  def one(x):
+    x = np.asarray(x)
+    if x.shape[0] > rows or (x.ndim >= 2 and x.shape[1] > length):
+      raise ValueError(
+          f"cannot pad an array of shape {x.shape} down to ({rows},"
+          f" {length})"
+      )
+    pad = [(0, rows - x.shape[0])]
+    if x.ndim >= 2:
+      pad.append((0, length - x.shape[1]))
+    pad += [(0, 0)] * (x.ndim - len(pad))
+    return np.pad(x, pad)
+
+  return jax.tree.map(one, tree)
 
 
 def global_to_host(tree: Any) -> Any:

@@ -2,6 +2,11 @@
 
 Greedy (temperature 0) or sampled decoding; several seeds give mean and
 spread. Each task is played once per seed (group size 1).
+
+Multi-host: every process calls ``evaluate`` with the same task list, plays
+its share of the tasks (``distributed.host_share``) on its own engine, and
+the sums and counts are added over processes, so every process returns the
+same numbers, those of the whole list.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from rspo_jax import distributed
 from rspo_jax.rollout.collect import CollectConfig, collect
 from rspo_jax.rollout.engine import SamplingParams
 
@@ -24,17 +30,21 @@ def evaluate(
   environment pool)."""
   per_seed = []
   by_type = defaultdict(list)
+  multihost = distributed.is_multihost()
+  first, last = distributed.host_share(len(task_ids))
+  mine = list(task_ids[first:last])
   sampling = SamplingParams(
       temperature=temperature, max_new_tokens=max_new_tokens,
       stop_strings=("</action>",),
   )
   for seed in seeds:
     won, score, lengths = [], [], []
-    for start in range(0, len(task_ids), venv.num_envs):
-      chunk = [int(t) for t in task_ids[start:start + venv.num_envs]]
+    for start in range(0, len(mine), venv.num_envs):
+      chunk = [int(t) for t in mine[start:start + venv.num_envs]]
       records, _ = collect(
           engine, venv, tokenizer, chunk, 1, sampling, collect_cfg,
-          traj_id_start=start, group_id_start=start, seed=seed,
+          traj_id_start=first + start, group_id_start=first + start,
+          seed=seed,
       )
       for r in records:
         if r.done:
@@ -42,9 +52,16 @@ def evaluate(
           score.append(r.score)
           lengths.append(r.step_idx + 1)
           by_type[r.task_type or "all"].append(float(r.won))
-    per_seed.append((np.mean(won) if won else 0.0,
-                     np.mean(score) if score else 0.0,
-                     np.mean(lengths) if lengths else 0.0))
+    if multihost:  # sums and counts over every host's share
+      total = distributed.global_sum(np.array(
+          [np.sum(won), np.sum(score), np.sum(lengths), len(won)],
+          np.float64))
+      n = total[3]
+      per_seed.append(tuple(total[:3] / n) if n else (0.0, 0.0, 0.0))
+    else:
+      per_seed.append((np.mean(won) if won else 0.0,
+                       np.mean(score) if score else 0.0,
+                       np.mean(lengths) if lengths else 0.0))
   arr = np.array(per_seed)
   out = {
       "success_rate": float(arr[:, 0].mean()),
@@ -55,6 +72,16 @@ def evaluate(
       "num_tasks": len(task_ids),
       "seeds": list(seeds),
   }
-  if len(by_type) > 1:
+  if multihost:
+    merged = defaultdict(lambda: [0.0, 0])
+    for host in distributed.allgather_objects(
+        {k: [float(np.sum(v)), len(v)] for k, v in by_type.items()}):
+      for k, (total, n) in host.items():
+        merged[k][0] += total
+        merged[k][1] += n
+    if len(merged) > 1:
+      out["success_by_type"] = {k: t / n for k, (t, n) in sorted(
+          merged.items())}
+  elif len(by_type) > 1:
     out["success_by_type"] = {k: float(np.mean(v)) for k, v in by_type.items()}
   return out

@@ -4,6 +4,11 @@ Holds the module's graphdef, its sharded ``TrainState`` and the jitted
 functions built from it; the RSPO loop talks only to this. ``copy()`` makes
 B from A: new buffers with the same shardings (so B is sharded like A), the
 optimizer state copied or fresh by choice.
+
+A policy learner runs its last block and LM head only on the batch's
+response window (``train_step.response_window``): ``apply`` returns
+log-probs on each row's window and 0 outside it, where the loss mask is 0. One jitted
+function per (window, micro-batch count) bucket.
 """
 
 from __future__ import annotations
@@ -63,15 +68,13 @@ class Learner:
     else:
       self.state = _state
       self.state_sh = jax.tree.map(lambda x: x.sharding, _state)
+    # Loss functions with a ``window`` keyword get the response window.
+    self._windowed = kind == "policy" and ts.accepts_window(loss_fn)
     if _compiled is not None:  # a copy shares its source's jitted functions
-      self._apply, self._steps = _compiled
+      self._applies, self._steps = _compiled
       return
-    make_apply = ts.make_logprob_fn if kind == "policy" else ts.make_apply_fn
-    self._apply = make_apply(
-        self.graphdef, self.frozen, mesh=mesh,
-        param_shardings=self.state_sh.params, rules=rules,
-    )
-    self._steps = {}  # one jitted step per micro-batch count
+    self._applies = {}  # one jitted forward per window size
+    self._steps = {}  # one jitted step per (micro-batch count, window)
 
   # ------------------------------------------------------------------ API
   @property
@@ -85,15 +88,38 @@ class Learner:
   def module(self) -> nnx.Module:
     return nnx.merge(self.graphdef, self.state.params, self.frozen)
 
+  def _window(self, batch: Batch) -> int:
+    return ts.response_window(batch.loss_mask) if self._windowed else 0
+
+  def _apply_fn(self, window: int):
+    if window not in self._applies:
+      kw = dict(mesh=self.mesh, param_shardings=self.state_sh.params,
+                rules=self.rules)
+      if self.kind == "policy":
+        fn = ts.make_logprob_fn(self.graphdef, self.frozen, window=window, **kw)
+      else:
+        fn = ts.make_apply_fn(self.graphdef, self.frozen, **kw)
+      self._applies[window] = fn
+    return self._applies[window]
+
   def apply(self, batch: Batch, params=None) -> np.ndarray:
-    """Forward in chunks of ``micro_batch_rows`` rows (all at once if 0)."""
+    """Forward in chunks of ``micro_batch_rows`` rows (all at once if 0).
+
+    Policy: log-probs [B, T] (0 outside the response window, see the module
+    docstring); value: values [B, T].
+    """
     params = self.state.params if params is None else params
-    rows = len(batch.tokens)
+    keys = _INPUTS + (("loss_mask",) if self.kind == "policy" else ())
+    arrays = [getattr(batch, k) for k in keys]
+    fn = self._apply_fn(self._window(batch))
+    rows = len(arrays[0])
     m = self.micro_batch_rows
+    if not all(getattr(a, "is_fully_addressable", True) for a in arrays):
+      return to_host(fn(params, *arrays))  # multi-host global arrays
     chunk = m if m and rows > m and rows % m == 0 else rows
+    arrays = [np.asarray(a) for a in arrays]
     outs = [
-        to_host(self._apply(params, *(np.asarray(getattr(batch, k))[
-            i:i + chunk] for k in _INPUTS)))
+        to_host(fn(params, *(a[i:i + chunk] for a in arrays)))
         for i in range(0, rows, chunk)
     ]
     return np.concatenate(outs, axis=0)
@@ -102,14 +128,16 @@ class Learner:
     rows = len(batch.tokens)
     m = self.micro_batch_rows
     n_micro = rows // m if m and rows > m and rows % m == 0 else 1
-    if n_micro not in self._steps:
-      self._steps[n_micro] = ts.make_train_step(
+    window = self._window(batch)
+    key = (n_micro, window)
+    if key not in self._steps:
+      self._steps[key] = ts.make_train_step(
           self.graphdef, self.frozen, self.loss_fn, self.tx,
           mesh=self.mesh, state_shardings=self.state_sh,
           batch_sharding_tree=ts.batch_shardings(self.mesh, batch, self.rules),
-          n_micro=n_micro,
+          n_micro=n_micro, window=window,
       )
-    self.state, metrics = self._steps[n_micro](self.state, batch, rng)
+    self.state, metrics = self._steps[key](self.state, batch, rng)
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
   def copy(self, *, copy_opt_state: bool = True) -> "Learner":
@@ -134,7 +162,7 @@ class Learner:
         self.module_like(), self.tx, self.loss_fn, mesh=self.mesh,
         rules=self.rules, kind=self.kind,
         micro_batch_rows=self.micro_batch_rows, _state=state,
-        _compiled=(self._apply, self._steps),  # B reuses A's compilations
+        _compiled=(self._applies, self._steps),  # B reuses A's jits
     )
 
   def module_like(self) -> nnx.Module:

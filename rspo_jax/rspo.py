@@ -23,6 +23,28 @@ one policy on the dense reward alone (the reward-hacking ablation).
 Resumption: a checkpoint is written after B's collection is complete and
 after every A step; a run killed anywhere restarts from the last one (B's
 phase is redone from A when it was interrupted; B is never checkpointed).
+
+Multi-host (``jax.process_count() = P > 1``; every process runs this loop
+in lockstep, the learners' meshes span all hosts):
+  * each collection's task list is drawn as with one process (same seed),
+    and process ``p`` plays the whole groups ``distributed.host_share``
+    gives it, on its own engine (a mesh of its local devices), with
+    globally unique group / trajectory ids;
+  * an A step's ``batch_tasks`` group slots (fresh first, then replayed)
+    are shared out the same way, so each host trains on about
+    ``batch_tasks / P`` groups;
+  * B's stored groups are written by each host as shards named
+    ``p<process index>-...`` in the shared ``<workdir>/replay``; after a
+    barrier the leader marks the buffer complete. In A's phase every host
+    ranks the same groups of ``D`` with the same generator and reads its
+    share of the chosen ones;
+  * each host builds its rows into a batch; row count and length are
+    agreed (cross-host max, zero padding) and the blocks become global
+    arrays (``distributed.host_local_to_global``) for ``Learner.train`` /
+    ``Learner.apply``;
+  * statistics are summed over hosts; only the leader (process 0) writes
+    metrics and shows progress; checkpoints are written by all (orbax).
+Decoupled placement and the PRM dense reward are single-process only.
 """
 
 from __future__ import annotations
@@ -37,13 +59,16 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from rspo_jax import batching, credit, decoupled, faults, replay
+from rspo_jax import batching, credit, decoupled, distributed, faults, replay
+from rspo_jax import train_step as ts
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
+from rspo_jax.rollout import collect as collect_lib
 from rspo_jax.rollout.collect import CollectConfig, collect
 from rspo_jax.rollout.engine import Engine, SamplingParams
-from rspo_jax.types import POLICY_A, POLICY_B, StepRecord, group_trajectories
+from rspo_jax.types import (POLICY_A, POLICY_B, Batch, StepRecord,
+                            group_trajectories)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +111,15 @@ class RSPOTrainer:
     self.tokenizer, self.workdir = tokenizer, workdir
     self.sync_engine, self.dense_fn = sync_engine, dense_fn
     self.num_train_tasks = num_train_tasks
-    self.progress = progress
+    self.process_index = jax.process_index()
+    self.multihost = jax.process_count() > 1
+    self.leader = self.process_index == 0
+    self.progress = progress and self.leader
+    if self.multihost and cfg.rollout.placement == "decoupled":
+      raise ValueError(
+          "rollout.placement='decoupled' runs in one process only; with"
+          f" {jax.process_count()} processes use 'colocated'"
+      )
     self.prm_refresh: Optional[Callable[[list], DenseFn]] = None
     # Decoupled placement: B's own (engine, venv, tokenizer) and its job.
     self.b_rollout = None
@@ -94,10 +127,13 @@ class RSPOTrainer:
     self.b_dir = os.path.join(workdir, "replay_b")
     self._recent_a: list[StepRecord] = []  # A's last loop, for PRM refresh
     self.state = LoopState()
-    self.buffer = replay.ReplayBuffer(os.path.join(workdir, "replay"))
-    self.history = replay.ReplayBuffer(os.path.join(workdir, "replay_next"))
+    # One shard-name prefix per host: hosts write D side by side.
+    self.shard_prefix = (f"p{self.process_index:05d}" if self.multihost
+                         else "shard")
+    self.buffer = self._buffer(os.path.join(workdir, "replay"))
+    self.history = self._buffer(os.path.join(workdir, "replay_next"))
     self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"))
-    self.metrics = MetricsWriter(workdir)
+    self.metrics = MetricsWriter(workdir) if self.leader else _NoMetrics()
     self.collect_cfg = CollectConfig(
         env_name=cfg.env.name,
         max_steps=cfg.env.max_steps,
@@ -172,22 +208,55 @@ class RSPOTrainer:
   def _rng(self, *keys) -> np.random.Generator:
     return np.random.default_rng([self.cfg.seed, *keys])
 
+  def _host_rng(self, *keys) -> np.random.Generator:
+    """Per-host draws (noise, row subsets); with one process ``_rng``."""
+    if self.multihost:
+      keys = keys + (self.process_index,)
+    return self._rng(*keys)
+
+  def _buffer(self, directory: str) -> replay.ReplayBuffer:
+    return replay.ReplayBuffer(directory, prefix=self.shard_prefix)
+
+  def _global_mean(self, values) -> float:
+    """Mean over every host's values (``_mean`` with one process)."""
+    if not self.multihost:
+      return _mean(values)
+    total, n = distributed.global_sum(
+        np.array([np.sum(values), len(values)], np.float64))
+    return float(total / n) if n else 0.0
+
   # ------------------------------------------------------------ collection
-  def collect_groups(self, learner: Learner, n_groups: int, tag: str):
-    """Fresh on-policy groups from ``learner``'s current weights."""
+  def collect_groups(self, learner: Learner, n_groups: int, tag: str,
+                     share: Optional[tuple[int, int]] = None):
+    """Fresh on-policy groups from ``learner``'s current weights.
+
+    ``n_groups`` tasks are drawn for the whole job; this process plays the
+    groups ``[first, last)`` of them (``share``; default: its
+    ``distributed.host_share``). Statistics are those of all hosts.
+    """
     s = self.state
     s.collections += 1
     self.sync_engine(self.engine, learner, s.collections)
     rng = self._rng(1, s.collections)
     task_ids = rng.choice(self.num_train_tasks, size=n_groups, replace=False)
+    first, last = share or distributed.host_share(n_groups)
     g = self.cfg.train.group_size
-    records, stats = collect(
-        self.engine, self.venv, self.tokenizer, [int(t) for t in task_ids],
-        g, self.sampling, self.collect_cfg, policy_tag=tag,
-        traj_id_start=s.collections * 100_000,
-        group_id_start=s.collections * 1_000,
-        seed=self.cfg.seed * 7919 + s.collections,
-    )
+    seed = self.cfg.seed * 7919 + s.collections
+    if self.multihost:  # hosts draw different samples
+      seed += 104_729 * self.process_index
+    mine = [int(t) for t in task_ids[first:last]]
+    if mine:
+      records, stats = collect(
+          self.engine, self.venv, self.tokenizer, mine,
+          g, self.sampling, self.collect_cfg, policy_tag=tag,
+          traj_id_start=s.collections * 100_000 + first * g,
+          group_id_start=s.collections * 1_000 + first,
+          seed=seed,
+      )
+    else:
+      records, stats = [], collect_lib.empty_stats()
+    if self.multihost:
+      stats = collect_lib.combine_stats(distributed.allgather_objects(stats))
     s.env_steps += stats["env_steps"]
     records = [r for r in records if not r.failed]
     if self.dense_fn is not None and records and (
@@ -204,7 +273,47 @@ class RSPOTrainer:
     return v[np.arange(len(idx)), idx]
 
   def _batch(self, records, adv, off_flags, returns=None, values=None):
+    """Host rows -> a batch; multi-host: padded to the shape every host
+    agrees on (a host without rows feeds padding only)."""
     row_mult = max(8, self.cfg.train.micro_batch_rows or 0)
+    if not self.multihost:
+      return self._records_batch(records, adv, off_flags, returns, values,
+                                 row_mult)
+    if records:
+      batch = self._records_batch(records, adv, off_flags, returns, values,
+                                  row_mult)
+      shape = batch.tokens.shape
+    else:
+      batch, shape = None, (0, 0)
+    rows, length = (int(v) for v in distributed.global_max(np.array(shape)))
+    if batch is None:
+      batch = _empty_batch(row_mult, length)
+    return distributed.pad_rows_and_length(batch, rows, length)
+
+  def _global(self, learner: Learner, batch: Batch):
+    """What the learner is fed: the host batch itself with one process,
+    else the global arrays assembled from every host's block."""
+    if not self.multihost:
+      return batch
+    return distributed.host_local_to_global(
+        batch, ts.batch_shardings(learner.mesh, batch, learner.rules))
+
+  def _apply(self, learner: Learner, batch: Batch, params=None) -> np.ndarray:
+    """``learner.apply`` on the job's batch; this host's rows of it."""
+    out = learner.apply(self._global(learner, batch), params=params)
+    if not self.multihost:
+      return out
+    sh = ts.batch_shardings(learner.mesh, batch, learner.rules).tokens
+    start, stop = distributed.process_row_range(len(out), sh)
+    if stop - start != len(batch.tokens):
+      raise ValueError(
+          f"the mesh {dict(learner.mesh.shape)} does not split the batch rows"
+          " over hosts; multi-host runs need hosts along ('data', 'fsdp')"
+      )
+    return out[start:stop]
+
+  def _records_batch(self, records, adv, off_flags, returns, values,
+                     row_mult):
     return batching.records_to_batch(
         records, adv, is_offpolicy=off_flags, step_returns=returns,
         step_values=values, row_multiple=row_mult,
@@ -219,59 +328,84 @@ class RSPOTrainer:
     """One training step of ``learner`` on on-policy + replayed records.
 
     Advantages use every record; with ``train.max_train_rows`` only a random
-    subset of rows enters the update (CPU budget).
+    subset of rows enters the update (CPU budget; multi-host: a subset of
+    ``ceil(max_train_rows / P)`` rows per host). Multi-host: ``on`` and
+    ``off`` are this host's records (whole groups, so advantages are
+    local); every host calls this together.
     """
     records = on + off
-    if not records:
+    n_all = len(records)
+    if self.multihost:
+      n_all = int(distributed.global_sum(np.int64(n_all)))
+    if not n_all:
       return {"skipped_empty": 1.0}
-    off_flags = np.array([False] * len(on) + [True] * len(off))
-    rewards = credit.step_rewards(
-        records, source,
-        invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
-        noise_sigma=self.cfg.rspo.dense_noise_sigma if source == "dense"
-        else 0.0,
-        rng=self._rng(3, step_key),
-    )
+    off_flags = np.array([False] * len(on) + [True] * len(off), bool)
+    if records:
+      rewards = credit.step_rewards(
+          records, source,
+          invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
+          noise_sigma=self.cfg.rspo.dense_noise_sigma if source == "dense"
+          else 0.0,
+          rng=self._host_rng(3, step_key),
+      )
+    else:  # multi-host: this host's share was empty
+      rewards = np.zeros(0, np.float32)
     values = None
     if critic is not None:  # V(s_t) read at the step's last prompt token
       vb = self._batch(records, np.zeros(len(records)), off_flags)
       idx = batching.last_prompt_token_index(vb)
-      values = critic.apply(vb)[np.arange(len(idx)), idx][: len(records)]
-    adv, returns = credit.compute_advantages(
-        records, rewards, self.cfg.algo, values=values
-    )
+      values = self._apply(critic, vb)[np.arange(len(idx)), idx][
+          : len(records)]
+    if records:
+      adv, returns = credit.compute_advantages(
+          records, rewards, self.cfg.algo, values=values
+      )
+    else:
+      adv = np.zeros(0, np.float32)
+      returns = None if critic is None else np.zeros(0, np.float32)
     max_rows = self.cfg.train.max_train_rows
+    if max_rows and self.multihost:
+      max_rows = -(-max_rows // jax.process_count())
     if max_rows and len(records) > max_rows:
-      keep = np.sort(self._rng(2, step_key).choice(len(records), max_rows,
-                                                   replace=False))
+      keep = np.sort(self._host_rng(2, step_key).choice(
+          len(records), max_rows, replace=False))
       records = [records[i] for i in keep]
       off_flags, adv = off_flags[keep], adv[keep]
       returns = returns[keep] if returns is not None else None
       values = values[keep] if values is not None else None
     batch = self._batch(records, adv, off_flags, returns, values)
-    old_logp = learner.apply(batch)
-    ref_logp = learner.apply(batch, params=self.ref_params)
+    old_logp = self._apply(learner, batch)
+    ref_logp = self._apply(learner, batch, params=self.ref_params)
     behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp,
                         old_logp)
     batch = batch._replace(
         old_logp=old_logp, ref_logp=ref_logp, behavior_logp=behavior
     )
     t0 = time.perf_counter()
-    metrics = learner.train(batch, jax.random.key(self.cfg.seed + step_key))
+    metrics = learner.train(self._global(learner, batch),
+                            jax.random.key(self.cfg.seed + step_key))
     if critic is not None:
+      vbatch = _value_batch(batch, returns, values)
       metrics.update({
           f"critic_{k}": v for k, v in critic.train(
-              _value_batch(batch, returns, values),
+              self._global(critic, vbatch),
               jax.random.key(step_key)).items()
       })
     dt = time.perf_counter() - t0
-    n_tok = float(np.asarray(batch.attention_mask).sum())
+    counts = np.array([
+        np.asarray(batch.attention_mask).sum(), (~off_flags).sum(),
+        off_flags.sum(), np.sum(rewards), len(rewards)], np.float64)
+    if self.multihost:
+      counts = distributed.global_sum(counts)
+      reward_mean = counts[3] / counts[4] if counts[4] else 0.0
+    else:
+      reward_mean = np.mean(rewards)
     metrics.update({
-        "train_tokens_per_s": n_tok / max(dt, 1e-9),
+        "train_tokens_per_s": float(counts[0]) / max(dt, 1e-9),
         "train_time_s": dt,
-        "rows_on": float((~off_flags).sum()),
-        "rows_off": float(off_flags.sum()),
-        f"{source}_reward_mean": float(np.mean(rewards)),
+        "rows_on": float(counts[1]),
+        "rows_off": float(counts[2]),
+        f"{source}_reward_mean": float(reward_mean),
     })
     self._check_finite(metrics)
     return metrics
@@ -292,7 +426,9 @@ class RSPOTrainer:
   # ------------------------------------------------------------ phases
   def b_phase(self) -> None:
     """B := copy(A); k dense-reward steps; B fills the replay buffer."""
-    self.buffer.clear()
+    if self.leader:  # multi-host: D (every host's shards) is cleared once
+      self.buffer.clear()
+    distributed.barrier("rspo_replay_cleared")
     loop = self.state.loop
     b = self.a.copy(copy_opt_state=self.cfg.rspo.copy_optimizer_state)
     b_critic = self.critic.copy() if self.critic is not None else None
@@ -303,8 +439,9 @@ class RSPOTrainer:
                       + i)
       faults.maybe_fail("b_phase")
       m.update({f"rollout_{k}": v for k, v in stats.items()})
-      m["dense_reward_mean"] = _mean_dense(on)
-      m["outcome_reward_mean"] = _mean([r.outcome_reward for r in on])
+      m["dense_reward_mean"] = self._global_mean(_dense(on))
+      m["outcome_reward_mean"] = self._global_mean(
+          [r.outcome_reward for r in on])
       self.metrics.write(self.state.a_steps, "B", m)
     if self.decoupled:
       self._start_b_collection(b)
@@ -315,13 +452,17 @@ class RSPOTrainer:
       r.dense_reward = float("nan")
     self.buffer.add_trajectories(group_trajectories(stored))
     faults.maybe_fail("collect")
-    replay.mark_complete(self.buffer.directory)
-    bstats = self.buffer.stats()
-    self.metrics.write(self.state.a_steps, "B_collect", {
-        **{f"rollout_{k}": v for k, v in stats.items()},
-        **{f"buffer_{k}": v for k, v in bstats.items()
-           if isinstance(v, (int, float))},
-    })
+    distributed.barrier("rspo_replay_written")  # every host's shards closed
+    if self.leader:
+      replay.mark_complete(self.buffer.directory)
+      bstats = self.buffer.stats()
+      if self.multihost:
+        bstats["shards_by_host"] = self.buffer.shards_by_prefix()
+      self.metrics.write(self.state.a_steps, "B_collect", {
+          **{f"rollout_{k}": v for k, v in stats.items()},
+          **{f"buffer_{k}": v for k, v in bstats.items()
+             if isinstance(v, (int, float, dict))},
+      })
     del b, b_critic  # B exists only during its phase
 
   def _start_b_collection(self, b: Learner) -> None:
@@ -342,7 +483,12 @@ class RSPOTrainer:
     )
     self.b_job = decoupled.start_collection(groups, self.b_dir)
 
-  def off_policy_groups(self, n_groups: int) -> list[StepRecord]:
+  def off_policy_groups(
+      self, n_groups: int, share: Optional[tuple[int, int]] = None,
+  ) -> list[StepRecord]:
+    """Replayed groups' records. Every host ranks the same groups of D
+    with the same generator and keeps groups ``[first, last)`` of the
+    chosen ones (``share``; default all)."""
     if n_groups and self.decoupled and self.uses_b:
       if self.b_job is not None:
         self.b_job.wait_for_groups(n_groups,
@@ -357,6 +503,8 @@ class RSPOTrainer:
         n_groups, self.cfg.rspo.sampling,
         self._rng(4, self.state.a_steps),
     )
+    if share is not None:
+      groups = groups[share[0]:share[1]]
     return [r for g in groups for t in g for r in t.steps]
 
   def a_step(self) -> dict:
@@ -368,10 +516,14 @@ class RSPOTrainer:
     if (c.rspo.enabled and not (self.decoupled and self.uses_b)
         and self.buffer.num_trajectories == 0):
       n_off = 0  # RSPO_H's first loop: nothing replayable yet
+    # The batch's group slots (fresh, then replayed), shared out by host.
+    n_on = c.train.batch_tasks - n_off
+    first, last = distributed.host_share(c.train.batch_tasks)
     on, stats = self.collect_groups(
-        self.a, c.train.batch_tasks - n_off, POLICY_A
+        self.a, n_on, POLICY_A, share=(min(first, n_on), min(last, n_on))
     )
-    off = self.off_policy_groups(n_off)
+    off = self.off_policy_groups(
+        n_off, share=(max(first, n_on) - n_on, max(last, n_on) - n_on))
     source = "dense" if c.rspo.dense_only else "outcome"
     m = self.update(self.a, self.critic, on, off, source,
                     step_key=self.state.a_steps)
@@ -382,7 +534,7 @@ class RSPOTrainer:
       self._recent_a.extend(on)
     m.update({f"rollout_{k}": v for k, v in stats.items()})
     m["env_steps"] = self.state.env_steps
-    m["dense_reward_mean"] = _mean_dense(on)
+    m["dense_reward_mean"] = self._global_mean(_dense(on))
     return m
 
   def end_loop(self) -> None:
@@ -398,13 +550,16 @@ class RSPOTrainer:
       self.dense_fn = self.prm_refresh(self._recent_a)
     self._recent_a = []
     if self.cfg.rspo.data_source == "history":
-      shutil.rmtree(self.buffer.directory, ignore_errors=True)
-      os.makedirs(os.path.dirname(self.buffer.directory), exist_ok=True)
-      if os.path.isdir(self.history.directory):
-        os.rename(self.history.directory, self.buffer.directory)
-      replay.mark_complete(self.buffer.directory)
-      self.buffer = replay.ReplayBuffer(self.buffer.directory)
-      self.history = replay.ReplayBuffer(self.history.directory)
+      distributed.barrier("rspo_history_written")
+      if self.leader:  # A's groups of this loop become D
+        shutil.rmtree(self.buffer.directory, ignore_errors=True)
+        os.makedirs(os.path.dirname(self.buffer.directory), exist_ok=True)
+        if os.path.isdir(self.history.directory):
+          os.rename(self.history.directory, self.buffer.directory)
+        replay.mark_complete(self.buffer.directory)
+      distributed.barrier("rspo_history_moved")
+      self.buffer = self._buffer(self.buffer.directory)
+      self.history = self._buffer(self.history.directory)
 
   # ------------------------------------------------------------ main loop
   def run(self, evaluate: Optional[Callable[[Learner, int], dict]] = None):
@@ -430,7 +585,7 @@ class RSPOTrainer:
       if loop_done:
         self.end_loop()
       self.save()
-      if loop_done and self.uses_b:
+      if loop_done and self.uses_b and self.leader:
         self.buffer.clear()  # after the save: a crash here redoes nothing
         decoupled.clear(self.b_dir)
       bar.update(1)
@@ -446,9 +601,33 @@ def _mean(xs) -> float:
   return float(np.mean(xs)) if len(xs) else 0.0
 
 
-def _mean_dense(records) -> float:
-  d = [r.dense_reward for r in records if np.isfinite(r.dense_reward)]
-  return _mean(d)
+def _dense(records) -> list:
+  return [r.dense_reward for r in records if np.isfinite(r.dense_reward)]
+
+
+class _NoMetrics:
+  """The metrics writer of a non-leader host: writes nothing."""
+
+  def write(self, step: int, phase: str, metrics: dict) -> None:
+    del step, phase, metrics
+
+  def close(self) -> None:
+    pass
+
+
+_BATCH_DTYPES = dict(
+    tokens=np.int32, positions=np.int32, attention_mask=np.int32,
+    is_offpolicy=bool,
+)
+
+
+def _empty_batch(rows: int, length: int) -> Batch:
+  """A batch of padding only (zero masks) for a host without rows."""
+  return Batch(**{
+      f: np.zeros((rows,) if f == "is_offpolicy" else (rows, length),
+                  _BATCH_DTYPES.get(f, np.float32))
+      for f in Batch._fields
+  })
 
 
 def _value_batch(batch, returns, values):

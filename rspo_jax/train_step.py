@@ -13,25 +13,39 @@ donated. Non-finite loss or gradients skip the update (state unchanged,
 Micro-batching: the batch's leading axis is split into ``n_micro`` equal
 chunks and gradients are averaged over them (``lax.scan``), i.e. the step
 optimises the mean of the micro-batch losses.
+
+Response window: policy losses and log-prob passes only need log pi at the
+tokens a row's ``loss_mask`` counts, the response at the end of the row. With
+``window = R > 0`` (a static size, ``response_window(loss_mask)``) the last
+block's queries and MLP, the final norm, the LM head, the log-softmax and the
+entropy run on R positions per row, ``[s_b, s_b + R)``
+(``transformer.window_starts``), instead of all T; per-token outputs are 0
+outside the window. Values on the counted tokens, the loss and its gradient
+are those of the full computation. Loss functions that accept a ``window``
+keyword get one from the Learner.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Optional
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rspo_jax import batching
 from rspo_jax import losses
 from rspo_jax import sharding as shd
-from rspo_jax.models import token_logprobs
+from rspo_jax.models import transformer as tfm
 
-LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, dict]]
+# loss_fn(model, batch, rng[, window=R]) -> (loss, metrics)
+LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
 @flax.struct.dataclass
@@ -168,17 +182,20 @@ def make_train_step(
     batch_sharding_tree,
     n_micro: int = 1,
     donate: bool = True,
+    window: int = 0,
 ):
   """Returns jitted ``step(state, batch, rng) -> (state, metrics)``.
 
   ``frozen`` is the non-trainable part of the module state (closed over as
   a constant; e.g. RNG counters or a frozen PRM backbone's params).
+  ``window > 0`` is passed to ``loss_fn`` as ``window=`` (module docstring).
   """
+  kw = {"window": window} if window else {}
 
   def grads_of(params, batch, rng):
     def f(p):
       model = nnx.merge(graphdef, p, frozen)
-      return loss_fn(model, batch, rng)
+      return loss_fn(model, batch, rng, **kw)
 
     (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
     return loss, metrics, grads
@@ -237,19 +254,97 @@ def make_train_step(
 # --------------------------------------------------------------------------
 
 
-def _forward_logp(model, batch):
-  logits, _, _ = model(batch.tokens, batch.positions, batch.attention_mask)
-  return logits, token_logprobs(logits, batch.tokens)
+def accepts_window(loss_fn: LossFn) -> bool:
+  """Whether ``loss_fn`` takes the ``window`` keyword."""
+  try:
+    return "window" in inspect.signature(loss_fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
+def _max_span(mask, xp):
+  """max over rows of (last - first counted position + 1); 0 if none."""
+  t = mask.shape[1]
+  idx = xp.arange(t)
+  first = xp.min(xp.where(mask, idx, t), axis=1)
+  last = xp.max(xp.where(mask, idx, -1), axis=1)
+  return xp.max(xp.where(mask.any(axis=1), last - first + 1, 0))
+
+
+_global_max_span = jax.jit(lambda m: _max_span(m > 0, jnp))
+
+
+def response_window(loss_mask, minimum: int = 16) -> int:
+  """Static window size R for ``loss_mask`` [B, T].
+
+    span_b = last - first counted position of row b, + 1
+    R      = length_bucket(max_b span_b, minimum)   (16, 24, 32, 48, 64 ...)
+
+  0 (no window: compute every position) when R >= T - 1 or nothing counts.
+  Bucketing keeps the number of compiled shapes small. Host numpy for local
+  arrays; a multi-host global array is reduced on the devices, so every
+  process gets the same R (the same compiled program).
+  """
+  t = loss_mask.shape[1]
+  if isinstance(loss_mask, jax.Array) and not loss_mask.is_fully_addressable:
+    span = int(_global_max_span(loss_mask))
+  else:
+    span = int(_max_span(np.asarray(loss_mask) > 0, np))
+  if span <= 0:
+    return 0
+  r = batching.length_bucket(span, minimum)
+  return r if r < t - 1 else 0
+
+
+def policy_forward(
+    model, tokens, positions, attention_mask, loss_mask, *,
+    window: int = 0, entropy: bool = False,
+):
+  """(logp [B, T], entropy [B, T] or None) of the tokens under ``model``.
+
+    logp[b, t]    = log pi(tokens[b, t] | tokens[b, :t])
+    entropy[b, t] = H(pi(. | tokens[b, :t]))     (0 at t = 0)
+
+  ``window = 0``: every position (``logp[:, 0] = 0``). ``window = R``: the
+  last block, LM head and log-softmax on rows' windows ``[s_b, s_b + R)``
+  only (module docstring); hidden state ``t - 1`` predicts token ``t``; 0
+  outside.
+  """
+  if not window:
+    logits, _, _ = model(tokens, positions, attention_mask)
+    ent = None
+    if entropy:  # aligned like logp: H of the distribution that drew token t
+      ent = losses.entropy_from_logits(logits[:, :-1])
+      ent = jnp.concatenate([jnp.zeros_like(ent[:, :1]), ent], axis=1)
+    return tfm.token_logprobs(logits, tokens), ent
+  t = tokens.shape[1]
+  starts = tfm.window_starts(loss_mask, window)
+  _, hidden, _ = model(  # hidden [B, R, D] of positions starts - 1 + i
+      tokens, positions, attention_mask, return_logits=False,
+      window=(starts - 1, window),
+  )
+  logits = model.logits(hidden)
+  logp = tfm.target_logprobs(logits, tfm.take_window(tokens, starts, window))
+  ent = None
+  if entropy:
+    ent = tfm.put_window(losses.entropy_from_logits(logits), starts, t)
+  return tfm.put_window(logp, starts, t), ent
+
+
+def _batch_logp(model, batch, window, entropy=False):
+  return policy_forward(
+      model, batch.tokens, batch.positions, batch.attention_mask,
+      batch.loss_mask, window=window, entropy=entropy,
+  )
 
 
 def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
   """The mixed RSPO objective on a ``types.Batch`` (see losses.py)."""
 
-  def loss_fn(model, batch, rng):
+  def loss_fn(model, batch, rng, window: int = 0):
     del rng
-    logits, logp = _forward_logp(model, batch)
-    entropy = (
-        losses.entropy_from_logits(logits) if cfg.entropy_coef else None
+    logp, entropy = _batch_logp(
+        model, batch, window, entropy=bool(cfg.entropy_coef)
     )
     return losses.mixed_objective(
         logp,
@@ -273,10 +368,10 @@ def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
   return loss_fn
 
 
-def sft_loss(model, batch, rng):
+def sft_loss(model, batch, rng, window: int = 0):
   """Behaviour cloning: -mean log pi(response tokens)."""
   del rng
-  _, logp = _forward_logp(model, batch)
+  logp, _ = _batch_logp(model, batch, window)
   mask = batch.loss_mask
   nll = -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
   return nll, {"nll": nll}
@@ -301,17 +396,23 @@ def make_value_loss(clip_eps: float, agg: str = "token_mean") -> LossFn:
 # --------------------------------------------------------------------------
 
 
-def make_logprob_fn(graphdef, frozen, *, mesh: Mesh, param_shardings, rules):
-  """Jitted ``(params, tokens, positions, attention_mask) -> logp [B,T]``."""
+def make_logprob_fn(
+    graphdef, frozen, *, mesh: Mesh, param_shardings, rules, window: int = 0
+):
+  """Jitted ``(params, tokens, positions, attention_mask, loss_mask) ->
+  logp [B,T]``; with ``window > 0`` only on each row's response window
+  (0 elsewhere, see ``policy_forward``)."""
   bs = shd.batch_sharding(mesh, rules, 2)
 
-  def fn(params, tokens, positions, attention_mask):
+  def fn(params, tokens, positions, attention_mask, loss_mask):
     model = nnx.merge(graphdef, params, frozen)
-    logits, _, _ = model(tokens, positions, attention_mask)
-    return token_logprobs(logits, tokens)
+    logp, _ = policy_forward(
+        model, tokens, positions, attention_mask, loss_mask, window=window
+    )
+    return logp
 
   return jax.jit(
-      fn, in_shardings=(param_shardings, bs, bs, bs), out_shardings=bs
+      fn, in_shardings=(param_shardings, bs, bs, bs, bs), out_shardings=bs
   )
 
 

@@ -352,10 +352,13 @@ def test_bad_inputs_raise(engine):
     engine.generate([[3, 500]], p)
   with pytest.raises(ValueError, match="largest prompt bucket"):
     engine.generate([[3] * 17], p)
-  with pytest.raises(ValueError, match="top_p"):
+  with pytest.raises(ValueError, match="top_p"):  # SamplingParams checks
     engine.generate([[3]], SamplingParams(top_p=0.0))
   with pytest.raises(ValueError, match="max_new_tokens"):
-    engine.generate([[3]], SamplingParams(max_new_tokens=0))
+    engine.generate([[3]], SamplingParams(max_new_tokens=-1))
+  (empty,) = engine.generate([[3]], SamplingParams(max_new_tokens=0))
+  assert len(empty.token_ids) == len(empty.logprobs) == 0
+  assert empty.finish_reason == "length"
   with pytest.raises(ValueError, match="stop_token_ids"):
     engine.generate([[3]], SamplingParams(stop_token_ids=(128,)))
   assert engine.generate([], p) == []

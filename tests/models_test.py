@@ -249,7 +249,8 @@ def test_kv_cache_prefill_and_decode_match_full_forward(tiny_model):
   full, hid_full, _ = _fwd(model, ids, pos, mask)
   step = _fwd_cache
   cache = models.init_cache(cfg, b, 16)
-  assert cache.k.shape == (2, b, 16, cfg.num_kv_heads, cfg.head_dim)
+  assert len(cache.k) == len(cache.v) == cfg.num_layers
+  assert cache.k[0].shape == (b, cfg.num_kv_heads, 16, cfg.head_dim)
   logits, hid, cache = step(model, ids[:, :p], pos[:, :p], mask[:, :p], cache)
   np.testing.assert_allclose(logits, full[:, :p], atol=1e-5)
   np.testing.assert_allclose(hid, hid_full[:, :p], atol=1e-5)
@@ -324,6 +325,37 @@ def test_remat_same_values_and_grads(tiny_model):
   assert l1 == pytest.approx(float(l2), rel=1e-6)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_window_equals_full_forward_at_its_positions(tiny_model, remat):
+  cfg, plain = tiny_model
+  model = _rebuild(plain, dataclasses.replace(cfg, remat=remat))
+  b, t, r = 3, 12, 4
+  ids = jnp.asarray(np.random.RandomState(6).randint(0, 256, (b, t)))
+  mask = jnp.ones((b, t)).at[2, 10:].set(0)  # a right-padded row
+  pos = models.positions_from_mask(mask)
+  starts = jnp.array([0, 5, 8])
+  full, hid, _ = _fwd(model, ids, pos, mask)
+  lg, h, _ = model(ids, pos, mask, window=(starts, r))
+  assert lg.shape == (b, r, cfg.vocab_size) and h.shape == (b, r, 32)
+  for row, s in enumerate([0, 5, 8]):
+    np.testing.assert_allclose(lg[row], full[row, s:s + r], atol=1e-5)
+    np.testing.assert_allclose(h[row], hid[row, s:s + r], atol=1e-5)
+
+  def loss(m, window):
+    lg, _, _ = m(ids, pos, mask, window=window)
+    if window is None:
+      lg = models.transformer.take_window(lg, starts, r)
+    return jnp.sum(jnp.sin(lg))
+
+  g_full = nnx.grad(loss)(model, None)
+  g_win = nnx.grad(lambda m: loss(m, (starts, r)))(model)
+  for a, c in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_win)):
+    np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="window and cache"):
+    model(ids, pos, mask, window=(starts, r),
+          cache=models.init_cache(cfg, b, t))
 
 
 def test_bfloat16_compute_is_close(tiny_model):

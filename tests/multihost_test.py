@@ -11,7 +11,13 @@ process over 8 devices, and restores the 2-process checkpoint into the
 1-process learner.
 
     python tests/multihost_test.py worker OUT_DIR PROCESS_ID NUM_PROC PORT
+
+The RSPO loop test starts ``rspo_worker``s the same way: each builds the
+micro toy run (``build.build_run``, as ``launch/train.py`` does) in one
+shared workdir and runs it to the end, recording which groups every
+update trained on and which replay shards B's collection left.
 """
+
 
 from __future__ import annotations
 
@@ -235,6 +241,90 @@ def test_host_local_to_global_in_one_process_is_device_put():
   assert len(jax.devices()) == 8
 
 
+def test_host_share_tiles_the_items_evenly():
+  from rspo_jax import distributed
+
+  shares = [distributed.host_share(5, process_index=p, process_count=2)
+            for p in (0, 1)]
+  assert shares == [(0, 2), (2, 5)]
+  # Fewer items than hosts: some shares are empty, none overlap.
+  assert [distributed.host_share(1, process_index=p, process_count=3)
+          for p in range(3)] == [(0, 0), (0, 0), (0, 1)]
+  assert distributed.host_share(4) == (0, 4)  # one process: everything
+  with pytest.raises(ValueError, match="process_index=3 outside"):
+    distributed.host_share(4, process_index=3, process_count=2)
+
+
+def test_one_process_reductions_are_identities():
+  from rspo_jax import distributed
+
+  np.testing.assert_array_equal(distributed.global_sum([1.5, 2]), [1.5, 2])
+  assert int(distributed.global_max(np.int64(7))) == 7
+  assert distributed.allgather_objects({"a": [1, 2]}) == [{"a": [1, 2]}]
+  assert not distributed.is_multihost()
+
+
+def test_pad_rows_and_length_zero_pads_both_axes():
+  from rspo_jax import distributed
+
+  tree = {"x": np.ones((2, 3), np.int32), "flag": np.array([True, False])}
+  out = distributed.pad_rows_and_length(tree, 4, 5)
+  assert out["x"].shape == (4, 5) and out["x"].dtype == np.int32
+  assert out["x"].sum() == 6 and out["x"][:2, :3].all()
+  np.testing.assert_array_equal(out["flag"], [True, False, False, False])
+  with pytest.raises(ValueError, match=r"shape \(2, 3\) down to \(1, 5\)"):
+    distributed.pad_rows_and_length({"x": tree["x"]}, 1, 5)
+
+
+def test_combine_stats_of_two_hosts():
+  from rspo_jax.rollout import collect
+
+  a = dict(collect.empty_stats(), success_rate=1.0, episodes=2, env_steps=6,
+           invalid_action_rate=0.5, collect_time_s=3.0, gen_tokens=10)
+  b = dict(collect.empty_stats(), success_rate=0.0, episodes=6, env_steps=2,
+           invalid_action_rate=0.0, collect_time_s=5.0, gen_tokens=4)
+  out = collect.combine_stats([a, b])
+  assert out["success_rate"] == pytest.approx(2 / 8)  # per episode
+  assert out["invalid_action_rate"] == pytest.approx(3 / 8)  # per step
+  assert (out["episodes"], out["env_steps"], out["gen_tokens"]) == (8, 8, 14)
+  assert out["collect_time_s"] == 5.0  # the slowest host
+  assert collect.combine_stats([a]) == a
+  assert collect.empty_stats()["episodes"] == 0
+
+
+def test_replay_hosts_write_side_by_side(tmp_path):
+  """Two hosts' buffers on one directory: each writes its own prefix, both
+  read everything; a crashed writer's temporary is recovered only by its
+  own host; clear removes every host's shards."""
+  from rspo_jax import replay
+  from rspo_jax.types import StepRecord, Trajectory
+
+  def traj(tid, gid):
+    return Trajectory([StepRecord(
+        task_id=1, group_id=gid, traj_id=tid, step_idx=0,
+        prompt_ids=np.arange(3, dtype=np.int32),
+        response_ids=np.arange(2, dtype=np.int32),
+        behavior_logp=np.zeros(2, np.float32), outcome_reward=float(tid))])
+
+  d = str(tmp_path)
+  h0 = replay.ReplayBuffer(d, prefix="p00000")
+  h1 = replay.ReplayBuffer(d, prefix="p00001")
+  h0.add_trajectories([traj(0, 0), traj(1, 0)])
+  h1.add_trajectories([traj(2, 1)])
+  assert h0.shards_by_prefix() == {"p00000": 1, "p00001": 1}
+  for h in (h0, h1):
+    assert [[t.steps[0].traj_id for t in g] for g in h.groups()] == [
+        [0, 1], [2]]
+  stale = tmp_path / "p00001-000009-0000abcd.array_record.tmp"
+  stale.write_bytes(b"")
+  replay.ReplayBuffer(d, prefix="p00000")  # not its temporary
+  assert stale.exists()
+  replay.ReplayBuffer(d, prefix="p00001")
+  assert not stale.exists()
+  h0.clear()
+  assert h1.num_trajectories == 0 and h1.shards_by_prefix() == {}
+
+
 # --------------------------------------------------------------------------
 # Two processes (slow: each compiles the train step)
 # --------------------------------------------------------------------------
@@ -246,7 +336,8 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(out_dir: str, num_processes: int = 2, timeout: float = 600):
+def _launch(out_dir: str, num_processes: int = 2, timeout: float = 600,
+            role: str = "worker"):
   port = _free_port()
   env = dict(os.environ)
   env.update(
@@ -258,7 +349,7 @@ def _launch(out_dir: str, num_processes: int = 2, timeout: float = 600):
     env.pop(k, None)
   procs = [
       subprocess.Popen(
-          [sys.executable, os.path.abspath(__file__), "worker", out_dir,
+          [sys.executable, os.path.abspath(__file__), role, out_dir,
            str(i), str(num_processes), str(port)],
           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
           text=True,
@@ -316,8 +407,140 @@ def test_two_processes_match_one_process(tmp_path):
   assert int(restored["policy"].step) == STEPS
 
 
+# --------------------------------------------------------------------------
+# The RSPO loop over two processes
+# --------------------------------------------------------------------------
+
+# rspo_e2e_test's micro toy run, 4 groups of 2 a batch (2 fresh + 2
+# replayed in A's steps), 2 loops of k = 1.
+RSPO_OVERRIDES = (
+    "model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
+    "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
+    "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
+    "train.batch_tasks=4,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
+    "steps=2,env.max_steps=3,env.num_eval_tasks=4,env.num_workers=1,"
+    "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256")
+RSPO_STEPS, RSPO_TASKS = 2, 4
+
+
+def rspo_worker(out_dir: str, process_id: int, num_processes: int,
+                port: int):
+  sys.path.insert(0, ROOT)
+  import jax
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  from rspo_jax import build, distributed
+
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
+                                process_id)
+  from configs import toy_grpo
+
+  workdir = os.path.join(out_dir, "run")
+  run = build.build_run(toy_grpo.get_config(RSPO_OVERRIDES), workdir,
+                        progress=False)
+  t = run.trainer
+  updates, stored = [], []
+  update, b_phase = t.update, t.b_phase
+
+  def update_spy(learner, critic, on, off, source, step_key):
+    updates.append({
+        "step_key": step_key, "policy": "A" if learner is t.a else "B",
+        "on": sorted({r.group_id for r in on}),
+        "off": sorted({r.group_id for r in off}),
+    })
+    return update(learner, critic, on, off, source, step_key)
+
+  def b_phase_spy():
+    b_phase()
+    stored.append({
+        "groups": [g[0].group_id for g in t.buffer.groups()],
+        "shards": sorted(os.path.basename(p) for p in
+                         distributed_shards(t.buffer.directory)),
+    })
+
+  t.update, t.b_phase = update_spy, b_phase_spy
+  try:
+    t.run(evaluate=run.evaluate)
+    final = run.evaluate(t.a, t.state.a_steps)
+    left = distributed_shards(t.buffer.directory)
+    params = flat_params(t.a.params)
+    np.savez(os.path.join(out_dir, f"params{process_id}.npz"), **params)
+    with open(os.path.join(out_dir, f"rspo{process_id}.json"), "w") as f:
+      json.dump({
+          "a_steps": t.state.a_steps, "policy_step": t.a.step,
+          "loop": t.state.loop, "updates": updates, "stored": stored,
+          "shards_left": len(left), "final": final,
+          "metrics_file": os.path.exists(
+              os.path.join(workdir, "metrics.jsonl")),
+      }, f)
+  finally:
+    run.close()
+  distributed.barrier("rspo_done")
+  distributed.shutdown()
+
+
+def distributed_shards(directory: str) -> list:
+  from rspo_jax import replay
+
+  return replay.list_shards(directory)
+
+
+@pytest.mark.slow
+def test_rspo_loop_on_two_processes(tmp_path):
+  """Two processes x 4 CPU devices run the RSPO loop to the end together:
+  same step counts and final parameters on both; each host wrote its own
+  replay shards; every group of every update was trained exactly once,
+  by one host; D is empty at the end; only the leader wrote metrics."""
+  _launch(str(tmp_path), role="rspo_worker")
+  res = [json.load(open(tmp_path / f"rspo{p}.json")) for p in (0, 1)]
+  params = [dict(np.load(tmp_path / f"params{p}.npz")) for p in (0, 1)]
+  for r in res:
+    assert r["a_steps"] == RSPO_STEPS and r["policy_step"] == RSPO_STEPS
+    assert r["loop"] == RSPO_STEPS  # k = 1: one loop per A step
+    assert r["shards_left"] == 0  # D cleared after its loop
+  assert res[0]["final"] == res[1]["final"]  # summed over both hosts
+  assert 0.0 <= res[0]["final"]["success_rate"] <= 1.0
+  assert sorted(params[0]) == sorted(params[1])
+  for k in params[0]:
+    np.testing.assert_array_equal(params[0][k], params[1][k], err_msg=k)
+
+  # B's stored collection: 4 groups, 2 written by each host, one shard
+  # prefix per host, the same D seen from both hosts.
+  assert res[0]["stored"] == res[1]["stored"]
+  assert len(res[0]["stored"]) == RSPO_STEPS
+  for loop in res[0]["stored"]:
+    assert len(loop["groups"]) == RSPO_TASKS
+    prefixes = sorted({s.split("-")[0] for s in loop["shards"]})
+    assert prefixes == ["p00000", "p00001"]
+
+  # Updates happen together (same order, same keys) on both hosts; the
+  # groups of each are split between the hosts, each trained once.
+  assert [(u["step_key"], u["policy"]) for u in res[0]["updates"]] == [
+      (u["step_key"], u["policy"]) for u in res[1]["updates"]]
+  a_updates = 0
+  for u0, u1 in zip(res[0]["updates"], res[1]["updates"]):
+    groups = u0["on"] + u0["off"] + u1["on"] + u1["off"]
+    assert len(groups) == len(set(groups)) == RSPO_TASKS, (u0, u1)
+    assert u0["on"] + u0["off"] and u1["on"] + u1["off"]  # both hosts train
+    if u0["policy"] == "A":
+      replayed = set(u0["off"] + u1["off"])
+      assert len(replayed) == RSPO_TASKS // 2  # alpha = 1/2
+      assert replayed <= set(res[0]["stored"][a_updates]["groups"])
+      a_updates += 1
+  assert a_updates == RSPO_STEPS
+
+  # Only the leader wrote metrics: one 'A' row per step.
+  rows = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl")]
+  assert [r["step"] for r in rows if r["phase"] == "A"] == [1, 2]
+  a_rows = [r for r in rows if r["phase"] == "A"]
+  assert all(r["rows_off"] > 0 and r["rows_on"] > 0 for r in a_rows)
+  collect_rows = [r for r in rows if r["phase"] == "B_collect"]
+  assert [r["buffer_num_groups"] for r in collect_rows] == [RSPO_TASKS] * 2
+
+
 if __name__ == "__main__":
-  if len(sys.argv) == 6 and sys.argv[1] == "worker":
-    worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+  if len(sys.argv) == 6 and sys.argv[1] in ("worker", "rspo_worker"):
+    fn = worker if sys.argv[1] == "worker" else rspo_worker
+    fn(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
   else:
     sys.exit(__doc__)

@@ -170,17 +170,27 @@ def test_make_generate_request_shape_and_seeds():
 
 
 @pytest.mark.parametrize("prompts, params, match", [
-    ([[]], SamplingParams(), "prompt 0 is empty"),
-    ([[1], [-1]], SamplingParams(), "prompt 1"),
-    ([[1, 9]], SamplingParams(), r"outside \[0, 8\)"),
-    ([[1.5]], SamplingParams(), "non-integer"),
-    ([[1]], SamplingParams(max_new_tokens=0), "max_new_tokens"),
-    ([[1]], SamplingParams(top_p=0.0), "top_p"),
-    ([[1]], SamplingParams(stop_token_ids=(8,)), "stop_token_ids"),
+    ([[]], {}, "prompt 0 is empty"),
+    ([[1], [-1]], {}, "prompt 1"),
+    ([[1, 9]], {}, r"outside \[0, 8\)"),
+    ([[1.5]], {}, "non-integer"),
+    ([[1]], {"stop_token_ids": (8,)}, "stop_token_ids"),
 ])
 def test_make_generate_request_rejects_bad_input(prompts, params, match):
   with pytest.raises(ValueError, match=match):
-    make_generate_request(prompts, params, vocab_size=8)
+    make_generate_request(prompts, SamplingParams(**params), vocab_size=8)
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"max_new_tokens": -1}, r"max_new_tokens must be >= 0: -1"),
+    ({"temperature": -0.5}, r"temperature must be >= 0: -0.5"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]: 0.0"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]: 1.5"),
+    ({"temperature": float("nan")}, "temperature"),
+])
+def test_sampling_params_reject_bad_values(params, match):
+  with pytest.raises(ValueError, match=match):
+    SamplingParams(**params)
 
 
 def _sglang_item(pairs, reason, version="default"):
@@ -315,7 +325,12 @@ def test_engine_server_answers_sglang_shapes(serve):
   assert status == 200 and [b["output_ids"] for b in batch] == [[], []]
   for body, match in (({"input_ids": [[1, 6]]}, r"outside \[0, 6\)"),
                       ({"text": "hi"}, "input_ids"),
-                      ({"input_ids": [1], "stream": True}, "stream")):
+                      ({"input_ids": [1], "stream": True}, "stream"),
+                      ({"input_ids": [1],
+                        "sampling_params": {"temperature": -1}},
+                       "temperature"),
+                      ({"input_ids": [1], "sampling_params": {"top_p": 0}},
+                       "top_p")):
     status, err = post(body)
     assert status == 400 and match.split("\\")[0] in err["message"]
   srv.engine.healthy = False

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from rspo_jax import models, sharding, train_step as ts
 from rspo_jax.learner import Learner
@@ -139,5 +140,123 @@ def test_logprob_fn_matches_direct_forward():
   model = learner.module()
   logits, _, _ = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions),
                        jnp.asarray(batch.attention_mask))
-  ref = models.token_logprobs(logits, jnp.asarray(batch.tokens))
-  np.testing.assert_allclose(lp, np.asarray(ref), atol=1e-5)
+  ref = np.asarray(models.token_logprobs(logits, jnp.asarray(batch.tokens)))
+  # Equal on the response window (where the loss counts), 0 elsewhere.
+  np.testing.assert_allclose(lp[:, 16:], ref[:, 16:], atol=1e-5)
+  np.testing.assert_array_equal(lp[:, :16], 0.0)
+
+
+# ------------------------------------------------------- response window
+
+
+def ragged_batch(rows=8, length=48, seed=1):
+  """Rows with different prompt lengths (response starts 9..30) and
+  right padding, as records_to_batch builds them; row 3 has no response."""
+  rng = np.random.default_rng(seed)
+  base = make_batch(rows, length, seed, offpolicy=True, padded_row=False)
+  attn = np.zeros((rows, length), np.int32)
+  loss_mask = np.zeros((rows, length), np.float32)
+  for b in range(rows):
+    p = 9 + 3 * b
+    n = min(int(rng.integers(4, 15)), length - p)
+    attn[b, :p + n] = 1
+    if b != 3:
+      loss_mask[b, p:p + n] = 1.0
+  positions = np.maximum(np.cumsum(attn, 1) - 1, 0).astype(np.int32)
+  return base._replace(
+      attention_mask=attn, loss_mask=loss_mask, positions=positions,
+      advantages=base.advantages[:, :1] * 0 + rng.normal(
+          size=(rows, 1)).astype(np.float32) * loss_mask,
+  )
+
+
+def test_response_window_by_hand():
+  m = np.zeros((3, 40), np.float32)
+  m[0, 10:14] = 1  # span 4
+  m[1, 20:37] = 1  # span 17 -> bucket 24
+  assert ts.response_window(m) == 24
+  assert ts.response_window(m[:1]) == 16
+  assert ts.response_window(np.zeros((2, 40))) == 0  # nothing counts
+  # The on-device reduction used for multi-host global arrays agrees.
+  on_device = ts._global_max_span  # pylint: disable=protected-access
+  assert int(on_device(jnp.asarray(m))) == 17
+  m[2, 1:40] = 1  # span 39 -> bucket 48 >= T - 1: no window
+  assert ts.response_window(m) == 0
+  starts = models.transformer.window_starts(jnp.asarray(m[:2]), 24)
+  np.testing.assert_array_equal(np.asarray(starts), [10, 16])  # 16 = 40 - 24
+
+
+def test_take_and_put_window_by_hand():
+  x = jnp.arange(12).reshape(2, 6)
+  s = jnp.array([1, 3])
+  w = models.transformer.take_window(x, s, 2)
+  np.testing.assert_array_equal(np.asarray(w), [[1, 2], [9, 10]])
+  back = models.transformer.put_window(w, s, 6)
+  np.testing.assert_array_equal(
+      np.asarray(back), [[0, 1, 2, 0, 0, 0], [0, 0, 0, 9, 10, 0]])
+
+
+def _no_window(loss_fn):
+  """The same loss without the ``window`` keyword: full computation."""
+  return lambda model, batch, rng: loss_fn(model, batch, rng)
+
+
+@pytest.mark.parametrize("which", ["policy", "sft"])
+def test_windowed_loss_and_grads_equal_full_computation(which):
+  batch = jax.tree.map(jnp.asarray, ragged_batch())
+  window = ts.response_window(batch.loss_mask)
+  assert 0 < window < batch.tokens.shape[1] - 1
+  model = models.create_model(tiny_cfg(), seed=0)
+  graphdef, params, rest = ts.split_trainable(model)
+  loss_fn = (ts.make_policy_loss(ts.PolicyLossConfig(
+      alpha=0.25, kl_coef=0.01, entropy_coef=0.01)) if which == "policy"
+             else ts.sft_loss)
+
+  def value_and_grad(w):
+    def f(p):
+      return loss_fn(nnx.merge(graphdef, p, rest), batch, None, window=w)
+    return jax.value_and_grad(f, has_aux=True)(params)
+
+  (l_full, m_full), g_full = value_and_grad(0)
+  (l_win, m_win), g_win = value_and_grad(window)
+  np.testing.assert_allclose(l_win, l_full, atol=1e-5, rtol=1e-5)
+  for k in m_full:
+    np.testing.assert_allclose(m_win[k], m_full[k], atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_win)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
+  if which == "policy":
+    assert m_full["entropy"] > 0  # the entropy term took part
+
+
+def test_windowed_logprobs_equal_full_on_counted_tokens():
+  batch = jax.tree.map(jnp.asarray, ragged_batch())
+  model = models.create_model(tiny_cfg(), seed=0)
+  window = ts.response_window(batch.loss_mask)
+  args = (model, batch.tokens, batch.positions, batch.attention_mask,
+          batch.loss_mask)
+  full, _ = ts.policy_forward(*args, window=0)
+  win, _ = ts.policy_forward(*args, window=window)
+  full, win = np.asarray(full), np.asarray(win)
+  mask = np.asarray(batch.loss_mask) > 0
+  np.testing.assert_allclose(win[mask], full[mask], atol=1e-5)
+  inside = win != 0
+  np.testing.assert_allclose(win[inside], full[inside], atol=1e-5)
+  assert inside.sum(axis=1).max() == window  # R positions per row, 0 outside
+
+
+def test_sharded_windowed_learner_equals_unsharded_full_learner():
+  batch = ragged_batch()
+  cfg = ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01, entropy_coef=0.001)
+  full = policy_learner((1, 1, 1))
+  full.loss_fn = _no_window(ts.make_policy_loss(cfg))
+  full._windowed = False  # pylint: disable=protected-access
+  windowed = policy_learner((2, 2, 2))
+  np.testing.assert_allclose(
+      windowed.apply(batch) * batch.loss_mask,
+      full.apply(batch) * batch.loss_mask, atol=1e-5)
+  m1, p1 = run_steps(full, batch)
+  m8, p8 = run_steps(windowed, batch)
+  for a, b in zip(m1, m8):
+    np.testing.assert_allclose(a["loss"], b["loss"], atol=1e-5, rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)

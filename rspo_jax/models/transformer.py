@@ -29,13 +29,16 @@ _INIT_STD = 0.02
 class KVCache(NamedTuple):
   """Per-layer keys/values of past tokens (keys stored after RoPE).
 
-  k, v:     [L, B, S, Hkv, Dh]
+  k, v:     tuples of L arrays [B, Hkv, S, Dh], one buffer per layer and
+            head-major, so decode writes a slot in place and the attention
+            dots read the buffer as it lies (no per-step copy of a slice or
+            a transpose of the cache)
   key_mask: [B, S] bool, True on slots holding a real token
   index:    int32 scalar, the next write slot (same for every row)
   """
 
-  k: jax.Array
-  v: jax.Array
+  k: tuple
+  v: tuple
   key_mask: jax.Array
   index: jax.Array
 
@@ -45,10 +48,13 @@ def init_cache(
 ) -> KVCache:
   """An empty cache of ``max_len`` slots (no slot attendable yet)."""
   dtype = jnp.dtype(dtype or cfg.dtype)
-  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+  zeros = lambda: tuple(
+      jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)
+  )
   return KVCache(
-      k=jnp.zeros(shape, dtype),
-      v=jnp.zeros(shape, dtype),
+      k=zeros(),
+      v=zeros(),
       key_mask=jnp.zeros((batch, max_len), jnp.bool_),
       index=jnp.zeros((), jnp.int32),
   )
@@ -163,43 +169,48 @@ class Attention(nnx.Module):
       y = y + b.value.astype(x.dtype)
     return y
 
-  def __call__(self, x, positions, mask, kv_cache=None, index=None, layer=0):
-    """x [B,T,D]; mask [B,T,S] bool (True = may attend).
+  def __call__(
+      self, x, positions, mask, kv_cache=None, index=None, queries=None
+  ):
+    """x [B,T,D]; mask [B,Tq,S] bool (True = may attend).
 
-    Without a cache S = T. With one, ``kv_cache = (K, V)`` are the stacked
-    [L,B,S,Hkv,Dh] caches: the T new keys/values are written in place at
-    [layer, :, index:index+T] and attention reads all S slots of ``layer``.
-    Returns (y [B,T,D], updated (K, V) or None).
+    Without a cache S = T. With one, ``kv_cache = (K, V)`` are this layer's
+    [B,Hkv,S,Dh] buffers: the T new keys/values are written in place at
+    slots [index, index + T) and attention reads all S slots. ``queries =
+    (x_q [B,Tq,D], positions_q [B,Tq])``: queries from these positions only
+    (keys and values still from all of x); default x itself (Tq = T).
+    Returns (y [B,Tq,D], updated (K, V) or None).
     """
-    b, t, _ = x.shape
+    x_q, pos_q = (x, positions) if queries is None else queries
+    b, t, _ = x_q.shape
     inv_freq = rope_inv_freq(self.cfg)  # numpy: a constant under jit
-    q = apply_rope(self._proj(x, self.q, self.q_bias), positions, inv_freq)
+    q = apply_rope(self._proj(x_q, self.q, self.q_bias), pos_q, inv_freq)
     k = apply_rope(self._proj(x, self.k, self.k_bias), positions, inv_freq)
     v = self._proj(x, self.v, self.v_bias)
-    new_cache = None
-    if kv_cache is not None:
-      k_all, v_all = kv_cache
-      at = (layer, 0, index, 0, 0)
-      k_all = jax.lax.dynamic_update_slice(
-          k_all, k[None].astype(k_all.dtype), at
-      )
-      v_all = jax.lax.dynamic_update_slice(
-          v_all, v[None].astype(v_all.dtype), at
-      )
-      new_cache = (k_all, v_all)
-      k, v = k_all[layer], v_all[layer]
     h, dh = q.shape[2], q.shape[3]
     kv = self.cfg.num_kv_heads
     qg = q.reshape(b, t, kv, h // kv, dh)
+    new_cache = None
+    if kv_cache is None:
+      k_spec = "bskd"
+    else:
+      k_all, v_all = kv_cache
+      at = (0, 0, index, 0)
+      put = lambda buf, new: jax.lax.dynamic_update_slice(
+          buf, new.transpose(0, 2, 1, 3).astype(buf.dtype), at
+      )
+      k, v = put(k_all, k), put(v_all, v)
+      new_cache = (k, v)
+      k_spec = "bksd"
     scores = jnp.einsum(
-        "btkgd,bskd->bkgts",
+        f"btkgd,{k_spec}->bkgts",
         qg,
         k.astype(q.dtype),
         preferred_element_type=jnp.float32,
     ) / math.sqrt(dh)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(x.dtype))
+    out = jnp.einsum(f"bkgts,{k_spec}->btkgd", probs, v.astype(x.dtype))
     out = out.reshape(b, t, h, dh)
     y = jnp.einsum("bthk,hkd->btd", out, self.o.value.astype(x.dtype))
     return y, new_cache
@@ -233,20 +244,29 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, mask, kv_cache=None, index=None, layer=0):
-    y, kv = self.attn(
-        self.input_norm(x), positions, mask, kv_cache, index, layer
-    )
+  def __call__(
+      self, x, positions, mask, kv_cache=None, index=None, starts=None,
+      window=0,
+  ):
+    """With ``window = R > 0``: the outputs of positions [starts_b, starts_b
+    + R) only, [B, R, D] (their queries attend all keys as usual)."""
+    h = self.input_norm(x)
+    queries = None
+    if window:
+      take = lambda a: take_window(a, starts, window)
+      x, mask = take(x), take(mask)
+      queries = (take(h), take(positions))
+    y, kv = self.attn(h, positions, mask, kv_cache, index, queries)
     x = x + y
     x = x + self.mlp(self.post_attn_norm(x))
     return x, kv
 
 
-def _run_block(block, x, positions, mask, kv_cache, index, layer):
-  return block(x, positions, mask, kv_cache, index, layer)
+def _run_block(block, x, positions, mask, kv_cache, index, starts, window):
+  return block(x, positions, mask, kv_cache, index, starts, window)
 
 
-_run_block_remat = nnx.remat(_run_block, static_argnums=(6,))
+_run_block_remat = nnx.remat(_run_block, static_argnums=(7,))
 
 
 class Transformer(nnx.Module):
@@ -277,13 +297,22 @@ class Transformer(nnx.Module):
       *,
       cache: Optional[KVCache] = None,
       return_logits: bool = True,
+      window: Optional[tuple[jax.Array, int]] = None,
   ):
     """Returns (logits [B,T,V] f32 or None, hidden [B,T,D], new cache or None).
 
     Without a cache, query t attends keys s <= t with attention_mask[s] = 1.
     With one, the T tokens are written at slots [index, index + T) and query
     i attends slots j <= index + i whose key_mask is set.
+
+    ``window = (starts [B], R)`` (no cache): logits and hidden of positions
+    [starts_b, starts_b + R) only, [B, R, ...]. Only the last block's
+    queries, MLP and the final norm are restricted to the window (earlier
+    blocks feed the last one's keys and values at every position); the
+    values equal the full computation's at those positions.
     """
+    if window is not None and cache is not None:
+      raise ValueError("Transformer: window and cache cannot be combined")
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     t = tokens.shape[1]
@@ -301,15 +330,22 @@ class Transformer(nnx.Module):
       causal = jnp.arange(s, dtype=jnp.int32)[None, :] <= q_slot[:, None]
       mask = causal[None] & key_mask[:, None, :]
     run = _run_block_remat if cfg.remat else _run_block
-    kv = None if cache is None else (cache.k, cache.v)
+    new_k, new_v = [], []
+    last = len(self.layers) - 1
+    starts, r = window if window is not None else (None, 0)
     for i, block in enumerate(self.layers):
-      x, kv = run(block, x, positions, mask, kv, index, i)
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      w = (starts, r) if i == last else (None, 0)
+      x, kv = run(block, x, positions, mask, kv, index, *w)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
     hidden = self.final_norm(x)
     new_cache = None
     if cache is not None:
       new_cache = KVCache(
-          k=kv[0],
-          v=kv[1],
+          k=tuple(new_k),
+          v=tuple(new_v),
           key_mask=key_mask,
           index=(index + t).astype(jnp.int32),
       )
@@ -329,16 +365,62 @@ class Transformer(nnx.Module):
     )
 
 
+def target_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """``logp[..., i] = logits[..., i, y_i] - logsumexp(logits[..., i, :])``
+
+  (``y = targets``). Gathers one logit per position instead of materialising
+  a full log-softmax. logits [..., V], targets [...] int. Returns [...] f32.
+  """
+  lg = logits.astype(jnp.float32)
+  picked = jnp.take_along_axis(lg, targets[..., None].astype(jnp.int32), -1)
+  return picked[..., 0] - jax.nn.logsumexp(lg, axis=-1)
+
+
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
   """``logp[:, t] = logits[:, t-1, tokens[:, t]] - logsumexp(logits[:, t-1])``.
 
-  ``logp[:, 0] = 0`` (nothing predicts the first token). Gathers one logit per
-  position instead of materialising a full log-softmax. Returns [B,T] f32.
+  ``logp[:, 0] = 0`` (nothing predicts the first token). Returns [B,T] f32.
   """
-  lg = logits[:, :-1].astype(jnp.float32)
-  picked = jnp.take_along_axis(lg, tokens[:, 1:, None].astype(jnp.int32), -1)
-  lp = picked[..., 0] - jax.nn.logsumexp(lg, axis=-1)
+  lp = target_logprobs(logits[:, :-1], tokens[:, 1:])
   return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+
+
+# ------------------------------------------------ response-window helpers
+# The loss of an RL or SFT row only counts its response tokens, a short span
+# at the end of a long prompt. Computing the LM head and the log-softmax on a
+# static window of R positions per row instead of all T (TRL's
+# ``logits_to_keep``) saves (T - R) / T of that work, forward and backward.
+
+
+def window_starts(loss_mask: jax.Array, window: int) -> jax.Array:
+  """[B] int32 first position of each row's window of ``window`` tokens.
+
+    s_b = clip(first t with loss_mask[b, t] > 0, 1, T - window)
+
+  Every counted token of row b lies in [s_b, s_b + window) when its counted
+  span (first to last counted token) is at most ``window`` long. s_b >= 1
+  because token 0 has no predicting position; rows without counted tokens
+  get s_b = 1.
+  """
+  t = loss_mask.shape[1]
+  if not 0 < window < t:
+    raise ValueError(f"window_starts: window {window} outside (0, {t})")
+  first = jnp.argmax(loss_mask > 0, axis=1).astype(jnp.int32)
+  return jnp.clip(first, 1, t - window)
+
+
+def take_window(x: jax.Array, starts: jax.Array, window: int) -> jax.Array:
+  """``y[b, i] = x[b, starts[b] + i]``, i < window; x [B, T, ...]."""
+  take = lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, window, axis=0)
+  return jax.vmap(take)(x, starts)
+
+
+def put_window(y: jax.Array, starts: jax.Array, length: int) -> jax.Array:
+  """Inverse of ``take_window`` on [B, R]: [B, length] with ``y[b]`` at
+  [starts[b], starts[b] + R) and 0 elsewhere."""
+  zeros = jnp.zeros((length,) + y.shape[2:], y.dtype)
+  put = lambda row, s: jax.lax.dynamic_update_slice_in_dim(zeros, row, s, 0)
+  return jax.vmap(put)(y, starts)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:

@@ -77,15 +77,27 @@ class ReplayBuffer:
   Closed shards are immutable, so the records read from each are cached;
   shards written by other processes into the same directory are picked up
   on the next read.
+
+  Several writers (one per host of a multi-host run) share a directory by
+  writing under their own shard-name ``prefix`` (``p00001-000000-....``);
+  every reader sees every writer's closed shards. Start-up then removes
+  only the stale temporaries of its own prefix; ``clear`` removes all.
   """
 
-  def __init__(self, directory: str, *, records_per_shard: int = 256):
+  def __init__(self, directory: str, *, records_per_shard: int = 256,
+               prefix: str = "shard"):
     self.directory = directory
     self.records_per_shard = records_per_shard
+    self.prefix = prefix
     os.makedirs(directory, exist_ok=True)
-    self.lost_on_start = recover(directory)
-    self._writer = ShardWriter(directory, records_per_shard=records_per_shard)
+    self.lost_on_start = recover(
+        directory, prefix=None if prefix == "shard" else prefix)
+    self._writer = self._new_writer()
     self._cache: dict[str, list[StepRecord]] = {}
+
+  def _new_writer(self) -> ShardWriter:
+    return ShardWriter(self.directory, prefix=self.prefix,
+                       records_per_shard=self.records_per_shard)
 
   # -- writing ---------------------------------------------------------------
 
@@ -128,7 +140,8 @@ class ReplayBuffer:
     w.rotate()
 
   def clear(self) -> None:
-    """Deletes every shard, temporary and marker in the directory."""
+    """Deletes every shard (of every prefix), temporary and marker in the
+    directory."""
     self._writer.close()
     for path in list_shards(self.directory):
       os.remove(path)
@@ -138,9 +151,7 @@ class ReplayBuffer:
     if os.path.exists(marker):
       os.remove(marker)
     self._cache.clear()
-    self._writer = ShardWriter(
-        self.directory, records_per_shard=self.records_per_shard
-    )
+    self._writer = self._new_writer()
 
   # -- reading ---------------------------------------------------------------
 
@@ -225,6 +236,15 @@ class ReplayBuffer:
     return [trajs[i] for i in order[:n]]
 
   # -- reporting -------------------------------------------------------------
+
+  def shards_by_prefix(self) -> dict[str, int]:
+    """{shard-name prefix: number of closed shards} (one prefix per host
+    in a multi-host run)."""
+    out: dict[str, int] = {}
+    for path in list_shards(self.directory):
+      key = os.path.basename(path).rsplit("-", 2)[0]
+      out[key] = out.get(key, 0) + 1
+    return out
 
   def stats(self, bins: int = 10) -> dict:
     """Counts and outcome-reward summary of the stored trajectories.

@@ -229,3 +229,41 @@ def _finish(eps, cfg, stats, wall):
       "collect_time_s": wall,
   }
   return records, summary
+
+
+# How one statistic of several hosts' collections combines (multi-host).
+_SUM_KEYS = ("failed_episodes", "episodes", "env_steps", "gen_tokens",
+             "prompt_truncated", "gen_tokens_per_s", "env_steps_per_s")
+_MAX_KEYS = ("collect_time_s",)
+_PER_STEP_KEYS = ("invalid_action_rate",)
+
+
+def empty_stats() -> dict:
+  """The statistics of a collection of no episodes (a host whose share of
+  the groups is empty)."""
+  return _finish([], CollectConfig(env_name="", max_steps=0),
+                 dict(gen_tokens=0, gen_time=0.0, env_time=0.0,
+                      prompt_truncated=0, invalid=0, steps=0), 0.0)[1]
+
+
+def combine_stats(per_host: Sequence[dict]) -> dict:
+  """One summary of several hosts' collections (each ``collect``'s stats):
+  counts and throughputs add up, wall time is the slowest host's, rates
+  and means are weighted by episodes (per-step rates by steps)."""
+  if len(per_host) == 1:
+    return dict(per_host[0])
+  out = {}
+  for key in per_host[0]:
+    vals = np.asarray([float(s[key]) for s in per_host])
+    if key in _SUM_KEYS:
+      out[key] = float(vals.sum())
+    elif key in _MAX_KEYS:
+      out[key] = float(vals.max())
+    else:
+      by = "env_steps" if key in _PER_STEP_KEYS else "episodes"
+      w = np.asarray([float(s[by]) for s in per_host])
+      out[key] = float((vals * w).sum() / w.sum()) if w.sum() else 0.0
+    if key in ("failed_episodes", "episodes", "env_steps", "gen_tokens",
+               "prompt_truncated"):
+      out[key] = int(out[key])
+  return out

@@ -17,12 +17,30 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
+  """Sampling knobs of one ``generate`` call; validated on construction
+  (ValueError): ``max_new_tokens >= 0`` (0: no tokens, SGLang's scoring-only
+  request), ``temperature >= 0`` (0 = greedy), ``0 < top_p <= 1``."""
+
   temperature: float = 1.0
   top_p: float = 1.0
   max_new_tokens: int = 64
   stop_token_ids: tuple[int, ...] = ()
   stop_strings: tuple[str, ...] = ()
   seed: Optional[int] = None
+
+  def __post_init__(self):
+    if not self.max_new_tokens >= 0:
+      raise ValueError(
+          f"SamplingParams.max_new_tokens must be >= 0: {self.max_new_tokens}"
+      )
+    if not self.temperature >= 0:
+      raise ValueError(
+          f"SamplingParams.temperature must be >= 0: {self.temperature}"
+      )
+    if not 0 < self.top_p <= 1:
+      raise ValueError(
+          f"SamplingParams.top_p must be in (0, 1]: {self.top_p}"
+      )
 
 
 @dataclasses.dataclass

@@ -120,11 +120,14 @@ def parse_sampling_params(d: Any) -> tuple[SamplingParams, Optional[int]]:
   seed = d.get("sampling_seed")
   if seed is not None and not _is_int(seed):
     raise BadRequest(f"sampling_params.sampling_seed={seed!r}: need an int")
-  params = SamplingParams(
-      temperature=temperature, top_p=top_p, max_new_tokens=max_new,
-      stop_token_ids=tuple(int(t) for t in stop_ids),
-      stop_strings=tuple(stop),
-  )
+  try:
+    params = SamplingParams(
+        temperature=temperature, top_p=top_p, max_new_tokens=max_new,
+        stop_token_ids=tuple(int(t) for t in stop_ids),
+        stop_strings=tuple(stop),
+    )
+  except ValueError as e:  # out-of-range temperature / top_p
+    raise BadRequest(f"sampling_params: {e}") from e
   return params, seed
 
 

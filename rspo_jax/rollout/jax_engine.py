@@ -47,11 +47,11 @@ from rspo_jax.models import transformer as tfm
 from rspo_jax.rollout import sampling
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 
-BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 
-# Logical axes of the KV cache k/v [L, B, S, Hkv, Dh].
-_CACHE_AXES = (None, "batch", "cache_length", "kv_heads", "head_dim")
+# Logical axes of each layer's KV-cache buffer [B, Hkv, S, Dh].
+_CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 
 
 def bucket_size(n: int, buckets: Sequence[int], what: str) -> int:
@@ -215,6 +215,10 @@ class JaxEngine(Engine):
     rows = [self._check_prompt(p, i) for i, p in enumerate(prompts)]
     if not rows:
       return []
+    if params.max_new_tokens == 0:  # nothing to generate (SGLang's answer)
+      empty = lambda: GenerationResult(
+          np.zeros(0, np.int32), np.zeros(0, np.float32), "length")
+      return [empty() for _ in rows]
     seed = params.seed
     if seed is None:
       seed = int(self._np_rng.integers(0, 2**31 - 1))
@@ -349,16 +353,7 @@ class JaxEngine(Engine):
     )
 
   def _check_params(self, p: SamplingParams) -> None:
-    if p.max_new_tokens < 1:
-      raise ValueError(
-          f"SamplingParams.max_new_tokens must be >= 1: {p.max_new_tokens}"
-      )
-    if p.temperature < 0:
-      raise ValueError(
-          f"SamplingParams.temperature must be >= 0: {p.temperature}"
-      )
-    if not 0 < p.top_p <= 1:
-      raise ValueError(f"SamplingParams.top_p must be in (0, 1]: {p.top_p}")
+    # max_new_tokens, temperature and top_p: SamplingParams.__post_init__.
     if p.stop_strings and self._decode_fn is None:
       raise ValueError(
           f"SamplingParams.stop_strings {p.stop_strings!r} need a decode_fn"
@@ -413,12 +408,12 @@ def _constrain_cache(cache: tfm.KVCache, mesh, rules) -> tfm.KVCache:
     spec = shd.logical_to_mesh_spec(logical, rules)
     return NamedSharding(mesh, shd.fit_spec_to_shape(mesh, spec, shape))
 
-  kv = sharding(_CACHE_AXES, cache.k.shape)
+  kv = sharding(_CACHE_AXES, cache.k[0].shape)
   km = sharding(("batch", "cache_length"), cache.key_mask.shape)
   wsc = jax.lax.with_sharding_constraint
   return tfm.KVCache(
-      k=wsc(cache.k, kv),
-      v=wsc(cache.v, kv),
+      k=tuple(wsc(x, kv) for x in cache.k),
+      v=tuple(wsc(x, kv) for x in cache.v),
       key_mask=wsc(cache.key_mask, km),
       index=cache.index,
   )
@@ -477,8 +472,8 @@ def _prefill(
         tokens, positions, mask, cache=cache, return_logits=False
     )
   cache = tfm.KVCache(
-      k=cache.k[:, row_map],
-      v=cache.v[:, row_map],
+      k=tuple(x[row_map] for x in cache.k),
+      v=tuple(x[row_map] for x in cache.v),
       key_mask=cache.key_mask[row_map],
       index=cache.index,
   )

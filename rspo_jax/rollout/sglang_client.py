@@ -123,16 +123,6 @@ def make_generate_request(
     raise ValueError("prompts is empty")
   ids = [_check_prompt(p, first_index + j, vocab_size)
          for j, p in enumerate(prompts)]
-  if params.max_new_tokens < 1:
-    raise ValueError(
-        f"SamplingParams.max_new_tokens must be >= 1: {params.max_new_tokens}"
-    )
-  if params.temperature < 0:
-    raise ValueError(
-        f"SamplingParams.temperature must be >= 0: {params.temperature}"
-    )
-  if not 0 < params.top_p <= 1:
-    raise ValueError(f"SamplingParams.top_p must be in (0, 1]: {params.top_p}")
   stop_ids = [int(t) for t in params.stop_token_ids]
   if vocab_size is not None and any(not 0 <= t < vocab_size for t in stop_ids):
     raise ValueError(
