@@ -50,7 +50,8 @@ def main(argv):
     from rspo_jax import train_step as ts
 
     learner = build.make_policy_learner(cfg, module, mesh, lr=cfg.sft.lr,
-                                        loss_fn=ts.sft_loss)
+                                        loss_fn=ts.make_sft_loss(
+                                            cfg.sft.prompt_loss_weight))
     curve = warm_start.train_sft(
         learner, records, steps=cfg.sft.steps, batch_rows=cfg.sft.batch_rows,
         seed=cfg.seed, metrics_writer=MetricsWriter(workdir),

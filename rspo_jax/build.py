@@ -125,7 +125,8 @@ def local_mesh(cfg):
 
 
 def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
-                        metrics: Optional[MetricsWriter] = None):
+                        metrics: Optional[MetricsWriter] = None,
+                        progress: bool = True):
   """(ModelConfig, module): a checkpoint, the cached warm start, or a fresh
   tiny model behaviour-cloned on expert episodes (then cached)."""
   rules = cfg.logical_axis_rules
@@ -165,10 +166,11 @@ def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics):
         max_prompt_tokens=cfg.rollout.max_prompt_tokens,
     )
     learner = make_policy_learner(cfg, module, mesh, lr=cfg.sft.lr,
-                                  loss_fn=ts.sft_loss)
+                                  loss_fn=ts.make_sft_loss(
+                                      cfg.sft.prompt_loss_weight))
     warm_start.train_sft(
         learner, records, steps=cfg.sft.steps, batch_rows=cfg.sft.batch_rows,
-        seed=cfg.seed, metrics_writer=metrics,
+        seed=cfg.seed, metrics_writer=metrics, progress=progress,
         max_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens,
     )
     module = learner.module()
@@ -308,7 +310,7 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   tokenizer, tok_dir = make_tokenizer(cfg, workdir)
   metrics = MetricsWriter(workdir) if distributed.is_leader() else None
   mcfg, module = warm_started_policy(cfg, tokenizer, tok_dir, mesh, workdir,
-                                     metrics)
+                                     metrics, progress=progress)
   if metrics is not None:
     metrics.close()
   models.check_tokenizer_matches(tokenizer, mcfg)

@@ -377,6 +377,38 @@ def sft_loss(model, batch, rng, window: int = 0):
   return nll, {"nll": nll}
 
 
+def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
+  """Behaviour cloning, optionally with a language-model term on prompts:
+
+      loss = nll_response + prompt_weight * nll_prompt,
+      nll_x = -mean_{t in x} log pi(token_t | tokens_<t),
+
+  prompt positions being the real tokens outside the loss mask except each
+  row's first (nothing predicts it). The prompt term (pretraining-style)
+  teaches a from-scratch policy to read its context -- WebShop prompts
+  repeat titles, option values and product ids between the page and the
+  action list -- far sooner than the few response tokens alone.
+  ``prompt_weight=0`` is ``sft_loss`` (windowed to the responses).
+  """
+  if prompt_weight < 0:
+    raise ValueError(f"prompt_weight must be >= 0, got {prompt_weight}")
+  if prompt_weight == 0:
+    return sft_loss
+
+  def loss_fn(model, batch, rng):
+    del rng
+    logp, _ = _batch_logp(model, batch, 0)
+    resp = batch.loss_mask
+    nll = -jnp.sum(logp * resp) / jnp.maximum(jnp.sum(resp), 1.0)
+    prompt = jnp.asarray(batch.attention_mask, jnp.float32) * (1.0 - resp)
+    prompt = prompt.at[:, 0].set(0.0)
+    prompt_nll = -jnp.sum(logp * prompt) / jnp.maximum(jnp.sum(prompt), 1.0)
+    loss = nll + prompt_weight * prompt_nll
+    return loss, {"nll": nll, "prompt_nll": prompt_nll}
+
+  return loss_fn
+
+
 def make_value_loss(clip_eps: float, agg: str = "token_mean") -> LossFn:
   """PPO critic: clipped value regression on response tokens."""
 

@@ -70,6 +70,9 @@ def test_preset_param_counts():
   # Published sizes of the real models; tiny shape from the design brief.
   expected = {
       "tiny": 3_477_760,
+      # 2048*128 tied embedding + 2 * (q 128*128+128, k and v 128*64+64
+      # each, o 128*128, mlp 3*128*352, 2 norms of 128) + final norm 128.
+      "nano": 631_936,
       "qwen2.5-0.5b": 494_032_768,
       "qwen2.5-1.5b": 1_543_714_304,
       "qwen2.5-7b": 7_615_616_512,
@@ -79,7 +82,7 @@ def test_preset_param_counts():
     assert models.get_model_config(name).num_params() == n, name
   assert 20e6 < models.get_model_config("small-25m").num_params() < 30e6
   assert 90e6 < models.get_model_config("base-100m").num_params() < 110e6
-  for name in ("tiny", "tiny-llama", "small-25m"):
+  for name in ("nano", "tiny", "tiny-llama", "small-25m"):
     cfg = models.get_model_config(name)
     assert _count(cfg) == cfg.num_params(), name
   # The abstract 7B model has the published count too (no memory used).

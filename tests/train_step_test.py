@@ -260,3 +260,29 @@ def test_sharded_windowed_learner_equals_unsharded_full_learner():
     np.testing.assert_allclose(a["loss"], b["loss"], atol=1e-5, rtol=1e-5)
   for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+
+
+def test_sft_prompt_loss_by_hand():
+  """make_sft_loss(w) = nll(response) + w * nll(prompt), each a mean over its
+  own tokens; a row's first token and padding are in neither."""
+  module = models.create_model(tiny_cfg(), seed=0)
+  batch = make_batch()
+  logits, _, _ = module(jnp.asarray(batch.tokens),
+                        jnp.asarray(batch.positions),
+                        jnp.asarray(batch.attention_mask))
+  logp = np.asarray(jax.nn.log_softmax(logits[:, :-1], -1))
+  tok_logp = np.zeros(batch.tokens.shape, np.float32)
+  tok_logp[:, 1:] = np.take_along_axis(
+      logp, batch.tokens[:, 1:, None], -1)[..., 0]
+  resp = batch.loss_mask > 0
+  prompt = (batch.attention_mask > 0) & ~resp
+  prompt[:, 0] = False
+  want_resp = -tok_logp[resp].mean()
+  want_prompt = -tok_logp[prompt].mean()
+  loss, m = ts.make_sft_loss(0.5)(module, batch, None)
+  np.testing.assert_allclose(m["nll"], want_resp, rtol=1e-5)
+  np.testing.assert_allclose(m["prompt_nll"], want_prompt, rtol=1e-5)
+  np.testing.assert_allclose(loss, want_resp + 0.5 * want_prompt, rtol=1e-5)
+  assert ts.make_sft_loss(0.0) is ts.sft_loss
+  with pytest.raises(ValueError, match="prompt_weight"):
+    ts.make_sft_loss(-1.0)

@@ -235,6 +235,18 @@ _QWEN_TINY = dict(
 PRESETS: dict[str, dict] = {
     # 3.48 M parameters: the CPU workhorse.
     "tiny": _QWEN_TINY,
+    # 2 layers of width 128 (~0.6 M parameters with a 2 k vocabulary): the
+    # embedded WebShop recipe's policy, ~3x cheaper a step than 'tiny' and
+    # quicker to learn the task's choices from scratch on 2 CPU cores.
+    "nano": dict(
+        _QWEN_TINY,
+        hidden_size=128,
+        intermediate_size=352,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+    ),
     # Same widths, Llama family (no qkv bias, untied lm_head).
     "tiny-llama": dict(
         _QWEN_TINY,

@@ -1,0 +1,33 @@
+"""The embedded configs: CPU recipe vs paper scale, overrides."""
+
+import pytest
+
+from configs import alfworld_gigpo, webshop_grpo, webshop_ppo
+
+
+def test_cpu_recipe_uses_the_small_webshop_world():
+  cfg = webshop_grpo.get_config()
+  assert dict(cfg.env.kwargs) == dict(
+      num_products=30, goals_per_product=12, num_test_goals=64,
+      expert_query="type")
+  assert cfg.model.preset == "nano" and cfg.sft.enabled
+  assert cfg.sft.prompt_loss_weight == 1.0 and cfg.env.num_eval_tasks == 64
+  assert alfworld_gigpo.get_config().model.preset == "tiny"
+  assert webshop_ppo.get_config().env.kwargs.num_products == 30
+  assert not dict(alfworld_gigpo.get_config().env.kwargs)
+
+
+def test_paper_scale_restores_upstream_sized_worlds():
+  cfg = webshop_grpo.get_config("model=qwen2.5-1.5b")
+  assert not dict(cfg.env.kwargs)  # upstream-sized defaults of WebShopEnv
+  assert not cfg.sft.enabled
+  assert cfg.train.group_size == 8 and cfg.train.batch_tasks == 16
+
+
+def test_world_overrides_keep_their_types():
+  cfg = webshop_grpo.get_config("env.kwargs.num_products=60,"
+                                "env.kwargs.expert_query=instruction")
+  assert cfg.env.kwargs.num_products == 60
+  assert cfg.env.kwargs.expert_query == "instruction"
+  with pytest.raises(ValueError):
+    webshop_grpo.get_config("env.kwargs.num_products=many")
