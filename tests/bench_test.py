@@ -153,3 +153,12 @@ def test_device_smoke_runs_on_cpu():
       "device_train_step", "device_logprob", "device_decode",
       "device_summary"]
   assert rows[0]["tokens_per_s"] > 0 and rows[-1]["skipped"] == []
+
+
+def test_warm_start_probe_decision_kinds():
+  kind = _load("warm_start_probe").decision_kind
+  assert kind("search[garden hose]") == "search"
+  assert kind("click[b0l2nht6p8]") == "product"
+  assert kind("click[75 ft]") == "option"
+  assert kind("click[next >]") == "option"
+  assert kind("click[buy now]") == "buy"
