@@ -140,14 +140,16 @@ def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
     # loads the result onto the global mesh.
     if distributed.is_leader():
       one = sharding.make_mesh((1, 1, 1), devices=jax.local_devices()[:1])
-      _warm_start_here(cfg, tokenizer, tokenizer_dir, one, ws_dir, metrics)
+      _warm_start_here(cfg, tokenizer, tokenizer_dir, one, ws_dir, metrics,
+                       progress)
     distributed.barrier("rspo_warm_start")
     return models.load_hf_model(ws_dir, mesh=mesh, rules=rules)
   return _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir,
-                          metrics)
+                          metrics, progress)
 
 
-def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics):
+def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics,
+                     progress):
   rules = cfg.logical_axis_rules
   if os.path.exists(os.path.join(ws_dir, "config.json")):
     return models.load_hf_model(ws_dir, mesh=mesh, rules=rules)

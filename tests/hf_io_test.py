@@ -3,7 +3,6 @@
 tests/conftest.py gives the session 8 CPU devices.
 """
 
-import dataclasses
 import json
 import os
 import shutil

@@ -15,7 +15,6 @@ import pytest
 from flax import nnx
 
 from rspo_jax import models
-from rspo_jax.models import config as config_lib
 from rspo_jax.models import transformer as tf
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
