@@ -181,6 +181,14 @@ def test_tokenizer_files_are_copied(tmp_path, qwen_model):
   assert (out / "tokenizer.json").exists()
   assert (out / "tokenizer_config.json").exists()
   assert models.load_tokenizer(str(out))("hello")["input_ids"]
+  # Next to a qwen2 config.json, our tokenizer still tokenizes as trained
+  # (AutoTokenizer alone would switch to Qwen2Tokenizer's digit splitting).
+  text = "size: 75 ft, price lower than 60.00 dollars"
+  tok_dir = tmp_path / "tok_digits"
+  models.train_tokenizer([text] * 20, 300, str(tok_dir))
+  models.save_hf_model(model, cfg, str(out), tokenizer_dir=str(tok_dir))
+  want = models.load_tokenizer(str(tok_dir)).encode(text)
+  assert models.load_tokenizer(str(out)).encode(text) == want
   with pytest.raises(ValueError, match="no tokenizer files"):
     models.save_hf_model(
         model, cfg, str(out), tokenizer_dir=str(tmp_path / "x")

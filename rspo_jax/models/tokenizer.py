@@ -98,8 +98,21 @@ def load_tokenizer(path: str):
         f"no tokenizer at {path!r}: expected a directory with tokenizer.json"
         " or tokenizer_config.json (train one with train_tokenizer)"
     )
-  from transformers import AutoTokenizer
+  from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+  config_path = os.path.join(path, "tokenizer_config.json")
+  declared = None
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      declared = json.load(f).get("tokenizer_class")
+  if declared == "PreTrainedTokenizerFast":
+    # One of ours (train_tokenizer): tokenizer.json is the whole truth. In a
+    # checkpoint directory AutoTokenizer would follow config.json's
+    # model_type to Qwen2Tokenizer, whose own pre-tokenizer splits digits
+    # differently -- other token ids than the policy was trained on.
+    return PreTrainedTokenizerFast.from_pretrained(
+        path, local_files_only=True
+    )
   return AutoTokenizer.from_pretrained(
       path, trust_remote_code=False, local_files_only=True
   )
