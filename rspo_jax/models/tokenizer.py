@@ -111,7 +111,7 @@ def load_tokenizer(path: str):
     # model_type to Qwen2Tokenizer, whose own pre-tokenizer splits digits
     # differently -- other token ids than the policy was trained on.
     return PreTrainedTokenizerFast.from_pretrained(
-        path, local_files_only=True
+        path, trust_remote_code=False, local_files_only=True
     )
   return AutoTokenizer.from_pretrained(
       path, trust_remote_code=False, local_files_only=True
