@@ -57,12 +57,9 @@ def make_tokenizer(cfg, workdir: str):
   if path:
     return models.load_tokenizer(path), path
   path = os.path.join(workdir, "tokenizer")
-  if distributed.is_multihost():  # the leader trains it, the others wait
-    if distributed.is_leader():
-      _train_tokenizer(cfg, path)
-    distributed.barrier("rspo_tokenizer")
-    return models.load_tokenizer(path), path
-  _train_tokenizer(cfg, path)
+  if distributed.is_leader():  # multi-host: the leader trains, others wait
+    _train_tokenizer(cfg, path)
+  distributed.barrier("rspo_tokenizer")
   return models.load_tokenizer(path), path
 
 
@@ -333,11 +330,10 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
                      ts.make_value_loss(cfg.algo.value_clip_eps), mesh=mesh,
                      rules=cfg.logical_axis_rules, kind="value",
                      micro_batch_rows=cfg.train.micro_batch_rows)
-  if distributed.is_multihost():  # each host generates on its own devices
-    engine = make_engine(cfg, mcfg, engine_module(policy.module()),
-                         tokenizer, local_mesh(cfg))
-  else:
-    engine = make_engine(cfg, mcfg, policy.module(), tokenizer, mesh)
+  # Multi-host: each host generates on its own devices.
+  engine_mesh = local_mesh(cfg) if distributed.is_multihost() else mesh
+  engine = make_engine(cfg, mcfg, engine_module(policy.module()), tokenizer,
+                       engine_mesh)
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))
   venv = VectorEnv(cfg.env.name, env_kwargs(cfg), n_envs,

@@ -30,7 +30,6 @@ def evaluate(
   environment pool)."""
   per_seed = []
   by_type = defaultdict(list)
-  multihost = distributed.is_multihost()
   first, last = distributed.host_share(len(task_ids))
   mine = list(task_ids[first:last])
   sampling = SamplingParams(
@@ -52,16 +51,11 @@ def evaluate(
           score.append(r.score)
           lengths.append(r.step_idx + 1)
           by_type[r.task_type or "all"].append(float(r.won))
-    if multihost:  # sums and counts over every host's share
-      total = distributed.global_sum(np.array(
-          [np.sum(won), np.sum(score), np.sum(lengths), len(won)],
-          np.float64))
-      n = total[3]
-      per_seed.append(tuple(total[:3] / n) if n else (0.0, 0.0, 0.0))
-    else:
-      per_seed.append((np.mean(won) if won else 0.0,
-                       np.mean(score) if score else 0.0,
-                       np.mean(lengths) if lengths else 0.0))
+    # Sums and counts over every host's share (one process: its own).
+    total = distributed.global_sum(np.array(
+        [np.sum(won), np.sum(score), np.sum(lengths), len(won)], np.float64))
+    n = total[3]
+    per_seed.append(tuple(total[:3] / n) if n else (0.0, 0.0, 0.0))
   arr = np.array(per_seed)
   out = {
       "success_rate": float(arr[:, 0].mean()),
@@ -72,16 +66,12 @@ def evaluate(
       "num_tasks": len(task_ids),
       "seeds": list(seeds),
   }
-  if multihost:
-    merged = defaultdict(lambda: [0.0, 0])
-    for host in distributed.allgather_objects(
-        {k: [float(np.sum(v)), len(v)] for k, v in by_type.items()}):
-      for k, (total, n) in host.items():
-        merged[k][0] += total
-        merged[k][1] += n
-    if len(merged) > 1:
-      out["success_by_type"] = {k: t / n for k, (t, n) in sorted(
-          merged.items())}
-  elif len(by_type) > 1:
-    out["success_by_type"] = {k: float(np.mean(v)) for k, v in by_type.items()}
+  merged = defaultdict(lambda: [0.0, 0])  # type -> [wins, episodes]
+  for host in distributed.allgather_objects(
+      {k: [float(np.sum(v)), len(v)] for k, v in by_type.items()}):
+    for k, (wins, n) in host.items():
+      merged[k][0] += wins
+      merged[k][1] += n
+  if len(merged) > 1:
+    out["success_by_type"] = {k: wins / n for k, (wins, n) in merged.items()}
   return out

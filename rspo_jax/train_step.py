@@ -368,12 +368,16 @@ def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
   return loss_fn
 
 
+def _mean_nll(logp, mask):
+  """-sum(logp * mask) / max(sum(mask), 1)."""
+  return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
 def sft_loss(model, batch, rng, window: int = 0):
   """Behaviour cloning: -mean log pi(response tokens)."""
   del rng
   logp, _ = _batch_logp(model, batch, window)
-  mask = batch.loss_mask
-  nll = -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  nll = _mean_nll(logp, batch.loss_mask)
   return nll, {"nll": nll}
 
 
@@ -399,10 +403,9 @@ def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
     del rng
     logp, _ = _batch_logp(model, batch, 0)
     resp = batch.loss_mask
-    nll = -jnp.sum(logp * resp) / jnp.maximum(jnp.sum(resp), 1.0)
+    nll = _mean_nll(logp, resp)
     prompt = jnp.asarray(batch.attention_mask, jnp.float32) * (1.0 - resp)
-    prompt = prompt.at[:, 0].set(0.0)
-    prompt_nll = -jnp.sum(logp * prompt) / jnp.maximum(jnp.sum(prompt), 1.0)
+    prompt_nll = _mean_nll(logp, prompt.at[:, 0].set(0.0))
     loss = nll + prompt_weight * prompt_nll
     return loss, {"nll": nll, "prompt_nll": prompt_nll}
 

@@ -232,8 +232,9 @@ def _finish(eps, cfg, stats, wall):
 
 
 # How one statistic of several hosts' collections combines (multi-host).
-_SUM_KEYS = ("failed_episodes", "episodes", "env_steps", "gen_tokens",
-             "prompt_truncated", "gen_tokens_per_s", "env_steps_per_s")
+_COUNT_KEYS = ("failed_episodes", "episodes", "env_steps", "gen_tokens",
+               "prompt_truncated")
+_SUM_KEYS = _COUNT_KEYS + ("gen_tokens_per_s", "env_steps_per_s")
 _MAX_KEYS = ("collect_time_s",)
 _PER_STEP_KEYS = ("invalid_action_rate",)
 
@@ -263,7 +264,6 @@ def combine_stats(per_host: Sequence[dict]) -> dict:
       by = "env_steps" if key in _PER_STEP_KEYS else "episodes"
       w = np.asarray([float(s[by]) for s in per_host])
       out[key] = float((vals * w).sum() / w.sum()) if w.sum() else 0.0
-    if key in ("failed_episodes", "episodes", "env_steps", "gen_tokens",
-               "prompt_truncated"):
+    if key in _COUNT_KEYS:
       out[key] = int(out[key])
   return out
