@@ -26,6 +26,13 @@ argument is kept in ``<workdir>/run.json``; a workdir started with another
 one is refused (use another ``--root``). One run at a time, or ``--parallel
 N`` subprocesses. One JSON line is printed per run.
 
+Every run of an env starts from one shared warm start, made first (once) by
+``python launch/sft.py --config=configs/<env>_grpo.py:seed=0,<--extra>
+--workdir=<root>/warm_start_<env>``, as the paper's runs all start from one
+instruct model: the cells differ in RL only, and the grid does not repeat
+the SFT (most of a CPU run's time) in every run. ``--own_warm_start`` (or a
+``model.checkpoint_dir`` in ``--extra``) turns this off.
+
 Reports (after the runs, or alone with ``--report_only``) count finished runs
 only, of any seed found under ``--root``, and are written atomically (tmp +
 rename) into ``--out`` (default docs/results):
@@ -62,6 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ablations
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "launch", "train.py")
+SFT_PY = os.path.join(ROOT, "launch", "sft.py")
 PLOT_PY = os.path.join(ROOT, "launch", "plot.py")
 
 ENVS = ("webshop", "alfworld")
@@ -167,6 +175,67 @@ def main_grid(envs=None, algos=None, seeds=None, variants=None):
 
 def is_finished(workdir: str) -> bool:
   return os.path.isfile(os.path.join(workdir, FINAL))
+
+
+# --------------------------------------------------------------------------
+# One warm start per environment
+# --------------------------------------------------------------------------
+
+
+def warm_start_workdir(root: str, env: str) -> str:
+  return os.path.join(root, f"warm_start_{env}")
+
+
+def sft_config_arg(env: str, extra: str = "") -> str:
+  """The env's config at seed 0 (every cell's SFT settings are the same)."""
+  path = os.path.join(ROOT, "configs", f"{env}_grpo.py")
+  return f"{path}:" + ",".join(p for p in ("seed=0", extra.strip(" ,")) if p)
+
+
+def shared_warm_start(env: str, root: str, extra: str = "",
+                      python: str = sys.executable, mesh: str = "",
+                      env_vars: Optional[dict] = None) -> dict:
+  """Behaviour-clones the env's starting policy once (launch/sft.py).
+
+  Every run of the env then starts from ``<root>/warm_start_<env>/
+  warm_start`` (``model.checkpoint_dir``), as the paper's runs all start
+  from one instruct model: baseline and RSPO, every algorithm and seed
+  differ only in RL. ``done.json`` marks it finished (a crashed SFT is
+  redone); one made with another config argument is refused.
+  """
+  workdir = warm_start_workdir(root, env)
+  policy = os.path.join(workdir, "warm_start")
+  done, config = os.path.join(workdir, "done.json"), sft_config_arg(env, extra)
+  out = {"run": f"warm_start_{env}", "workdir": workdir, "policy": policy}
+  if os.path.exists(done):
+    made = json.load(open(done)).get("config")
+    if made != config:
+      return {**out, "status": "failed", "error": (
+          f"{policy} was made with --config={made!r}, not {config!r};"
+          " use another --root")}
+    return {**out, "status": "skipped"}
+  os.makedirs(workdir, exist_ok=True)
+  cmd = [python, SFT_PY, f"--config={config}", f"--workdir={workdir}"]
+  cmd += [f"--mesh={os.path.abspath(mesh)}"] if mesh else []
+  t0 = time.time()
+  with open(os.path.join(workdir, LOG), "a") as log:
+    log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")
+    log.flush()
+    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                        cwd=ROOT, env=env_vars).returncode
+  out.update(wall_s=round(time.time() - t0, 1), rc=rc)
+  if rc != 0:
+    return {**out, "status": "failed",
+            "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
+  write_json(done, {"config": config})
+  return {**out, "status": "done"}
+
+
+def from_warm_start(spec: RunSpec, policy: str) -> RunSpec:
+  """The run, starting from ``policy`` instead of its own SFT."""
+  overrides = ",".join(
+      p for p in (spec.overrides, f"model.checkpoint_dir={policy}") if p)
+  return dataclasses.replace(spec, overrides=overrides)
 
 
 def command(spec: RunSpec, root: str, extra: str = "",
@@ -441,7 +510,36 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                  help="print the commands of the unfinished runs and exit")
   p.add_argument("--python", default=sys.executable,
                  help="interpreter for launch/train.py")
+  p.add_argument("--own_warm_start", action="store_true",
+                 help="every run behaviour-clones its own starting policy"
+                 " (default: one per env, <root>/warm_start_<env>, shared)")
   return p.parse_args(argv)
+
+
+def _start_from_shared_warm_starts(specs, args):
+  """Makes (or, with --dry_run, names) each env's shared warm start for its
+  unfinished runs. Returns the specs, now starting from it, and the runs
+  not started because their env's warm start failed."""
+  todo = [s for s in specs if not is_finished(os.path.join(args.root, s.name))]
+  policies, failed = {}, []
+  for env in dict.fromkeys(s.env for s in todo):
+    if args.dry_run:
+      policies[env] = os.path.join(warm_start_workdir(args.root, env),
+                                   "warm_start")
+      print(" ".join([args.python, SFT_PY,
+                      f"--config={sft_config_arg(env, args.extra)}",
+                      f"--workdir={warm_start_workdir(args.root, env)}"]))
+      continue
+    r = shared_warm_start(env, args.root, args.extra, args.python, args.mesh)
+    print(json.dumps(r), flush=True)
+    if r["status"] == "failed":
+      failed += [{"run": s.name, "status": "failed",
+                  "error": f"warm start: {r['error']}"}
+                 for s in todo if s.env == env]
+    policies[env] = r["policy"]
+  bad = {f["run"] for f in failed}
+  return [from_warm_start(s, policies[s.env]) if s.env in policies else s
+          for s in specs if s.name not in bad], failed
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -469,7 +567,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except ValueError as e:
     print(f"reproduce.py: error: {e}", file=sys.stderr)
     return 2
-  failed = []
+  failed, pairs = [], list(dict.fromkeys((s.env, s.algo) for s in specs))
+  if not args.own_warm_start and "model.checkpoint_dir=" not in args.extra:
+    specs, failed = _start_from_shared_warm_starts(specs, args)
   if args.dry_run:
     for s in specs:
       if not is_finished(os.path.join(args.root, s.name)):
@@ -479,8 +579,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not args.report_only:
     results = run_grid(specs, args.root, args.extra, args.parallel,
                        args.python, mesh=args.mesh)
-    failed = [r for r in results if r["status"] == "failed"]
-  pairs = list(dict.fromkeys((s.env, s.algo) for s in specs))
+    failed += [r for r in results if r["status"] == "failed"]
   if args.grid == "main":
     for env in dict.fromkeys(e for e, _ in pairs):
       env_report(args.root, env, args.out)

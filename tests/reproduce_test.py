@@ -140,12 +140,50 @@ def test_failed_run_is_reported_and_the_report_still_written(tmp_path,
                 "--root", str(root), "--out", str(out)])
   assert rc == 1
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
-  assert lines[0]["status"] == "failed" and lines[0]["rc"] != 0
-  log = (root / "toy_grpo_baseline_s0" / "train.log").read_text()
-  assert "no.such_key" in log
+  # The shared warm start fails first; the run is reported, not started.
+  assert lines[0]["run"] == "warm_start_toy" and lines[0]["rc"] != 0
+  assert "no.such_key" in (root / "warm_start_toy" / "train.log").read_text()
+  assert not os.path.exists(root / "warm_start_toy" / "done.json")
+  assert not os.path.exists(root / "toy_grpo_baseline_s0")
   report = json.loads((out / "toy.json").read_text())
   assert all(c["n"] == 0 for c in report["cells"])
   assert not os.path.exists(out / "toy_grpo_step.png")
+  # Each run making its own warm start: the run itself fails, named.
+  rc = rp.main(["--envs", "toy", "--algos", "grpo", "--seeds", "0",
+                "--variants", "baseline", "--extra", "no.such_key=1",
+                "--root", str(root), "--out", str(out), "--own_warm_start"])
+  assert rc == 1
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  assert lines[0]["status"] == "failed" and lines[0]["rc"] != 0
+  log = (root / "toy_grpo_baseline_s0" / "train.log").read_text()
+  assert "no.such_key" in log
+
+
+def test_runs_start_from_one_shared_warm_start(tmp_path, capsys):
+  root = tmp_path / "runs"
+  args = ["--envs", "toy", "--algos", "grpo,ppo", "--seeds", "0",
+          "--root", str(root), "--dry_run"]
+  assert rp.main(args) == 0
+  cmds = capsys.readouterr().out.splitlines()
+  policy = os.path.join(str(root), "warm_start_toy", "warm_start")
+  assert len(cmds) == 1 + 4 and "launch/sft.py" in cmds[0]
+  assert ":seed=0 " in cmds[0] + " "
+  assert all(f"model.checkpoint_dir={policy}" in c for c in cmds[1:])
+  # A warm start made with another config is refused, and names both.
+  os.makedirs(root / "warm_start_toy")
+  (root / "warm_start_toy" / "done.json").write_text(
+      json.dumps({"config": "other"}))
+  r = rp.shared_warm_start("toy", str(root), python="/nonexistent/python")
+  assert r["status"] == "failed" and "other" in r["error"]
+  # The same config: finished, nothing started (the interpreter is bogus).
+  (root / "warm_start_toy" / "done.json").write_text(
+      json.dumps({"config": rp.sft_config_arg("toy")}))
+  r = rp.shared_warm_start("toy", str(root), python="/nonexistent/python")
+  assert r["status"] == "skipped" and r["policy"] == policy
+  # A user's own checkpoint wins: no shared warm start at all.
+  assert rp.main(args + ["--extra", "model.checkpoint_dir=/x"]) == 0
+  cmds = capsys.readouterr().out.splitlines()
+  assert len(cmds) == 4 and all("sft.py" not in c for c in cmds)
 
 
 # --------------------------------------------------------------------------
