@@ -114,6 +114,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.train.grad_clip = 1.0
   c.train.micro_batch_rows = 0  # 0 = the whole batch at once
   c.train.max_train_rows = 0  # 0 = all step rows; else subsample per update
+  # Rows per optimizer update (verl's ppo_mini_batch_size): a step's rows
+  # are shuffled and trained in ceil(rows / n) updates; 0 = one update.
+  c.train.mini_batch_rows = 0
   c.train.eval_every = 25
   c.train.checkpoint_every = 1
   c.train.log_every = 1
@@ -301,6 +304,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
       (c.train.group_size >= 2, "train.group_size", c.train.group_size),
       (c.train.batch_tasks >= 1, "train.batch_tasks", c.train.batch_tasks),
       (c.train.total_steps >= 1, "train.total_steps", c.train.total_steps),
+      (c.train.mini_batch_rows >= 0, "train.mini_batch_rows",
+       c.train.mini_batch_rows),
       (len(tuple(c.mesh.shape)) == 3, "mesh.shape", c.mesh.shape),
       (c.model.preset in CPU_PRESETS + PAPER_PRESETS, "model.preset",
        c.model.preset),

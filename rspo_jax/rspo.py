@@ -321,6 +321,28 @@ class RSPOTrainer:
         + self.cfg.rollout.max_new_tokens,
     )
 
+  def _mini_batches(self, n_rows: int, step_key: int) -> list[np.ndarray]:
+    """Row indices of each optimizer update of one training step.
+
+    ``train.mini_batch_rows`` = m > 0 (verl's ``ppo_mini_batch_size``):
+    the step's rows, shuffled, in ``ceil(n / m)`` updates; 0: one update of
+    every row. Multi-host: every host makes the same number of updates
+    (the largest any host needs; a host out of rows feeds padding).
+    """
+    m = self.cfg.train.mini_batch_rows
+    if self.multihost and m:
+      m = -(-m // jax.process_count())
+    if not m or n_rows <= m:
+      n_updates = 1 if n_rows or not self.multihost else 0
+    else:
+      n_updates = -(-n_rows // m)
+    if self.multihost:
+      n_updates = int(distributed.global_max(np.array([n_updates]))[0])
+    if n_updates <= 1:
+      return [np.arange(n_rows)]
+    order = self._host_rng(4, step_key).permutation(n_rows)
+    return [np.sort(c) for c in np.array_split(order, n_updates)]
+
   def update(
       self, learner: Learner, critic: Optional[Learner], on: list,
       off: list, source: str, step_key: int,
@@ -373,28 +395,40 @@ class RSPOTrainer:
       off_flags, adv = off_flags[keep], adv[keep]
       returns = returns[keep] if returns is not None else None
       values = values[keep] if values is not None else None
-    batch = self._batch(records, adv, off_flags, returns, values)
-    old_logp = self._apply(learner, batch)
-    ref_logp = self._apply(learner, batch, params=self.ref_params)
-    behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp,
-                        old_logp)
-    batch = batch._replace(
-        old_logp=old_logp, ref_logp=ref_logp, behavior_logp=behavior
-    )
+    batches = []  # old/ref log-probs all come from the pre-update params
+    for idx in self._mini_batches(len(records), step_key):
+      batch = self._batch([records[i] for i in idx], adv[idx], off_flags[idx],
+                          None if returns is None else returns[idx],
+                          None if values is None else values[idx])
+      old_logp = self._apply(learner, batch)
+      ref_logp = self._apply(learner, batch, params=self.ref_params)
+      behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp,
+                          old_logp)
+      batches.append((batch._replace(
+          old_logp=old_logp, ref_logp=ref_logp, behavior_logp=behavior),
+          None if returns is None else returns[idx],
+          None if values is None else values[idx]))
     t0 = time.perf_counter()
-    metrics = learner.train(self._global(learner, batch),
-                            jax.random.key(self.cfg.seed + step_key))
-    if critic is not None:
-      vbatch = _value_batch(batch, returns, values)
-      metrics.update({
-          f"critic_{k}": v for k, v in critic.train(
-              self._global(critic, vbatch),
-              jax.random.key(step_key)).items()
-      })
+    per_update = []
+    for i, (batch, b_returns, b_values) in enumerate(batches):
+      key = jax.random.key(self.cfg.seed + step_key)
+      m = learner.train(self._global(learner, batch),
+                        jax.random.fold_in(key, i) if i else key)
+      if critic is not None:
+        vbatch = _value_batch(batch, b_returns, b_values)
+        m.update({
+            f"critic_{k}": v for k, v in critic.train(
+                self._global(critic, vbatch),
+                jax.random.key(step_key)).items()
+        })
+      per_update.append(m)
     dt = time.perf_counter() - t0
+    metrics = {k: float(np.mean([m[k] for m in per_update]))
+               for k in per_update[0]} if len(per_update) > 1 else per_update[0]
     counts = np.array([
-        np.asarray(batch.attention_mask).sum(), (~off_flags).sum(),
-        off_flags.sum(), np.sum(rewards), len(rewards)], np.float64)
+        sum(np.asarray(b.attention_mask).sum() for b, _, _ in batches),
+        (~off_flags).sum(), off_flags.sum(), np.sum(rewards), len(rewards)],
+        np.float64)
     if self.multihost:
       counts = distributed.global_sum(counts)
       reward_mean = counts[3] / counts[4] if counts[4] else 0.0
@@ -405,6 +439,7 @@ class RSPOTrainer:
         "train_time_s": dt,
         "rows_on": float(counts[1]),
         "rows_off": float(counts[2]),
+        "updates": float(len(batches)),
         f"{source}_reward_mean": float(reward_mean),
     })
     self._check_finite(metrics)

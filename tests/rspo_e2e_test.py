@@ -171,3 +171,37 @@ def test_decoupled_placement_runs_two_loops(tmp_path):
         f.endswith(".array_record") for f in os.listdir(tmp_path / "replay_b"))
   finally:
     run.close()
+
+
+def test_mini_batches_train_every_row_once_from_the_rollout_policy(tmp_path):
+  """train.mini_batch_rows: one step's rows in several optimizer updates,
+  each row in exactly one, all with old log-probs of the pre-step params."""
+  cfg = micro_config("grpo", "train.mini_batch_rows=4")
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  seen = []
+  a_train = t.a.train
+
+  def spy(batch, rng):
+    seen.append(batch)
+    return a_train(batch, rng)
+
+  t.a.train = spy
+  try:
+    t.b_phase()
+    t.state.phase = "A"
+    before = jax.tree.map(np.array, jax.device_get(t.a.params))
+    m = t.a_step()
+    real = [np.asarray(b.loss_mask).sum(1) > 0 for b in seen]
+    n_rows = int(m["rows_on"] + m["rows_off"])
+    assert len(seen) == m["updates"] == -(-n_rows // 4) >= 2
+    assert [int(r.sum()) for r in real] == [
+        len(c) for c in np.array_split(np.arange(n_rows), len(seen))]
+    for batch in seen:  # old log-probs: the params before the first update
+      mask = np.asarray(batch.loss_mask) > 0
+      want = t._apply(t.a, batch, params=before)
+      np.testing.assert_allclose(np.asarray(batch.old_logp)[mask],
+                                 want[mask], atol=1e-5)
+    assert changed(jax.tree.leaves(before), params_of(t.a))
+  finally:
+    run.close()
