@@ -162,3 +162,13 @@ def test_warm_start_probe_decision_kinds():
   assert kind("click[75 ft]") == "option"
   assert kind("click[next >]") == "option"
   assert kind("click[buy now]") == "buy"
+
+
+def test_eval_failures_sorts_episode_endings():
+  ending = _load("eval_failures").ending
+  bought = ["search[hoodie]", "click[b0ksko17e8]", "click[buy now]"]
+  assert ending(bought, won=True, invalid=False) == "won"
+  assert ending(bought, won=False, invalid=False) == "wrong_buy"
+  looped = ["search[usb c cable]", "click[b02x263k57]"] + ["click[white]"] * 6
+  assert ending(looped, won=False, invalid=False) == "no_buy"
+  assert ending(looped[:2], won=False, invalid=True) == "invalid"
