@@ -27,13 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file.", lock_config=True
-)
-_POLICY = flags.DEFINE_string("policy_dir", None, "HF dir of the policy.")
-_TASKS = flags.DEFINE_integer("num_tasks", None,
-                              "Tasks (default: env.num_eval_tasks).")
-_SHOW = flags.DEFINE_integer("show", 5, "Failures to list with actions.")
 
 
 def ending(actions: list[str], won: bool, invalid: bool) -> str:
@@ -99,5 +92,12 @@ def main(argv):
                     "failures": shown}))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # flags here: tests import ending() alone
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", None, "Experiment config file.", lock_config=True
+  )
+  _POLICY = flags.DEFINE_string("policy_dir", None, "HF dir of the policy.")
+  _TASKS = flags.DEFINE_integer("num_tasks", None,
+                                "Tasks (default: env.num_eval_tasks).")
+  _SHOW = flags.DEFINE_integer("show", 5, "Failures to list with actions.")
   app.run(main)
