@@ -59,15 +59,15 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from rspo_jax import batching, credit, decoupled, distributed, faults, replay
-from rspo_jax import train_step as ts
+from rspo_jax import (batching, credit, decoupled, distributed, faults,
+                      host_batches, replay)
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
 from rspo_jax.rollout import collect as collect_lib
 from rspo_jax.rollout.collect import CollectConfig, collect
 from rspo_jax.rollout.engine import Engine, SamplingParams
-from rspo_jax.types import (POLICY_A, POLICY_B, Batch, StepRecord,
+from rspo_jax.types import (POLICY_A, POLICY_B, StepRecord,
                             group_trajectories)
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class RSPOTrainer:
     self.num_train_tasks = num_train_tasks
     self.process_index = jax.process_index()
     self.multihost = jax.process_count() > 1
+    self.batches = host_batches.HostBatches(cfg, self.multihost)
     self.leader = self.process_index == 0
     self.progress = progress and self.leader
     if self.multihost and cfg.rollout.placement == "decoupled":
@@ -265,62 +266,6 @@ class RSPOTrainer:
     return records, stats
 
   # ------------------------------------------------------------ updates
-  def _values(self, critic: Optional[Learner], batch) -> Optional[np.ndarray]:
-    if critic is None:
-      return None
-    v = critic.apply(batch)
-    idx = batching.last_prompt_token_index(batch)
-    return v[np.arange(len(idx)), idx]
-
-  def _batch(self, records, adv, off_flags, returns=None, values=None):
-    """Host rows -> a batch; multi-host: padded to the shape every host
-    agrees on (a host without rows feeds padding only)."""
-    row_mult = max(8, self.cfg.train.micro_batch_rows or 0)
-    if not self.multihost:
-      return self._records_batch(records, adv, off_flags, returns, values,
-                                 row_mult)
-    if records:
-      batch = self._records_batch(records, adv, off_flags, returns, values,
-                                  row_mult)
-      shape = batch.tokens.shape
-    else:
-      batch, shape = None, (0, 0)
-    rows, length = (int(v) for v in distributed.global_max(np.array(shape)))
-    if batch is None:
-      batch = _empty_batch(row_mult, length)
-    return distributed.pad_rows_and_length(batch, rows, length)
-
-  def _global(self, learner: Learner, batch: Batch):
-    """What the learner is fed: the host batch itself with one process,
-    else the global arrays assembled from every host's block."""
-    if not self.multihost:
-      return batch
-    return distributed.host_local_to_global(
-        batch, ts.batch_shardings(learner.mesh, batch, learner.rules))
-
-  def _apply(self, learner: Learner, batch: Batch, params=None) -> np.ndarray:
-    """``learner.apply`` on the job's batch; this host's rows of it."""
-    out = learner.apply(self._global(learner, batch), params=params)
-    if not self.multihost:
-      return out
-    sh = ts.batch_shardings(learner.mesh, batch, learner.rules).tokens
-    start, stop = distributed.process_row_range(len(out), sh)
-    if stop - start != len(batch.tokens):
-      raise ValueError(
-          f"the mesh {dict(learner.mesh.shape)} does not split the batch rows"
-          " over hosts; multi-host runs need hosts along ('data', 'fsdp')"
-      )
-    return out[start:stop]
-
-  def _records_batch(self, records, adv, off_flags, returns, values,
-                     row_mult):
-    return batching.records_to_batch(
-        records, adv, is_offpolicy=off_flags, step_returns=returns,
-        step_values=values, row_multiple=row_mult,
-        max_len=self.cfg.rollout.max_prompt_tokens
-        + self.cfg.rollout.max_new_tokens,
-    )
-
   def _mini_batches(self, n_rows: int, step_key: int) -> list[np.ndarray]:
     """Row indices of each optimizer update of one training step.
 
@@ -374,9 +319,9 @@ class RSPOTrainer:
       rewards = np.zeros(0, np.float32)
     values = None
     if critic is not None:  # V(s_t) read at the step's last prompt token
-      vb = self._batch(records, np.zeros(len(records)), off_flags)
+      vb = self.batches.build(records, np.zeros(len(records)), off_flags)
       idx = batching.last_prompt_token_index(vb)
-      values = self._apply(critic, vb)[np.arange(len(idx)), idx][
+      values = self.batches.apply(critic, vb)[np.arange(len(idx)), idx][
           : len(records)]
     if records:
       adv, returns = credit.compute_advantages(
@@ -397,11 +342,11 @@ class RSPOTrainer:
       values = values[keep] if values is not None else None
     batches = []  # old/ref log-probs all come from the pre-update params
     for idx in self._mini_batches(len(records), step_key):
-      batch = self._batch([records[i] for i in idx], adv[idx], off_flags[idx],
+      batch = self.batches.build([records[i] for i in idx], adv[idx], off_flags[idx],
                           None if returns is None else returns[idx],
                           None if values is None else values[idx])
-      old_logp = self._apply(learner, batch)
-      ref_logp = self._apply(learner, batch, params=self.ref_params)
+      old_logp = self.batches.apply(learner, batch)
+      ref_logp = self.batches.apply(learner, batch, params=self.ref_params)
       behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp,
                           old_logp)
       batches.append((batch._replace(
@@ -412,13 +357,13 @@ class RSPOTrainer:
     per_update = []
     for i, (batch, b_returns, b_values) in enumerate(batches):
       key = jax.random.key(self.cfg.seed + step_key)
-      m = learner.train(self._global(learner, batch),
+      m = learner.train(self.batches.to_global(learner, batch),
                         jax.random.fold_in(key, i) if i else key)
       if critic is not None:
-        vbatch = _value_batch(batch, b_returns, b_values)
+        vbatch = host_batches.value_batch(batch, b_returns, b_values)
         m.update({
             f"critic_{k}": v for k, v in critic.train(
-                self._global(critic, vbatch),
+                self.batches.to_global(critic, vbatch),
                 jax.random.key(step_key)).items()
         })
       per_update.append(m)
@@ -648,35 +593,6 @@ class _NoMetrics:
 
   def close(self) -> None:
     pass
-
-
-_BATCH_DTYPES = dict(
-    tokens=np.int32, positions=np.int32, attention_mask=np.int32,
-    is_offpolicy=bool,
-)
-
-
-def _empty_batch(rows: int, length: int) -> Batch:
-  """A batch of padding only (zero masks) for a host without rows."""
-  return Batch(**{
-      f: np.zeros((rows,) if f == "is_offpolicy" else (rows, length),
-                  _BATCH_DTYPES.get(f, np.float32))
-      for f in Batch._fields
-  })
-
-
-def _value_batch(batch, returns, values):
-  """The critic learns V(s_t) at each step's last prompt token only."""
-  idx = batching.last_prompt_token_index(batch)
-  n = len(returns)
-  rows = np.arange(n)
-  mask = np.zeros_like(batch.loss_mask)
-  ret = np.zeros_like(batch.returns)
-  old = np.zeros_like(batch.old_values)
-  mask[rows, idx[:n]] = 1.0
-  ret[rows, idx[:n]] = returns
-  old[rows, idx[:n]] = values
-  return batch._replace(loss_mask=mask, returns=ret, old_values=old)
 
 
 def _progress(total: int, initial: int, enabled: bool):

@@ -199,7 +199,7 @@ def test_mini_batches_train_every_row_once_from_the_rollout_policy(tmp_path):
         len(c) for c in np.array_split(np.arange(n_rows), len(seen))]
     for batch in seen:  # old log-probs: the params before the first update
       mask = np.asarray(batch.loss_mask) > 0
-      want = t._apply(t.a, batch, params=before)
+      want = t.batches.apply(t.a, batch, params=before)
       np.testing.assert_allclose(np.asarray(batch.old_logp)[mask],
                                  want[mask], atol=1e-5)
     assert changed(jax.tree.leaves(before), params_of(t.a))

@@ -1,0 +1,99 @@
+"""Step records -> the learner's batches, on one process or many.
+
+With one process a batch is the host's rows, padded to a multiple of
+``max(8, train.micro_batch_rows)`` rows. With ``P > 1`` processes (every
+host calls these together, in the same order):
+
+  * ``build`` pads each host's block to the row count and length every
+    host agrees on (a cross-host max); a host without rows feeds padding;
+  * ``to_global`` assembles the blocks into global arrays sharded like the
+    learner's batch (``distributed.host_local_to_global``);
+  * ``apply`` runs ``learner.apply`` on the global batch and returns this
+    host's rows of the result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rspo_jax import batching, distributed
+from rspo_jax import train_step as ts
+from rspo_jax.learner import Learner
+from rspo_jax.types import Batch
+
+_DTYPES = dict(
+    tokens=np.int32, positions=np.int32, attention_mask=np.int32,
+    is_offpolicy=bool,
+)
+
+
+class HostBatches:
+  """Builds, globalises and applies batches for one training job."""
+
+  def __init__(self, cfg, multihost: bool):
+    self.multihost = multihost
+    self.row_multiple = max(8, cfg.train.micro_batch_rows or 0)
+    self.max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
+
+  def build(self, records, adv, off_flags, returns=None, values=None) -> Batch:
+    """This host's rows -> a batch (multi-host: padded to the agreed
+    shape; a host without rows feeds padding only)."""
+    batch = None
+    if records or not self.multihost:
+      batch = batching.records_to_batch(
+          records, adv, is_offpolicy=off_flags, step_returns=returns,
+          step_values=values, row_multiple=self.row_multiple,
+          max_len=self.max_len,
+      )
+    if not self.multihost:
+      return batch
+    shape = batch.tokens.shape if batch is not None else (0, 0)
+    rows, length = (int(v) for v in distributed.global_max(np.array(shape)))
+    if batch is None:
+      batch = empty_batch(self.row_multiple, length)
+    return distributed.pad_rows_and_length(batch, rows, length)
+
+  def to_global(self, learner: Learner, batch: Batch):
+    """What the learner is fed: the host batch itself with one process,
+    else the global arrays assembled from every host's block."""
+    if not self.multihost:
+      return batch
+    return distributed.host_local_to_global(
+        batch, ts.batch_shardings(learner.mesh, batch, learner.rules))
+
+  def apply(self, learner: Learner, batch: Batch, params=None) -> np.ndarray:
+    """``learner.apply`` on the job's batch; this host's rows of it."""
+    out = learner.apply(self.to_global(learner, batch), params=params)
+    if not self.multihost:
+      return out
+    sh = ts.batch_shardings(learner.mesh, batch, learner.rules).tokens
+    start, stop = distributed.process_row_range(len(out), sh)
+    if stop - start != len(batch.tokens):
+      raise ValueError(
+          f"the mesh {dict(learner.mesh.shape)} does not split the batch rows"
+          " over hosts; multi-host runs need hosts along ('data', 'fsdp')"
+      )
+    return out[start:stop]
+
+
+def empty_batch(rows: int, length: int) -> Batch:
+  """A batch of padding only (zero masks) for a host without rows."""
+  return Batch(**{
+      f: np.zeros((rows,) if f == "is_offpolicy" else (rows, length),
+                  _DTYPES.get(f, np.float32))
+      for f in Batch._fields
+  })
+
+
+def value_batch(batch: Batch, returns, values) -> Batch:
+  """The critic learns V(s_t) at each step's last prompt token only."""
+  idx = batching.last_prompt_token_index(batch)
+  n = len(returns)
+  rows = np.arange(n)
+  mask = np.zeros_like(batch.loss_mask)
+  ret = np.zeros_like(batch.returns)
+  old = np.zeros_like(batch.old_values)
+  mask[rows, idx[:n]] = 1.0
+  ret[rows, idx[:n]] = returns
+  old[rows, idx[:n]] = values
+  return batch._replace(loss_mask=mask, returns=ret, old_values=old)
