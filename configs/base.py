@@ -117,6 +117,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # Rows per optimizer update (verl's ppo_mini_batch_size): a step's rows
   # are shuffled and trained in ceil(rows / n) updates; 0 = one update.
   c.train.mini_batch_rows = 0
+  # Train only on rows with a non-zero advantage (DAPO's dynamic sampling,
+  # per row): a group whose rewards all tie teaches nothing but KL/entropy.
+  c.train.drop_zero_advantage_rows = False
   c.train.eval_every = 25
   c.train.checkpoint_every = 1
   c.train.log_every = 1

@@ -330,12 +330,22 @@ class RSPOTrainer:
     else:
       adv = np.zeros(0, np.float32)
       returns = None if critic is None else np.zeros(0, np.float32)
+    keep = np.arange(len(records))
+    if self.cfg.train.drop_zero_advantage_rows:  # DAPO's dynamic sampling
+      keep = np.flatnonzero(adv != 0)
+      n_keep = len(keep)
+      if self.multihost:
+        n_keep = int(distributed.global_sum(np.int64(n_keep)))
+      if not n_keep:  # every group tied: nothing to learn from
+        return {"skipped_no_signal": 1.0, "rows_on": 0.0, "rows_off": 0.0,
+                f"{source}_reward_mean": self._global_mean(rewards)}
     max_rows = self.cfg.train.max_train_rows
     if max_rows and self.multihost:
       max_rows = -(-max_rows // jax.process_count())
-    if max_rows and len(records) > max_rows:
-      keep = np.sort(self._host_rng(2, step_key).choice(
-          len(records), max_rows, replace=False))
+    if max_rows and len(keep) > max_rows:
+      keep = np.sort(keep[self._host_rng(2, step_key).choice(
+          len(keep), max_rows, replace=False)])
+    if len(keep) < len(records):
       records = [records[i] for i in keep]
       off_flags, adv = off_flags[keep], adv[keep]
       returns = returns[keep] if returns is not None else None

@@ -205,3 +205,46 @@ def test_mini_batches_train_every_row_once_from_the_rollout_policy(tmp_path):
     assert changed(jax.tree.leaves(before), params_of(t.a))
   finally:
     run.close()
+
+
+def test_drop_zero_advantage_rows(tmp_path):
+  """train.drop_zero_advantage_rows: A trains on rows with a non-zero
+  advantage only; a batch of tied groups is no update at all."""
+  import dataclasses  # noqa: PLC0415
+
+  cfg = micro_config("grpo", "train.drop_zero_advantage_rows=1,"
+                     "train.batch_tasks=4,train.group_size=2")
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  seen = []
+  a_train = t.a.train
+
+  def spy(batch, rng):
+    seen.append(batch)
+    return a_train(batch, rng)
+
+  t.a.train = spy
+  try:
+    records, _ = t.collect_groups(t.a, 4, "A")
+    tied = [dataclasses.replace(r, env_reward=0.0, invalid=False)
+            for r in records]
+    before = params_of(t.a)
+    m = t.update(t.a, None, tied, [], "outcome", 1)
+    assert m["skipped_no_signal"] == 1.0 and not seen
+    assert not changed(before, params_of(t.a))
+    # One group wins, the others tie: only the winner's group is trained.
+    won_group, winner = tied[0].group_id, tied[0].traj_id
+    last = max(r.step_idx for r in tied if r.traj_id == winner)
+    mixed = [dataclasses.replace(r, env_reward=10.0)
+             if r.traj_id == winner and r.step_idx == last else r
+             for r in tied]
+    m = t.update(t.a, None, mixed, [], "outcome", 2)
+    (batch,) = seen
+    real = np.asarray(batch.loss_mask).sum(1) > 0
+    n_group = sum(r.group_id == won_group for r in mixed)
+    assert real.sum() == m["rows_on"] == n_group < len(mixed)
+    adv = np.asarray(batch.advantages)[real]
+    mask = np.asarray(batch.loss_mask)[real] > 0
+    assert (np.abs(adv[mask]) > 0).all()
+  finally:
+    run.close()
