@@ -284,8 +284,13 @@ def test_two_run_grid_end_to_end_then_skips(tmp_path, capsys, monkeypatch):
           MICRO, "--root", str(root), "--out", str(out), "--parallel", "2"]
   assert rp.main(args) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
-  assert sorted(l["status"] for l in lines if "status" in l) == [
+  # One shared warm start first, then both runs start from it.
+  assert lines[0]["run"] == "warm_start_toy" and lines[0]["status"] == "done"
+  assert sorted(l["status"] for l in lines[1:] if "status" in l) == [
       "done", "done"]
+  for d in ("toy_grpo_baseline_s0", "toy_grpo_rspo_s0"):
+    config = json.loads((root / d / "run.json").read_text())["config"]
+    assert f"model.checkpoint_dir={lines[0]['policy']}" in config
   report = json.loads((out / "toy.json").read_text())
   grpo = [c for c in report["cells"] if c["algo"] == "grpo"]
   assert [c["n"] for c in grpo] == [1, 1]
@@ -300,6 +305,6 @@ def test_two_run_grid_end_to_end_then_skips(tmp_path, capsys, monkeypatch):
   assert rp.main(args) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   assert sorted(l["status"] for l in lines if "status" in l) == [
-      "skipped", "skipped"]
+      "skipped", "skipped"]  # the warm start is not even looked at
   assert logs == {d: (root / d / "train.log").stat().st_size
                   for d in os.listdir(root)}
