@@ -350,27 +350,28 @@ class RSPOTrainer:
       off_flags, adv = off_flags[keep], adv[keep]
       returns = returns[keep] if returns is not None else None
       values = values[keep] if values is not None else None
+    def rows(a, idx):
+      return None if a is None else a[idx]
+
     batches = []  # old/ref log-probs all come from the pre-update params
     for idx in self._mini_batches(len(records), step_key):
-      batch = self.batches.build([records[i] for i in idx], adv[idx], off_flags[idx],
-                          None if returns is None else returns[idx],
-                          None if values is None else values[idx])
+      batch = self.batches.build([records[i] for i in idx], adv[idx],
+                                 off_flags[idx], rows(returns, idx),
+                                 rows(values, idx))
       old_logp = self.batches.apply(learner, batch)
       ref_logp = self.batches.apply(learner, batch, params=self.ref_params)
       behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp,
                           old_logp)
       batches.append((batch._replace(
-          old_logp=old_logp, ref_logp=ref_logp, behavior_logp=behavior),
-          None if returns is None else returns[idx],
-          None if values is None else values[idx]))
+          old_logp=old_logp, ref_logp=ref_logp, behavior_logp=behavior), idx))
     t0 = time.perf_counter()
     per_update = []
-    for i, (batch, b_returns, b_values) in enumerate(batches):
+    for i, (batch, idx) in enumerate(batches):
       key = jax.random.key(self.cfg.seed + step_key)
       m = learner.train(self.batches.to_global(learner, batch),
                         jax.random.fold_in(key, i) if i else key)
       if critic is not None:
-        vbatch = host_batches.value_batch(batch, b_returns, b_values)
+        vbatch = host_batches.value_batch(batch, returns[idx], values[idx])
         m.update({
             f"critic_{k}": v for k, v in critic.train(
                 self.batches.to_global(critic, vbatch),
@@ -381,7 +382,7 @@ class RSPOTrainer:
     metrics = {k: float(np.mean([m[k] for m in per_update]))
                for k in per_update[0]} if len(per_update) > 1 else per_update[0]
     counts = np.array([
-        sum(np.asarray(b.attention_mask).sum() for b, _, _ in batches),
+        sum(np.asarray(b.attention_mask).sum() for b, _ in batches),
         (~off_flags).sum(), off_flags.sum(), np.sum(rewards), len(rewards)],
         np.float64)
     if self.multihost:
