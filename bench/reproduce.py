@@ -192,6 +192,13 @@ def sft_config_arg(env: str, extra: str = "") -> str:
   return f"{path}:" + ",".join(p for p in ("seed=0", extra.strip(" ,")) if p)
 
 
+def sft_command(env: str, root: str, extra: str = "",
+                python: str = sys.executable, mesh: str = "") -> list[str]:
+  cmd = [python, SFT_PY, f"--config={sft_config_arg(env, extra)}",
+         f"--workdir={warm_start_workdir(root, env)}"]
+  return cmd + ([f"--mesh={os.path.abspath(mesh)}"] if mesh else [])
+
+
 def shared_warm_start(env: str, root: str, extra: str = "",
                       python: str = sys.executable, mesh: str = "",
                       env_vars: Optional[dict] = None) -> dict:
@@ -215,8 +222,7 @@ def shared_warm_start(env: str, root: str, extra: str = "",
           " use another --root")}
     return {**out, "status": "skipped"}
   os.makedirs(workdir, exist_ok=True)
-  cmd = [python, SFT_PY, f"--config={config}", f"--workdir={workdir}"]
-  cmd += [f"--mesh={os.path.abspath(mesh)}"] if mesh else []
+  cmd = sft_command(env, root, extra, python, mesh)
   t0 = time.time()
   with open(os.path.join(workdir, LOG), "a") as log:
     log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")
@@ -526,9 +532,8 @@ def _start_from_shared_warm_starts(specs, args):
     if args.dry_run:
       policies[env] = os.path.join(warm_start_workdir(args.root, env),
                                    "warm_start")
-      print(" ".join([args.python, SFT_PY,
-                      f"--config={sft_config_arg(env, args.extra)}",
-                      f"--workdir={warm_start_workdir(args.root, env)}"]))
+      print(" ".join(sft_command(env, args.root, args.extra, args.python,
+                                 args.mesh)))
       continue
     r = shared_warm_start(env, args.root, args.extra, args.python, args.mesh)
     print(json.dumps(r), flush=True)
@@ -568,7 +573,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"reproduce.py: error: {e}", file=sys.stderr)
     return 2
   failed, pairs = [], list(dict.fromkeys((s.env, s.algo) for s in specs))
-  if not args.own_warm_start and "model.checkpoint_dir=" not in args.extra:
+  if (not args.own_warm_start and not args.report_only
+      and "model.checkpoint_dir=" not in args.extra):
     specs, failed = _start_from_shared_warm_starts(specs, args)
   if args.dry_run:
     for s in specs:

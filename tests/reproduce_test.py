@@ -184,6 +184,11 @@ def test_runs_start_from_one_shared_warm_start(tmp_path, capsys):
   assert rp.main(args + ["--extra", "model.checkpoint_dir=/x"]) == 0
   cmds = capsys.readouterr().out.splitlines()
   assert len(cmds) == 4 and all("sft.py" not in c for c in cmds)
+  # Reports only: nothing is made.
+  other = tmp_path / "other"
+  assert rp.main(["--envs", "toy", "--root", str(other), "--out",
+                  str(tmp_path / "out"), "--report_only"]) == 0
+  assert not os.path.exists(other / "warm_start_toy")
 
 
 # --------------------------------------------------------------------------
