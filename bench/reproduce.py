@@ -173,6 +173,19 @@ def main_grid(envs=None, algos=None, seeds=None, variants=None):
 # --------------------------------------------------------------------------
 
 
+def _run_logged(cmd: list[str], workdir: str,
+                env: Optional[dict]) -> tuple[int, float]:
+  """Runs ``cmd`` from the repo root, appending its output to
+  ``<workdir>/train.log`` after a timestamped command line; (rc, wall s)."""
+  t0 = time.time()
+  with open(os.path.join(workdir, LOG), "a") as log:
+    log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")
+    log.flush()
+    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                        cwd=ROOT, env=env).returncode
+  return rc, round(time.time() - t0, 1)
+
+
 def is_finished(workdir: str) -> bool:
   return os.path.isfile(os.path.join(workdir, FINAL))
 
@@ -222,14 +235,9 @@ def shared_warm_start(env: str, root: str, extra: str = "",
           " use another --root")}
     return {**out, "status": "skipped"}
   os.makedirs(workdir, exist_ok=True)
-  cmd = sft_command(env, root, extra, python, mesh)
-  t0 = time.time()
-  with open(os.path.join(workdir, LOG), "a") as log:
-    log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")
-    log.flush()
-    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                        cwd=ROOT, env=env_vars).returncode
-  out.update(wall_s=round(time.time() - t0, 1), rc=rc)
+  rc, wall_s = _run_logged(sft_command(env, root, extra, python, mesh),
+                           workdir, env_vars)
+  out.update(wall_s=wall_s, rc=rc)
   if rc != 0:
     return {**out, "status": "failed",
             "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
@@ -268,14 +276,9 @@ def _run_one(spec: RunSpec, root: str, extra: str, python: str,
           f" {config!r}; use another --root")}
   else:
     write_json(meta_path, {"config": config, "name": spec.name})
-  cmd = command(spec, root, extra, python, mesh)
-  t0 = time.time()
-  with open(os.path.join(workdir, LOG), "a") as log:
-    log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")
-    log.flush()
-    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                        cwd=ROOT, env=env).returncode
-  out.update(wall_s=round(time.time() - t0, 1), rc=rc)
+  rc, wall_s = _run_logged(command(spec, root, extra, python, mesh),
+                           workdir, env)
+  out.update(wall_s=wall_s, rc=rc)
   if rc == 0 and is_finished(workdir):
     return {**out, "status": "done"}
   return {**out, "status": "failed",

@@ -266,6 +266,10 @@ class RSPOTrainer:
     return records, stats
 
   # ------------------------------------------------------------ updates
+  def _per_host(self, rows: int) -> int:
+    """A job-wide row count as this host's share: ceil(rows / P)."""
+    return -(-rows // jax.process_count()) if self.multihost else rows
+
   def _mini_batches(self, n_rows: int, step_key: int) -> list[np.ndarray]:
     """Row indices of each optimizer update of one training step.
 
@@ -274,9 +278,7 @@ class RSPOTrainer:
     every row. Multi-host: every host makes the same number of updates
     (the largest any host needs; a host out of rows feeds padding).
     """
-    m = self.cfg.train.mini_batch_rows
-    if self.multihost and m:
-      m = -(-m // jax.process_count())
+    m = self._per_host(self.cfg.train.mini_batch_rows)
     if not m or n_rows <= m:
       n_updates = 1 if n_rows or not self.multihost else 0
     else:
@@ -339,9 +341,7 @@ class RSPOTrainer:
       if not n_keep:  # every group tied: nothing to learn from
         return {"skipped_no_signal": 1.0, "rows_on": 0.0, "rows_off": 0.0,
                 f"{source}_reward_mean": self._global_mean(rewards)}
-    max_rows = self.cfg.train.max_train_rows
-    if max_rows and self.multihost:
-      max_rows = -(-max_rows // jax.process_count())
+    max_rows = self._per_host(self.cfg.train.max_train_rows)
     if max_rows and len(keep) > max_rows:
       keep = np.sort(keep[self._host_rng(2, step_key).choice(
           len(keep), max_rows, replace=False)])

@@ -37,6 +37,18 @@ def params_of(learner):
       learner.params))]
 
 
+def record_train_batches(learner):
+  """Wraps ``learner.train`` to record every batch it is given."""
+  seen, train = [], learner.train
+
+  def spy(batch, rng):
+    seen.append(batch)
+    return train(batch, rng)
+
+  learner.train = spy
+  return seen
+
+
 def changed(a, b):
   return any(not np.array_equal(x, y) for x, y in zip(a, b))
 
@@ -46,14 +58,7 @@ def test_two_rspo_loops(algo, tmp_path):
   cfg = micro_config(algo)
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
-  seen = []
-  a_train = t.a.train
-
-  def spy(batch, rng):  # records what A is trained on, then trains
-    seen.append(batch)
-    return a_train(batch, rng)
-
-  t.a.train = spy
+  seen = record_train_batches(t.a)  # what A is trained on
   try:
     for loop in range(2):
       a_before = params_of(t.a)
@@ -179,14 +184,7 @@ def test_mini_batches_train_every_row_once_from_the_rollout_policy(tmp_path):
   cfg = micro_config("grpo", "train.mini_batch_rows=4")
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
-  seen = []
-  a_train = t.a.train
-
-  def spy(batch, rng):
-    seen.append(batch)
-    return a_train(batch, rng)
-
-  t.a.train = spy
+  seen = record_train_batches(t.a)
   try:
     t.b_phase()
     t.state.phase = "A"
@@ -216,14 +214,7 @@ def test_drop_zero_advantage_rows(tmp_path):
                      "train.batch_tasks=4,train.group_size=2")
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
-  seen = []
-  a_train = t.a.train
-
-  def spy(batch, rng):
-    seen.append(batch)
-    return a_train(batch, rng)
-
-  t.a.train = spy
+  seen = record_train_batches(t.a)
   try:
     records, _ = t.collect_groups(t.a, 4, "A")
     tied = [dataclasses.replace(r, env_reward=0.0, invalid=False)
