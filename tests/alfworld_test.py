@@ -194,6 +194,24 @@ def test_same_task_id_same_game(cache_dir):
   assert a.reset(12, "valid_seen").observation != sa.observation
 
 
+def test_task_types_subset_plays_the_same_games(cache_dir):
+  """task_types=(look, simple): our ids 0, 1, 2, 3 are the generator's
+  1, 0, 7, 6 (types cycle in the given order), same games as the full set."""
+  full = env_lib.AlfWorldEnv(cache_dir=cache_dir)
+  sub = env_lib.AlfWorldEnv(
+      cache_dir=cache_dir,
+      task_types=("look_at_obj_in_light", "pick_and_place_simple"))
+  assert sub.num_tasks("valid_seen") == 2 * (140 // 6)
+  for ours, theirs in [(0, 1), (1, 0), (3, 6)]:
+    s = sub.reset(ours, "valid_seen")
+    assert s.observation == full.reset(theirs, "valid_seen").observation
+    assert s.task_type == sub.task_types[ours % 2]
+  with pytest.raises(ValueError, match="task_types"):
+    env_lib.AlfWorldEnv(task_types=("pick_and_place",))
+  with pytest.raises(ValueError, match="task_types"):
+    env_lib.AlfWorldEnv(task_types=("look_at_obj_in_light",) * 2)
+
+
 def test_dense_reward_hand_computed(env):
   """Train game 12: 'put some plate on sidetable', expert plan of 4:
   go to coffeetable 1, take plate 1, go to sidetable 1, move plate 1.

@@ -5,6 +5,9 @@
 ``$ALFWORLD_DATA``), else a game generated on first use into ``cache_dir``
 (``gen.GameCache``; deterministic in ``(seed, split, task_id)``). Split
 ``test`` is ``valid_unseen`` (ALFWorld's out-of-distribution evaluation).
+``task_types`` keeps some of the six task types (a CPU-scale curriculum):
+task ids then cycle through those types in the given order, over the same
+games the full set plays.
 
 Per step, as ALFWorld shows it: the observation is the engine's feedback
 (the first one is the intro ``-= Welcome to TextWorld, ALFRED! =- ... Your
@@ -28,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 from third_party_envs import base
 from third_party_envs.alfworld import expert as expert_lib
@@ -57,9 +60,16 @@ class AlfWorldEnv(base.TextEnv):
       num_tasks: Optional[dict] = None,
       dense_reward: bool = True,
       expert: str = "oracle",
+      task_types: Optional[Sequence[str]] = None,
   ):
     if expert not in ("oracle", "planner"):
       raise ValueError(f"expert must be 'oracle' or 'planner', got {expert!r}")
+    self.task_types = tuple(task_types or gen.TASK_TYPES)
+    unknown = set(self.task_types) - set(gen.TASK_TYPES)
+    if unknown or len(set(self.task_types)) != len(self.task_types):
+      raise ValueError(
+          f"task_types must be distinct names from {gen.TASK_TYPES};"
+          f" got {tuple(task_types)}")
     self.expert = expert
     self.dense_reward = dense_reward
     self._official = official.official_root(data_dir)
@@ -90,13 +100,25 @@ class AlfWorldEnv(base.TextEnv):
     return split
 
   def _official_games(self, split: str) -> tuple:
-    return official.official_games(self._official, split, gen.TASK_TYPES)
+    return official.official_games(self._official, split, self.task_types)
 
   def num_tasks(self, split: str) -> int:
     split = self._split(split)
     if self._official:
       return len(self._official_games(split))
-    return self._num_tasks[split]
+    n, m = self._num_tasks[split], len(self.task_types)
+    if m == len(gen.TASK_TYPES):
+      return n
+    return m * (n // len(gen.TASK_TYPES))  # as many of each type
+
+  def _generated_id(self, task_id: int) -> int:
+    """Our ``task_id`` -> the generator's id: task types in
+    ``self.task_types`` order, cycling as the generator's ids do."""
+    if len(self.task_types) == len(gen.TASK_TYPES):
+      return task_id
+    m = len(self.task_types)
+    kind = gen.TASK_TYPES.index(self.task_types[task_id % m])
+    return len(gen.TASK_TYPES) * (task_id // m) + kind
 
   def game_file(self, task_id: int, split: str = "train") -> str:
     """Path of the ``game.tw-pddl`` of a task (generating it if needed;
@@ -107,10 +129,12 @@ class AlfWorldEnv(base.TextEnv):
     split = self._split(split)
     if self._official:
       return self._official_games(split)[task_id]
-    if not os.path.exists(os.path.join(self._cache.task_dir(split, task_id),
-                                       "game.tw-pddl")):
+    if not os.path.exists(os.path.join(
+        self._cache.task_dir(split, self._generated_id(task_id)),
+        "game.tw-pddl")):
       self._last = None  # generating verifies the game on our engine
-    return self._cache.game_file(split, task_id, engine=self._engine())
+    return self._cache.game_file(split, self._generated_id(task_id),
+                                 engine=self._engine())
 
   def _engine(self):
     if self._env is None:
