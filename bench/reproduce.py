@@ -30,7 +30,9 @@ Every run of an env starts from one shared warm start, made first (once) by
 ``python launch/sft.py --config=configs/<env>_grpo.py:seed=0,<--extra>
 --workdir=<root>/warm_start_<env>``, as the paper's runs all start from one
 instruct model: the cells differ in RL only, and the grid does not repeat
-the SFT (most of a CPU run's time) in every run. ``--own_warm_start`` (or a
+the SFT (most of a CPU run's time) in every run. It is evaluated once too
+(``launch/eval.py`` into ``<root>/warm_start_<env>/eval_start.json``), and
+every run copies that as its start-of-RL evaluation. ``--own_warm_start`` (or a
 ``model.checkpoint_dir`` in ``--extra``) turns this off.
 
 Reports (after the runs, or alone with ``--report_only``) count finished runs
@@ -58,6 +60,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -70,6 +73,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ablations
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "launch", "train.py")
 SFT_PY = os.path.join(ROOT, "launch", "sft.py")
+EVAL_PY = os.path.join(ROOT, "launch", "eval.py")
 PLOT_PY = os.path.join(ROOT, "launch", "plot.py")
 
 ENVS = ("webshop", "alfworld")
@@ -114,6 +118,7 @@ class RunSpec:
   variant: str
   seed: int
   overrides: str = ""  # the variant's config overrides
+  start_eval: str = ""  # the shared warm start's eval_start.json, if any
 
   @property
   def name(self) -> str:
@@ -245,11 +250,40 @@ def shared_warm_start(env: str, root: str, extra: str = "",
   return {**out, "status": "done"}
 
 
-def from_warm_start(spec: RunSpec, policy: str) -> RunSpec:
-  """The run, starting from ``policy`` instead of its own SFT."""
+def shared_start_eval(env: str, root: str, extra: str = "",
+                      python: str = sys.executable,
+                      env_vars: Optional[dict] = None) -> dict:
+  """Evaluates the shared warm start once (launch/eval.py, the runs' eval
+  split, tasks, decoding and seed 0) into ``<root>/warm_start_<env>/
+  eval_start.json``. Every run of the env copies it as its own
+  ``eval_start.json`` (launch/train.py then skips its start evaluation):
+  the same policy on the same tasks gives the same numbers."""
+  workdir = warm_start_workdir(root, env)
+  path = os.path.join(workdir, START)
+  out = {"run": f"start_eval_{env}", "workdir": workdir, "eval": path}
+  if os.path.exists(path):
+    return {**out, "status": "skipped"}
+  policy = os.path.join(workdir, "warm_start")
+  config = f"{sft_config_arg(env, extra)},model.checkpoint_dir={policy}"
+  tmp = path + ".tmp"
+  rc, wall_s = _run_logged(
+      [python, EVAL_PY, f"--config={config}", f"--out={tmp}"], workdir,
+      env_vars)
+  out.update(wall_s=wall_s, rc=rc)
+  if rc != 0 or not os.path.exists(tmp):
+    return {**out, "status": "failed",
+            "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
+  os.replace(tmp, path)
+  return {**out, "status": "done"}
+
+
+def from_warm_start(spec: RunSpec, policy: str,
+                    start_eval: str = "") -> RunSpec:
+  """The run, starting from ``policy`` instead of its own SFT (and, given
+  ``start_eval``, from that policy's evaluation)."""
   overrides = ",".join(
       p for p in (spec.overrides, f"model.checkpoint_dir={policy}") if p)
-  return dataclasses.replace(spec, overrides=overrides)
+  return dataclasses.replace(spec, overrides=overrides, start_eval=start_eval)
 
 
 def command(spec: RunSpec, root: str, extra: str = "",
@@ -276,6 +310,11 @@ def _run_one(spec: RunSpec, root: str, extra: str, python: str,
           f" {config!r}; use another --root")}
   else:
     write_json(meta_path, {"config": config, "name": spec.name})
+  own_eval = os.path.join(workdir, START)
+  if (spec.start_eval and os.path.exists(spec.start_eval)
+      and not os.path.exists(own_eval)):
+    shutil.copyfile(spec.start_eval, own_eval + ".tmp")
+    os.replace(own_eval + ".tmp", own_eval)
   rc, wall_s = _run_logged(command(spec, root, extra, python, mesh),
                            workdir, env)
   out.update(wall_s=wall_s, rc=rc)
@@ -540,13 +579,20 @@ def _start_from_shared_warm_starts(specs, args):
       continue
     r = shared_warm_start(env, args.root, args.extra, args.python, args.mesh)
     print(json.dumps(r), flush=True)
+    if r["status"] != "failed":
+      r = shared_start_eval(env, args.root, args.extra, args.python)
+      print(json.dumps(r), flush=True)
     if r["status"] == "failed":
       failed += [{"run": s.name, "status": "failed",
-                  "error": f"warm start: {r['error']}"}
+                  "error": f"{r['run']}: {r['error']}"}
                  for s in todo if s.env == env]
-    policies[env] = r["policy"]
+    policies[env] = os.path.join(warm_start_workdir(args.root, env),
+                                 "warm_start")
   bad = {f["run"] for f in failed}
-  return [from_warm_start(s, policies[s.env]) if s.env in policies else s
+  evals = {env: os.path.join(os.path.dirname(p), START)
+           for env, p in policies.items()}
+  return [from_warm_start(s, policies[s.env], evals[s.env])
+          if s.env in policies else s
           for s in specs if s.name not in bad], failed
 
 

@@ -78,11 +78,10 @@ def build_engine(args):
     pad_id = int(tokenizer.pad_token_id)
   if pad_id is None:
     pad_id = eos_ids[0] if eos_ids else 0
-  decode_fn = None
   if tokenizer is not None:
     tok_lib.check_tokenizer_matches(tokenizer, cfg)
-    def decode_fn(ids):
-      return tokenizer.decode(list(ids))
+  decode_fn = (None if tokenizer is None
+               else lambda ids: tokenizer.decode(list(ids)))
 
   engine = jax_engine.JaxEngine(
       model, cfg, pad_id=pad_id, eos_ids=eos_ids,

@@ -82,6 +82,8 @@ def main(argv):
       run.trainer.metrics.write(0, "eval", start)
       distributed.barrier("rspo_eval_start")
     start = json.load(open(start_eval_path))
+    if not missing and not resumed:  # given (bench/reproduce.py's shared)
+      run.trainer.metrics.write(0, "eval", start)
     logging.info("start of RL: success %.3f, score %.3f (resumed: %s)",
                  start["success_rate"], start["score"], resumed)
     run.trainer.run(evaluate=run.evaluate)

@@ -12,9 +12,15 @@ def test_cpu_recipe_uses_the_small_webshop_world():
       expert_query="type")
   assert cfg.model.preset == "nano" and cfg.sft.enabled
   assert cfg.sft.prompt_loss_weight == 1.0 and cfg.env.num_eval_tasks == 64
-  assert alfworld_gigpo.get_config().model.preset == "tiny"
   assert webshop_ppo.get_config().env.kwargs.num_products == 30
-  assert not dict(alfworld_gigpo.get_config().env.kwargs)
+
+
+def test_cpu_recipe_uses_two_alfworld_task_types():
+  cfg = alfworld_gigpo.get_config()
+  assert cfg.model.preset == "nano" and cfg.sft.prompt_loss_weight == 1.0
+  assert tuple(cfg.env.kwargs.task_types) == (
+      "pick_and_place_simple", "look_at_obj_in_light")
+  assert not dict(alfworld_gigpo.get_config("model=qwen2.5-1.5b").env.kwargs)
 
 
 def test_paper_scale_restores_upstream_sized_worlds():

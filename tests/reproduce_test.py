@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from configs import toy_grpo, webshop_grpo
-from rspo_jax.metrics import MetricsWriter
+from rspo_jax.metrics import MetricsWriter, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -291,11 +291,20 @@ def test_two_run_grid_end_to_end_then_skips(tmp_path, capsys, monkeypatch):
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   # One shared warm start first, then both runs start from it.
   assert lines[0]["run"] == "warm_start_toy" and lines[0]["status"] == "done"
-  assert sorted(l["status"] for l in lines[1:] if "status" in l) == [
+  # ... evaluated once; each run takes that evaluation as its start.
+  assert lines[1]["run"] == "start_eval_toy" and lines[1]["status"] == "done"
+  shared_eval = json.loads((root / "warm_start_toy" / "eval_start.json")
+                           .read_text())
+  assert sorted(l["status"] for l in lines[2:] if "status" in l) == [
       "done", "done"]
   for d in ("toy_grpo_baseline_s0", "toy_grpo_rspo_s0"):
     config = json.loads((root / d / "run.json").read_text())["config"]
     assert f"model.checkpoint_dir={lines[0]['policy']}" in config
+    assert json.loads((root / d / "eval_start.json").read_text()) == (
+        shared_eval)
+    evals = [r for r in read_metrics(str(root / d / "metrics.jsonl"), "eval")]
+    assert [r["step"] for r in evals] == [0, 2]
+    assert evals[0]["success_rate"] == shared_eval["success_rate"]
   report = json.loads((out / "toy.json").read_text())
   grpo = [c for c in report["cells"] if c["algo"] == "grpo"]
   assert [c["n"] for c in grpo] == [1, 1]
