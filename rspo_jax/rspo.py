@@ -294,13 +294,13 @@ class RSPOTrainer:
       self, learner: Learner, critic: Optional[Learner], on: list,
       off: list, source: str, step_key: int,
   ) -> dict:
-    """One training step of ``learner`` on on-policy + replayed records.
+    """One training step of ``learner`` on on-policy + replayed records:
+    rewards and advantages of every record (``_credit``), the rows that
+    train (``_rows_to_train``), then the optimizer updates
+    (``_train_rows``).
 
-    Advantages use every record; with ``train.max_train_rows`` only a random
-    subset of rows enters the update (CPU budget; multi-host: a subset of
-    ``ceil(max_train_rows / P)`` rows per host). Multi-host: ``on`` and
-    ``off`` are this host's records (whole groups, so advantages are
-    local); every host calls this together.
+    Multi-host: ``on`` and ``off`` are this host's records (whole groups,
+    so advantages are local); every host calls this together.
     """
     records = on + off
     n_all = len(records)
@@ -309,51 +309,92 @@ class RSPOTrainer:
     if not n_all:
       return {"skipped_empty": 1.0}
     off_flags = np.array([False] * len(on) + [True] * len(off), bool)
-    if records:
-      rewards = credit.step_rewards(
-          records, source,
-          invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
-          noise_sigma=self.cfg.rspo.dense_noise_sigma if source == "dense"
-          else 0.0,
-          rng=self._host_rng(3, step_key),
-      )
-    else:  # multi-host: this host's share was empty
-      rewards = np.zeros(0, np.float32)
-    values = None
-    if critic is not None:  # V(s_t) read at the step's last prompt token
-      vb = self.batches.build(records, np.zeros(len(records)), off_flags)
-      idx = batching.last_prompt_token_index(vb)
-      values = self.batches.apply(critic, vb)[np.arange(len(idx)), idx][
-          : len(records)]
-    if records:
-      adv, returns = credit.compute_advantages(
-          records, rewards, self.cfg.algo, values=values
-      )
-    else:
-      adv = np.zeros(0, np.float32)
-      returns = None if critic is None else np.zeros(0, np.float32)
-    keep = np.arange(len(records))
-    if self.cfg.train.drop_zero_advantage_rows:  # DAPO's dynamic sampling
-      keep = np.flatnonzero(adv != 0)
-      n_keep = len(keep)
-      if self.multihost:
-        n_keep = int(distributed.global_sum(np.int64(n_keep)))
-      if not n_keep:  # every group tied: nothing to learn from
-        return {"skipped_no_signal": 1.0, "rows_on": 0.0, "rows_off": 0.0,
-                f"{source}_reward_mean": self._global_mean(rewards)}
-    max_rows = self._per_host(self.cfg.train.max_train_rows)
-    if max_rows and len(keep) > max_rows:
-      keep = np.sort(keep[self._host_rng(2, step_key).choice(
-          len(keep), max_rows, replace=False)])
+    rewards, adv, returns, values = self._credit(
+        records, off_flags, source, critic, step_key)
+    keep = self._rows_to_train(adv, step_key)
+    if keep is None:  # every group tied: nothing to learn from
+      return {"skipped_no_signal": 1.0, "rows_on": 0.0, "rows_off": 0.0,
+              f"{source}_reward_mean": self._global_mean(rewards)}
     if len(keep) < len(records):
       records = [records[i] for i in keep]
       off_flags, adv = off_flags[keep], adv[keep]
       returns = returns[keep] if returns is not None else None
       values = values[keep] if values is not None else None
+    metrics, tokens = self._train_rows(learner, critic, records, off_flags,
+                                       adv, returns, values, step_key)
+    counts = np.array([tokens, (~off_flags).sum(), off_flags.sum(),
+                       np.sum(rewards), len(rewards)], np.float64)
+    if self.multihost:
+      counts = distributed.global_sum(counts)
+      reward_mean = counts[3] / counts[4] if counts[4] else 0.0
+    else:
+      reward_mean = np.mean(rewards)
+    metrics.update({
+        "train_tokens_per_s": float(counts[0]) / max(metrics["train_time_s"],
+                                                     1e-9),
+        "rows_on": float(counts[1]),
+        "rows_off": float(counts[2]),
+        f"{source}_reward_mean": float(reward_mean),
+    })
+    self._check_finite(metrics)
+    return metrics
+
+  def _credit(self, records: list, off_flags: np.ndarray, source: str,
+              critic: Optional[Learner], step_key: int):
+    """(step rewards of ``source``, advantages, returns, critic values);
+    returns/values are None without a critic."""
+    values = None
+    if critic is not None:  # V(s_t) read at the step's last prompt token;
+      # every host applies the critic, even one with no records.
+      vb = self.batches.build(records, np.zeros(len(records)), off_flags)
+      idx = batching.last_prompt_token_index(vb)
+      values = self.batches.apply(critic, vb)[np.arange(len(idx)), idx][
+          : len(records)]
+    if not records:  # multi-host: this host's share was empty
+      empty = np.zeros(0, np.float32)
+      return empty, empty, (None if critic is None else empty), values
+    rewards = credit.step_rewards(
+        records, source,
+        invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
+        noise_sigma=self.cfg.rspo.dense_noise_sigma if source == "dense"
+        else 0.0,
+        rng=self._host_rng(3, step_key),
+    )
+    adv, returns = credit.compute_advantages(
+        records, rewards, self.cfg.algo, values=values)
+    return rewards, adv, returns, values
+
+  def _rows_to_train(self, adv: np.ndarray,
+                     step_key: int) -> Optional[np.ndarray]:
+    """Indices of the rows that enter the update; None when
+    ``train.drop_zero_advantage_rows`` (DAPO's dynamic sampling, per row)
+    leaves none on any host. ``train.max_train_rows`` keeps a random
+    subset (CPU budget; multi-host: ``ceil(max_train_rows / P)`` per
+    host)."""
+    keep = np.arange(len(adv))
+    if self.cfg.train.drop_zero_advantage_rows:
+      keep = np.flatnonzero(adv != 0)
+      n_keep = len(keep)
+      if self.multihost:
+        n_keep = int(distributed.global_sum(np.int64(n_keep)))
+      if not n_keep:
+        return None
+    max_rows = self._per_host(self.cfg.train.max_train_rows)
+    if max_rows and len(keep) > max_rows:
+      keep = np.sort(keep[self._host_rng(2, step_key).choice(
+          len(keep), max_rows, replace=False)])
+    return keep
+
+  def _train_rows(self, learner: Learner, critic: Optional[Learner],
+                  records: list, off_flags: np.ndarray, adv: np.ndarray,
+                  returns, values, step_key: int) -> tuple[dict, int]:
+    """The optimizer updates of one step (one per mini-batch; old and
+    reference log-probs all from the pre-update params). Returns the mean
+    metrics over updates and the number of tokens trained on."""
     def rows(a, idx):
       return None if a is None else a[idx]
 
-    batches = []  # old/ref log-probs all come from the pre-update params
+    batches = []
     for idx in self._mini_batches(len(records), step_key):
       batch = self.batches.build([records[i] for i in idx], adv[idx],
                                  off_flags[idx], rows(returns, idx),
@@ -378,28 +419,12 @@ class RSPOTrainer:
                 jax.random.key(step_key)).items()
         })
       per_update.append(m)
-    dt = time.perf_counter() - t0
     metrics = {k: float(np.mean([m[k] for m in per_update]))
-               for k in per_update[0]} if len(per_update) > 1 else per_update[0]
-    counts = np.array([
-        sum(np.asarray(b.attention_mask).sum() for b, _ in batches),
-        (~off_flags).sum(), off_flags.sum(), np.sum(rewards), len(rewards)],
-        np.float64)
-    if self.multihost:
-      counts = distributed.global_sum(counts)
-      reward_mean = counts[3] / counts[4] if counts[4] else 0.0
-    else:
-      reward_mean = np.mean(rewards)
-    metrics.update({
-        "train_tokens_per_s": float(counts[0]) / max(dt, 1e-9),
-        "train_time_s": dt,
-        "rows_on": float(counts[1]),
-        "rows_off": float(counts[2]),
-        "updates": float(len(batches)),
-        f"{source}_reward_mean": float(reward_mean),
-    })
-    self._check_finite(metrics)
-    return metrics
+               for k in per_update[0]}
+    metrics.update(train_time_s=time.perf_counter() - t0,
+                   updates=float(len(batches)))
+    tokens = sum(int(np.asarray(b.attention_mask).sum()) for b, _ in batches)
+    return metrics, tokens
 
   def _check_finite(self, metrics: dict) -> None:
     if metrics.get("skipped", 0.0) > 0:
