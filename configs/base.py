@@ -15,8 +15,10 @@ import ml_collections
 from ml_collections import config_dict
 
 from rspo_jax import sharding
+from rspo_jax.models.config import LOCAL_TOKENIZER_PRESETS
 
-CPU_PRESETS = ("nano", "tiny", "tiny-llama", "small-25m", "base-100m")
+# The from-scratch presets (a locally trained tokenizer; CPU recipe).
+CPU_PRESETS = LOCAL_TOKENIZER_PRESETS
 PAPER_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.2-3b")
 ALGOS = ("grpo", "grpo_nostd", "ppo", "gigpo")
 ENVS = ("webshop", "alfworld", "toy")

@@ -88,8 +88,8 @@ def model_config(cfg, tokenizer):
   for item in filter(None, cfg.model.overrides.split(";")):
     key, value = item.split("=")
     overrides[key.strip()] = int(value)
-  if cfg.model.preset in ("tiny", "tiny-llama", "small-25m", "base-100m"):
-    overrides["vocab_size"] = max(len(tokenizer), 8)
+  if cfg.model.preset in models.LOCAL_TOKENIZER_PRESETS:
+    overrides["vocab_size"] = models.local_vocab_size(len(tokenizer))
   return models.get_model_config(cfg.model.preset, **overrides)
 
 

@@ -276,8 +276,9 @@ def plan_model_config(cfg):
   if m.checkpoint_dir and os.path.exists(config_json):
     with open(config_json) as f:
       return models.ModelConfig.from_hf_dict(json.load(f), **overrides)
-  if m.preset in ("tiny", "tiny-llama", "small-25m", "base-100m"):
-    overrides.setdefault("vocab_size", int(m.tokenizer_vocab))
+  if m.preset in models.LOCAL_TOKENIZER_PRESETS:
+    overrides.setdefault("vocab_size",
+                         models.local_vocab_size(int(m.tokenizer_vocab)))
   return models.get_model_config(m.preset, **overrides)
 
 

@@ -88,6 +88,26 @@ def test_preset_param_counts():
   assert _count(models.get_model_config("qwen2.5-7b")) == 7_615_616_512
 
 
+def test_local_presets_take_the_tokenizers_vocab_padded_to_128():
+  from rspo_jax import build  # noqa: PLC0415
+  from configs import alfworld_grpo, webshop_grpo  # noqa: PLC0415
+
+  assert [models.local_vocab_size(n) for n in (1, 128, 129, 300, 1982)] == [
+      128, 128, 256, 384, 2048]
+
+  class Tok:  # only len() is read
+    def __len__(self):
+      return 1982
+
+  for cfg in (webshop_grpo.get_config(), alfworld_grpo.get_config(),
+              webshop_grpo.get_config("model=tiny")):
+    assert cfg.model.preset in models.LOCAL_TOKENIZER_PRESETS
+    assert build.model_config(cfg, Tok()).vocab_size == 2048
+  # A released model keeps its own vocabulary.
+  qwen = webshop_grpo.get_config("model=qwen2.5-0.5b")
+  assert build.model_config(qwen, Tok()).vocab_size == 151936
+
+
 def test_unknown_preset_and_bad_fields():
   with pytest.raises(ValueError, match="tiny"):
     models.get_model_config("gpt-5")

@@ -1,6 +1,12 @@
 """Flax NNX Qwen2 / Llama decoders, scalar heads, HF IO and tokenizer."""
 
-from rspo_jax.models.config import PRESETS, ModelConfig, get_model_config
+from rspo_jax.models.config import (
+    LOCAL_TOKENIZER_PRESETS,
+    PRESETS,
+    ModelConfig,
+    get_model_config,
+    local_vocab_size,
+)
 from rspo_jax.models.heads import PRMHead, ProcessRewardModel, ValueModel
 from rspo_jax.models.hf_io import (
     create_model,
@@ -22,6 +28,7 @@ from rspo_jax.models.transformer import (
 )
 
 __all__ = [
+    "LOCAL_TOKENIZER_PRESETS",
     "PRESETS",
     "KVCache",
     "ModelConfig",
@@ -33,6 +40,7 @@ __all__ = [
     "create_model",
     "create_sharded_model",
     "get_model_config",
+    "local_vocab_size",
     "init_cache",
     "load_hf_model",
     "load_tokenizer",

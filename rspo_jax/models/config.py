@@ -356,6 +356,19 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# Presets without a pretrained tokenizer: their vocabulary is the locally
+# trained tokenizer's (``local_vocab_size``).
+LOCAL_TOKENIZER_PRESETS = ("nano", "tiny", "tiny-llama", "small-25m",
+                           "base-100m")
+
+
+def local_vocab_size(num_tokens: int, multiple: int = 128) -> int:
+  """Embedding rows for a tokenizer of ``num_tokens``: rounded up to a
+  multiple of 128, as released models pad theirs (Qwen2.5: 151936 = 128 x
+  1187; 2048 for the 1982 tokens of the default WebShop tokenizer)."""
+  return max(multiple, -(-num_tokens // multiple) * multiple)
+
+
 def get_model_config(name: str, **overrides) -> ModelConfig:
   """A preset by name, with field overrides (e.g. ``dtype='bfloat16'``)."""
   if name not in PRESETS:
