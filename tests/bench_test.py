@@ -172,3 +172,16 @@ def test_eval_failures_sorts_episode_endings():
   looped = ["search[usb c cable]", "click[b02x263k57]"] + ["click[white]"] * 6
   assert ending(looped, won=False, invalid=False) == "no_buy"
   assert ending(looped[:2], won=False, invalid=True) == "invalid"
+
+
+def test_eval_failures_sorts_alfworld_endings():
+  ending = _load("eval_failures").alfworld_ending
+  take = ["go to sidetable 1"] + ["take mug 1 from sidetable 1"] * 4
+  rejected = [False, True, True, True, False]  # the last answer is unknown
+  assert ending(take, won=True, rejected=[False] * 5) == "won"
+  assert ending(take, won=False, rejected=rejected) == "repeats_invalid"
+  # The same command accepted by the game, or different rejected ones.
+  assert ending(take, won=False, rejected=[False] * 5) == "step_limit"
+  mixed = ["open drawer 1", "open drawer 2", "open drawer 3"]
+  assert ending(mixed, won=False, rejected=[True, True, False]) == (
+      "step_limit")
