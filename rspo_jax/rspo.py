@@ -246,16 +246,22 @@ class RSPOTrainer:
     if self.multihost:  # hosts draw different samples
       seed += 104_729 * self.process_index
     mine = [int(t) for t in task_ids[first:last]]
-    if mine:
-      records, stats = collect(
-          self.engine, self.venv, self.tokenizer, mine,
+    # More groups than the environment pool holds (e.g. the PRM's training
+    # groups) are played in rounds of as many groups as fit.
+    per_round = max(1, self.venv.num_envs // g)
+    records, rounds = [], []
+    for c, lo in enumerate(range(0, len(mine), per_round)):
+      got, stats = collect(
+          self.engine, self.venv, self.tokenizer, mine[lo:lo + per_round],
           g, self.sampling, self.collect_cfg, policy_tag=tag,
-          traj_id_start=s.collections * 100_000 + first * g,
-          group_id_start=s.collections * 1_000 + first,
-          seed=seed,
+          traj_id_start=s.collections * 100_000 + (first + lo) * g,
+          group_id_start=s.collections * 1_000 + first + lo,
+          seed=seed + 1_000_003 * c,
       )
-    else:
-      records, stats = [], collect_lib.empty_stats()
+      records += got
+      rounds.append(stats)
+    stats = (collect_lib.combine_rounds(rounds) if rounds
+             else collect_lib.empty_stats())
     if self.multihost:
       stats = collect_lib.combine_stats(distributed.allgather_objects(stats))
     s.env_steps += stats["env_steps"]

@@ -290,6 +290,13 @@ def test_combine_stats_of_two_hosts():
   assert out["collect_time_s"] == 5.0  # the slowest host
   assert collect.combine_stats([a]) == a
   assert collect.empty_stats()["episodes"] == 0
+  # The same two as consecutive rounds on one host: times add up,
+  # throughputs are time-weighted.
+  a["env_steps_per_s"], b["env_steps_per_s"] = 2.0, 4.0
+  rounds = collect.combine_rounds([a, b])
+  assert rounds["collect_time_s"] == 8.0 and rounds["episodes"] == 8
+  assert rounds["env_steps_per_s"] == pytest.approx((2 * 3 + 4 * 5) / 8)
+  assert rounds["success_rate"] == pytest.approx(2 / 8)
 
 
 def test_replay_hosts_write_side_by_side(tmp_path):

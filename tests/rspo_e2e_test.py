@@ -133,12 +133,17 @@ def test_train_cli_runs_and_resumes(tmp_path):
 def test_prm_dense_reward_in_the_loop(tmp_path):
   """dense_reward=prm: a PRM is trained at start on the starting policy's
   trajectories, saved, and B's dense rewards are its scores."""
+  # 5 groups of 2 = 10 episodes, more than the 4 environments: played in
+  # rounds of 2 groups.
   cfg = micro_config("grpo", "rspo.dense_reward=prm,rspo.prm_steps=20,"
-                     "rspo.prm_train_groups=2,rspo.prm_refresh_loops=1")
+                     "rspo.prm_train_groups=5,rspo.prm_refresh_loops=1")
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   try:
-    assert os.path.exists(tmp_path / "prm" / "prm_config.json")
+    assert t.venv.num_envs == 4
+    m = json.loads((tmp_path / "prm" / "prm_config.json").read_text())
+    m = m.get("metrics", m)
+    assert m["num_train_traj"] + m["num_heldout_traj"] == 10
     scores = []
     orig = t.dense_fn
 

@@ -247,6 +247,21 @@ def empty_stats() -> dict:
                       prompt_truncated=0, invalid=0, steps=0), 0.0)[1]
 
 
+def combine_rounds(rounds: Sequence[dict]) -> dict:
+  """One summary of consecutive collections on one host: as
+  ``combine_stats``, but wall times add up and throughputs are the
+  time-weighted mean of the rounds'."""
+  out = combine_stats(rounds)
+  if len(rounds) > 1:
+    times = np.asarray([float(r["collect_time_s"]) for r in rounds])
+    out["collect_time_s"] = float(times.sum())
+    for key in ("gen_tokens_per_s", "env_steps_per_s"):
+      vals = np.asarray([float(r[key]) for r in rounds])
+      out[key] = (float((vals * times).sum() / times.sum()) if times.sum()
+                  else 0.0)
+  return out
+
+
 def combine_stats(per_host: Sequence[dict]) -> dict:
   """One summary of several hosts' collections (each ``collect``'s stats):
   counts and throughputs add up, wall time is the slowest host's, rates
