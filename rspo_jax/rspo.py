@@ -85,6 +85,8 @@ class LoopState:
   collections: int = 0  # collection counter (seeds, traj/group ids)
   env_steps: int = 0  # environment steps so far (all roles)
   bad_steps: int = 0  # consecutive non-finite updates
+  # traj_ids of D replayed since the pass over D began (replay.selection)
+  replay_used: list = dataclasses.field(default_factory=list)
 
 
 class RSPOTrainer:

@@ -1,13 +1,18 @@
-"""Replay storage for RSPO: array-record shards, streaming, group sampling.
+"""Replay for RSPO: array-record shards, streaming, trajectory selection.
 
 numpy in, numpy out; this package never imports jax (grain, which does, is
 imported only inside ``as_grain_source``).
 
-  records.py  versioned byte encoding of a StepRecord
-  shards.py   atomic shard writer, reader, crash recovery, streamer, grain
-  buffer.py   ReplayBuffer (the RSPO buffer D) and sampling strategies
+  records.py    versioned byte encoding of a StepRecord
+  shards.py     atomic shard writer, reader, crash recovery, streamer, grain
+  buffer.py     ReplayBuffer (the RSPO buffer D)
+  selection.py  which trajectories a step of A replays (reward / variance /
+                random, unused first); alpha as a share of samples
+  replayed.py   replayed rows, advantages against their whole group, metrics
 """
 
+from rspo_jax.replay import replayed
+from rspo_jax.replay import selection
 from rspo_jax.replay.buffer import STRATEGIES
 from rspo_jax.replay.buffer import ReplayBuffer
 from rspo_jax.replay.buffer import group_score
@@ -44,4 +49,6 @@ __all__ = [
     "rank_by_score",
     "read_shard",
     "recover",
+    "replayed",
+    "selection",
 ]

@@ -1,8 +1,9 @@
-"""The RSPO replay buffer ``D`` over array-record shards, and its sampling.
+"""The RSPO replay buffer ``D`` over array-record shards.
 
-Sampling strategies (paper, section on replay sampling), for a group ``g``
-of trajectories with outcome rewards ``R_i``:
-  * ``reward``:   score(g) = mean_i R_i, highest first (the default);
+What one step of A replays is chosen *by trajectory* in
+``replay/selection.py`` (``sample_trajectories`` here); the group-level
+ranking below (``sample_groups``) is kept for inspecting D:
+  * ``reward``:   score(g) = mean_i R_i, highest first;
   * ``variance``: score(g) = mean_i (R_i - mean_j R_j)^2 (population
     variance), highest first;
   * ``random``:   uniform order, without replacement.
@@ -23,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from rspo_jax.replay import selection
 from rspo_jax.replay.records import encode_record
 from rspo_jax.replay.shards import COMPLETE_MARKER
 from rspo_jax.replay.shards import ShardWriter
@@ -33,7 +35,7 @@ from rspo_jax.replay.shards import recover
 from rspo_jax.types import StepRecord
 from rspo_jax.types import Trajectory
 
-STRATEGIES = ("reward", "variance", "random")
+STRATEGIES = selection.STRATEGIES
 
 
 def rank_by_score(
@@ -212,28 +214,18 @@ class ReplayBuffer:
     return [groups[i] for i in order[:n_groups]]
 
   def sample_trajectories(
-      self, n: int, strategy: str, rng: np.random.Generator
+      self, n: int, strategy: str, rng: np.random.Generator,
+      used: Sequence[int] = (),
   ) -> list[Trajectory]:
-    """The first ``n`` trajectories under ``strategy``, best first.
-
-    'reward' ranks by the trajectory's own outcome reward; 'variance' by the
-    outcome-reward variance of its group (one trajectory has none of its
-    own); 'random' is uniform without replacement. Returns ``min(n,
-    available)`` trajectories.
+    """The first ``n`` trajectories under ``strategy``, best first, those
+    not in ``used`` first (``selection.select``): 'reward' puts wins
+    first, then the trajectory's own outcome reward; 'variance' ranks by
+    the outcome-reward variance of its group; 'random' is uniform without
+    replacement. Returns ``min(n, available)`` trajectories.
     """
     _check_count(n, "n")
-    groups = self.groups()
-    trajs = [t for g in groups for t in g]
-    if strategy == "variance":
-      scores = [
-          group_score([t.outcome_reward for t in g], strategy)
-          for g in groups
-          for _ in g
-      ]
-    else:
-      scores = [t.outcome_reward for t in trajs]
-    order = rank_by_score(scores, strategy, rng)
-    return [trajs[i] for i in order[:n]]
+    return selection.select(self.trajectories(), n, strategy, rng,
+                            used).trajectories
 
   # -- reporting -------------------------------------------------------------
 
