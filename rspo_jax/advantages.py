@@ -6,12 +6,21 @@ plain numpy; results are float32. A learner row is one step of an episode
 response tokens with :func:`broadcast_to_tokens`.
 
 Conventions follow verl / verl-agent (``compute_grpo_outcome_advantage``,
-``gigpo/core_gigpo.py``):
+``gigpo/core_gigpo.py``, ``masked_whiten``); see docs/credit.md:
   * std is the unbiased sample std (``torch.std``, ddof = 1);
   * normalisation is ``(x - mean) / (std + eps)`` with eps = 1e-6;
-  * groups with identical values get 0 (0 / (0 + eps)).
+  * groups with identical values get 0 (0 / (0 + eps));
+  * PPO advantages are whitened over the batch's response tokens
+    (:func:`whiten`, eps = 1e-8 on the variance).
 One deliberate difference: a group holding a single sample gets advantage 0
 here; verl uses mean 0, std 1 for it, which passes the raw reward through.
+
+Row-level functions (:func:`episode_row_scores`,
+:func:`penalty_on_row_returns`, :func:`gigpo_row_advantages`,
+:func:`row_gae_advantages`) implement verl-agent's credit, where every step
+row is a sample of its group; the trajectory-level ones
+(:func:`gigpo_advantages`, :func:`gae_step_advantages`) the older
+per-trajectory credit.
 """
 
 from __future__ import annotations
@@ -323,6 +332,180 @@ def gae_step_advantages(
       adv[p] = next_a
       next_v = v[p]
   return adv.astype(np.float32), (adv + v).astype(np.float32)
+
+
+# ------------------------------------------------- verl-agent row credit
+
+
+def _step_arrays(step_rewards, step_penalty, step_traj):
+  r = _as_1d(step_rewards, "step_rewards", np.float64)
+  p = _as_1d(step_penalty, "step_penalty", np.float64)
+  traj = _as_1d(step_traj, "step_traj")
+  _check_len(len(r), step_penalty=p, step_traj=traj)
+  return r, p, traj
+
+
+def episode_row_scores(step_rewards, step_penalty, step_traj) -> np.ndarray:
+  """verl-agent's score of each step row: the episode reward, plus the
+  invalid-action penalty on the offending row only.
+
+    s_t = sum_{k in tau(t)} (r_k - p_k) + p_t
+
+  ``r_k`` is the step reward *including* its penalty ``p_k`` (0 on valid
+  steps), so ``sum_k (r_k - p_k)`` is the episode's reward without
+  penalties (verl-agent's ``episode_rewards``: the sum of the
+  environment's rewards) and the penalty of a step lands on that step's
+  row alone (``apply_invalid_action_penalty``).
+
+  Args:
+    step_rewards: [S] r_t, penalty included.
+    step_penalty: [S] p_t (the penalty if the step was invalid, else 0).
+    step_traj: [S] trajectory key of each step.
+
+  Returns:
+    [S] float64 row scores.
+  """
+  r, p, traj = _step_arrays(step_rewards, step_penalty, step_traj)
+  if len(r) == 0:
+    return np.zeros(0, np.float64)
+  _, ti = np.unique(traj, return_inverse=True)
+  ti = ti.ravel()
+  episode = np.bincount(ti, weights=r - p)
+  return episode[ti] + p
+
+
+def penalty_on_row_returns(step_rewards, step_penalty, step_traj, step_idx,
+                           *, gamma: float) -> np.ndarray:
+  """GiGPO step returns as verl-agent forms them:
+
+    R_t = sum_{k >= t} gamma^(k - t) (r_k - p_k) + p_t
+
+  verl-agent discounts the environment's rewards
+  (``compute_step_discounted_returns``), then subtracts the penalty from
+  the offending row's return (``apply_invalid_action_penalty`` on
+  ``step_rewards``): a penalty is never discounted into earlier steps.
+
+  Returns:
+    [S] float64 returns, in the input order.
+  """
+  r, p, traj = _step_arrays(step_rewards, step_penalty, step_traj)
+  disc = discounted_step_returns(r - p, traj, step_idx, gamma=gamma)
+  return disc.astype(np.float64) + p
+
+
+def gigpo_row_advantages(
+    row_scores,
+    row_group_ids,
+    step_returns,
+    step_anchor: Sequence[str],
+    *,
+    omega: float = 1.0,
+    normalize_std: bool = True,
+    similarity_threshold: Optional[float] = None,
+    eps: float = 1e-6,
+) -> np.ndarray:
+  """GiGPO with every step row a sample of its task group (verl-agent).
+
+    A_E(t) = (s_t - mean_{u in g(t)} s_u) / F     (over the group's rows)
+    A_S(t) = (R_t - mean_{u in G(t)} R_u) / F     (over the step group)
+    A      = A_E + omega * A_S
+
+  ``s`` are row scores (:func:`episode_row_scores`), ``R`` step returns
+  (:func:`penalty_on_row_returns`); g(t) is the row's task group, G(t) its
+  anchor-state group (:func:`step_groups`); F = std + eps (ddof = 1) with
+  ``normalize_std``, else 1. Groups of one get 0. This is
+  ``episode_norm_reward(compute_mean_std_cross_steps=True)`` plus
+  ``step_norm_reward`` of verl-agent's ``gigpo/core_gigpo.py``.
+
+  Args:
+    row_scores: [S] s_t.
+    row_group_ids: [S] task-group key of each row.
+    step_returns: [S] R_t.
+    step_anchor: [S] anchor observation text per row.
+    omega: weight of the step advantage.
+    normalize_std: divide by std + eps (both levels).
+    similarity_threshold: None = exact anchor match.
+    eps: added to the std.
+
+  Returns:
+    [S] float32 advantages.
+  """
+  s = _as_1d(row_scores, "row_scores", np.float64)
+  g = _as_1d(row_group_ids, "row_group_ids")
+  ret = _as_1d(step_returns, "step_returns", np.float64)
+  _check_len(len(s), row_group_ids=g, step_returns=ret,
+             step_anchor=step_anchor)
+  if len(s) == 0:
+    return np.zeros(0, np.float32)
+  _, gi = np.unique(g, return_inverse=True)
+  gi = gi.ravel()
+  a_e = _group_normalize(s, gi, normalize_std=normalize_std, eps=eps)
+  groups = step_groups(gi, step_anchor,
+                       similarity_threshold=similarity_threshold)
+  a_s = _group_normalize(ret, groups, normalize_std=normalize_std, eps=eps)
+  return (a_e + omega * a_s).astype(np.float32)
+
+
+def row_gae_advantages(row_rewards, row_values):
+  """GAE of a row taken as a one-step episode (verl-agent's multi-turn PPO).
+
+    A_s = r_s - V_s,   ret_s = r_s
+
+  verl-agent hands every step row to verl's ``compute_gae_advantage_return``
+  on its own, its score on the last response token: no value is carried
+  from one step of an episode to the next. With the default
+  gamma = lambda = 1 verl's token-level GAE gives A_t = r_s - V_t on each
+  token t and the return r_s on every token. With one critic value per row
+  (V_s, read at the step's last prompt token, which is verl's V_t at the
+  first response token) that is A_s = r_s - V_s on the row: verl's
+  advantage of the first response token, broadcast to the row.
+
+  Args:
+    row_rewards: [S] r_s (the row score, :func:`episode_row_scores`).
+    row_values: [S] V_s.
+
+  Returns:
+    (advantages [S], returns [S]), float32.
+  """
+  r = _as_1d(row_rewards, "row_rewards", np.float64)
+  v = _as_1d(row_values, "row_values", np.float64)
+  _check_len(len(r), row_values=v)
+  return (r - v).astype(np.float32), r.astype(np.float32)
+
+
+def whiten(values, token_counts=None, *, eps: float = 1e-8) -> np.ndarray:
+  """verl's ``masked_whiten`` of per-row values broadcast to their tokens.
+
+    N    = sum_s n_s
+    mean = sum_s n_s x_s / (N + 1e-8)
+    var  = sum_s n_s (x_s - mean)^2 / (N + 1e-8) * N / (N - 1)
+    y_s  = (x_s - mean) / sqrt(var + eps)
+
+  Row s counts as its ``n_s`` response tokens, so the result equals
+  whitening the [S, T] token array over the loss mask (the mean and
+  unbiased variance of ``masked_whiten``). ``token_counts=None`` counts
+  every row once. N < 2 gives zeros (verl raises).
+
+  Args:
+    values: [S] per-row values x_s.
+    token_counts: [S] response tokens per row n_s (>= 0), or None.
+    eps: added to the variance.
+
+  Returns:
+    [S] float32.
+  """
+  x = _as_1d(values, "values", np.float64)
+  n = (np.ones(len(x)) if token_counts is None
+       else _as_1d(token_counts, "token_counts", np.float64))
+  _check_len(len(x), token_counts=n)
+  if (n < 0).any():
+    raise ValueError("token_counts must be >= 0")
+  total = n.sum()
+  if total < 2:
+    return np.zeros(len(x), np.float32)
+  mean = (n * x).sum() / (total + 1e-8)
+  var = (n * (x - mean) ** 2).sum() / (total + 1e-8) * total / (total - 1)
+  return ((x - mean) / np.sqrt(var + eps)).astype(np.float32)
 
 
 def broadcast_to_tokens(step_values, loss_mask) -> np.ndarray:

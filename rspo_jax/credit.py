@@ -1,12 +1,28 @@
 """Rewards and advantages of a set of step records (host side, numpy).
 
-Which reward a role learns from is decided here, by ``source``:
+Step rewards (:func:`step_rewards`), by ``source``:
   * 'outcome' -- r_t = env_reward_t (10 * won on the winning step, plus the
-    invalid-action penalty); Agent A, the baselines, and every trajectory in
-    the replay buffer (the *reward swap*);
-  * 'dense'   -- r_t = dense_reward_t + penalty_t + N(0, sigma^2); Agent B.
-The trajectory reward is R(tau) = sum_t r_t for every algorithm (for the PRM
-this is its trajectory score R_hat = sum_t r_hat_t).
+    invalid-action penalty p_t on an invalid step); Agent A, the baselines,
+    and every trajectory in the replay buffer (the *reward swap*);
+  * 'dense'   -- r_t = dense_reward_t + p_t + N(0, sigma^2); Agent B.
+
+Credit (:func:`compute_advantages`), by ``algo.credit_mode``
+(docs/credit.md gives verl-agent's code behind each line):
+  * 'verl_agent' (default) -- every step row is a sample. Its score is the
+    episode reward plus its own penalty,
+        s_t = sum_{k in tau} (r_k - p_k) + p_t,
+    (outcome: 10 * won, plus -0.1 on an invalid row; dense: the PRM's
+    R_hat = sum_k r_hat_k, plus the penalty on the invalid row);
+      grpo : A_t = (s_t - mean_g s) / (std_g s + eps), over the group's rows
+             (verl-agent's ``compute_mean_std_cross_steps=True``);
+      gigpo: A_E from the row scores as GRPO's; step returns
+             R_t = sum_{k>=t} gamma^(k-t) (r_k - p_k) + p_t;
+      ppo  : A_t = s_t - V_t, ret_t = s_t (each row its own one-step
+             episode, as verl-agent's GAE), whitened over response tokens.
+  * 'trajectory' -- the earlier credit: R(tau) = sum_t r_t (penalties summed
+    into the trajectory reward, on all its steps), group statistics over
+    trajectories; PPO: turn-level GAE across an episode's steps with the
+    critic's step values.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ from rspo_jax import advantages as adv_lib
 from rspo_jax.types import StepRecord
 
 SOURCES = ("outcome", "dense")
+CREDIT_MODES = ("verl_agent", "trajectory")
 
 
 def step_rewards(
@@ -29,7 +46,8 @@ def step_rewards(
     noise_sigma: float = 0.0,
     rng: Optional[np.random.Generator] = None,
 ) -> np.ndarray:
-  """[S] per-step rewards of ``source`` (see module docstring)."""
+  """[S] per-step rewards r_t of ``source`` (see module docstring), the
+  invalid-action penalty included on the invalid step."""
   if source == "outcome":
     return np.array([r.env_reward for r in records], np.float64)
   if source != "dense":
@@ -40,13 +58,18 @@ def step_rewards(
         f"{int(np.isnan(dense).sum())} step records have no dense reward;"
         " fill them (environment progress or PRM) before training on them"
     )
-  penalty = np.array(
-      [invalid_action_penalty if r.invalid else 0.0 for r in records]
-  )
   if noise_sigma > 0:
     rng = rng if rng is not None else np.random.default_rng(0)
     dense = dense + rng.normal(0.0, noise_sigma, size=dense.shape)
-  return dense + penalty
+  return dense + step_penalties(records, invalid_action_penalty)
+
+
+def step_penalties(records: Sequence[StepRecord],
+                   invalid_action_penalty: float) -> np.ndarray:
+  """[S] p_t = penalty on invalid steps, 0 elsewhere."""
+  return np.array(
+      [invalid_action_penalty if r.invalid else 0.0 for r in records],
+      np.float64)
 
 
 def _traj_index(records: Sequence[StepRecord]):
@@ -63,36 +86,105 @@ def compute_advantages(
     rewards: np.ndarray,
     algo_cfg,
     values: Optional[np.ndarray] = None,
+    *,
+    token_counts: Optional[Sequence[int]] = None,
 ) -> tuple[np.ndarray, Optional[np.ndarray]]:
   """Per-step advantages (and PPO returns) of ``records``.
 
-  grpo : A = (R(tau) - mean_g R) / (std_g + eps)   on every step of tau
-  gigpo: A = A_E + omega * A_S (step groups over identical anchors)
-  ppo  : turn-level GAE with the critic's step values
+  Args:
+    records: the step records (all rows of the groups being credited).
+    rewards: [S] r_t from :func:`step_rewards` (penalty included).
+    algo_cfg: ``cfg.algo``. Read: name, normalize_std, gamma, omega,
+      anchor_similarity, invalid_action_penalty, and with defaults
+      credit_mode ('verl_agent'), gae_gamma (1.0), gae_lambda (1.0),
+      gae_whiten (True).
+    values: [S] critic values V(s_t) (PPO only).
+    token_counts: [S] response tokens per row, the weights of PPO's
+      whitening; default ``len(record.response_ids)``.
+
+  Returns:
+    (advantages float32 [S], returns float32 [S] for PPO else None).
   """
+  mode = algo_cfg.get("credit_mode", "verl_agent")
+  if mode not in CREDIT_MODES:
+    raise ValueError(
+        f"unknown credit_mode {mode!r}; known: {CREDIT_MODES}")
+  rewards = np.asarray(rewards, np.float64)
   step_traj, traj_group = _traj_index(records)
   step_idx = np.array([r.step_idx for r in records])
+  penalty = step_penalties(
+      records, algo_cfg.get("invalid_action_penalty", -0.1))
+  name = algo_cfg.name
+  if name == "ppo":
+    return _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg,
+                mode, values, token_counts)
+  if name not in ("grpo", "gigpo"):
+    raise ValueError(f"unknown algorithm {name!r}")
+  if mode == "trajectory":
+    return _trajectory_credit(records, rewards, step_traj, traj_group,
+                              step_idx, algo_cfg), None
+  scores = adv_lib.episode_row_scores(rewards, penalty, step_traj)
+  row_group = traj_group[step_traj]
+  if name == "grpo":
+    return adv_lib.grpo_advantages(
+        scores, row_group, normalize_std=algo_cfg.normalize_std), None
+  returns = adv_lib.penalty_on_row_returns(
+      rewards, penalty, step_traj, step_idx, gamma=algo_cfg.gamma)
+  return adv_lib.gigpo_row_advantages(
+      scores, row_group, returns, [r.anchor_obs for r in records],
+      omega=algo_cfg.omega, normalize_std=algo_cfg.normalize_std,
+      similarity_threshold=algo_cfg.anchor_similarity,
+  ), None
+
+
+def _trajectory_credit(records, rewards, step_traj, traj_group, step_idx,
+                       algo_cfg) -> np.ndarray:
+  """GRPO/GiGPO on R(tau) = sum_t r_t, statistics over trajectories."""
   traj_rewards = np.bincount(step_traj, weights=rewards,
                              minlength=len(traj_group))
-  name = algo_cfg.name
-  if name == "grpo":
+  if algo_cfg.name == "grpo":
     per_traj = adv_lib.grpo_advantages(
-        traj_rewards, traj_group, normalize_std=algo_cfg.normalize_std
-    )
-    return per_traj[step_traj].astype(np.float32), None
-  if name == "gigpo":
-    return adv_lib.gigpo_advantages(
-        traj_rewards, traj_group, step_traj, step_idx, rewards,
-        [r.anchor_obs for r in records],
-        gamma=algo_cfg.gamma, omega=algo_cfg.omega,
-        normalize_std=algo_cfg.normalize_std,
-        similarity_threshold=algo_cfg.anchor_similarity,
-    ), None
-  if name == "ppo":
-    if values is None:
-      raise ValueError("PPO advantages need the critic's step values")
-    return adv_lib.gae_step_advantages(
-        rewards, values, step_traj, step_idx,
-        gamma=algo_cfg.gamma, lam=algo_cfg.gae_lambda,
-    )
-  raise ValueError(f"unknown algorithm {name!r}")
+        traj_rewards, traj_group, normalize_std=algo_cfg.normalize_std)
+    return per_traj[step_traj].astype(np.float32)
+  return adv_lib.gigpo_advantages(
+      traj_rewards, traj_group, step_traj, step_idx, rewards,
+      [r.anchor_obs for r in records],
+      gamma=algo_cfg.gamma, omega=algo_cfg.omega,
+      normalize_std=algo_cfg.normalize_std,
+      similarity_threshold=algo_cfg.anchor_similarity,
+  )
+
+
+def _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg, mode,
+         values, token_counts):
+  """PPO credit; returns are never whitened (the critic's targets).
+
+  verl_agent: A_t = s_t - V_t, ret_t = s_t per row (verl-agent runs
+  verl's GAE on each row alone; gamma and lambda act across a row's
+  tokens there, and a row is one time step here, so only
+  gae_gamma = gae_lambda = 1, verl's and verl-agent's values, is
+  accepted). trajectory: turn-level GAE across the episode's steps,
+  delta_t = r_t + gae_gamma V_{t+1} - V_t, A_t = delta_t + gae_gamma
+  gae_lambda A_{t+1}.
+  """
+  if values is None:
+    raise ValueError("PPO advantages need the critic's step values")
+  gamma = float(algo_cfg.get("gae_gamma", 1.0))
+  lam = float(algo_cfg.get("gae_lambda", 1.0))
+  if mode == "verl_agent":
+    if gamma != 1.0 or lam != 1.0:
+      raise ValueError(
+          "credit_mode='verl_agent' credits each step row as a one-step"
+          " episode, where gae_gamma and gae_lambda have no effect; they"
+          f" must be 1 (got {gamma}, {lam}); use credit_mode='trajectory'"
+          " for GAE across an episode's steps")
+    scores = adv_lib.episode_row_scores(rewards, penalty, step_traj)
+    adv, returns = adv_lib.row_gae_advantages(scores, values)
+  else:
+    adv, returns = adv_lib.gae_step_advantages(
+        rewards, values, step_traj, step_idx, gamma=gamma, lam=lam)
+  if algo_cfg.get("gae_whiten", True):
+    if token_counts is None:
+      token_counts = [len(r.response_ids) for r in records]
+    adv = adv_lib.whiten(adv, token_counts)
+  return adv, returns

@@ -226,3 +226,74 @@ def test_broadcast_to_tokens():
   np.testing.assert_array_equal(out, [[0, 2, 2], [0, 0, -1]])
   with pytest.raises(ValueError, match="loss_mask"):
     adv_lib.broadcast_to_tokens([1.0], [[1, 1], [1, 1]])
+
+
+# ------------------------------------------------- verl-agent row credit
+
+
+def test_episode_row_scores():
+  # traj 4: r (0, -.1, 10), p (0, -.1, 0) -> episode 10, rows (10, 9.9, 10);
+  # traj 2: r (-.1, -.1), both invalid -> episode 0, rows (-.1, -.1).
+  s = adv_lib.episode_row_scores([0.0, -0.1, -0.1, 10.0, -0.1],
+                                 [0.0, -0.1, -0.1, 0.0, -0.1],
+                                 [4, 4, 2, 4, 2])
+  np.testing.assert_allclose(s, [10.0, 9.9, -0.1, 10.0, -0.1], rtol=RTOL)
+  assert adv_lib.episode_row_scores([], [], []).shape == (0,)
+  with pytest.raises(ValueError, match="step_penalty"):
+    adv_lib.episode_row_scores([1.0], [0.0, 0.0], [0])
+
+
+def test_penalty_on_row_returns():
+  # gamma .5, r (0, -.1, 10), p (0, -.1, 0): env rewards (0, 0, 10) ->
+  # (2.5, 5, 10), plus p -> (2.5, 4.9, 10); steps given out of order.
+  ret = adv_lib.penalty_on_row_returns([10.0, 0.0, -0.1], [0.0, 0.0, -0.1],
+                                       [1, 1, 1], [2, 0, 1], gamma=0.5)
+  np.testing.assert_allclose(ret, [10.0, 2.5, 4.9], rtol=RTOL)
+
+
+def test_gigpo_row_advantages_by_hand():
+  # One task group, rows scores (10, 9.9, 0): mean 6.633.., deviations
+  # (3.3667, 3.2667, -6.6333); returns (2, 4, 1) with anchors (a, b, a):
+  # group a {2, 1} -> +-.5, group b {4} -> 0.
+  a = adv_lib.gigpo_row_advantages([10.0, 9.9, 0.0], [7, 7, 7],
+                                   [2.0, 4.0, 1.0], ["a", "b", "a"],
+                                   normalize_std=False)
+  m = 19.9 / 3
+  np.testing.assert_allclose(a, [10 - m + 0.5, 9.9 - m, -m - 0.5],
+                             rtol=RTOL)
+  # omega = 2, with std: step group a normalises to +-1/sqrt(2).
+  a = adv_lib.gigpo_row_advantages([1.0, 1.0, 1.0], [7, 7, 7],
+                                   [2.0, 4.0, 1.0], ["a", "b", "a"],
+                                   omega=2.0)
+  np.testing.assert_allclose(a, [2 / S2, 0.0, -2 / S2], rtol=1e-4)
+
+
+def test_row_gae_advantages():
+  a, ret = adv_lib.row_gae_advantages([10.0, 9.9], [4.0, 6.0])
+  np.testing.assert_allclose(a, [6.0, 3.9], rtol=RTOL)
+  np.testing.assert_allclose(ret, [10.0, 9.9], rtol=RTOL)
+  assert a.dtype == ret.dtype == np.float32
+
+
+def test_whiten_equals_token_level_masked_whiten():
+  # Rows (1, 3) with 1 and 3 tokens: tokens (1, 3, 3, 3), mean 2.5,
+  # biased variance 3/4, unbiased 1 -> (-1.5, 0.5).
+  np.testing.assert_allclose(adv_lib.whiten([1.0, 3.0], [1, 3]),
+                             [-1.5, 0.5], rtol=RTOL)
+  # The same on an [S, T] token array with a loss mask, as verl does it.
+  x, n = np.array([2.0, -1.0, 0.5]), np.array([3, 1, 2])
+  mask = (np.arange(4)[None, :] < n[:, None]).astype(np.float64)
+  tok = x[:, None] * mask
+  total = mask.sum()
+  mean = tok.sum() / total
+  var = (((tok - mean) * mask) ** 2).sum() / total * total / (total - 1)
+  np.testing.assert_allclose(adv_lib.whiten(x, n),
+                             (x - mean) / np.sqrt(var), rtol=RTOL)
+  # Without counts every row counts once; N < 2 gives zeros.
+  np.testing.assert_allclose(adv_lib.whiten([1.0, 3.0]),
+                             [-1 / S2, 1 / S2], rtol=RTOL)
+  np.testing.assert_array_equal(adv_lib.whiten([5.0], [1]), [0.0])
+  np.testing.assert_array_equal(adv_lib.whiten([5.0, 2.0], [1, 0]),
+                                [0.0, 0.0])
+  with pytest.raises(ValueError, match="token_counts"):
+    adv_lib.whiten([1.0, 2.0], [1, -1])
