@@ -24,19 +24,10 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Published dense peaks (FLOP/s) for MFU; the CPU peak is measured instead.
 PEAK_FLOPS = {"h200_bf16": 989e12, "h100_bf16": 989e12, "a100_bf16": 312e12}
-
-
-def add_repo_to_path() -> None:
-  """Lets ``python bench/x.py`` import ``rspo_jax`` from the checkout."""
-  if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def force_host_devices(n: Optional[int]) -> None:

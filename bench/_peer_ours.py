@@ -20,19 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common
 
-_common.add_repo_to_path()
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from rspo_jax import models, sharding  # noqa: E402
-from rspo_jax import train_step as ts  # noqa: E402
-from rspo_jax.learner import Learner  # noqa: E402
-from rspo_jax.rollout.engine import SamplingParams  # noqa: E402
-from rspo_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from rspo_jax import models, sharding
+from rspo_jax import train_step as ts
+from rspo_jax.learner import Learner
+from rspo_jax.rollout.engine import SamplingParams
+from rspo_jax.rollout.jax_engine import JaxEngine
 
 LOSS = ts.PolicyLossConfig(alpha=0.125, clip_eps=0.2, kl_coef=0.01,
                            entropy_coef=0.001)

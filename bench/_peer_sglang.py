@@ -12,12 +12,9 @@ round trip. The server must serve a model of the given shape (its
 from __future__ import annotations
 
 import json
-import sys
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common
 
 
 def _post(url: str, payload: dict, timeout: float = 600.0):

@@ -22,15 +22,12 @@ the shared 2-core machine 2 OpenMP threads made every step ~4.5x slower).
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common
 
-import torch  # noqa: E402
+import torch
 
 
 def new_model(shape: dict, out_dir: str):

@@ -19,18 +19,15 @@ gen: ``tunix.generate.sampler.Sampler`` at temperature 1, top_p 1 with
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common
 
-import jax  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import AxisType  # noqa: E402
+import jax
+import optax
+from flax import nnx
+from jax.sharding import AxisType
 
 
 def model_config(shape: dict):

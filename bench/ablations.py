@@ -31,8 +31,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import reproduce as rp  # noqa: E402  pylint: disable=g-import-not-at-top
+import reproduce as rp
 
 VARIANTS = {
     "rspo": rp.MAIN_VARIANTS["rspo"],  # the same run as the main grid's

@@ -44,8 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common
 
 HERE = Path(__file__).resolve().parent
 SHAPE_NAMES = {"tiny": "qwen2-3.5m", "small-25m": "qwen2-25m"}
@@ -54,7 +53,6 @@ PEER_LABELS = {"ours": "rspo_jax", "tunix": "Tunix", "trl": "TRL",
 
 
 def shape_of(preset: str) -> dict:
-  _common.add_repo_to_path()
   from rspo_jax import models
 
   cfg = models.get_model_config(preset)

@@ -26,12 +26,9 @@ as skipped.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common
 
 FULL = dict(preset="qwen2.5-1.5b", rows=8, prompt_len=896, resp_len=128,
             gen_batch=64, gen_prompt_len=512, new_tokens=128, iters=3)
@@ -152,7 +149,6 @@ def main(argv=None):
   run.update({k: getattr(args, k) for k in FULL
               if getattr(args, k) is not None})
   start = time.perf_counter()
-  _common.add_repo_to_path()
   import jax
   from rspo_jax import models, sharding
 

@@ -20,14 +20,10 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from third_party_envs.alfworld.env import AlfWorldEnv  # noqa: E402
+from third_party_envs.alfworld.env import AlfWorldEnv
 
 GROUP = 8
 MAX_STEPS = 50

@@ -15,15 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from third_party_envs.webshop import catalogue  # noqa: E402
-from third_party_envs.webshop import world as world_lib  # noqa: E402
-from third_party_envs.webshop.env import WebShopEnv  # noqa: E402
+from third_party_envs.webshop import catalogue
+from third_party_envs.webshop import world as world_lib
+from third_party_envs.webshop.env import WebShopEnv
 
 GROUP = 8
 

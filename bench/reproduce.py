@@ -68,8 +68,6 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ablations
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "launch", "train.py")
 SFT_PY = os.path.join(ROOT, "launch", "sft.py")

@@ -26,16 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402  pylint: disable=g-import-not-at-top
-
-_common.add_repo_to_path()
+import _common
 
 # Same as tests/rspo_e2e_test.py's MICRO (1-layer 64-wide model, 2 groups
 # of 2 toy episodes of <= 4 steps, k = 1).

@@ -23,12 +23,10 @@ _common.train_flops (6 N tokens + 12 L H Dh S tokens). ``--quick`` runs the
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common
 
 # rows x prompt + response per preset: ~1-10 s a step on one CPU core.
 DEFAULT_ROWS = {"tiny": 16, "small-25m": 8, "base-100m": 4}
@@ -127,7 +125,6 @@ def main(argv=None):
                  help="write a jax.profiler trace of one step per line here")
   args = p.parse_args(argv)
   _common.force_host_devices(args.fake_devices)
-  _common.add_repo_to_path()
   import jax
 
   presets = ["tiny"] if args.quick else args.presets.split(",")

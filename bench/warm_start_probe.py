@@ -21,14 +21,10 @@ Prints one JSON line: ``{"search": [right, n], "product": ..., ...}``.
 
 import collections
 import json
-import os
 import re
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True

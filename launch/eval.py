@@ -11,13 +11,9 @@ r"""Evaluates a policy on a fixed split: success rate and score (JSON out).
 
 import json
 import logging
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -69,5 +65,10 @@ def main(argv):
       f.write(text)
 
 
-if __name__ == "__main__":
+def cli():
+  """The ``rspo-eval`` console script."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  cli()

@@ -35,9 +35,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from rspo_jax.metrics import read_metrics  # noqa: E402
+from rspo_jax.metrics import read_metrics
 
 X_AXES = ("step", "env_steps")
 BANDS = ("minmax", "std", "none")

@@ -14,10 +14,6 @@ Binds 127.0.0.1 unless ``--host`` says otherwise.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rspo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
 from rspo_jax.models import tokenizer as tok_lib

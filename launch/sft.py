@@ -13,12 +13,9 @@ Writes ``<workdir>/warm_start`` (HF safetensors + tokenizer), which
 import json
 import logging
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -63,5 +60,10 @@ def main(argv):
   print(f"warm start written to {os.path.join(workdir, 'warm_start')}")
 
 
-if __name__ == "__main__":
+def cli():
+  """The ``rspo-sft`` console script."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  cli()

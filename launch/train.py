@@ -21,10 +21,8 @@ import logging
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -114,5 +112,10 @@ def _write_json(path, obj):
   os.replace(tmp, path)
 
 
-if __name__ == "__main__":
+def cli():
+  """The ``rspo-train`` console script."""
   app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  cli()

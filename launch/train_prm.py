@@ -14,12 +14,8 @@ result with ``rspo.dense_reward=prm, rspo.prm_dir=<out>``.
 import json
 import logging
 import math
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
 _BACKBONE = flags.DEFINE_string("backbone_dir", None,
                                 "Local HF directory of the frozen backbone.")
@@ -76,5 +72,10 @@ def main(argv):
                    sort_keys=True), flush=True)
 
 
-if __name__ == "__main__":
+def cli():
+  """The ``rspo-train-prm`` console script."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  cli()

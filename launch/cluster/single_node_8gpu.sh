@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PYTHON=${PYTHON:-python}                 # venv with jax[cuda12] + requirements.txt
+PYTHON=${PYTHON:-python}                 # venv: requirements.txt, jax[cuda12], -e .
 CONFIG=${CONFIG:-configs/alfworld_gigpo.py:model=qwen2.5-7b}
 MESH=${MESH:-configs/mesh/gpu8.py}       # gpu8.py:tensor=2 -> (1, 4, 2)
 WORKDIR=${WORKDIR:-runs/single_node_$(date +%Y%m%d_%H%M%S)}

@@ -49,7 +49,8 @@ case "${1:-}" in
     fi
     # jax[tpu] brings libtpu; the rest is the CPU stack of requirements.txt.
     ssh_all "cd $REMOTE_DIR && python3 -m venv venv && \
-      venv/bin/pip install -q -r requirements.txt 'jax[tpu]==0.10.2'"
+      venv/bin/pip install -q -r requirements.txt 'jax[tpu]==0.10.2' && \
+      venv/bin/pip install -q --no-deps -e ."
     ;;
   plan)
     here="$(cd "$(dirname "$0")/../.." && pwd)"
