@@ -21,6 +21,7 @@ import re
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -83,8 +84,19 @@ def _train_tokenizer(cfg, path: str) -> None:
 
 
 # ------------------------------------------------------------------ models
+def param_dtype(cfg) -> str:
+  """The master weights' dtype: ``model.param_dtype``, float32 when unset.
+
+  ``model.dtype`` is the compute dtype only. The optimizer state and the
+  train step's gradient sums follow the parameters (optax and the step
+  allocate them like the params), so they are float32 too.
+  """
+  return str(cfg.model.get("param_dtype", "float32") or "float32")
+
+
 def model_config(cfg, tokenizer):
-  overrides = {"dtype": cfg.model.dtype, "remat": cfg.model.remat}
+  overrides = {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
+               "remat": cfg.model.remat}
   for item in filter(None, cfg.model.overrides.split(";")):
     key, value = item.split("=")
     overrides[key.strip()] = int(value)
@@ -111,6 +123,55 @@ def make_policy_learner(cfg, module, mesh, *, lr: float, loss_fn) -> Learner:
                  micro_batch_rows=cfg.train.micro_batch_rows)
 
 
+def load_policy(cfg, path: str, mesh):
+  """(ModelConfig, module) of the HF directory ``path`` with the run's
+  numerics: compute in ``model.dtype``, ``param_dtype(cfg)`` masters
+  whatever the files store, ``model.remat``."""
+  return models.load_hf_model(
+      path, mesh=mesh, rules=cfg.logical_axis_rules, dtype=cfg.model.dtype,
+      param_dtype=param_dtype(cfg), remat=bool(cfg.model.remat))
+
+
+def cast_floating(tree, dtype):
+  """Floating leaves of ``tree`` cast to ``dtype`` (device arrays keep
+  their sharding, numpy stays numpy); other leaves as they are."""
+  dt = jnp.dtype(dtype)
+
+  def cast(x):
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt:
+      return x.astype(dt)
+    return x
+
+  return jax.tree.map(cast, tree)
+
+
+def inference_params(params, mcfg, shardings=None):
+  """A copy of ``params`` for a model only run forward (pi_ref) in
+  ``mcfg.inference_dtype``: new buffers (training donates its own), the same
+  outputs as ``params`` (the forward casts each weight to the compute dtype
+  anyway), half the memory of float32 masters under bfloat16 compute."""
+  dt = jnp.dtype(mcfg.inference_dtype)
+
+  def copy(x):
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt:
+      return x.astype(dt)
+    return jnp.copy(x)  # an explicit copy: jit would forward the input
+
+  return jax.jit(lambda t: jax.tree.map(copy, t), out_shardings=shardings)(
+      params)
+
+
+def inference_model(model, mcfg):
+  """``(graphdef, params, rest)`` of an NNX module (or of such a tuple)
+  with the params in ``mcfg.inference_dtype``: what the rollout engine
+  holds (it copies them onto its mesh and casts later syncs to the same
+  dtypes)."""
+  if isinstance(model, nnx.Module):
+    model = nnx.split(model, nnx.Param, ...)
+  graphdef, params, *rest = model
+  return (graphdef, cast_floating(params, mcfg.inference_dtype), *rest)
+
+
 def local_mesh(cfg):
   """A mesh of this process's own devices: the config's tensor axis when it
   fits, FSDP over the rest (the rollout engine's mesh in multi-host)."""
@@ -126,10 +187,8 @@ def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
                         progress: bool = True):
   """(ModelConfig, module): a checkpoint, the cached warm start, or a fresh
   tiny model behaviour-cloned on expert episodes (then cached)."""
-  rules = cfg.logical_axis_rules
   if cfg.model.checkpoint_dir:
-    return models.load_hf_model(cfg.model.checkpoint_dir, mesh=mesh,
-                                rules=rules, dtype=cfg.model.dtype)
+    return load_policy(cfg, cfg.model.checkpoint_dir, mesh)
   ws_dir = os.path.join(workdir, "warm_start")
   if distributed.is_multihost():
     # The leader behaviour-clones on one of its devices (a jitted step may
@@ -140,16 +199,15 @@ def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
       _warm_start_here(cfg, tokenizer, tokenizer_dir, one, ws_dir, metrics,
                        progress)
     distributed.barrier("rspo_warm_start")
-    return models.load_hf_model(ws_dir, mesh=mesh, rules=rules)
+    return load_policy(cfg, ws_dir, mesh)
   return _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir,
                           metrics, progress)
 
 
 def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics,
                      progress):
-  rules = cfg.logical_axis_rules
   if os.path.exists(os.path.join(ws_dir, "config.json")):
-    return models.load_hf_model(ws_dir, mesh=mesh, rules=rules)
+    return load_policy(cfg, ws_dir, mesh)
   mcfg = model_config(cfg, tokenizer)
   module = models.create_model(mcfg, seed=cfg.seed)
   if cfg.sft.enabled:
@@ -174,7 +232,9 @@ def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics,
     )
     module = learner.module()
   tmp = ws_dir + ".tmp"
-  models.save_hf_model(module, mcfg, tmp, tokenizer_dir=tokenizer_dir)
+  # The master weights exactly: a later run starts from the same values.
+  models.save_hf_model(module, mcfg, tmp, tokenizer_dir=tokenizer_dir,
+                       dtype=mcfg.param_dtype)
   os.replace(tmp, ws_dir) if not os.path.exists(ws_dir) else None
   return mcfg, module
 
@@ -191,8 +251,8 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
   eos += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
   return JaxEngine(
-      module, mcfg, mesh=mesh, rules=cfg.logical_axis_rules, pad_id=pad,
-      eos_ids=sorted(set(eos)),
+      inference_model(module, mcfg), mcfg, mesh=mesh,
+      rules=cfg.logical_axis_rules, pad_id=pad, eos_ids=sorted(set(eos)),
       decode_fn=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
       seed=cfg.seed,
   )
@@ -200,18 +260,23 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
 
 def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str):
   """Pushes a learner's weights to the engine: in-process state for the JAX
-  engine; an exported HF directory for SGLang servers."""
+  engine (cast to its ``mcfg.inference_dtype`` weights); an HF directory
+  exported in the compute dtype for SGLang servers."""
 
   def sync(engine, learner: Learner, version: int):
     multihost = distributed.is_multihost()
     if isinstance(engine, JaxEngine):
-      # Multi-host: every host's engine gets the whole weights (gathered).
-      params = host_params(learner.params) if multihost else learner.params
+      # Multi-host: every host's engine gets the whole weights (gathered,
+      # cast first so half the bytes move under bfloat16 compute).
+      params = learner.params
+      if multihost:
+        params = host_params(cast_floating(params, mcfg.inference_dtype))
       engine.update_weights(params, version)
       return
     path = os.path.join(export_dir, f"v{version % 2}")
     if multihost:  # one export, by the leader; every host's client loads it
-      module = nnx.merge(learner.graphdef, host_params(learner.params),
+      params = cast_floating(learner.params, models.export_dtype(mcfg))
+      module = nnx.merge(learner.graphdef, host_params(params),
                          host_params(learner.frozen))
       if distributed.is_leader():
         models.save_hf_model(module, mcfg, path, tokenizer_dir=tokenizer_dir)
@@ -230,13 +295,15 @@ def host_params(tree):
   return jax.tree.map(to_host, tree)
 
 
-def engine_module(module):
+def engine_module(module, mcfg):
   """What ``make_engine`` takes: the module itself with one process; with
-  several, its (graphdef, params, rest) gathered to numpy so each host can
-  place them on its own devices."""
+  several, its (graphdef, params, rest) gathered to numpy (params cast to
+  ``mcfg.inference_dtype`` first) so each host can place them on its own
+  devices."""
   if not distributed.is_multihost():
     return module
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  params = cast_floating(params, mcfg.inference_dtype)
   return graphdef, host_params(params), host_params(rest)
 
 
@@ -318,7 +385,9 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
       loss_fn=ts.make_policy_loss(policy_loss_config(cfg,
                                                      rspo=cfg.rspo.enabled)),
   )
-  ref_params = policy.frozen_params()
+  # pi_ref is only run forward: kept in the inference dtype (bf16 under
+  # bf16 compute), sharded like the policy.
+  ref_params = inference_params(policy.params, mcfg, policy.state_sh.params)
   critic = None
   if cfg.algo.name == "ppo":
     backbone = nnx.merge(policy.graphdef, policy.frozen_params(),
@@ -332,8 +401,8 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
                      micro_batch_rows=cfg.train.micro_batch_rows)
   # Multi-host: each host generates on its own devices.
   engine_mesh = local_mesh(cfg) if distributed.is_multihost() else mesh
-  engine = make_engine(cfg, mcfg, engine_module(policy.module()), tokenizer,
-                       engine_mesh)
+  engine = make_engine(cfg, mcfg, engine_module(policy.module(), mcfg),
+                       tokenizer, engine_mesh)
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))
   venv = VectorEnv(cfg.env.name, env_kwargs(cfg), n_envs,

@@ -14,7 +14,11 @@ the mesh axes whose collectives leave a host.
 Memory per device (bytes; docs/scale_out.md works the numbers):
 
   P      = policy parameters (``ModelConfig.num_params``)
-  w, c   = bytes of the parameter dtype (fp32: 4) / the compute dtype (bf16: 2)
+  w      = bytes of the parameter dtype (``model.param_dtype``, default
+           fp32: 4); Adam's m, v and the gradient sums follow it
+  c      = bytes of the compute dtype (``model.dtype``; bf16: 2)
+  r      = bytes of the inference dtype (the narrower of the two: pi_ref
+           and the engine's weights)
   shard  = fsdp * tensor              (ways the parameters are split)
   rows   = ceil(micro-batch rows / (data * fsdp))
   T      = max_prompt_tokens + max_new_tokens
@@ -23,8 +27,8 @@ Memory per device (bytes; docs/scale_out.md works the numbers):
     policy_A = P * (w + 2w [Adam m, v] + w [grads]) / shard
     policy_B = policy_A    (RSPO with B: a full trainable copy)
     critic   = policy_A    (PPO: a value model with its own backbone)
-    ref      = P * w / shard           (frozen pi_ref)
-    engine   = P * w / shard           (in-process JAX rollout engine)
+    ref      = P * r / shard           (frozen pi_ref)
+    engine   = P * r / shard           (in-process JAX rollout engine)
   training transient (one micro-batch forward + backward):
     layer_in = L * rows * T * d * c    (remat: each block's input is kept)
     block    = rows * T * (2 * 4 * H * T        [scores, probs; fp32]
@@ -53,7 +57,6 @@ import os
 from typing import Mapping, Optional
 
 GB = 1024**3
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 # --------------------------------------------------------------------------
@@ -167,27 +170,52 @@ def train_rows(cfg) -> int:
   return min(rows, t.max_train_rows) if t.max_train_rows else rows
 
 
+def run_dtypes(cfg, mcfg) -> dict:
+  """The dtypes the run uses (``build.py``): float32 master weights,
+  optimizer state and gradient sums unless ``model.param_dtype`` says
+  otherwise; ``model.dtype`` compute; pi_ref and the in-process engine's
+  weights in ``mcfg.inference_dtype``; weight exports (SGLang syncs) in the
+  compute dtype."""
+  export = str(mcfg.dtype)
+  return {
+      "params": mcfg.param_dtype,
+      "optimizer_state": mcfg.param_dtype,
+      "grad_accumulation": mcfg.param_dtype,
+      "compute": mcfg.dtype,
+      "reference": mcfg.inference_dtype,
+      "engine": (mcfg.inference_dtype if cfg.rollout.engine == "jax"
+                 else export),
+      "export": export,
+      "remat": bool(mcfg.remat),
+  }
+
+
 def memory_per_device(cfg, mcfg, mesh_shape) -> dict:
   """The terms of the module docstring, in bytes, for ``mesh_shape`` =
   (data, fsdp, tensor)."""
+  from rspo_jax.models.config import DTYPES  # bytes per element
+
   data, fsdp, tensor = (int(x) for x in mesh_shape)
   shard, batch_ways = fsdp * tensor, data * fsdp
   p = mcfg.num_params()
-  w = _BYTES[str(mcfg.param_dtype)]
-  c = _BYTES[str(mcfg.dtype)]
+  dtypes = run_dtypes(cfg, mcfg)
+  w, opt, grad = (DTYPES[dtypes[k]] for k in
+                  ("params", "optimizer_state", "grad_accumulation"))
+  c = DTYPES[dtypes["compute"]]
+  r = DTYPES[dtypes["reference"]]
   seq = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
   d, n_layers, vocab = mcfg.hidden_size, mcfg.num_layers, mcfg.vocab_size
   h, k, hd, ff = (mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim,
                   mcfg.intermediate_size)
   rows = -(-train_rows(cfg) // batch_ways)
 
-  train_state = p * (w + 2 * w + w) / shard
+  train_state = p * (w + 2 * opt + grad) / shard
   uses_b = cfg.rspo.enabled and cfg.rspo.data_source in ("rspo", "outcome")
   policy_b = train_state if uses_b else 0.0
   critic = train_state if cfg.algo.name == "ppo" else 0.0
-  ref = p * w / shard
+  ref = p * r / shard
   in_process = cfg.rollout.engine == "jax"
-  engine = p * w / shard if in_process else 0.0
+  engine = p * DTYPES[dtypes["engine"]] / shard if in_process else 0.0
 
   block = rows * seq * (
       2 * 4 * h * seq + c * (3 * ff + (2 * h + 2 * k) * hd)
@@ -268,7 +296,10 @@ def plan_model_config(cfg):
   from rspo_jax import models
 
   m = cfg.model
-  overrides = {"dtype": m.dtype, "remat": bool(m.remat)}
+  overrides = {"dtype": m.dtype,
+               "param_dtype": str(m.get("param_dtype", "float32") or
+                                  "float32"),
+               "remat": bool(m.remat)}
   for item in filter(None, str(m.get("overrides", "") or "").split(";")):
     key, _, value = item.partition("=")
     overrides[key.strip()] = int(value)
@@ -300,8 +331,7 @@ def make_plan(cfg, workdir: str,
       "algorithm": cfg.algo.name,
       "rspo": bool(cfg.rspo.enabled),
       "model": cfg.model.preset,
-      "dtype": {"params": mcfg.param_dtype, "compute": mcfg.dtype,
-                "remat": bool(cfg.model.remat)},
+      "dtype": run_dtypes(cfg, mcfg),
       **layout,
       "rollout": {
           "engine": cfg.rollout.engine,

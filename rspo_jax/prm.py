@@ -457,7 +457,7 @@ class PRMScorer:
     if not os.path.isabs(bdir):
       bdir = os.path.join(prm_dir, bdir)
     mcfg, backbone = models.load_hf_model(bdir, mesh=mesh, rules=rules,
-                                          dtype=dtype)
+                                          dtype=dtype, param_dtype=dtype)
     if mcfg.hidden_size != cfg["hidden_size"]:
       raise ValueError(
           f"backbone {bdir} has hidden_size {mcfg.hidden_size}; the PRM head"

@@ -196,10 +196,14 @@ def test_tokenizer_files_are_copied(tmp_path, qwen_model):
 
 
 def test_load_dtype_override():
-  cfg, model = models.load_hf_model(
-      os.path.join(DATA, "tiny_qwen2"), dtype="bfloat16"
-  )
-  assert cfg.dtype == cfg.param_dtype == "bfloat16"
+  # dtype is the compute dtype: the parameters stay float32 masters.
+  path = os.path.join(DATA, "tiny_qwen2")
+  cfg, model = models.load_hf_model(path, dtype="bfloat16")
+  assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")
+  assert model.embedding.value.dtype == jnp.float32
+  cfg, model = models.load_hf_model(path, dtype="bfloat16",
+                                    param_dtype="bfloat16", remat=True)
+  assert cfg.dtype == cfg.param_dtype == "bfloat16" and cfg.remat
   assert model.embedding.value.dtype == jnp.bfloat16
 
 

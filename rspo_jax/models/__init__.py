@@ -11,6 +11,7 @@ from rspo_jax.models.heads import PRMHead, ProcessRewardModel, ValueModel
 from rspo_jax.models.hf_io import (
     create_model,
     create_sharded_model,
+    export_dtype,
     load_hf_model,
     save_hf_model,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "check_tokenizer_matches",
     "create_model",
     "create_sharded_model",
+    "export_dtype",
     "get_model_config",
     "local_vocab_size",
     "init_cache",

@@ -16,6 +16,7 @@ from flax.core import FrozenDict
 FAMILIES = ("qwen2", "llama")
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}  # name -> bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,28 @@ class ModelConfig:
       object.__setattr__(self, "rope_scaling", rs)
     if isinstance(self.eos_token_id, list):
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    for name in ("dtype", "param_dtype"):
+      value = getattr(self, name)
+      value = str(getattr(value, "__name__", value))  # jnp.bfloat16 etc.
+      if value not in DTYPES:
+        raise ValueError(
+            f"ModelConfig.{name} {value!r} unsupported; use one of"
+            f" {tuple(DTYPES)}"
+        )
+      object.__setattr__(self, name, value)
+
+  @property
+  def inference_dtype(self) -> str:
+    """dtype of weight copies only ever run forward (pi_ref, the rollout
+    engine): the narrower of ``dtype`` and ``param_dtype``.
+
+    The forward casts every weight to ``dtype`` before use, so a copy
+    rounded to ``dtype`` gives the same outputs as the master weights, in
+    half the memory for float32 masters with bfloat16 compute.
+    """
+    if DTYPES[self.dtype] < DTYPES[self.param_dtype]:
+      return self.dtype
+    return self.param_dtype
 
   # ----------------------------------------------------------------- HF IO
 

@@ -199,18 +199,28 @@ def load_hf_model(
     mesh=None,
     rules=sharding.DEFAULT_RULES,
     dtype: Optional[str] = None,
+    param_dtype: Optional[str] = None,
+    **overrides,
 ) -> tuple[ModelConfig, Transformer]:
   """Reads config.json + safetensors into a Transformer.
 
-  ``dtype`` (e.g. 'bfloat16') sets both param and compute dtype; by default
-  both are float32 whatever the checkpoint stores. With a mesh, each param is
-  placed with ``sharding.state_shardings`` (only local shards are copied).
-  Raises ValueError naming the file/tensor on a missing file, unsupported
+  ``dtype`` is the compute dtype (e.g. 'bfloat16'), ``param_dtype`` the
+  dtype the parameters are held in; both default to float32 whatever the
+  checkpoint stores, so a bfloat16 checkpoint loads as float32 master
+  weights (``param_dtype='bfloat16'`` only for weights never trained, e.g.
+  an inference server). ``overrides`` are other ModelConfig fields (e.g.
+  ``remat=True``). With a mesh, each param is placed with
+  ``sharding.state_shardings`` (only local shards are copied). Raises
+  ValueError naming the file/tensor on a missing file, unsupported
   architecture, missing tensor or shape mismatch.
   """
   cfg = read_config(path)
   if dtype is not None:
-    cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
+    overrides["dtype"] = dtype
+  if param_dtype is not None:
+    overrides["param_dtype"] = param_dtype
+  if overrides:
+    cfg = dataclasses.replace(cfg, **overrides)
   files = _tensor_files(path)
   graphdef, abstract = _abstract(cfg)
   flat_sh = None
@@ -248,22 +258,36 @@ def load_hf_model(
 # -------------------------------------------------------------------- save
 
 
-def _host_array(x) -> np.ndarray:
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils
+def _host_array(x, dtype) -> np.ndarray:
+  """x as numpy in ``dtype``; a device array is cast before it is gathered
+  (a bfloat16 export moves half the bytes of the float32 masters)."""
+  if isinstance(x, jax.Array):
+    x = x.astype(dtype)
+    if not x.is_fully_addressable:
+      from jax.experimental import multihost_utils
 
-    x = multihost_utils.process_allgather(x, tiled=True)
-  return np.asarray(jax.device_get(x))
+      x = multihost_utils.process_allgather(x, tiled=True)
+  return np.asarray(jax.device_get(x)).astype(dtype, copy=False)
 
 
-def hf_tensors(model: Transformer, cfg: ModelConfig) -> dict:
-  """HF name -> numpy tensor (param dtype), in checkpoint order."""
+def export_dtype(cfg: ModelConfig, dtype: Optional[str] = None) -> str:
+  """The dtype of an export: ``dtype`` if given, else the compute dtype
+  (what a server computes in: bfloat16 at paper scale)."""
+  return str(jnp.dtype(dtype or cfg.dtype))
+
+
+def hf_tensors(
+    model: Transformer, cfg: ModelConfig, dtype: Optional[str] = None
+) -> dict:
+  """HF name -> numpy tensor in ``export_dtype(cfg, dtype)``, in checkpoint
+  order."""
   if cfg.family == "llama" and cfg.qkv_bias:
     raise ValueError("llama family with qkv_bias has no HF equivalent")
+  dt = jnp.dtype(export_dtype(cfg, dtype))
   tensors = {}
   for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     name = _hf_name(p)
-    tensors[name] = _to_hf(name, _host_array(var.value))
+    tensors[name] = _to_hf(name, _host_array(var.value, dt))
   if cfg.family == "qwen2" and not cfg.qkv_bias:
     # HF Qwen2 always has q/k/v biases: zeros are the exact equivalent.
     for n in range(cfg.num_layers):
@@ -273,7 +297,6 @@ def hf_tensors(model: Transformer, cfg: ModelConfig) -> dict:
           ("v", cfg.num_kv_heads),
       ):
         name = f"model.layers.{n}.self_attn.{proj}_proj.bias"
-        dt = tensors["model.embed_tokens.weight"].dtype
         tensors[name] = np.zeros((heads * cfg.head_dim,), dt)
   return tensors
 
@@ -298,15 +321,19 @@ def save_hf_model(
     *,
     tokenizer_dir: Optional[str] = None,
     max_shard_bytes: int = 2**31,
+    dtype: Optional[str] = None,
 ) -> None:
   """Writes an HF directory loadable by transformers and SGLang.
 
   config.json, generation_config.json, model.safetensors (or
   model-0000i-of-0000n.safetensors + model.safetensors.index.json when the
   weights exceed max_shard_bytes), and tokenizer files copied from
-  tokenizer_dir. All processes gather; process 0 writes.
+  tokenizer_dir. Weights in ``dtype``, by default the compute dtype
+  (``export_dtype``); ``dtype=cfg.param_dtype`` (e.g. 'float32') keeps the
+  master weights exactly. All processes gather; process 0 writes.
   """
-  tensors = hf_tensors(model, cfg)
+  dtype_name = export_dtype(cfg, dtype)
+  tensors = hf_tensors(model, cfg, dtype_name)
   if jax.process_index() != 0:
     return
   os.makedirs(path, exist_ok=True)
@@ -315,7 +342,6 @@ def save_hf_model(
         f.startswith("model") and f.endswith(".safetensors")
     ):
       os.remove(os.path.join(path, f))
-  dtype_name = str(jnp.dtype(cfg.param_dtype))
   hf_cfg = cfg.to_hf_dict()
   hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name
   _write_json(os.path.join(path, "config.json"), hf_cfg)

@@ -5,6 +5,10 @@
     h_l     = a_l + W_down (silu(W_gate x) * W_up x),   x = RMSNorm(a_l)
     logits  = RMSNorm(h_L) W_out                         (W_out = E^T when tied)
 
+Numerics: weights are stored in ``cfg.param_dtype`` (float32 masters) and
+cast to the compute dtype ``cfg.dtype`` at each use; RMSNorm statistics,
+attention scores and softmax, and the logits are float32.
+
 Parameters name logical axes only (``sharding.LOGICAL_AXES``); the mesh
 mapping is applied by ``sharding.state_shardings``.
 """
