@@ -6,8 +6,8 @@ groups, the buffer ``D`` is complete, then A's phase starts.
 thread against its own engine (an ``SGLangClient`` to other servers, or a
 ``JaxEngine`` on ``jax.devices()[k:]``) and its own ``VectorEnv``, writing
 each group to array-record shards as soon as it is played; A's phase starts
-once ``n`` groups exist (``wait_for_groups``) and samples among the groups
-complete at that time.
+once the groups it needs exist (``wait_for_groups``) and selects
+trajectories among the groups complete at that time (``read_trajectories``).
 
 Files in ``buffer_dir``:
 
@@ -41,8 +41,6 @@ import threading
 import time
 import traceback
 from typing import Callable, Iterable, Iterator, Optional, Sequence
-
-import numpy as np
 
 from rspo_jax import replay
 from rspo_jax.replay.shards import SHARD_SUFFIX
@@ -170,20 +168,12 @@ def read_groups(buffer_dir: str,
   ]
 
 
-def sample_groups(
-    buffer_dir: str, n_groups: int, strategy: str, rng: np.random.Generator,
-    cache: Optional[dict] = None,
-) -> list[list[Trajectory]]:
-  """``ReplayBuffer.sample_groups`` over the groups complete now: the first
-  ``min(n_groups, available)`` under ``strategy`` (reward / variance /
-  random; ties at random)."""
-  if n_groups < 0:
-    raise ValueError(f"n_groups={n_groups} must be >= 0")
-  groups = read_groups(buffer_dir, cache)
-  scores = [replay.group_score([t.outcome_reward for t in g], strategy)
-            for g in groups]
-  order = replay.rank_by_score(scores, strategy, rng)
-  return [groups[i] for i in order[:n_groups]]
+def read_trajectories(buffer_dir: str,
+                      cache: Optional[dict] = None) -> list[Trajectory]:
+  """Every trajectory of the groups complete now: the D that A's replay
+  selection (``replay.selection.select``, as with colocated placement)
+  ranks while B is still writing."""
+  return [t for g in read_groups(buffer_dir, cache) for t in g]
 
 
 # ------------------------------------------------------------ producer

@@ -2,17 +2,22 @@
 
 One loop, repeated until A has taken ``train.total_steps`` steps:
 
-  1. B phase   B := copy(A); k times: B collects fresh groups, learns from
-               the *dense* reward (RSPO_O: the outcome reward).
-  2. Collect   B plays ``batch_tasks`` more groups; each trajectory's reward
-               is swapped back to the outcome reward and stored, with
-               log pi_B of every token, in the replay buffer D (array-record
-               shards under ``<workdir>/replay``).
-  3. A phase   k times: A collects (1 - alpha) * batch_tasks fresh groups and
-               samples alpha * batch_tasks groups from D (reward / variance
-               / random); one update on the mixed batch,
-                 J = (1 - alpha) J_on + alpha J_off,
-               J_off with the clip window centred on pi_old / pi_B.
+  1. B phase       B := copy(A); k times: B collects fresh groups and learns
+                   from the *dense* reward (RSPO_O: the outcome reward).
+  2. Swap, store   B plays ``batch_tasks`` more groups; B's learner
+                   recomputes log pi_B of their tokens; each trajectory's
+                   reward is swapped back to the outcome reward and stored,
+                   with log pi_B, in the replay buffer D (array-record
+                   shards under ``<workdir>/replay``).
+  3. A phase       k times: A collects n_on fresh groups and replays n_off
+                   trajectories of D -- alpha is a share of samples,
+                   n_off = alpha * batch_tasks * group_size (rounded) --
+                   chosen by ``rspo.sampling`` (reward / variance / random),
+                   unused ones first, each with its advantage against its
+                   whole B group (replay/selection.py, replay/replayed.py);
+                   one training step (update.py) on the mixed batch,
+                     J = (1 - alpha) J_on + alpha J_off,
+                   J_off with the clip window centred on c = pi_old / pi_B.
   4. D is cleared.
 
 RSPO_H (``data_source='history'``) skips B and fills D with A's own
@@ -30,14 +35,12 @@ in lockstep, the learners' meshes span all hosts):
     and process ``p`` plays the whole groups ``distributed.host_share``
     gives it, on its own engine (a mesh of its local devices), with
     globally unique group / trajectory ids;
-  * an A step's ``batch_tasks`` group slots (fresh first, then replayed)
-    are shared out the same way, so each host trains on about
-    ``batch_tasks / P`` groups;
+  * an A step's n_on fresh groups are shared out the same way, and so are
+    its n_off replayed trajectories: every host ranks the same D with the
+    same generator and used set and keeps its share of the selected ones;
   * B's stored groups are written by each host as shards named
     ``p<process index>-...`` in the shared ``<workdir>/replay``; after a
-    barrier the leader marks the buffer complete. In A's phase every host
-    ranks the same groups of ``D`` with the same generator and reads its
-    share of the chosen ones;
+    barrier the leader marks the buffer complete;
   * each host builds its rows into a batch; row count and length are
     agreed (cross-host max, zero padding) and the blocks become global
     arrays (``distributed.host_local_to_global``) for ``Learner.train`` /
@@ -59,11 +62,12 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from rspo_jax import (batching, credit, decoupled, distributed, faults,
-                      host_batches, replay)
+from rspo_jax import (decoupled, distributed, faults, host_batches, replay,
+                      update)
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
+from rspo_jax.replay import replayed, selection
 from rspo_jax.rollout import collect as collect_lib
 from rspo_jax.rollout.collect import CollectConfig, collect
 from rspo_jax.rollout.engine import Engine, SamplingParams
@@ -116,6 +120,7 @@ class RSPOTrainer:
     self.process_index = jax.process_index()
     self.multihost = jax.process_count() > 1
     self.batches = host_batches.HostBatches(cfg, self.multihost)
+    self.updater = update.StepUpdater(cfg, self.batches, self._host_rng)
     self.leader = self.process_index == 0
     self.progress = progress and self.leader
     if self.multihost and cfg.rollout.placement == "decoupled":
@@ -128,6 +133,8 @@ class RSPOTrainer:
     self.b_rollout = None
     self.b_job: Optional[decoupled.BackgroundCollection] = None
     self.b_dir = os.path.join(workdir, "replay_b")
+    self._b_cache: dict = {}  # decoupled: shard path -> records
+    self.b_logp_gap: Optional[float] = None  # decoupled: B's largest so far
     self._recent_a: list[StepRecord] = []  # A's last loop, for PRM refresh
     self.state = LoopState()
     # One shard-name prefix per host: hosts write D side by side.
@@ -274,165 +281,23 @@ class RSPOTrainer:
     return records, stats
 
   # ------------------------------------------------------------ updates
-  def _per_host(self, rows: int) -> int:
-    """A job-wide row count as this host's share: ceil(rows / P)."""
-    return -(-rows // jax.process_count()) if self.multihost else rows
-
-  def _mini_batches(self, n_rows: int, step_key: int) -> list[np.ndarray]:
-    """Row indices of each optimizer update of one training step.
-
-    ``train.mini_batch_rows`` = m > 0 (verl's ``ppo_mini_batch_size``):
-    the step's rows, shuffled, in ``ceil(n / m)`` updates; 0: one update of
-    every row. Multi-host: every host makes the same number of updates
-    (the largest any host needs; a host out of rows feeds padding).
-    """
-    m = self._per_host(self.cfg.train.mini_batch_rows)
-    if not m or n_rows <= m:
-      n_updates = 1 if n_rows or not self.multihost else 0
-    else:
-      n_updates = -(-n_rows // m)
-    if self.multihost:
-      n_updates = int(distributed.global_max(np.array([n_updates]))[0])
-    if n_updates <= 1:
-      return [np.arange(n_rows)]
-    order = self._host_rng(4, step_key).permutation(n_rows)
-    return [np.sort(c) for c in np.array_split(order, n_updates)]
-
   def update(
       self, learner: Learner, critic: Optional[Learner], on: list,
       off: list, source: str, step_key: int,
+      off_adv: Optional[np.ndarray] = None,
   ) -> dict:
-    """One training step of ``learner`` on on-policy + replayed records:
-    rewards and advantages of every record (``_credit``), the rows that
-    train (``_rows_to_train``), then the optimizer updates
-    (``_train_rows``).
+    """One training step of ``learner`` on fresh (``on``) + replayed
+    (``off``, advantages ``off_adv`` or None: PPO's GAE at the step)
+    records: ``update.StepUpdater.step``, then the non-finite check.
 
-    Multi-host: ``on`` and ``off`` are this host's records (whole groups,
-    so advantages are local); every host calls this together.
+    Multi-host: ``on`` and ``off`` are this host's records (whole fresh
+    groups); every host calls this together.
     """
-    records = on + off
-    n_all = len(records)
-    if self.multihost:
-      n_all = int(distributed.global_sum(np.int64(n_all)))
-    if not n_all:
-      return {"skipped_empty": 1.0}
-    off_flags = np.array([False] * len(on) + [True] * len(off), bool)
-    rewards, adv, returns, values = self._credit(
-        records, off_flags, source, critic, step_key)
-    keep = self._rows_to_train(adv, step_key)
-    if keep is None:  # every group tied: nothing to learn from
-      return {"skipped_no_signal": 1.0, "rows_on": 0.0, "rows_off": 0.0,
-              f"{source}_reward_mean": self._global_mean(rewards)}
-    if len(keep) < len(records):
-      records = [records[i] for i in keep]
-      off_flags, adv = off_flags[keep], adv[keep]
-      returns = returns[keep] if returns is not None else None
-      values = values[keep] if values is not None else None
-    metrics, tokens = self._train_rows(learner, critic, records, off_flags,
-                                       adv, returns, values, step_key)
-    counts = np.array([tokens, (~off_flags).sum(), off_flags.sum(),
-                       np.sum(rewards), len(rewards)], np.float64)
-    if self.multihost:
-      counts = distributed.global_sum(counts)
-      reward_mean = counts[3] / counts[4] if counts[4] else 0.0
-    else:
-      reward_mean = np.mean(rewards)
-    metrics.update({
-        "train_tokens_per_s": float(counts[0]) / max(metrics["train_time_s"],
-                                                     1e-9),
-        "rows_on": float(counts[1]),
-        "rows_off": float(counts[2]),
-        f"{source}_reward_mean": float(reward_mean),
-    })
-    self._check_finite(metrics)
-    return metrics
-
-  def _credit(self, records: list, off_flags: np.ndarray, source: str,
-              critic: Optional[Learner], step_key: int):
-    """(step rewards of ``source``, advantages, returns, critic values);
-    returns/values are None without a critic."""
-    values = None
-    if critic is not None:  # V(s_t) read at the step's last prompt token;
-      # every host applies the critic, even one with no records.
-      vb = self.batches.build(records, np.zeros(len(records)), off_flags)
-      idx = batching.last_prompt_token_index(vb)
-      values = self.batches.apply(critic, vb)[np.arange(len(idx)), idx][
-          : len(records)]
-    if not records:  # multi-host: this host's share was empty
-      empty = np.zeros(0, np.float32)
-      return empty, empty, (None if critic is None else empty), values
-    rewards = credit.step_rewards(
-        records, source,
-        invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
-        noise_sigma=self.cfg.rspo.dense_noise_sigma if source == "dense"
-        else 0.0,
-        rng=self._host_rng(3, step_key),
-    )
-    adv, returns = credit.compute_advantages(
-        records, rewards, self.cfg.algo, values=values)
-    return rewards, adv, returns, values
-
-  def _rows_to_train(self, adv: np.ndarray,
-                     step_key: int) -> Optional[np.ndarray]:
-    """Indices of the rows that enter the update; None when
-    ``train.drop_zero_advantage_rows`` (DAPO's dynamic sampling, per row)
-    leaves none on any host. ``train.max_train_rows`` keeps a random
-    subset (CPU budget; multi-host: ``ceil(max_train_rows / P)`` per
-    host)."""
-    keep = np.arange(len(adv))
-    if self.cfg.train.drop_zero_advantage_rows:
-      keep = np.flatnonzero(adv != 0)
-      n_keep = len(keep)
-      if self.multihost:
-        n_keep = int(distributed.global_sum(np.int64(n_keep)))
-      if not n_keep:
-        return None
-    max_rows = self._per_host(self.cfg.train.max_train_rows)
-    if max_rows and len(keep) > max_rows:
-      keep = np.sort(keep[self._host_rng(2, step_key).choice(
-          len(keep), max_rows, replace=False)])
-    return keep
-
-  def _train_rows(self, learner: Learner, critic: Optional[Learner],
-                  records: list, off_flags: np.ndarray, adv: np.ndarray,
-                  returns, values, step_key: int) -> tuple[dict, int]:
-    """The optimizer updates of one step (one per mini-batch; old and
-    reference log-probs all from the pre-update params). Returns the mean
-    metrics over updates and the number of tokens trained on."""
-    def rows(a, idx):
-      return None if a is None else a[idx]
-
-    batches = []
-    for idx in self._mini_batches(len(records), step_key):
-      batch = self.batches.build([records[i] for i in idx], adv[idx],
-                                 off_flags[idx], rows(returns, idx),
-                                 rows(values, idx))
-      old_logp = self.batches.apply(learner, batch)
-      ref_logp = self.batches.apply(learner, batch, params=self.ref_params)
-      behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp,
-                          old_logp)
-      batches.append((batch._replace(
-          old_logp=old_logp, ref_logp=ref_logp, behavior_logp=behavior), idx))
-    t0 = time.perf_counter()
-    per_update = []
-    for i, (batch, idx) in enumerate(batches):
-      key = jax.random.key(self.cfg.seed + step_key)
-      m = learner.train(self.batches.to_global(learner, batch),
-                        jax.random.fold_in(key, i) if i else key)
-      if critic is not None:
-        vbatch = host_batches.value_batch(batch, returns[idx], values[idx])
-        m.update({
-            f"critic_{k}": v for k, v in critic.train(
-                self.batches.to_global(critic, vbatch),
-                jax.random.key(step_key)).items()
-        })
-      per_update.append(m)
-    metrics = {k: float(np.mean([m[k] for m in per_update]))
-               for k in per_update[0]}
-    metrics.update(train_time_s=time.perf_counter() - t0,
-                   updates=float(len(batches)))
-    tokens = sum(int(np.asarray(b.attention_mask).sum()) for b, _ in batches)
-    return metrics, tokens
+    m = self.updater.step(learner, critic, on, off, source, step_key,
+                          ref_params=self.ref_params, off_adv=off_adv)
+    if "updates" in m:
+      self._check_finite(m)
+    return m
 
   def _check_finite(self, metrics: dict) -> None:
     if metrics.get("skipped", 0.0) > 0:
@@ -447,12 +312,14 @@ class RSPOTrainer:
     else:
       self.state.bad_steps = 0
 
-  # ------------------------------------------------------------ phases
+  # ------------------------------------------------------------ B phase
   def b_phase(self) -> None:
-    """B := copy(A); k dense-reward steps; B fills the replay buffer."""
+    """B := copy(A); k steps of B on the dense reward (RSPO_O: the
+    outcome reward); then B's stored collection (``store_replay``)."""
     if self.leader:  # multi-host: D (every host's shards) is cleared once
       self.buffer.clear()
     distributed.barrier("rspo_replay_cleared")
+    self.state.replay_used = []
     loop = self.state.loop
     b = self.a.copy(copy_opt_state=self.cfg.rspo.copy_optimizer_state)
     b_critic = self.critic.copy() if self.critic is not None else None
@@ -469,9 +336,26 @@ class RSPOTrainer:
       self.metrics.write(self.state.a_steps, "B", m)
     if self.decoupled:
       self._start_b_collection(b)
-      return
+    else:
+      self.store_replay(b)
+    del b, b_critic  # B exists only during its phase (and its collection)
+
+  # ------------------------------------------------------------ swap, store
+  @property
+  def recompute_logp(self) -> bool:
+    return bool(self.cfg.rspo.get("recompute_behavior_logp", True))
+
+  def store_replay(self, b: Learner) -> None:
+    """B plays ``batch_tasks`` groups; B's learner recomputes log pi_B of
+    their tokens (``rspo.recompute_behavior_logp``); each trajectory's
+    reward is swapped to the outcome reward; D is written and marked
+    complete."""
     stored, stats = self.collect_groups(b, self.cfg.train.batch_tasks,
                                         POLICY_B)
+    extra = {}
+    if self.recompute_logp:
+      extra["behavior_logp_max_gap"] = self.updater.recompute_behavior_logp(
+          b, stored)
     for r in stored:  # the reward swap: outcome reward only, never dense
       r.dense_reward = float("nan")
     self.buffer.add_trajectories(group_trajectories(stored))
@@ -486,12 +370,13 @@ class RSPOTrainer:
           **{f"rollout_{k}": v for k, v in stats.items()},
           **{f"buffer_{k}": v for k, v in bstats.items()
              if isinstance(v, (int, float, dict))},
+          **extra,
       })
-    del b, b_critic  # B exists only during its phase
 
   def _start_b_collection(self, b: Learner) -> None:
     """Decoupled: B's stored groups are played on B's own engine in a
-    background thread, written group by group to ``replay_b``."""
+    background thread, their log pi_B recomputed by B's learner there,
+    and written group by group to ``replay_b``."""
     engine, venv, tokenizer = self.b_rollout
     s = self.state
     s.collections += 1
@@ -505,61 +390,94 @@ class RSPOTrainer:
         group_id_start=s.collections * 1_000,
         seed=self.cfg.seed * 7919 + s.collections,
     )
+    if self.recompute_logp:
+      self.b_logp_gap = 0.0
+      groups = self._recomputed(b, groups)
     self.b_job = decoupled.start_collection(groups, self.b_dir)
 
-  def off_policy_groups(
-      self, n_groups: int, share: Optional[tuple[int, int]] = None,
-  ) -> list[StepRecord]:
-    """Replayed groups' records. Every host ranks the same groups of D
-    with the same generator and keeps groups ``[first, last)`` of the
-    chosen ones (``share``; default all)."""
-    if n_groups and self.decoupled and self.uses_b:
-      if self.b_job is not None:
-        self.b_job.wait_for_groups(n_groups,
-                                   self.cfg.rollout.decoupled_timeout_s)
-      groups = decoupled.sample_groups(
-          self.b_dir, n_groups, self.cfg.rspo.sampling,
-          self._rng(4, self.state.a_steps))
-      return [r for g in groups for t in g for r in t.steps]
-    if n_groups == 0 or self.buffer.num_trajectories == 0:
-      return []
-    groups = self.buffer.sample_groups(
-        n_groups, self.cfg.rspo.sampling,
-        self._rng(4, self.state.a_steps),
-    )
-    if share is not None:
-      groups = groups[share[0]:share[1]]
-    return [r for g in groups for t in g for r in t.steps]
+  def _recomputed(self, b: Learner, groups):
+    """``groups`` with log pi_B from B's learner (runs in B's thread)."""
+    for records in groups:
+      gap = self.updater.recompute_behavior_logp(b, records)
+      self.b_logp_gap = max(self.b_logp_gap, gap)
+      yield records
 
+  # ------------------------------------------------------------ A phase
   def a_step(self) -> dict:
-    """One update of A on (1 - alpha) fresh groups + alpha replayed ones."""
+    """One training step of A on ``n_on`` fresh groups and ``n_off``
+    replayed trajectories (``replay_counts``)."""
     c = self.cfg
-    n_off = (
-        int(round(c.rspo.alpha * c.train.batch_tasks)) if c.rspo.enabled else 0
-    )
-    if (c.rspo.enabled and not (self.decoupled and self.uses_b)
-        and self.buffer.num_trajectories == 0):
-      n_off = 0  # RSPO_H's first loop: nothing replayable yet
-    # The batch's group slots (fresh, then replayed), shared out by host.
-    n_on = c.train.batch_tasks - n_off
-    first, last = distributed.host_share(c.train.batch_tasks)
-    on, stats = self.collect_groups(
-        self.a, n_on, POLICY_A, share=(min(first, n_on), min(last, n_on))
-    )
-    off = self.off_policy_groups(
-        n_off, share=(max(first, n_on) - n_on, max(last, n_on) - n_on))
+    n_off, n_on = self.replay_counts()
+    on, stats = self.collect_groups(self.a, n_on, POLICY_A)
+    off, off_adv = self.replayed(n_off)
+    history = c.rspo.enabled and c.rspo.data_source == "history"
+    if history and self.recompute_logp:  # RSPO_H: D gets A's learner's
+      self.updater.recompute_behavior_logp(self.a, on)  # log-probs too
     source = "dense" if c.rspo.dense_only else "outcome"
     m = self.update(self.a, self.critic, on, off, source,
-                    step_key=self.state.a_steps)
+                    step_key=self.state.a_steps, off_adv=off_adv)
     faults.maybe_fail("a_phase")
-    if c.rspo.enabled and c.rspo.data_source == "history":
+    if history:
       self.history.add_trajectories(group_trajectories(on))
     if self.prm_refresh is not None:
       self._recent_a.extend(on)
     m.update({f"rollout_{k}": v for k, v in stats.items()})
     m["env_steps"] = self.state.env_steps
     m["dense_reward_mean"] = self._global_mean(_dense(on))
+    if c.rspo.enabled:
+      for k, v in replayed.metrics(np.zeros(5)).items():
+        m.setdefault(k, v)  # nothing replayed this step
+      m.setdefault("rows_off", 0.0)
+    if self.b_logp_gap is not None:
+      m["behavior_logp_max_gap"] = self.b_logp_gap  # decoupled: B so far
     return m
+
+  def replay_counts(self) -> tuple[int, int]:
+    """(n_off replayed trajectories, n_on fresh groups) of A's step:
+    alpha as a share of samples (``selection.replay_counts``); no replay
+    for the baselines and while D is empty (RSPO_H's first loop)."""
+    c = self.cfg
+    if not c.rspo.enabled or (not (self.decoupled and self.uses_b)
+                              and self.buffer.num_trajectories == 0):
+      return 0, c.train.batch_tasks
+    return selection.replay_counts(c.rspo.alpha, c.train.batch_tasks,
+                                   c.train.group_size)
+
+  # ------------------------------------------------------------ replay
+  def replayed(self, n_off: int):
+    """This host's replayed records of A's step and their advantages
+    against their whole group of D (None for PPO: GAE at the step).
+
+    Every host reads the same D and ranks it with the same generator and
+    used set (``LoopState.replay_used``): ``n_off`` trajectories, unused
+    ones first (replay/selection.py); this host keeps its
+    ``distributed.host_share`` of them.
+    """
+    if not n_off:
+      return [], None
+    c = self.cfg
+    d = self._replay_source(n_off)
+    sel = selection.select(d, n_off, c.rspo.sampling,
+                           self._rng(4, self.state.a_steps),
+                           self.state.replay_used)
+    if sel.restarted:
+      log.info("every trajectory of D was replayed: a new pass over D")
+    self.state.replay_used = sel.used
+    first, last = distributed.host_share(len(sel.trajectories))
+    adv = replayed.advantages_in_buffer(
+        d, c.algo, invalid_action_penalty=c.algo.invalid_action_penalty)
+    return replayed.rows(sel.trajectories[first:last], adv)
+
+  def _replay_source(self, n_off: int) -> list:
+    """D's trajectories: the buffer, or (decoupled) the groups B has
+    written so far, once enough exist for ``n_off`` unused ones."""
+    if not (self.decoupled and self.uses_b):
+      return self.buffer.trajectories()
+    if self.b_job is not None:
+      used, g = len(self.state.replay_used), self.cfg.train.group_size
+      need = min(self.cfg.train.batch_tasks, -(-(used + n_off) // g))
+      self.b_job.wait_for_groups(need, self.cfg.rollout.decoupled_timeout_s)
+    return decoupled.read_trajectories(self.b_dir, self._b_cache)
 
   def end_loop(self) -> None:
     if self.b_job is not None:  # B's collection must end with its loop
@@ -568,6 +486,8 @@ class RSPOTrainer:
     s = self.state
     s.loop += 1
     s.phase = "B"
+    s.replay_used = []  # D is cleared (RSPO_H: replaced)
+    self._b_cache, self.b_logp_gap = {}, None
     every = self.cfg.rspo.prm_refresh_loops
     if self.prm_refresh is not None and every and s.loop % every == 0:
       # Refit the PRM on A's latest trajectories (outcome rewards).

@@ -106,9 +106,14 @@ def test_only_groups_with_a_manifest_are_read_or_sampled(tmp_path):
   assert [g[0].group_id for g in groups] == [0, 1, 2, 3]
   assert [[t.steps[0].traj_id for t in g] for g in groups] == [
       [0, 1], [2, 3], [4, 5], [6, 7]]
-  # Group rewards 0, 10, 20, 0: 'reward' takes 2 then 1.
-  best = decoupled.sample_groups(d, 2, "reward", np.random.default_rng(0))
-  assert [g[0].group_id for g in best] == [2, 1]
+  # Group rewards 0, 10, 20, 0: A's replay selection over the complete
+  # groups' trajectories takes group 2's two, then one of group 1's.
+  trajs = decoupled.read_trajectories(d)
+  assert [t.steps[0].traj_id for t in trajs] == list(range(8))
+  best = replay.selection.select(trajs, 3, "reward",
+                                 np.random.default_rng(0)).trajectories
+  got = [t.steps[0].traj_id for t in best]
+  assert sorted(got[:2]) == [4, 5] and got[2] in (2, 3)
   assert decoupled.wait_for_groups(d, 9, timeout_s=5) == 4  # complete: 4
   with pytest.raises(ValueError, match="another collection"):
     decoupled.produce([make_group(5)], d)

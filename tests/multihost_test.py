@@ -116,7 +116,6 @@ def flat_params(params) -> dict:
 
 
 def worker(out_dir: str, process_id: int, num_processes: int, port: int):
-  sys.path.insert(0, ROOT)
   import jax
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -418,8 +417,8 @@ def test_two_processes_match_one_process(tmp_path):
 # The RSPO loop over two processes
 # --------------------------------------------------------------------------
 
-# rspo_e2e_test's micro toy run, 4 groups of 2 a batch (2 fresh + 2
-# replayed in A's steps), 2 loops of k = 1.
+# rspo_e2e_test's micro toy run, 4 groups of 2 a batch (A's steps: 2 fresh
+# groups + 4 replayed trajectories), 2 loops of k = 1.
 RSPO_OVERRIDES = (
     "model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
     "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
@@ -432,7 +431,6 @@ RSPO_STEPS, RSPO_TASKS = 2, 4
 
 def rspo_worker(out_dir: str, process_id: int, num_processes: int,
                 port: int):
-  sys.path.insert(0, ROOT)
   import jax
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -449,13 +447,14 @@ def rspo_worker(out_dir: str, process_id: int, num_processes: int,
   updates, stored = [], []
   update, b_phase = t.update, t.b_phase
 
-  def update_spy(learner, critic, on, off, source, step_key):
+  def update_spy(learner, critic, on, off, source, step_key, **kw):
     updates.append({
         "step_key": step_key, "policy": "A" if learner is t.a else "B",
         "on": sorted({r.group_id for r in on}),
-        "off": sorted({r.group_id for r in off}),
+        "off": sorted({r.traj_id for r in off}),
+        "off_groups": sorted({r.group_id for r in off}),
     })
-    return update(learner, critic, on, off, source, step_key)
+    return update(learner, critic, on, off, source, step_key, **kw)
 
   def b_phase_spy():
     b_phase()
@@ -521,19 +520,25 @@ def test_rspo_loop_on_two_processes(tmp_path):
     assert prefixes == ["p00000", "p00001"]
 
   # Updates happen together (same order, same keys) on both hosts; the
-  # groups of each are split between the hosts, each trained once.
+  # fresh groups and the replayed trajectories of each are split between
+  # the hosts, each trained once.
   assert [(u["step_key"], u["policy"]) for u in res[0]["updates"]] == [
       (u["step_key"], u["policy"]) for u in res[1]["updates"]]
   a_updates = 0
   for u0, u1 in zip(res[0]["updates"], res[1]["updates"]):
-    groups = u0["on"] + u0["off"] + u1["on"] + u1["off"]
-    assert len(groups) == len(set(groups)) == RSPO_TASKS, (u0, u1)
+    groups = u0["on"] + u1["on"]
+    assert len(groups) == len(set(groups)), (u0, u1)
     assert u0["on"] + u0["off"] and u1["on"] + u1["off"]  # both hosts train
     if u0["policy"] == "A":
-      replayed = set(u0["off"] + u1["off"])
-      assert len(replayed) == RSPO_TASKS // 2  # alpha = 1/2
-      assert replayed <= set(res[0]["stored"][a_updates]["groups"])
+      # alpha = 1/2 of 4 x 2 samples: 2 fresh groups, 4 trajectories of D.
+      replayed = u0["off"] + u1["off"]
+      assert len(groups) == RSPO_TASKS // 2
+      assert len(replayed) == len(set(replayed)) == RSPO_TASKS
+      assert set(u0["off_groups"] + u1["off_groups"]) <= set(
+          res[0]["stored"][a_updates]["groups"])
       a_updates += 1
+    else:
+      assert len(groups) == RSPO_TASKS and not u0["off"] + u1["off"]
   assert a_updates == RSPO_STEPS
 
   # Only the leader wrote metrics: one 'A' row per step.

@@ -65,10 +65,10 @@ def test_two_rspo_loops(algo, tmp_path):
       trained_b = []
       orig_update = t.update
 
-      def update_spy(learner, critic, on, off, source, step_key):
+      def update_spy(learner, critic, on, off, source, step_key, **kw):
         if learner is not t.a:
           trained_b.append((params_of(learner), source))
-        return orig_update(learner, critic, on, off, source, step_key)
+        return orig_update(learner, critic, on, off, source, step_key, **kw)
 
       t.update = update_spy
       t.b_phase()

@@ -1,0 +1,285 @@
+"""One training step of a policy (A or B): credit, rows, optimizer updates.
+
+``StepUpdater.step(learner, critic, on, off, source, step_key, ...)``:
+
+  1. credit   r_t of ``source`` on every row; advantages of the fresh rows
+              against their groups (GRPO / GiGPO) or by GAE with the
+              critic's values (PPO, replayed rows included); replayed rows
+              of GRPO / GiGPO keep the advantages they were given
+              (``off_adv``: against their whole B group, replay/replayed.py);
+  2. rows     DAPO's dynamic sampling (``train.drop_zero_advantage_rows``)
+              and the CPU row cap (``train.max_train_rows``);
+  3. updates  pi_old and pi_ref of every row once, from the parameters at
+              the step's start; then E = ``train.ppo_epochs`` passes, each
+              a fresh shuffle of the rows into ceil(n / m) mini-batches of
+              about m = ``train.mini_batch_rows`` rows (verl's
+              ``ppo_mini_batch_size``; 0: one update of every row), one
+              optimizer update each. Replayed rows keep their stored
+              log pi_B as behaviour log-probs: their clip window is centred
+              on c = pi_old / pi_B; fresh rows have behaviour = pi_old.
+  Metrics: each learner metric's mean over the step's updates, and
+  ``last_<k>`` for the clip fractions (``clip_frac*``) of the last update,
+  where the window has had the most updates to bind.
+
+``recompute_behavior_logp(learner, records)``: log pi of every record's
+response tokens by ``learner`` (B's learner after its collection) replaces
+the engine's, so c carries no engine/learner numeric gap; returns the
+largest |engine - learner| gap.
+
+Multi-host: every host calls these together with its own records (whole
+fresh groups; its share of the replayed trajectories); row and update
+counts are agreed with cross-host sums and maxima.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+from rspo_jax import batching, credit, distributed, host_batches
+from rspo_jax.learner import Learner
+from rspo_jax.replay import replayed
+
+LOGP_CHUNK_ROWS = 256  # rows per host and forward in recompute_behavior_logp
+
+
+@dataclasses.dataclass
+class Rows:
+  """The rows of one step, with their credit (per row)."""
+
+  records: list
+  off: np.ndarray  # bool: replayed
+  adv: np.ndarray
+  returns: Optional[np.ndarray]  # PPO value targets
+  values: Optional[np.ndarray]  # critic values at the step's start
+
+  def subset(self, keep: np.ndarray) -> "Rows":
+    take = lambda a: None if a is None else a[keep]
+    return Rows([self.records[i] for i in keep], self.off[keep],
+                self.adv[keep], take(self.returns), take(self.values))
+
+
+class StepUpdater:
+  """The update machinery of one run (module docstring)."""
+
+  def __init__(self, cfg, batches: host_batches.HostBatches,
+               host_rng: Callable[..., np.random.Generator]):
+    self.cfg, self.batches, self.host_rng = cfg, batches, host_rng
+    self.multihost = batches.multihost
+
+  @property
+  def epochs(self) -> int:
+    e = int(self.cfg.train.get("ppo_epochs", 1))
+    if e < 1:
+      raise ValueError(f"train.ppo_epochs={e} must be >= 1")
+    return e
+
+  def _sum(self, x) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return distributed.global_sum(x) if self.multihost else x
+
+  def _per_host(self, rows: int) -> int:
+    """A job-wide row count as this host's share: ceil(rows / P)."""
+    return -(-rows // jax.process_count()) if self.multihost else rows
+
+  # ------------------------------------------------------------ the step
+  def step(self, learner: Learner, critic: Optional[Learner], on: list,
+           off: list, source: str, step_key: int, *, ref_params,
+           off_adv: Optional[np.ndarray] = None) -> dict:
+    """One training step on fresh (``on``) + replayed (``off``) records."""
+    n_on, n_off = (int(x) for x in self._sum([len(on), len(off)]))
+    if not n_on + n_off:
+      return {"skipped_empty": 1.0}
+    rewards, rows = self.credit(on, off, source, critic, step_key, off_adv)
+    metrics = {}
+    if n_off:
+      offs = rows.off
+      metrics.update(replayed.metrics(self._sum(replayed.metric_sums(
+          [r for r, o in zip(rows.records, offs) if o], rows.adv[offs]))))
+    keep = self.rows_to_train(rows.adv, step_key)
+    reward_sums = self._sum([np.sum(rewards), len(rewards)])
+    reward_mean = reward_sums[0] / max(reward_sums[1], 1)
+    if keep is None:  # every group tied: nothing to learn from
+      return {**metrics, "skipped_no_signal": 1.0, "rows_on": 0.0,
+              "rows_off": 0.0, f"{source}_reward_mean": float(reward_mean)}
+    if len(keep) < len(rows.records):
+      rows = rows.subset(keep)
+    metrics.update(self.train_rows(learner, critic, rows, step_key,
+                                   ref_params))
+    counts = self._sum([metrics.pop("tokens"), (~rows.off).sum(),
+                        rows.off.sum()])
+    metrics.update({
+        "train_tokens_per_s": float(counts[0]) / max(metrics["train_time_s"],
+                                                     1e-9),
+        "rows_on": float(counts[1]),
+        "rows_off": float(counts[2]),
+        f"{source}_reward_mean": float(reward_mean),
+    })
+    return metrics
+
+  def credit(self, on: list, off: list, source: str,
+             critic: Optional[Learner], step_key: int,
+             off_adv: Optional[np.ndarray]) -> tuple[np.ndarray, Rows]:
+    """(step rewards of ``source``, the step's rows with their credit)."""
+    records = on + off
+    is_off = np.array([False] * len(on) + [True] * len(off), bool)
+    values = None
+    if critic is not None:  # V(s_t) read at the step's last prompt token;
+      # every host applies the critic, even one with no records.
+      if off_adv is not None:
+        raise ValueError("PPO's replayed rows get GAE at the step: no off_adv")
+      vb = self.batches.build(records, np.zeros(len(records)), is_off)
+      idx = batching.last_prompt_token_index(vb)
+      values = self.batches.apply(critic, vb)[np.arange(len(idx)), idx][
+          : len(records)]
+    empty = np.zeros(0, np.float32)
+    if not records:  # multi-host: this host's share was empty
+      return empty, Rows([], is_off, empty,
+                         None if critic is None else empty, values)
+    rewards = credit.step_rewards(
+        records, source,
+        invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
+        noise_sigma=self.cfg.rspo.dense_noise_sigma if source == "dense"
+        else 0.0,
+        rng=self.host_rng(3, step_key),
+    )
+    if off_adv is None:  # fresh rows only, or PPO: one credit over all rows
+      adv, returns = credit.compute_advantages(
+          records, rewards, self.cfg.algo, values=values)
+    else:
+      if len(off_adv) != len(off):
+        raise ValueError(f"{len(off_adv)} advantages for {len(off)} rows")
+      adv, returns = (credit.compute_advantages(
+          on, rewards[:len(on)], self.cfg.algo) if on else (empty, None))
+      adv = np.concatenate([adv, off_adv]).astype(np.float32)
+    return rewards, Rows(records, is_off, np.asarray(adv), returns, values)
+
+  def rows_to_train(self, adv: np.ndarray,
+                    step_key: int) -> Optional[np.ndarray]:
+    """Indices of the rows that enter the update; None when
+    ``train.drop_zero_advantage_rows`` (DAPO's dynamic sampling, per row)
+    leaves none on any host. ``train.max_train_rows`` keeps a random
+    subset (CPU budget; multi-host: ``ceil(max_train_rows / P)`` per
+    host)."""
+    keep = np.arange(len(adv))
+    if self.cfg.train.drop_zero_advantage_rows:
+      keep = np.flatnonzero(adv != 0)
+      if not int(self._sum(len(keep))):
+        return None
+    max_rows = self._per_host(self.cfg.train.max_train_rows)
+    if max_rows and len(keep) > max_rows:
+      keep = np.sort(keep[self.host_rng(2, step_key).choice(
+          len(keep), max_rows, replace=False)])
+    return keep
+
+  # ------------------------------------------------------------ updates
+  def mini_batches(self, n_rows: int, step_key: int) -> list[list[np.ndarray]]:
+    """Row indices of each optimizer update, epoch by epoch.
+
+    ceil(n / m) updates per epoch (m = ``train.mini_batch_rows`` per host;
+    0 or m >= n: one update of every row), each epoch a fresh shuffle.
+    Multi-host: every host makes the same number of updates (the largest
+    any host needs; a host out of rows feeds padding).
+    """
+    m = self._per_host(self.cfg.train.mini_batch_rows)
+    if not m or n_rows <= m:
+      n_updates = 1 if n_rows or not self.multihost else 0
+    else:
+      n_updates = -(-n_rows // m)
+    if self.multihost:
+      n_updates = int(distributed.global_max(np.array([n_updates]))[0])
+    out = []
+    for epoch in range(self.epochs):
+      if n_updates <= 1:
+        out.append([np.arange(n_rows)])
+        continue
+      keys = (4, step_key) if epoch == 0 else (4, step_key, epoch)
+      order = self.host_rng(*keys).permutation(n_rows)
+      out.append([np.sort(c) for c in np.array_split(order, n_updates)])
+    return out
+
+  def _build(self, rows: Rows, idx: np.ndarray):
+    take = lambda a: None if a is None else a[idx]
+    return self.batches.build([rows.records[i] for i in idx], rows.adv[idx],
+                              rows.off[idx], take(rows.returns),
+                              take(rows.values))
+
+  def _with_pi(self, batch, idx: np.ndarray, pi: dict):
+    """``batch`` with pi_old / pi_ref of its rows from ``pi`` (row index ->
+    log-probs on the row's tokens); behaviour = pi_old on fresh rows."""
+    old = np.zeros_like(batch.loss_mask)
+    ref = np.zeros_like(batch.loss_mask)
+    for j, i in enumerate(idx):
+      o, r = pi[i]
+      old[j, :len(o)], ref[j, :len(r)] = o, r
+    behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp, old)
+    return batch._replace(old_logp=old, ref_logp=ref, behavior_logp=behavior)
+
+  def train_rows(self, learner: Learner, critic: Optional[Learner],
+                 rows: Rows, step_key: int, ref_params) -> dict:
+    """The optimizer updates of one step (module docstring, 3.). Returns
+    the metrics' means over updates, ``last_clip_frac*``, ``updates``,
+    ``train_time_s`` and the ``tokens`` trained on."""
+    epochs = self.mini_batches(len(rows.records), step_key)
+    pi, first = {}, []
+    for idx in epochs[0]:  # pi_old, pi_ref: all before the first update
+      batch = self._build(rows, idx)
+      old = self.batches.apply(learner, batch)
+      ref = self.batches.apply(learner, batch, params=ref_params)
+      lengths = np.asarray(batch.attention_mask).sum(1)
+      for j, i in enumerate(idx):
+        pi[i] = (old[j, :lengths[j]], ref[j, :lengths[j]])
+      first.append(self._with_pi(batch, idx, pi))
+    t0, per_update, tokens = time.perf_counter(), [], 0
+    key = jax.random.key(self.cfg.seed + step_key)
+    updates = [(e, idx) for e, ep in enumerate(epochs) for idx in ep]
+    for u, (e, idx) in enumerate(updates):
+      batch = first[u] if e == 0 else self._with_pi(self._build(rows, idx),
+                                                    idx, pi)
+      m = learner.train(self.batches.to_global(learner, batch),
+                        jax.random.fold_in(key, u) if u else key)
+      if critic is not None:
+        vbatch = host_batches.value_batch(batch, rows.returns[idx],
+                                          rows.values[idx])
+        m.update({f"critic_{k}": v for k, v in critic.train(
+            self.batches.to_global(critic, vbatch),
+            jax.random.key(step_key)).items()})
+      per_update.append(m)
+      tokens += int(np.asarray(batch.attention_mask).sum())
+    metrics = {k: float(np.mean([m[k] for m in per_update]))
+               for k in per_update[0]}
+    metrics.update({f"last_{k}": v for k, v in per_update[-1].items()
+                    if k.startswith("clip_frac")})
+    metrics.update(train_time_s=time.perf_counter() - t0, tokens=tokens,
+                   updates=float(len(updates)), epochs=float(len(epochs)))
+    return metrics
+
+  # ------------------------------------------------------------ pi_B
+  def recompute_behavior_logp(self, learner: Learner, records: list) -> float:
+    """Writes ``learner``'s log pi of each record's response tokens into
+    ``record.behavior_logp`` (tokens beyond the learner's row length keep
+    the engine's); returns max |engine - learner| over them (all hosts)."""
+    n_chunks = -(-len(records) // LOGP_CHUNK_ROWS)
+    if self.multihost:
+      n_chunks = int(distributed.global_max(np.array([n_chunks]))[0])
+    gap = 0.0
+    if not n_chunks:
+      return gap
+    for idx in np.array_split(np.arange(len(records)), n_chunks):
+      recs = [records[i] for i in idx]
+      batch = self.batches.build(recs, np.zeros(len(recs)),
+                                 np.zeros(len(recs), bool))
+      logp = self.batches.apply(learner, batch)
+      for j, r in enumerate(recs):
+        new = logp[j, np.asarray(batch.loss_mask[j]) > 0].astype(np.float32)
+        engine = np.asarray(r.behavior_logp, np.float32)
+        if len(new):
+          gap = max(gap, float(np.abs(engine[:len(new)] - new).max()))
+        r.behavior_logp = np.concatenate([new, engine[len(new):]])
+    if self.multihost:
+      gap = float(distributed.global_max(np.array([gap]))[0])
+    return gap
