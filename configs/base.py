@@ -1,12 +1,22 @@
 """Shared base config. Per-experiment files (`webshop_grpo.py`, ...) call
 `make_config(env, algo, arg)`.
 
-`arg` is a comma-separated list of `key=value` overrides applied on top
-(big_vision style, `--config=configs/webshop_grpo.py:model=qwen2.5-1.5b`):
-  * `model=<preset>` selects a model preset; a real preset (qwen/llama)
-    switches every other knob to the paper's scale (`paper_scale`),
+  config = _base (structure, scale-neutral defaults)
+           + one scale table of `configs/scales.py` (PAPER or CPU: every
+             scale-dependent key, explicitly; neither leaks into the other)
+           + the overrides of `arg`
+
+`arg` is a comma-separated list of `key=value` overrides (big_vision style,
+`--config=configs/webshop_grpo.py:model=qwen2.5-1.5b`):
+  * `model=<preset>` selects a model preset, and with it the scale: a
+    released model (qwen/llama) the paper's table, a from-scratch one
+    (nano/tiny) the CPU table. The scale is set first; every other override
+    is applied after it, wherever it stands in `arg`, so
+    `model=qwen2.5-1.5b,rspo.alpha=0.25` trains the paper's setup at
+    alpha 1/4,
   * `rspo=0` turns RSPO off (the baseline), `seed=N`, `steps=N`,
   * any other `a.b=value` sets that key (must exist; type is checked).
+`--config.a.b=value` flags (launch/train.py) apply after all of these.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
+from configs import scales
 from rspo_jax import sharding
 from rspo_jax.models.config import LOCAL_TOKENIZER_PRESETS
 
@@ -25,33 +36,32 @@ ENVS = ("webshop", "alfworld", "toy")
 
 
 def _base(env: str, algo: str) -> ml_collections.ConfigDict:
+  """Structure and scale-neutral defaults; no key of `scales.SCALE_KEYS`."""
   c = ml_collections.ConfigDict()
   c.workdir = f"runs/{env}_{algo}"
   c.seed = 0
 
   # ---------------------------------------------------------------- model
+  # scales.py: preset, dtype (compute), param_dtype (master weights and
+  # Adam state), remat.
   c.model = ml_collections.ConfigDict()
-  c.model.preset = "tiny"  # 3.5 M params: trains at ~3 k tok/s on 1 CPU core
   c.model.checkpoint_dir = ""  # HF dir (config.json + safetensors); "" = init
   c.model.tokenizer_dir = ""  # "" = the checkpoint's, or a locally trained one
   c.model.tokenizer_vocab = 2048  # vocab of the locally trained tokenizer
-  c.model.dtype = "float32"
-  c.model.remat = False
   # Preset field overrides, e.g. "num_layers=1;hidden_size=64" (tests).
   c.model.overrides = ""
 
   # ---------------------------------------------------------------- env
+  # scales.py: max_steps (turns), history_length (past obs/action pairs in
+  # the prompt), num_eval_tasks, num_workers, kwargs (env constructor).
   c.env = ml_collections.ConfigDict()
   c.env.name = env
-  c.env.max_steps = {"webshop": 15, "alfworld": 50, "toy": 8}[env]
-  c.env.history_length = 2
   c.env.train_split = "train"
   c.env.eval_split = "test" if env == "webshop" else "valid_seen"
-  c.env.num_eval_tasks = 64
-  c.env.num_workers = 2
-  c.env.kwargs = ml_collections.ConfigDict()  # passed to the env constructor
 
   # ---------------------------------------------------------------- algo
+  # scales.py: clip_eps, kl_coef, kl_kind, entropy_coef,
+  # invalid_action_penalty, critic_lr (PPO).
   c.algo = ml_collections.ConfigDict()
   c.algo.name = "grpo" if algo == "grpo_nostd" else algo
   c.algo.normalize_std = algo != "grpo_nostd"
@@ -59,26 +69,20 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.algo.gae_lambda = 1.0
   c.algo.omega = 1.0  # GiGPO step-advantage weight
   c.algo.anchor_similarity = config_dict.placeholder(float)  # None = exact
-  c.algo.clip_eps = 0.2
   c.algo.clip_eps_high = config_dict.placeholder(float)  # None = clip_eps
   c.algo.clip_window = "additive"  # or "multiplicative" (AReaL decoupled)
-  c.algo.kl_coef = 0.01
-  c.algo.kl_kind = "k3"
-  c.algo.entropy_coef = 0.001
   c.algo.loss_agg = "token_mean"
-  c.algo.invalid_action_penalty = -0.1
   c.algo.value_coef = 1.0  # PPO critic
   c.algo.value_clip_eps = 0.2
-  c.algo.critic_lr = 1e-5
 
   # ---------------------------------------------------------------- rspo
+  # scales.py: alpha (replayed share of A's training samples), k (steps of
+  # B, then of A, per loop), dense_reward (oracle = the environment's
+  # progress signal | prm).
   c.rspo = ml_collections.ConfigDict()
   c.rspo.enabled = True
-  c.rspo.alpha = 1 / 8  # off-policy fraction of A's batch (2 of 16 groups)
-  c.rspo.k = 3  # training steps of B, then of A, per loop
   c.rspo.sampling = "reward"  # reward | variance | random
   c.rspo.data_source = "rspo"  # rspo | history (RSPO_H) | outcome (RSPO_O)
-  c.rspo.dense_reward = "env"  # env | prm
   c.rspo.dense_noise_sigma = 0.0  # Gaussian noise on the dense reward
   c.rspo.copy_optimizer_state = False  # B := A also copies A's Adam moments
   c.rspo.dense_only = False  # train B alone on the dense reward (hacking)
@@ -89,14 +93,12 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.rspo.prm_refresh_loops = 0  # retrain the head every N loops (0 = never)
 
   # ---------------------------------------------------------------- rollout
+  # scales.py: temperature (behaviour log-probs are taken at T=1),
+  # eval_temperature (0 = greedy), max_new_tokens, max_prompt_tokens.
   c.rollout = ml_collections.ConfigDict()
   c.rollout.engine = "jax"  # jax (in-process) | sglang (HTTP servers)
   c.rollout.server_urls = ""  # comma-separated, for engine=sglang
-  c.rollout.temperature = 1.0  # behaviour log-probs are taken at T=1
   c.rollout.top_p = 1.0
-  c.rollout.max_new_tokens = 48
-  c.rollout.max_prompt_tokens = 512
-  c.rollout.eval_temperature = 0.0  # 0 = greedy
   # colocated: B's stored collection finishes before A's phase starts.
   # decoupled: B's collection runs on its own engine (second half of the
   # devices, or rollout.b_server_urls) while A's phase starts as soon as the
@@ -106,127 +108,77 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.rollout.decoupled_timeout_s = 1800.0
 
   # ---------------------------------------------------------------- train
+  # scales.py: total_steps (of A), batch_tasks (tasks a batch), group_size
+  # (episodes a task), lr, weight_decay, micro_batch_rows (0 = an update at
+  # once), max_train_rows (0 = every row), mini_batch_rows,
+  # updates_per_step, ppo_epochs, eval_every (0 = start and end only).
+  # Per step: the step's rows (one per episode step; at most max_train_rows
+  # when > 0) are shuffled into mini-batches, one optimizer update each,
+  # ppo_epochs passes over the same mini-batches, old and reference
+  # log-probs taken once, before the first update. Mini-batches:
+  # updates_per_step = n > 0: n (at most one per row); else
+  # mini_batch_rows = m > 0 (verl's ppo_mini_batch_size, in step rows):
+  # ceil(rows / m); else one. micro_batch_rows only splits an update's
+  # gradient into accumulated pieces (memory, not results).
   c.train = ml_collections.ConfigDict()
-  c.train.total_steps = 150  # training steps of A
-  c.train.batch_tasks = 16  # groups per batch
-  c.train.group_size = 8  # episodes per group (same task)
-  c.train.lr = 1e-6
   c.train.warmup_steps = 0
-  c.train.weight_decay = 0.0
   c.train.grad_clip = 1.0
-  c.train.micro_batch_rows = 0  # 0 = the whole batch at once
-  c.train.max_train_rows = 0  # 0 = all step rows; else subsample per update
-  # Rows per optimizer update (verl's ppo_mini_batch_size): a step's rows
-  # are shuffled and trained in ceil(rows / n) updates; 0 = one update.
-  c.train.mini_batch_rows = 0
   # Train only on rows with a non-zero advantage (DAPO's dynamic sampling,
   # per row): a group whose rewards all tie teaches nothing but KL/entropy.
   c.train.drop_zero_advantage_rows = False
-  c.train.eval_every = 25
   c.train.checkpoint_every = 1
   c.train.log_every = 1
   c.train.max_bad_steps = 5  # consecutive NaN/Inf steps before stopping
 
   # ---------------------------------------------------------------- warm start
+  # scales.py: enabled (behaviour-clone the policy on the first run),
+  # num_episodes (expert episodes), steps, lr, batch_rows,
+  # prompt_loss_weight (> 0: also model the prompts, make_sft_loss).
   c.sft = ml_collections.ConfigDict()
-  c.sft.enabled = True  # behaviour-clone a tiny policy on first run
-  c.sft.num_episodes = 256
-  c.sft.steps = 200
-  c.sft.lr = 1e-3
-  c.sft.batch_rows = 32
-  c.sft.prompt_loss_weight = 0.0  # > 0: also model the prompts (make_sft_loss)
 
   # ---------------------------------------------------------------- mesh
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the rest
+  c.mesh = ml_collections.ConfigDict()  # scales.py: shape (data, fsdp,
+  # tensor; -1 takes the rest)
   c.logical_axis_rules = sharding.DEFAULT_RULES
   return c
 
 
+def _apply_table(c: ml_collections.ConfigDict, table: dict) -> None:
+  """Sets every key of a `scales` table (creating the field)."""
+  env, algo = c.env.name, c.algo.name
+  values = scales.resolve(table, env, algo)
+  if set(values) != set(scales.SCALE_KEYS):
+    raise AssertionError(  # a table that misses or adds a scale key
+        f"scale table keys != SCALE_KEYS:"
+        f" {sorted(set(values) ^ set(scales.SCALE_KEYS))}")
+  for key, value in values.items():
+    section, leaf = key.split(".")
+    if isinstance(value, dict):
+      value = ml_collections.ConfigDict(value)
+    c[section][leaf] = value
+
+
 def paper_scale(c: ml_collections.ConfigDict) -> None:
-  """The paper's hyperparameters (Qwen2.5-1.5B/7B-Instruct, 8-16 GPUs)."""
-  env = c.env.name
-  c.sft.enabled = False
-  c.train.total_steps = 150
-  c.train.batch_tasks = 16
-  c.train.group_size = 8
-  c.train.lr = 1e-6
-  c.train.micro_batch_rows = 16
-  c.algo.kl_coef = 0.01
-  c.algo.entropy_coef = 0.001
-  c.algo.clip_eps = 0.2
-  c.rollout.max_new_tokens = 512
-  c.rollout.max_prompt_tokens = {"webshop": 4096}.get(env, 2048)
-  c.rollout.temperature = 1.0
-  c.rollout.eval_temperature = 0.4
-  c.env.max_steps = {"webshop": 15, "alfworld": 50}.get(env, c.env.max_steps)
-  c.model.dtype = "bfloat16"
-  c.model.remat = True
-  c.env.num_workers = 32
-  c.env.kwargs = ml_collections.ConfigDict()  # upstream-sized worlds
-  c.mesh.shape = (1, -1, 1)
+  """The paper's settings (`scales.PAPER`: Qwen2.5-1.5B/7B-Instruct on
+  8-16 GPUs, every value with its source)."""
+  _apply_table(c, scales.PAPER)
 
 
 def cpu_scale(c: ml_collections.ConfigDict) -> None:
-  """The embedded default: RSPO end to end in ~15 minutes on 2 CPU cores.
+  """The embedded default (`scales.CPU`): RSPO end to end in ~15 minutes on
+  2 CPU cores; every value that differs from the paper's is a CPU budget
+  choice, its reason next to it."""
+  _apply_table(c, scales.CPU)
 
-  Every number is a CPU budget choice; the paper's are in `paper_scale`.
-  """
-  env = c.env.name
-  c.train.total_steps = 6  # 2 RSPO loops of k=3
-  c.train.batch_tasks = 4  # 4 groups: 3 fresh + 1 replayed at alpha=1/4
-  c.train.group_size = 4  # smallest group with a usable GRPO baseline
-  c.rspo.alpha = 1 / 4  # 1 of 4 groups; 1/8 would be half a group
-  c.train.lr = 3e-5  # a 3.5 M model needs a larger step than 1e-6
-  c.train.max_train_rows = 64  # caps one update at 64 step rows
-  c.train.eval_every = 0  # evaluate at the start and the end only
-  c.env.num_eval_tasks = 32  # 32 fixed test tasks, greedy decoding
-  c.rollout.max_new_tokens = 64  # '<think>..</think><action>search[..]'
-  # WebShop pages are long: one history entry and 768 prompt tokens keep a
-  # 64-row update at ~50 k tokens (the oldest history is dropped first).
-  c.env.history_length = 1 if env == "webshop" else 2
-  c.rollout.max_prompt_tokens = 768 if env != "toy" else 256
-  # The expert solves WebShop in ~5 steps, ALFWorld tasks in 5-25.
-  c.env.max_steps = {"webshop": 8, "alfworld": 20, "toy": 8}[env]
-  # Behaviour cloning only far enough for a weak policy (paper: instruct
-  # models start at low but non-zero success).
-  c.sft.num_episodes = 128
-  c.sft.steps = 60  # ~4 s a step on 2 idle cores
-  c.sft.batch_rows = 16
-  c.sft.lr = 1e-3  # 2e-3 made the tiny policy's greedy replies degenerate
-  if env == "webshop":
-    # A 30-product catalogue (one product per type, 12 goals each, 64 held
-    # out for evaluation) and an expert that searches by product type: each
-    # decision is then a choice (which type, which product, which option
-    # values) that a from-scratch policy learns on 2 cores, not the copying
-    # of a whole instruction that a pretrained model brings. See
-    # docs/results.md for what the 3.5 M 'tiny' policy did on the full world.
-    c.env.kwargs = ml_collections.ConfigDict(dict(
-        num_products=30, goals_per_product=12, num_test_goals=64,
-        expert_query="type"))
-    c.model.preset = "nano"
-    c.env.num_eval_tasks = 64  # every held-out goal
-    c.sft.num_episodes = 275  # every train goal of the small world
-    # 500 steps (~13 min at ~1.6 s a step): option values start to be
-    # copied from the instruction (score 0.75 vs 0.50 after 300 steps), so
-    # A's rollouts win on goals whose options are not a product's default.
-    c.sft.steps = 500
-    c.sft.lr = 3e-3
-    c.sft.prompt_loss_weight = 1.0
-    c.train.lr = 1e-4
-  if env == "alfworld":
-    # Two of the six task types (find an object, then place it / look at it
-    # under a lamp): the shortest plans, so a 0.6 M policy cloned from 256
-    # expert episodes wins some (3 % of valid_seen greedily after 300
-    # steps; the 3.5 M 'tiny' preset on all six types after 60 steps: 0 %).
-    c.env.kwargs = ml_collections.ConfigDict(dict(
-        task_types=("pick_and_place_simple", "look_at_obj_in_light")))
-    c.model.preset = "nano"
-    c.sft.num_episodes = 256
-    c.sft.steps = 300
-    c.sft.lr = 3e-3
-    c.sft.prompt_loss_weight = 1.0
-    c.train.lr = 1e-4
+
+def scale_of(arg: str | None) -> str:
+  """'paper' when the last `model=` of `arg` names a paper preset."""
+  preset = None
+  for item in (arg or "").split(","):
+    key, _, value = item.partition("=")
+    if key.strip() == "model":
+      preset = value.strip()
+  return "paper" if preset in PAPER_PRESETS else "cpu"
 
 
 def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> None:
@@ -244,9 +196,7 @@ def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> None:
             f"unknown model preset {value!r}; known:"
             f" {CPU_PRESETS + PAPER_PRESETS}"
         )
-      c.model.preset = value
-      if value in PAPER_PRESETS:
-        paper_scale(c)
+      c.model.preset = value  # the scale was chosen by `make_config`
     elif key == "rspo":
       set_by_path(c, "rspo.enabled", value)  # refuses e.g. rspo=maybe
     elif key == "seed":
@@ -255,6 +205,14 @@ def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> None:
       set_by_path(c, "train.total_steps", value)
     else:
       set_by_path(c, key, value)
+      if key in _ONE_OF and c.train[key.split(".")[1]]:
+        c.train[_ONE_OF[key].split(".")[1]] = 0  # the other one yields
+
+
+# Two ways to size a step's mini-batches: an override of one (> 0) clears
+# the other (validate refuses both > 0, e.g. from --config.<key> flags).
+_ONE_OF = {"train.mini_batch_rows": "train.updates_per_step",
+           "train.updates_per_step": "train.mini_batch_rows"}
 
 
 def set_by_path(c: ml_collections.ConfigDict, key: str, value: str) -> None:
@@ -293,7 +251,10 @@ def make_config(env: str, algo: str, arg: str | None = None):
   if algo not in ALGOS:
     raise ValueError(f"unknown algo {algo!r}; known: {ALGOS}")
   c = _base(env, algo)
-  cpu_scale(c)
+  if scale_of(arg) == "paper":
+    paper_scale(c)
+  else:
+    cpu_scale(c)
   apply_overrides(c, arg)
   validate(c)
   return c
@@ -301,13 +262,15 @@ def make_config(env: str, algo: str, arg: str | None = None):
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Fails at start with a message naming the bad key."""
+  if c.rspo.dense_reward == "env":  # the deprecated name of 'oracle'
+    c.rspo.dense_reward = "oracle"
   checks = [
       (c.algo.name in ("grpo", "ppo", "gigpo"), "algo.name", c.algo.name),
       (c.rspo.sampling in ("reward", "variance", "random"), "rspo.sampling",
        c.rspo.sampling),
       (c.rspo.data_source in ("rspo", "history", "outcome"),
        "rspo.data_source", c.rspo.data_source),
-      (c.rspo.dense_reward in ("env", "prm"), "rspo.dense_reward",
+      (c.rspo.dense_reward in ("oracle", "prm"), "rspo.dense_reward",
        c.rspo.dense_reward),
       (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha),
       (c.rspo.k >= 1, "rspo.k", c.rspo.k),
@@ -322,11 +285,16 @@ def validate(c: ml_collections.ConfigDict) -> None:
        c.rollout.engine),
       (c.rollout.placement in ("colocated", "decoupled"),
        "rollout.placement", c.rollout.placement),
-      (c.train.group_size >= 2, "train.group_size", c.train.group_size),
+      # PPO has no groups (the paper's PPO: 128 tasks x 1 episode).
+      (c.train.group_size >= (1 if c.algo.name == "ppo" else 2),
+       "train.group_size", c.train.group_size),
       (c.train.batch_tasks >= 1, "train.batch_tasks", c.train.batch_tasks),
       (c.train.total_steps >= 1, "train.total_steps", c.train.total_steps),
       (c.train.mini_batch_rows >= 0, "train.mini_batch_rows",
        c.train.mini_batch_rows),
+      (c.train.updates_per_step >= 0, "train.updates_per_step",
+       c.train.updates_per_step),
+      (c.train.ppo_epochs >= 1, "train.ppo_epochs", c.train.ppo_epochs),
       (len(tuple(c.mesh.shape)) == 3, "mesh.shape", c.mesh.shape),
       (c.model.preset in CPU_PRESETS + PAPER_PRESETS, "model.preset",
        c.model.preset),
@@ -335,6 +303,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if not ok:
       raise ValueError(f"bad config value {key}={value!r}")
   sharding.check_rules(c.logical_axis_rules)
+  if c.train.updates_per_step and c.train.mini_batch_rows:
+    raise ValueError(
+        f"train.updates_per_step={c.train.updates_per_step} and"
+        f" train.mini_batch_rows={c.train.mini_batch_rows} both set the"
+        " mini-batches of a step; set one of them to 0")
   if c.rspo.enabled and c.train.batch_tasks * c.rspo.alpha < 1 and c.rspo.alpha:
     raise ValueError(
         f"rspo.alpha={c.rspo.alpha} of train.batch_tasks="
