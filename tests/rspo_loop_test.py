@@ -1,0 +1,263 @@
+"""The RSPO loop with the micro toy config of rspo_e2e_test: what A's steps
+replay (unused trajectories of D with their whole-group advantages), the
+update structure (ppo_epochs passes of shuffled mini-batches, pi_old fixed
+at the step's start) and B's learner's log pi_B in D.
+"""
+
+import collections
+
+import jax
+import numpy as np
+import pytest
+
+from rspo_e2e_test import micro_config
+from rspo_e2e_test import record_train_batches
+from rspo_jax import build, replay
+from rspo_jax.replay import replayed
+from rspo_jax.types import POLICY_B
+
+
+def spy_updates(t):
+  """Records (on, off, off_adv) of every ``t.update`` call."""
+  calls, update = [], t.update
+
+  def spy(learner, critic, on, off, source, step_key, **kw):
+    calls.append((on, off, kw.get("off_adv")))
+    return update(learner, critic, on, off, source, step_key, **kw)
+
+  t.update = spy
+  return calls
+
+
+def spy_metrics(t):
+  rows, write = [], t.metrics.write
+
+  def spy(step, phase, m):
+    rows.append((phase, dict(m)))
+    return write(step, phase, m)
+
+  t.metrics.write = spy
+  return rows
+
+
+def make_one_win(t):
+  """Rewrites D so that its first trajectory is its only win (+10 on its
+  last step): a group of 2 with one win."""
+  trajs = t.buffer.trajectories()
+  for k, traj in enumerate(trajs):
+    bonus = (10.0 if k == 0 else 0.0) - (10.0 if traj.steps[-1].won else 0.0)
+    for s in traj.steps:
+      s.won, s.outcome_reward = k == 0, s.outcome_reward + bonus
+    traj.steps[-1].env_reward += bonus
+  t.buffer.clear()
+  t.buffer.add_trajectories(trajs)
+  replay.mark_complete(t.buffer.directory)
+  return trajs[0].steps[0].traj_id
+
+
+def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
+  """alpha = 1/2 of 2 groups x 2: each A step plays 1 fresh group and
+  replays 2 of D's 4 trajectories: the win first (reward-based), the
+  other 2 in the second step; each carries its advantage against its
+  whole group of D."""
+  cfg = micro_config("grpo", "rspo.k=2,steps=2")
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  seen = record_train_batches(t.a)
+  try:
+    t.b_phase()
+    winner = make_one_win(t)
+    d = t.buffer.trajectories()
+    want = replayed.advantages_in_buffer(
+        d, cfg.algo, invalid_action_penalty=cfg.algo.invalid_action_penalty)
+    assert (want[winner] > 0).all()  # beside a failure in its group
+    t.state.phase = "A"
+    calls = spy_updates(t)
+    drawn = []
+    for step in range(2):
+      m = t.a_step()
+      t.state.a_steps += 1
+      on, off, off_adv = calls[-1]
+      assert len({r.group_id for r in on}) == 1
+      ids = sorted({r.traj_id for r in off})
+      assert len(ids) == 2
+      drawn.append(ids)
+      assert t.state.replay_used == sorted(sum(drawn, []))
+      np.testing.assert_allclose(
+          off_adv, np.concatenate([want[i] for i in
+                                   dict.fromkeys(r.traj_id for r in off)]))
+      # A's batch: fresh rows then replayed rows, one update.
+      batch = seen[-1]
+      mask = np.asarray(batch.loss_mask) > 0
+      off_rows = np.flatnonzero(np.asarray(batch.is_offpolicy))
+      assert len(off_rows) == len(off) == m["rows_off"]
+      for row, a in zip(off_rows, off_adv):
+        np.testing.assert_allclose(
+            np.asarray(batch.advantages)[row][mask[row]], a, rtol=1e-6)
+      tokens = np.array([len(r.response_ids) for r in off])
+      assert m["replay_nonzero_adv_frac"] == pytest.approx(
+          tokens[off_adv != 0].sum() / tokens.sum())
+      assert m["replay_adv_mean"] == pytest.approx(
+          (tokens * off_adv).sum() / tokens.sum(), rel=1e-5)
+      assert m["replay_success_frac"] == np.mean(
+          [any(r.won for r in off if r.traj_id == i) for i in ids])
+    assert winner in drawn[0]  # successful trajectories first
+    assert sorted(sum(drawn, [])) == sorted(
+        t_.steps[0].traj_id for t_ in d)  # then the unused ones
+    t.end_loop()
+    assert t.state.replay_used == []
+  finally:
+    run.close()
+
+
+def test_ppo_epochs_reshuffle_rows_with_pi_old_of_the_step_start(tmp_path):
+  """train.ppo_epochs = 2, mini_batch_rows = 4: 2 x ceil(n / 4) updates;
+  each epoch trains every row once, the second in another shuffle; every
+  update's pi_old is the step-start policy's; the metrics are the updates'
+  means plus the last update's clip fractions."""
+  cfg = micro_config("grpo", "train.mini_batch_rows=4")
+  with cfg.unlocked():
+    cfg.train.ppo_epochs = 2
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  seen, per_update, train = [], [], t.a.train
+
+  def spy(batch, rng):
+    seen.append(batch)
+    per_update.append(train(batch, rng))
+    return per_update[-1]
+
+  t.a.train = spy
+  try:
+    t.b_phase()
+    t.state.phase = "A"
+    before = jax.tree.map(np.array, jax.device_get(t.a.params))
+    m = t.a_step()
+    n_rows = int(m["rows_on"] + m["rows_off"])
+    per_epoch = -(-n_rows // 4)
+    assert per_epoch >= 2 and m["epochs"] == 2
+    assert len(seen) == m["updates"] == 2 * per_epoch
+    epochs = [seen[:per_epoch], seen[per_epoch:]]
+    sizes = [len(c) for c in np.array_split(np.arange(n_rows), per_epoch)]
+
+    def rows_of(batches):
+      out = []
+      for b in batches:
+        for row, n in zip(np.asarray(b.tokens),
+                          np.asarray(b.attention_mask).sum(1)):
+          if n:
+            out.append(row[:n].tobytes())
+      return out
+
+    for ep in epochs:
+      real = [int((np.asarray(b.attention_mask).sum(1) > 0).sum())
+              for b in ep]
+      assert real == sizes
+    assert collections.Counter(rows_of(epochs[0])) == collections.Counter(
+        rows_of(epochs[1]))  # every row once per epoch
+    assert [set(rows_of([b])) for b in epochs[0]] != [
+        set(rows_of([b])) for b in epochs[1]]  # reshuffled
+    for batch in seen:  # pi_old: the params before the first update
+      mask = np.asarray(batch.loss_mask) > 0
+      want = t.batches.apply(t.a, batch, params=before)
+      np.testing.assert_allclose(np.asarray(batch.old_logp)[mask],
+                                 want[mask], atol=1e-5)
+    assert m["loss"] == pytest.approx(
+        np.mean([u["loss"] for u in per_update]), rel=1e-6)
+    clip_keys = [k for k in per_update[-1] if k.startswith("clip_frac")]
+    assert clip_keys
+    for k in clip_keys:
+      assert m[f"last_{k}"] == per_update[-1][k]
+  finally:
+    run.close()
+
+
+def _noisy_b_collections(t, sigma):
+  """B's engine log-probs + N(0, sigma^2) noise, in every B collection."""
+  collect, noise = t.collect_groups, []
+
+  def spy(learner, n_groups, tag, share=None):
+    records, stats = collect(learner, n_groups, tag, share)
+    if tag == POLICY_B:
+      rng = np.random.default_rng(len(noise))
+      for r in records:
+        e = rng.normal(0.0, sigma, len(r.behavior_logp)).astype(np.float32)
+        r.behavior_logp = r.behavior_logp + e
+        noise.append(np.abs(e).max() if len(e) else 0.0)
+    return records, stats
+
+  t.collect_groups = spy
+  return noise
+
+
+def _capture_b(t):
+  copies, copy = [], t.a.copy
+
+  def spy(**kw):
+    copies.append(copy(**kw))
+    return copies[-1]
+
+  t.a.copy = spy
+  return copies
+
+
+def _learner_logp(t, learner, records):
+  batch = t.batches.build(records, np.zeros(len(records)),
+                          np.zeros(len(records), bool))
+  logp = t.batches.apply(learner, batch)
+  return [logp[i][np.asarray(batch.loss_mask[i]) > 0]
+          for i in range(len(records))]
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_b_learner_log_probs_replace_noisy_engine_ones(recompute, tmp_path):
+  """Noise on the engine's log-probs of B's tokens: with
+  rspo.recompute_behavior_logp D holds B's learner's log-probs (so
+  c = pi_old / pi_B carries no noise) and behavior_logp_max_gap reports
+  the noise; without it D holds the noisy engine values."""
+  cfg = micro_config("grpo")
+  with cfg.unlocked():
+    cfg.rspo.recompute_behavior_logp = recompute
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  noise = _noisy_b_collections(t, sigma=0.5)
+  copies, rows = _capture_b(t), spy_metrics(t)
+  seen = record_train_batches(t.a)
+  try:
+    t.b_phase()
+    (b,) = copies
+    stored = [r for r in t.buffer.records() if len(r.response_ids)]
+    learner = _learner_logp(t, b, stored)
+    gaps = [np.abs(r.behavior_logp - l).max() for r, l in zip(stored, learner)]
+    (collect_row,) = [m for p, m in rows if p == "B_collect"]
+    if recompute:
+      assert max(gaps) < 1e-5
+      # Engine vs learner in float32 on CPU: ~1e-6; the rest is the noise
+      # of the stored collection (the last len(stored) draws).
+      assert collect_row["behavior_logp_max_gap"] == pytest.approx(
+          max(noise[-t.buffer.stats()["num_steps"]:]), abs=1e-3)
+      assert collect_row["behavior_logp_max_gap"] > 0.5
+    else:
+      assert min(gaps) > 0 and max(gaps) > 0.5
+      assert "behavior_logp_max_gap" not in collect_row
+    t.state.phase = "A"
+    t.a_step()
+    batch = seen[-1]
+    off = np.flatnonzero(np.asarray(batch.is_offpolicy))
+    mask = np.asarray(batch.loss_mask) > 0
+    beh = np.asarray(batch.behavior_logp)
+    by_row = {(tuple(r.prompt_ids), tuple(r.response_ids)): l
+              for r, l in zip(stored, learner)}
+    tokens = np.asarray(batch.tokens)
+    for row in off:  # A's behaviour log-probs for replayed rows: pi_B's
+      n = int(np.asarray(batch.attention_mask)[row].sum())
+      resp = tokens[row][mask[row]]
+      prompt = tokens[row][:n - len(resp)]
+      want = by_row[(tuple(prompt), tuple(resp))]
+      got = beh[row][mask[row]]
+      if recompute:
+        np.testing.assert_allclose(got, want, atol=1e-5)
+      else:
+        assert np.abs(got - want).max() > 1e-3
+  finally:
+    run.close()
