@@ -65,8 +65,14 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.algo = ml_collections.ConfigDict()
   c.algo.name = "grpo" if algo == "grpo_nostd" else algo
   c.algo.normalize_std = algo != "grpo_nostd"
-  c.algo.gamma = 0.95  # GiGPO step-return discount / PPO GAE discount
-  c.algo.gae_lambda = 1.0
+  c.algo.gamma = 0.95  # GiGPO's step-return discount only
+  # Credit (docs/credit.md): 'verl_agent' = penalty on the offending step
+  # row, group statistics over step rows, PPO GAE per row; 'trajectory' =
+  # penalty summed into R(tau), statistics per trajectory, GAE across steps.
+  c.algo.credit_mode = "verl_agent"
+  c.algo.gae_gamma = 1.0  # PPO's GAE (verl ppo_trainer.yaml algorithm.gamma)
+  c.algo.gae_lambda = 1.0  # verl's algorithm.lam
+  c.algo.gae_whiten = True  # verl masked_whiten over response tokens
   c.algo.omega = 1.0  # GiGPO step-advantage weight
   c.algo.anchor_similarity = config_dict.placeholder(float)  # None = exact
   c.algo.clip_eps_high = config_dict.placeholder(float)  # None = clip_eps
@@ -279,6 +285,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
       (c.algo.clip_window in ("additive", "multiplicative"),
        "algo.clip_window", c.algo.clip_window),
       (c.algo.kl_kind in ("k1", "k2", "k3"), "algo.kl_kind", c.algo.kl_kind),
+      (c.algo.credit_mode in ("verl_agent", "trajectory"),
+       "algo.credit_mode", c.algo.credit_mode),
       (c.algo.loss_agg in ("token_mean", "seq_mean_token_mean"),
        "algo.loss_agg", c.algo.loss_agg),
       (c.rollout.engine in ("jax", "sglang"), "rollout.engine",
@@ -308,8 +316,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"train.updates_per_step={c.train.updates_per_step} and"
         f" train.mini_batch_rows={c.train.mini_batch_rows} both set the"
         " mini-batches of a step; set one of them to 0")
-  if c.rspo.enabled and c.train.batch_tasks * c.rspo.alpha < 1 and c.rspo.alpha:
+  # alpha is a share of training samples (replay/selection.replay_counts).
+  samples = c.train.batch_tasks * c.train.group_size
+  if c.rspo.enabled and c.rspo.alpha and samples * c.rspo.alpha < 0.5:
     raise ValueError(
-        f"rspo.alpha={c.rspo.alpha} of train.batch_tasks="
-        f"{c.train.batch_tasks} groups is less than one replayed group"
+        f"rspo.alpha={c.rspo.alpha} of train.batch_tasks x group_size ="
+        f" {samples} episodes is less than one replayed trajectory"
     )
