@@ -177,6 +177,9 @@ def test_decoupled_placement_runs_two_loops(tmp_path):
     rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
     a_rows = [r for r in rows if r["phase"] == "A"]
     assert len(a_rows) == 2 and all(r["rows_off"] > 0 for r in a_rows)
+    for r in a_rows:  # B's learner recomputed log pi_B in B's thread
+      assert 0.0 <= r["behavior_logp_max_gap"] < 0.1
+      assert 0.0 <= r["replay_nonzero_adv_frac"] <= 1.0
     assert not os.listdir(tmp_path / "replay_b") or not any(
         f.endswith(".array_record") for f in os.listdir(tmp_path / "replay_b"))
   finally:

@@ -261,3 +261,36 @@ def test_b_learner_log_probs_replace_noisy_engine_ones(recompute, tmp_path):
         assert np.abs(got - want).max() > 1e-3
   finally:
     run.close()
+
+
+def test_rspo_h_replays_a_own_previous_loop_with_learner_log_probs(tmp_path):
+  """RSPO_H (data_source=history), 2 loops of k = 1: loop 1 replays
+  nothing (D empty: all 2 groups fresh); loop 2 replays 2 of A's loop-1
+  trajectories, whose behaviour log-probs are A's learner's at the time
+  A collected them."""
+  cfg = micro_config("grpo", "rspo.data_source=history")
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  calls, update, learner_logp = [], t.update, {}
+
+  def spy(learner, critic, on, off, source, step_key, **kw):
+    calls.append((on, off))
+    if learner is t.a:  # A's params are still those that collected ``on``
+      for r, l in zip(on, _learner_logp(t, t.a, on)):
+        learner_logp[(r.traj_id, r.step_idx)] = l
+    return update(learner, critic, on, off, source, step_key, **kw)
+
+  t.update = spy
+  try:
+    t.run()
+    (on1, off1), (on2, off2) = calls
+    assert not off1 and len({r.group_id for r in on1}) == 2
+    assert len({r.group_id for r in on2}) == 1
+    assert len({r.traj_id for r in off2}) == 2
+    assert {r.traj_id for r in off2} <= {r.traj_id for r in on1}
+    for r in off2:
+      np.testing.assert_allclose(r.behavior_logp,
+                                 learner_logp[(r.traj_id, r.step_idx)],
+                                 atol=1e-5)
+  finally:
+    run.close()
