@@ -7,8 +7,8 @@ optimizer state copied or fresh by choice.
 
 A policy learner runs its last block and LM head only on the batch's
 response window (``train_step.response_window``): ``apply`` returns
-log-probs on each row's window and 0 outside it, where the loss mask is 0. One jitted
-function per (window, micro-batch count) bucket.
+log-probs on each row's window and 0 outside it, where the loss mask is 0.
+One jitted function per (window, micro-batch count) bucket.
 """
 
 from __future__ import annotations
@@ -124,10 +124,21 @@ class Learner:
     ]
     return np.concatenate(outs, axis=0)
 
-  def train(self, batch: Batch, rng: jax.Array) -> dict:
-    rows = len(batch.tokens)
+  def n_micro(self, rows: int) -> int:
+    """Micro-batches of at most ``micro_batch_rows`` rows: ceil(rows / m)
+    (the step pads the last rows with zero-mask rows), 1 when m = 0 or
+    m >= rows. A loss not summed over micro-batches (no whole-batch totals,
+    ``train_step.summed_over_micro_batches``) keeps equal micro-batches:
+    rows / m when m divides rows, else 1."""
     m = self.micro_batch_rows
-    n_micro = rows // m if m and rows > m and rows % m == 0 else 1
+    if not m or rows <= m:
+      return 1
+    if ts.batch_totals_of(self.loss_fn) is not None:
+      return -(-rows // m)
+    return rows // m if rows % m == 0 else 1
+
+  def train(self, batch: Batch, rng: jax.Array) -> dict:
+    n_micro = self.n_micro(len(batch.tokens))
     window = self._window(batch)
     key = (n_micro, window)
     if key not in self._steps:

@@ -41,34 +41,71 @@ def _masked_log_ratio(a: jax.Array, b: jax.Array, mask: jax.Array):
   return jnp.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-def aggregate(x: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
+def aggregate(
+    x: jax.Array, mask: jax.Array, mode: str,
+    total: Optional[jax.Array] = None,
+) -> jax.Array:
   """Reduces a per-token quantity to a scalar.
 
-  token_mean:          sum_bt x*m / max(sum_bt m, 1)
-  seq_mean_token_mean: mean over rows b with sum_t m > 0 of
-                       sum_t x*m / sum_t m
+  token_mean:          sum_bt x*m / max(N, 1),   N = sum_bt m
+  seq_mean_token_mean: sum over rows b with sum_t m > 0 of
+                       (sum_t x*m / sum_t m) / max(N, 1),
+                       N = number of such rows
   Rows with an empty mask contribute nothing; an all-empty mask gives 0.
+  ``total`` replaces N (see :func:`normaliser`): with the whole update's N,
+  the values of the micro-batches of one update sum to the update's value.
 
   Args:
     x: [B, T] values.
     mask: [B, T] float weights (1 = counted).
     mode: one of ``AGG_MODES``.
+    total: the normaliser N; None = this batch's own.
 
   Returns:
     A float32 scalar.
   """
   chex.assert_rank([x, mask], 2)
   chex.assert_equal_shape([x, mask])
+  _check_mode(mode)
   mask = mask.astype(jnp.float32)
   xm = _masked(x.astype(jnp.float32), mask) * mask
+  if total is None:
+    total = normaliser(mask, mode)
   if mode == "token_mean":
-    return jnp.sum(xm) / jnp.maximum(jnp.sum(mask), 1.0)
-  if mode == "seq_mean_token_mean":
-    row_n = jnp.sum(mask, axis=-1)
-    row_mean = jnp.sum(xm, axis=-1) / jnp.maximum(row_n, 1.0)
-    has = (row_n > 0).astype(jnp.float32)
-    return jnp.sum(row_mean * has) / jnp.maximum(jnp.sum(has), 1.0)
-  raise ValueError(f"aggregate: unknown mode {mode!r}; expected {AGG_MODES}")
+    return jnp.sum(xm) / jnp.maximum(total, 1.0)
+  row_n = jnp.sum(mask, axis=-1)
+  row_mean = jnp.sum(xm, axis=-1) / jnp.maximum(row_n, 1.0)
+  has = (row_n > 0).astype(jnp.float32)
+  return jnp.sum(row_mean * has) / jnp.maximum(total, 1.0)
+
+
+def _check_mode(mode: str) -> None:
+  if mode not in AGG_MODES:
+    raise ValueError(f"aggregate: unknown mode {mode!r}; expected {AGG_MODES}")
+
+
+def normaliser(mask: jax.Array, mode: str) -> jax.Array:
+  """N of :func:`aggregate`: sum_bt m (token_mean), or the number of rows
+  with sum_t m > 0 (seq_mean_token_mean)."""
+  _check_mode(mode)
+  mask = mask.astype(jnp.float32)
+  if mode == "token_mean":
+    return jnp.sum(mask)
+  return jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32))
+
+
+def mask_totals(mask: jax.Array) -> dict[str, jax.Array]:
+  """Whole-batch normalisers of a single-source loss:
+  n_tokens = sum_bt m, n_rows = number of rows with a counted token."""
+  return {
+      "n_tokens": normaliser(mask, "token_mean"),
+      "n_rows": normaliser(mask, "seq_mean_token_mean"),
+  }
+
+
+def _total(totals: dict, mode: str, suffix: str = "") -> jax.Array:
+  key = "n_tokens" if mode == "token_mean" else "n_rows"
+  return totals[key + suffix]
 
 
 def _token_max(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -120,7 +157,8 @@ def shifted_clip_objective(
   Returns:
     objective [B, T] (0 on masked tokens) and per-token diagnostics:
     ratio (r), centre (c), lower, upper, clipped (1.0 where the clipped
-    branch is active and differs, else 0).
+    branch is active and differs, else 0), and its two sides: clipped_low
+    (r < lower, A < 0) and clipped_high (r > upper, A > 0).
   """
   chex.assert_rank([logp, old_logp, behavior_logp, advantages, mask], 2)
   chex.assert_equal_shape([logp, old_logp, behavior_logp, advantages, mask])
@@ -153,6 +191,10 @@ def shifted_clip_objective(
       "lower": lower,
       "upper": upper,
       "clipped": _masked(is_clipped.astype(jnp.float32), mask),
+      "clipped_low": _masked(
+          (is_clipped & (ratio < lower)).astype(jnp.float32), mask),
+      "clipped_high": _masked(
+          (is_clipped & (ratio > upper)).astype(jnp.float32), mask),
   }
   return objective, diag
 
@@ -225,7 +267,9 @@ def shifted_clip_loss(
   Metrics (token means over counted tokens, whatever ``agg`` is):
     pg_loss:     the loss itself.
     clip_frac:   fraction of tokens where the clipped branch is active and
-                 differs (those tokens get zero gradient).
+                 differs (those tokens get zero gradient); clip_frac_low
+                 and clip_frac_high split it by side (r < lower, A < 0;
+                 r > upper, A > 0).
     approx_kl:   k3 estimate of KL(pi_theta || pi_old):
                  exp(old_logp - logp) - (old_logp - logp) - 1.
     ratio_mean:  mean of r = pi_theta / pi_B;  ratio_max: its max.
@@ -249,17 +293,19 @@ def shifted_clip_loss(
   return loss, metrics
 
 
-def _approx_kl(logp, old_logp, mask) -> jax.Array:
+def _approx_kl(logp, old_logp, mask, total=None) -> jax.Array:
   """Token mean of k3(pi_theta || pi_old): exp(-d) + d - 1, d = logp - old."""
   log_r = _masked_log_ratio(logp, old_logp, mask)
   k3 = kl_divergence(log_r, jnp.zeros_like(log_r), "k3")
-  return aggregate(jax.lax.stop_gradient(k3), mask, "token_mean")
+  return aggregate(jax.lax.stop_gradient(k3), mask, "token_mean", total)
 
 
 def _policy_metrics(logp, old_logp, diag, mask) -> dict[str, jax.Array]:
   mask = mask.astype(jnp.float32)
   return {
       "clip_frac": aggregate(diag["clipped"], mask, "token_mean"),
+      "clip_frac_low": aggregate(diag["clipped_low"], mask, "token_mean"),
+      "clip_frac_high": aggregate(diag["clipped_high"], mask, "token_mean"),
       "approx_kl": _approx_kl(logp, old_logp, mask),
       "ratio_mean": aggregate(diag["ratio"], mask, "token_mean"),
       "ratio_max": _token_max(diag["ratio"], mask),
@@ -290,6 +336,7 @@ def value_loss(
     *,
     clip_eps: float = 0.2,
     agg: str = "token_mean",
+    totals: Optional[dict] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """PPO's clipped value loss.
 
@@ -303,6 +350,9 @@ def value_loss(
     mask: [B, T] float.
     clip_eps: half-width of the value window.
     agg: aggregation mode.
+    totals: ``mask_totals`` of the whole update when this is one of its
+      micro-batches: loss and metrics are then this micro-batch's
+      contributions (they sum to the update's values). None: this batch's.
 
   Returns:
     loss and metrics: vf_loss, vf_clip_frac (tokens where the clipped term
@@ -310,6 +360,9 @@ def value_loss(
   """
   chex.assert_rank([values, old_values, returns, mask], 2)
   chex.assert_equal_shape([values, old_values, returns, mask])
+  if totals is None:
+    totals = mask_totals(mask)
+  n_tok = totals["n_tokens"]
   v = _masked(values.astype(jnp.float32), mask)
   v_old = jax.lax.stop_gradient(_masked(old_values.astype(jnp.float32), mask))
   ret = jax.lax.stop_gradient(_masked(returns.astype(jnp.float32), mask))
@@ -317,16 +370,46 @@ def value_loss(
   l_unclipped = jnp.square(v - ret)
   l_clipped = jnp.square(v_clip - ret)
   per_token = 0.5 * jnp.maximum(l_unclipped, l_clipped)
-  loss = aggregate(per_token, mask, agg)
+  loss = aggregate(per_token, mask, agg, _total(totals, agg))
   metrics = {
       "vf_loss": loss,
       "vf_clip_frac": aggregate(
-          (l_clipped > l_unclipped).astype(jnp.float32), mask, "token_mean"
+          (l_clipped > l_unclipped).astype(jnp.float32), mask, "token_mean",
+          n_tok,
       ),
-      "value_mean": aggregate(v, mask, "token_mean"),
-      "return_mean": aggregate(ret, mask, "token_mean"),
+      "value_mean": aggregate(v, mask, "token_mean", n_tok),
+      "return_mean": aggregate(ret, mask, "token_mean", n_tok),
   }
   return loss, metrics
+
+
+def mixed_totals(
+    loss_mask: jax.Array, is_offpolicy: jax.Array, *, alpha: float
+) -> dict[str, jax.Array]:
+  """Whole-update quantities of :func:`mixed_objective`, from the full batch.
+
+    n_tokens_src = sum of the loss mask over src's rows     (src = on, off)
+    n_rows_src   = number of src's rows with a counted token
+    (w_on, w_off) = (1 - alpha, alpha) if both n_tokens > 0,
+                    (1, 0) or (0, 1) if only one is,  (0, 0) if neither.
+
+  Inside a jitted step over a global (sharded) batch these sums run over
+  every device and host.
+  """
+  mask = loss_mask.astype(jnp.float32)
+  off_rows = is_offpolicy.astype(bool)[:, None]
+  mask_on = jnp.where(off_rows, 0.0, mask)
+  mask_off = jnp.where(off_rows, mask, 0.0)
+  totals = {}
+  for src, m in (("on", mask_on), ("off", mask_off)):
+    for key, value in mask_totals(m).items():
+      totals[f"{key}_{src}"] = value
+  has_on = totals["n_tokens_on"] > 0
+  has_off = totals["n_tokens_off"] > 0
+  both = has_on & has_off
+  totals["w_on"] = jnp.where(both, 1.0 - alpha, jnp.where(has_on, 1.0, 0.0))
+  totals["w_off"] = jnp.where(both, alpha, jnp.where(has_off, 1.0, 0.0))
+  return totals
 
 
 def mixed_objective(
@@ -347,19 +430,28 @@ def mixed_objective(
     kl_kind: str = "k3",
     entropy_coef: float,
     agg: str = "token_mean",
+    totals: Optional[dict] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """RSPO's loss for agent A over a batch mixing on- and off-policy rows.
 
-    J_src   = agg_src(clip_objective - kl_coef * KL(pi_theta || pi_ref))
+    f       = clip_objective - kl_coef * KL(pi_theta || pi_ref)   per token
+    J_src   = sum_{src tokens} f / N_src                 (token_mean)
+              sum_{src rows} mean_t f / R_src            (seq_mean_token_mean)
     J_total = w_on * J_on + w_off * J_off
-    loss    = -J_total - entropy_coef * agg_all(entropy)
+    loss    = -J_total - entropy_coef * H,   H normalised by N_on + N_off
+                                             (or R_on + R_off) alike
 
-  where agg_src aggregates over the counted tokens of that source's rows
-  only. On-policy rows use pi_B := pi_old (whatever ``behavior_logp`` holds
-  there), so J_on is plain PPO; off-policy rows use the shifted clip around
-  c = pi_old / pi_B. Weights: (w_on, w_off) = (1 - alpha, alpha) when both
-  sources have counted tokens, (1, 0) or (0, 1) when only one has, (0, 0)
-  when neither (decided with counts and jnp.where, so it stays jittable).
+  N_src, R_src (counted tokens, rows with a counted token) and the weights
+  come from ``totals`` (:func:`mixed_totals`): (w_on, w_off) =
+  (1 - alpha, alpha) when both sources have counted tokens, (1, 0) or
+  (0, 1) when only one has, (0, 0) when neither. ``totals=None`` takes this
+  batch's own, so the result is this batch's loss. Given the totals of a
+  whole update, the call on one micro-batch returns that micro-batch's
+  *contribution*: summed over any partition of the update's rows (in any
+  order, with padding rows of zero mask), loss, gradient and metrics are
+  the update's. On-policy rows use pi_B := pi_old (whatever
+  ``behavior_logp`` holds there), so J_on is plain PPO; off-policy rows use
+  the shifted clip around c = pi_old / pi_B.
 
   Args:
     logp, old_logp, behavior_logp, ref_logp, advantages: [B, T].
@@ -372,11 +464,16 @@ def mixed_objective(
     kl_kind: KL estimator, see :func:`kl_divergence`.
     entropy_coef: weight of the entropy bonus.
     agg: aggregation mode, see :func:`aggregate`.
+    totals: the whole update's :func:`mixed_totals`, or None.
 
   Returns:
-    loss (scalar) and metrics: loss, pg_loss_on/off (-agg of the clip
-    objective alone), clip_frac_on/off, kl_on/off (token means of KL),
-    ratio_mean_on/off, n_tokens_on/off, w_on/off, approx_kl, entropy.
+    loss (scalar) and metrics, each a token mean over the counted tokens of
+    its source (or all) normalised by the totals: loss, pg_loss_on/off (-J
+    of the clip objective alone, ``agg``), clip_frac_on/off (clipped branch
+    active: zero gradient), clip_frac_{on,off}_low (r < lower, A < 0) and
+    _high (r > upper, A > 0), kl_on/off, ratio_mean_on/off, approx_kl
+    (k3 to pi_old), entropy. With ``totals=None`` the metrics also hold this
+    batch's totals (n_tokens_on/off, n_rows_on/off, w_on/off).
   """
   chex.assert_rank(
       [logp, old_logp, behavior_logp, ref_logp, advantages, loss_mask], 2
@@ -388,6 +485,9 @@ def mixed_objective(
   chex.assert_axis_dimension(is_offpolicy, 0, logp.shape[0])
   if entropy is not None:
     chex.assert_equal_shape([entropy, logp])
+  own_totals = totals is None
+  if own_totals:
+    totals = mixed_totals(loss_mask, is_offpolicy, alpha=alpha)
   mask = loss_mask.astype(jnp.float32)
   off_rows = is_offpolicy.astype(bool)[:, None]
   mask_off = jnp.where(off_rows, mask, 0.0)
@@ -407,27 +507,29 @@ def mixed_objective(
   kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask), kl_kind)
   per_token = obj - kl_coef * kl
 
-  n_on, n_off = jnp.sum(mask_on), jnp.sum(mask_off)
-  has_on, has_off = n_on > 0, n_off > 0
-  both = has_on & has_off
-  w_on = jnp.where(both, 1.0 - alpha, jnp.where(has_on, 1.0, 0.0))
-  w_off = jnp.where(both, alpha, jnp.where(has_off, 1.0, 0.0))
-  j_on = aggregate(per_token, mask_on, agg)
-  j_off = aggregate(per_token, mask_off, agg)
-  j_total = w_on * j_on + w_off * j_off
+  n = {src: totals[f"n_tokens_{src}"] for src in ("on", "off")}
+  norm = {src: _total(totals, agg, f"_{src}") for src in ("on", "off")}
+  j_on = aggregate(per_token, mask_on, agg, norm["on"])
+  j_off = aggregate(per_token, mask_off, agg, norm["off"])
+  j_total = totals["w_on"] * j_on + totals["w_off"] * j_off
 
+  n_all = n["on"] + n["off"]
   if entropy is None:
     ent = jnp.zeros((), jnp.float32)
   else:
-    ent = aggregate(entropy, mask, agg)
+    ent = aggregate(entropy, mask, agg, norm["on"] + norm["off"])
   loss = -j_total - entropy_coef * ent
 
-  metrics = {"loss": loss, "entropy": ent, "w_on": w_on, "w_off": w_off}
-  for src, m, n in (("on", mask_on, n_on), ("off", mask_off, n_off)):
-    metrics[f"pg_loss_{src}"] = -aggregate(obj, m, agg)
-    metrics[f"clip_frac_{src}"] = aggregate(diag["clipped"], m, "token_mean")
-    metrics[f"kl_{src}"] = aggregate(kl, m, "token_mean")
-    metrics[f"ratio_mean_{src}"] = aggregate(diag["ratio"], m, "token_mean")
-    metrics[f"n_tokens_{src}"] = n
-  metrics["approx_kl"] = _approx_kl(logp, old_logp, mask)
+  metrics = {"loss": loss, "entropy": ent}
+  token_means = (("clip_frac_{}", diag["clipped"]),
+                 ("clip_frac_{}_low", diag["clipped_low"]),
+                 ("clip_frac_{}_high", diag["clipped_high"]),
+                 ("kl_{}", kl), ("ratio_mean_{}", diag["ratio"]))
+  for src, m in (("on", mask_on), ("off", mask_off)):
+    metrics[f"pg_loss_{src}"] = -aggregate(obj, m, agg, norm[src])
+    for name, x in token_means:
+      metrics[name.format(src)] = aggregate(x, m, "token_mean", n[src])
+  metrics["approx_kl"] = _approx_kl(logp, old_logp, mask, n_all)
+  if own_totals:
+    metrics.update(totals)
   return loss, metrics

@@ -10,9 +10,16 @@ jitted with ``in_shardings``/``out_shardings`` over the mesh and the state
 donated. Non-finite loss or gradients skip the update (state unchanged,
 ``metrics['skipped'] = 1``); the caller counts consecutive skips.
 
-Micro-batching: the batch's leading axis is split into ``n_micro`` equal
-chunks and gradients are averaged over them (``lax.scan``), i.e. the step
-optimises the mean of the micro-batch losses.
+Micro-batching: the batch's rows are padded with all-zero rows (zero loss
+mask) to a multiple of ``n_micro`` and split strided, micro-batch i = rows
+i, i + n, i + 2n, ... (so the row axis sharded over devices stays spread
+over them), and scanned (``lax.scan``). A loss marked with
+``summed_over_micro_batches`` (every loss below) is normalised by whole-batch
+totals -- token and row counts of the full, global batch, computed once in
+the step before the scan -- and its micro-batch values are *summed*: the
+update's loss, gradient and metrics are those of the whole batch, whatever
+``n_micro``, the row order or the padding. Any other loss is averaged over
+micro-batches (its mean of micro-batch losses).
 
 Response window: policy losses and log-prob passes only need log pi at the
 tokens a row's ``loss_mask`` counts, the response at the end of the row. With
@@ -44,8 +51,32 @@ from rspo_jax import losses
 from rspo_jax import sharding as shd
 from rspo_jax.models import transformer as tfm
 
-# loss_fn(model, batch, rng[, window=R]) -> (loss, metrics)
+# loss_fn(model, batch, rng[, window=R][, totals=T]) -> (loss, metrics)
 LossFn = Callable[..., tuple[jax.Array, dict]]
+
+
+def summed_over_micro_batches(batch_totals: Callable[[Any], dict]):
+  """Marks a loss as one whose micro-batch values sum to the batch's.
+
+  ``batch_totals(batch) -> {name: scalar}`` gives the whole batch's
+  normalisers (token counts ...); the step calls it once on the full batch
+  and passes the result as ``loss_fn(..., totals=...)`` to every
+  micro-batch. The loss then returns the micro-batch's contribution (a sum
+  over its rows divided by the totals); with ``totals=None`` it takes the
+  batch's own, i.e. returns the batch's loss. The step reports the totals
+  among the metrics.
+  """
+
+  def mark(loss_fn):
+    loss_fn.batch_totals = batch_totals
+    return loss_fn
+
+  return mark
+
+
+def batch_totals_of(loss_fn: LossFn) -> Optional[Callable[[Any], dict]]:
+  """The ``batch_totals`` function of a summed loss, else None."""
+  return getattr(loss_fn, "batch_totals", None)
 
 
 @flax.struct.dataclass
@@ -154,14 +185,27 @@ def batch_shardings(mesh: Mesh, batch, rules):
 # --------------------------------------------------------------------------
 
 
-def _split_micro(batch, n_micro: int):
+def split_micro(batch, n_micro: int, *, pad: bool = True):
+  """Leaves [B, ...] -> [n_micro, ceil(B / n_micro), ...], strided:
+
+    micro[i, j] = row j * n_micro + i
+
+  the rows padded at the end with zeros (a zero loss mask: rows that count
+  nothing) up to a multiple of ``n_micro`` when ``pad``, else B must divide.
+  """
+
   def one(x):
-    if x.shape[0] % n_micro:
+    rows = x.shape[0]
+    extra = -rows % n_micro
+    if extra and not pad:
       raise ValueError(
-          f"batch of {x.shape[0]} rows does not split into {n_micro}"
+          f"batch of {rows} rows does not split into {n_micro}"
           " micro-batches"
       )
-    return x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:])
+    if extra:
+      x = jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1))
+    x = x.reshape(((rows + extra) // n_micro, n_micro) + x.shape[1:])
+    return jnp.moveaxis(x, 1, 0)
 
   return jax.tree.map(one, batch)
 
@@ -191,39 +235,47 @@ def make_train_step(
   ``window > 0`` is passed to ``loss_fn`` as ``window=`` (module docstring).
   """
   kw = {"window": window} if window else {}
+  totals_fn = batch_totals_of(loss_fn)
 
-  def grads_of(params, batch, rng):
+  def grads_of(params, batch, rng, totals):
+    extra = {} if totals is None else {"totals": totals}
+
     def f(p):
       model = nnx.merge(graphdef, p, frozen)
-      return loss_fn(model, batch, rng, **kw)
+      return loss_fn(model, batch, rng, **kw, **extra)
 
     (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
     return loss, metrics, grads
 
   def step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
+    # Whole-batch normalisers: sums over the global batch (every device).
+    totals = None if totals_fn is None else totals_fn(batch)
     if n_micro == 1:
-      loss, metrics, grads = grads_of(state.params, batch, rng)
+      loss, metrics, grads = grads_of(state.params, batch, rng, totals)
     else:
-      micro = _split_micro(batch, n_micro)
+      micro = split_micro(batch, n_micro, pad=totals is not None)
 
       def body(acc, xs):
         mb, i = xs
-        l, m, g = grads_of(state.params, mb, jax.random.fold_in(rng, i))
-        acc = jax.tree.map(jnp.add, acc, (l, m, g))
-        return acc, None
+        out = grads_of(state.params, mb, jax.random.fold_in(rng, i), totals)
+        return jax.tree.map(jnp.add, acc, out), None
 
+      first = jax.tree.map(lambda x: x[0], micro)
       zeros = jax.tree.map(
           jnp.zeros_like,
-          jax.eval_shape(grads_of, state.params, jax.tree.map(
-              lambda x: x[0], micro), rng),
+          jax.eval_shape(grads_of, state.params, first, rng, totals),
       )
       (loss, metrics, grads), _ = jax.lax.scan(
           body, zeros, (micro, jnp.arange(n_micro))
       )
-      loss, metrics, grads = jax.tree.map(
-          lambda x: x / n_micro, (loss, metrics, grads)
-      )
+      if totals is None:  # a loss without totals: mean of micro-batches
+        loss, metrics, grads = jax.tree.map(
+            lambda x: x / n_micro, (loss, metrics, grads)
+        )
+    metrics = dict(metrics)
+    if totals is not None:
+      metrics.update(totals)
     finite = jnp.logical_and(jnp.isfinite(loss), _all_finite(grads))
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
@@ -235,7 +287,6 @@ def make_train_step(
         params=keep(new_params, state.params),
         opt_state=keep(new_opt, state.opt_state),
     )
-    metrics = dict(metrics)
     metrics["loss"] = loss
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
@@ -339,9 +390,16 @@ def _batch_logp(model, batch, window, entropy=False):
 
 
 def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
-  """The mixed RSPO objective on a ``types.Batch`` (see losses.py)."""
+  """The mixed RSPO objective on a ``types.Batch`` (see losses.py), summed
+  over micro-batches with whole-batch totals (``losses.mixed_totals``)."""
 
-  def loss_fn(model, batch, rng, window: int = 0):
+  def batch_totals(batch):
+    return losses.mixed_totals(
+        batch.loss_mask, batch.is_offpolicy, alpha=cfg.alpha
+    )
+
+  @summed_over_micro_batches(batch_totals)
+  def loss_fn(model, batch, rng, window: int = 0, totals=None):
     del rng
     logp, entropy = _batch_logp(
         model, batch, window, entropy=bool(cfg.entropy_coef)
@@ -363,22 +421,42 @@ def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
         kl_kind=cfg.kl_kind,
         entropy_coef=cfg.entropy_coef,
         agg=cfg.agg,
+        totals=totals,
     )
 
   return loss_fn
 
 
-def _mean_nll(logp, mask):
-  """-sum(logp * mask) / max(sum(mask), 1)."""
-  return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+def _mean_nll(logp, mask, total=None):
+  """-sum(logp * mask) / max(N, 1), N = sum(mask) unless given."""
+  return -losses.aggregate(logp, mask, "token_mean", total)
 
 
-def sft_loss(model, batch, rng, window: int = 0):
-  """Behaviour cloning: -mean log pi(response tokens)."""
+def _prompt_mask(batch):
+  """Real tokens outside the loss mask, less each row's first token."""
+  mask = jnp.asarray(batch.attention_mask, jnp.float32)
+  mask = mask * (1.0 - jnp.asarray(batch.loss_mask, jnp.float32))
+  return mask.at[:, 0].set(0.0)
+
+
+def _sft_totals(batch):
+  return {"n_tokens": jnp.sum(jnp.asarray(batch.loss_mask, jnp.float32))}
+
+
+@summed_over_micro_batches(_sft_totals)
+def sft_loss(model, batch, rng, window: int = 0, totals=None):
+  """Behaviour cloning: -mean log pi(response tokens), the mean over the
+  whole batch's response tokens (``totals['n_tokens']``)."""
   del rng
   logp, _ = _batch_logp(model, batch, window)
-  nll = _mean_nll(logp, batch.loss_mask)
+  total = None if totals is None else totals["n_tokens"]
+  nll = _mean_nll(logp, batch.loss_mask, total)
   return nll, {"nll": nll}
+
+
+def _sft_prompt_totals(batch):
+  return dict(_sft_totals(batch),
+              n_prompt_tokens=jnp.sum(_prompt_mask(batch)))
 
 
 def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
@@ -388,10 +466,11 @@ def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
       nll_x = -mean_{t in x} log pi(token_t | tokens_<t),
 
   prompt positions being the real tokens outside the loss mask except each
-  row's first (nothing predicts it). The prompt term (pretraining-style)
-  teaches a from-scratch policy to read its context -- WebShop prompts
-  repeat titles, option values and product ids between the page and the
-  action list -- far sooner than the few response tokens alone.
+  row's first (nothing predicts it); means over the whole batch's tokens.
+  The prompt term (pretraining-style) teaches a from-scratch policy to read
+  its context -- WebShop prompts repeat titles, option values and product
+  ids between the page and the action list -- far sooner than the few
+  response tokens alone.
   ``prompt_weight=0`` is ``sft_loss`` (windowed to the responses).
   """
   if prompt_weight < 0:
@@ -399,13 +478,15 @@ def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
   if prompt_weight == 0:
     return sft_loss
 
-  def loss_fn(model, batch, rng):
+  @summed_over_micro_batches(_sft_prompt_totals)
+  def loss_fn(model, batch, rng, totals=None):
     del rng
+    if totals is None:
+      totals = _sft_prompt_totals(batch)
     logp, _ = _batch_logp(model, batch, 0)
-    resp = batch.loss_mask
-    nll = _mean_nll(logp, resp)
-    prompt = jnp.asarray(batch.attention_mask, jnp.float32) * (1.0 - resp)
-    prompt_nll = _mean_nll(logp, prompt.at[:, 0].set(0.0))
+    nll = _mean_nll(logp, batch.loss_mask, totals["n_tokens"])
+    prompt_nll = _mean_nll(logp, _prompt_mask(batch),
+                           totals["n_prompt_tokens"])
     loss = nll + prompt_weight * prompt_nll
     return loss, {"nll": nll, "prompt_nll": prompt_nll}
 
@@ -413,14 +494,16 @@ def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
 
 
 def make_value_loss(clip_eps: float, agg: str = "token_mean") -> LossFn:
-  """PPO critic: clipped value regression on response tokens."""
+  """PPO critic: clipped value regression on response tokens, normalised
+  by the whole batch's counts (``losses.mask_totals``)."""
 
-  def loss_fn(model, batch, rng):
+  @summed_over_micro_batches(lambda batch: losses.mask_totals(batch.loss_mask))
+  def loss_fn(model, batch, rng, totals=None):
     del rng
     values = model(batch.tokens, batch.positions, batch.attention_mask)
     return losses.value_loss(
         values, batch.old_values, batch.returns, batch.loss_mask,
-        clip_eps=clip_eps, agg=agg,
+        clip_eps=clip_eps, agg=agg, totals=totals,
     )
 
   return loss_fn

@@ -409,3 +409,153 @@ def test_jit_matches_eager():
   )
   v = jax.jit(losses.value_loss)(adv, old, logp, mask)[0]
   assert np.isclose(v, losses.value_loss(adv, old, logp, mask)[0], atol=ATOL)
+
+
+# ------------------------------------------ whole-batch totals, micro-batches
+
+
+def _random_mixed_batch(seed=0, rows=10, length=6):
+  """Rows 0-5 fresh, 6-9 replayed; rows 3 and 8 all padding (zero mask)."""
+  rng = np.random.default_rng(seed)
+  shape = (rows, length)
+  old = -rng.uniform(0.5, 3.0, shape)
+  logp = old + rng.normal(0, 0.3, shape)
+  beh = old - rng.normal(0, 0.3, shape)
+  ref = logp + rng.normal(0, 0.2, shape)
+  adv = rng.normal(0, 1, shape)
+  ent = rng.uniform(0, 2, shape)
+  mask = (rng.uniform(size=shape) < 0.7).astype(np.float32)
+  mask[[3, 8]] = 0.0
+  is_off = np.arange(rows) >= 6
+  arrs = [jnp.asarray(x, jnp.float32) for x in (logp, old, beh, ref, adv)]
+  return arrs, jnp.asarray(mask), jnp.asarray(is_off), jnp.asarray(
+      ent, jnp.float32)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_micro_batch_contributions_sum_to_the_batch(agg):
+  """With the whole batch's totals, the values of any partition of the rows
+  (here: contiguous chunks, one all-replayed, one all-padding) sum to the
+  batch's loss, gradient and metrics."""
+  arrs, mask, is_off, ent = _random_mixed_batch()
+  kw = dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01,
+            agg=agg)
+
+  def run(lp, rows, totals=None):
+    others = [a[rows] for a in arrs[1:]]
+    return losses.mixed_objective(lp[rows], *others, mask[rows],
+                                  is_off[rows], ent[rows], totals=totals,
+                                  **kw)
+
+  logp = arrs[0]
+  everything = np.arange(10)
+  (loss, metrics), grad = jax.value_and_grad(
+      lambda lp: run(lp, everything), has_aux=True)(logp)
+  totals = losses.mixed_totals(mask, is_off, alpha=0.25)
+  parts = [np.array([0, 1, 2]), np.array([3]), np.array([4, 5, 6]),
+           np.array([7, 8, 9])]  # [3] pads only; [7, 8, 9] replayed only
+  loss_sum, grad_sum = 0.0, jnp.zeros_like(logp)
+  metric_sum = {}
+  for rows in parts:
+    (l, m), g = jax.value_and_grad(
+        lambda lp, rows=rows: run(lp, rows, totals), has_aux=True)(logp)
+    loss_sum += l
+    grad_sum += g
+    for k, v in m.items():
+      metric_sum[k] = metric_sum.get(k, 0.0) + v
+  np.testing.assert_allclose(loss_sum, loss, atol=1e-6)
+  np.testing.assert_allclose(grad_sum, grad, atol=1e-7)
+  for k, v in metric_sum.items():
+    np.testing.assert_allclose(v, metrics[k], atol=1e-6, err_msg=k)
+  # The contributions carry no totals; the batch's own call does.
+  assert set(metrics) - set(metric_sum) == set(totals)
+  np.testing.assert_allclose(metrics["n_tokens_on"], mask[:6].sum())
+  np.testing.assert_allclose(metrics["n_rows_off"], 3)  # row 8 is padding
+
+
+def test_replayed_to_fresh_gradient_ratio_by_hand():
+  """d loss / d logp on an unclipped token (r = 1, pi_B = pi_old) is
+  -w_src * A / N_src: replayed / fresh = alpha / (1 - alpha) * N_on / N_off,
+  whichever micro-batches the rows are split into."""
+  rows, length, alpha = 16, 4, 0.25
+  mask = np.zeros((rows, length), np.float32)
+  mask[:12, :3] = 1.0  # fresh rows 0-11: 36 tokens
+  mask[12:14, :] = 1.0  # replayed rows 12-13: 8 tokens; 14-15 padding
+  is_off = jnp.asarray(np.arange(rows) >= 12)
+  old = jnp.full((rows, length), -1.0)
+  adv = jnp.ones((rows, length))
+  kw = dict(alpha=alpha, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0)
+  totals = losses.mixed_totals(jnp.asarray(mask), is_off, alpha=alpha)
+
+  def grad(n_micro):
+    def loss(lp):
+      total = 0.0
+      for i in range(n_micro):  # contiguous: the last chunks are replayed
+        r = slice(i * rows // n_micro, (i + 1) * rows // n_micro)
+        total += losses.mixed_objective(
+            lp[r], old[r], old[r], old[r], adv[r], jnp.asarray(mask[r]),
+            is_off[r], None, totals=totals, **kw)[0]
+      return total
+    return np.asarray(jax.grad(loss)(old))
+
+  for n_micro in (1, 2, 4, 8):
+    g = grad(n_micro)
+    np.testing.assert_allclose(g[0, 0], -(1 - alpha) / 36, rtol=1e-6)
+    np.testing.assert_allclose(g[12, 0], -alpha / 8, rtol=1e-6)
+    np.testing.assert_allclose(g[12, 0] / g[0, 0],
+                               alpha / (1 - alpha) * 36 / 8, rtol=1e-6)
+    np.testing.assert_array_equal(g[mask == 0], 0.0)
+
+
+def test_clip_sides_by_hand():
+  """_case of test_additive_vs_multiplicative_windows, c = 2, window
+  [1.8, 2.2]: r = 2.3, 2.5 with A > 0 clip high; r = 1.7, 1.5 with A < 0
+  clip low; r = 1.7, 1.9 with A > 0 do not clip."""
+  ratios = [1.7, 1.9, 2.3, 2.5, 1.7, 1.5]
+  adv = [1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
+  logp, old, beh, a = _window_case(2.0, ratios, adv)
+  mask = jnp.ones_like(logp)
+  _, diag = losses.shifted_clip_objective(logp, old, beh, a, mask)
+  np.testing.assert_array_equal(diag["clipped_high"][0], [0, 0, 1, 1, 0, 0])
+  np.testing.assert_array_equal(diag["clipped_low"][0], [0, 0, 0, 0, 1, 1])
+  _, m = losses.shifted_clip_loss(logp, old, beh, a, mask)
+  assert np.isclose(m["clip_frac_high"], 2 / 6)
+  assert np.isclose(m["clip_frac_low"], 2 / 6)
+  # The same row replayed after _mixed_case's on-policy rows 0-1 (their
+  # 2 tokens padded to 6 with masked zeros): r = 1.5, A > 0 clips high,
+  # r = 0.5, A < 0 low, of 3 counted tokens.
+  arrs, mask3, _ = _mixed_case()
+  pad = lambda x: jnp.pad(x[:2], ((0, 0), (0, 4)))
+  on = [pad(x) for x in arrs] + [pad(mask3)]
+  off = [logp, old, beh, logp, a, mask]  # ref = logp
+  both = [jnp.concatenate([x, y], 0) for x, y in zip(on, off)]
+  _, m = losses.mixed_objective(
+      *both, jnp.asarray([False, False, True]), None, alpha=0.25,
+      clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0)
+  expected = {"clip_frac_on_high": 1 / 3, "clip_frac_on_low": 1 / 3,
+              "clip_frac_off_high": 2 / 6, "clip_frac_off_low": 2 / 6,
+              "clip_frac_on": 2 / 3, "clip_frac_off": 4 / 6}
+  for k, v in expected.items():
+    assert np.isclose(m[k], v, atol=ATOL), (k, m[k], v)
+
+
+def test_value_loss_micro_batches_sum_to_the_batch():
+  rng = np.random.default_rng(3)
+  v, v_old, ret = (jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
+                   for _ in range(3))
+  mask = jnp.asarray(rng.uniform(size=(6, 4)) < 0.6, jnp.float32)
+  totals = losses.mask_totals(mask)
+  parts = (np.array([0, 5]), np.array([1, 2, 3]), np.array([4]))
+  for agg in losses.AGG_MODES:
+
+    def f(x, rows, t=None, agg=agg):
+      return losses.value_loss(x[rows], v_old[rows], ret[rows], mask[rows],
+                               agg=agg, totals=t)
+
+    (loss, m), g = jax.value_and_grad(f, has_aux=True)(v, np.arange(6))
+    outs = [jax.value_and_grad(f, has_aux=True)(v, r, totals) for r in parts]
+    np.testing.assert_allclose(sum(o[0][0] for o in outs), loss, atol=1e-6)
+    np.testing.assert_allclose(sum(o[1] for o in outs), g, atol=1e-7)
+    for k in m:
+      np.testing.assert_allclose(sum(o[0][1][k] for o in outs), m[k],
+                                 atol=1e-6, err_msg=k)
