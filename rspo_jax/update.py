@@ -11,10 +11,10 @@
               and the CPU row cap (``train.max_train_rows``);
   3. updates  pi_old and pi_ref of every row once, from the parameters at
               the step's start; then E = ``train.ppo_epochs`` passes, each
-              a fresh shuffle of the rows into ceil(n / m) mini-batches of
-              about m = ``train.mini_batch_rows`` rows (verl's
-              ``ppo_mini_batch_size``; 0: one update of every row), one
-              optimizer update each. Replayed rows keep their stored
+              a fresh shuffle of the rows into mini-batches, one optimizer
+              update each: ``train.updates_per_step`` of them, or
+              ceil(n / m) of about m = ``train.mini_batch_rows`` rows
+              (verl's ``ppo_mini_batch_size``), or one of every row. Replayed rows keep their stored
               log pi_B as behaviour log-probs: their clip window is centred
               on c = pi_old / pi_B; fresh rows have behaviour = pi_old.
   Metrics: each learner metric's mean over the step's updates, and
@@ -180,17 +180,25 @@ class StepUpdater:
   def mini_batches(self, n_rows: int, step_key: int) -> list[list[np.ndarray]]:
     """Row indices of each optimizer update, epoch by epoch.
 
-    ceil(n / m) updates per epoch (m = ``train.mini_batch_rows`` per host;
-    0 or m >= n: one update of every row), each epoch a fresh shuffle.
-    Multi-host: every host makes the same number of updates (the largest
-    any host needs; a host out of rows feeds padding).
+    Updates per epoch: n = ``train.updates_per_step`` when > 0 (at most
+    one per row); else ceil(rows / m) with m = ``train.mini_batch_rows``
+    (per host) when 0 < m < rows; else one update of every row. Each epoch
+    is a fresh shuffle of the rows into them. Multi-host: every host makes
+    the same number of updates (the largest any host needs; a host out of
+    rows feeds padding).
     """
-    m = self._per_host(self.cfg.train.mini_batch_rows)
-    if not m or n_rows <= m:
-      n_updates = 1 if n_rows or not self.multihost else 0
-    else:
+    t = self.cfg.train
+    fixed = int(t.get("updates_per_step", 0) or 0)
+    m = self._per_host(t.mini_batch_rows)
+    if fixed:
+      n_updates = min(fixed, n_rows)
+    elif m and n_rows > m:
       n_updates = -(-n_rows // m)
-    if self.multihost:
+    else:
+      n_updates = 1 if n_rows else 0
+    if not self.multihost:
+      n_updates = max(n_updates, 1)
+    else:
       n_updates = int(distributed.global_max(np.array([n_updates]))[0])
     out = []
     for epoch in range(self.epochs):

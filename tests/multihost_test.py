@@ -501,7 +501,13 @@ def test_rspo_loop_on_two_processes(tmp_path):
   res = [json.load(open(tmp_path / f"rspo{p}.json")) for p in (0, 1)]
   params = [dict(np.load(tmp_path / f"params{p}.npz")) for p in (0, 1)]
   for r in res:
-    assert r["a_steps"] == RSPO_STEPS and r["policy_step"] == RSPO_STEPS
+    assert r["a_steps"] == RSPO_STEPS
+  # Optimizer steps: the A steps' updates (train.updates_per_step each).
+  rows = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl")]
+  a_updates = sum(r["updates"] for r in rows if r["phase"] == "A")
+  assert a_updates >= RSPO_STEPS
+  for r in res:
+    assert r["policy_step"] == a_updates
     assert r["loop"] == RSPO_STEPS  # k = 1: one loop per A step
     assert r["shards_left"] == 0  # D cleared after its loop
   assert res[0]["final"] == res[1]["final"]  # summed over both hosts

@@ -59,6 +59,7 @@ def test_two_rspo_loops(algo, tmp_path):
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   seen = record_train_batches(t.a)  # what A is trained on
+  a_updates = 0
   try:
     for loop in range(2):
       a_before = params_of(t.a)
@@ -88,27 +89,35 @@ def test_two_rspo_loops(algo, tmp_path):
                                if s.traj_id == r.traj_id and s.invalid))
         assert len(r.behavior_logp) == len(r.response_ids)
       t.state.phase = "A"
+      n_seen = len(seen)
       m = t.a_step()
       t.state.a_steps += 1
-      batch = seen[-1]
-      off = np.asarray(batch.is_offpolicy)
-      real = np.asarray(batch.loss_mask).sum(1) > 0
-      # 1 of 2 groups replayed: the batch holds both sources.
-      assert off[real].any() and (~off[real]).any()
-      assert m["rows_off"] == off.sum() and m["rows_on"] == (real & ~off).sum()
+      step = seen[n_seen:]  # the step's updates
+      assert len(step) == m["updates"] >= 1
+      a_updates += len(step)
+      off = np.concatenate([np.asarray(b.is_offpolicy)[
+          np.asarray(b.loss_mask).sum(1) > 0] for b in step])
+      # Half the samples replayed: the step holds both sources.
+      assert off.any() and (~off).any()
+      assert m["rows_off"] == off.sum() and m["rows_on"] == (~off).sum()
       # Replayed rows are centred on pi_old / pi_B: behaviour != old there,
       # on-policy rows have behaviour == old (plain PPO).
-      mask = np.asarray(batch.loss_mask) > 0
-      beh, old = np.asarray(batch.behavior_logp), np.asarray(batch.old_logp)
-      assert np.abs(beh - old)[off[:, None] & mask].max() > 1e-4
-      np.testing.assert_array_equal(beh[~off[:, None] & mask],
-                                    old[~off[:, None] & mask])
+      gaps = []
+      for batch in step:
+        rows_off = np.asarray(batch.is_offpolicy)[:, None]
+        mask = np.asarray(batch.loss_mask) > 0
+        beh = np.asarray(batch.behavior_logp)
+        old = np.asarray(batch.old_logp)
+        gaps += list(np.abs(beh - old)[rows_off & mask])
+        np.testing.assert_array_equal(beh[~rows_off & mask],
+                                      old[~rows_off & mask])
+      assert max(gaps) > 1e-4
       assert changed(a_before, params_of(t.a))
       t.end_loop()
       t.save()
       t.buffer.clear()
       assert t.buffer.num_trajectories == 0
-    assert t.state.loop == 2 and t.a.step == 2
+    assert t.state.loop == 2 and t.a.step == a_updates  # optimizer steps
   finally:
     run.close()
 
@@ -238,12 +247,13 @@ def test_drop_zero_advantage_rows(tmp_path):
              if r.traj_id == winner and r.step_idx == last else r
              for r in tied]
     m = t.update(t.a, None, mixed, [], "outcome", 2)
-    (batch,) = seen
-    real = np.asarray(batch.loss_mask).sum(1) > 0
+    assert len(seen) == m["updates"]
     n_group = sum(r.group_id == won_group for r in mixed)
-    assert real.sum() == m["rows_on"] == n_group < len(mixed)
-    adv = np.asarray(batch.advantages)[real]
-    mask = np.asarray(batch.loss_mask)[real] > 0
-    assert (np.abs(adv[mask]) > 0).all()
+    real = [np.asarray(b.loss_mask).sum(1) > 0 for b in seen]
+    assert sum(r.sum() for r in real) == m["rows_on"] == n_group < len(mixed)
+    for batch, rows in zip(seen, real):
+      adv = np.asarray(batch.advantages)[rows]
+      mask = np.asarray(batch.loss_mask)[rows] > 0
+      assert (np.abs(adv[mask]) > 0).all()
   finally:
     run.close()

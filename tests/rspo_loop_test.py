@@ -60,7 +60,8 @@ def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
   replays 2 of D's 4 trajectories: the win first (reward-based), the
   other 2 in the second step; each carries its advantage against its
   whole group of D."""
-  cfg = micro_config("grpo", "rspo.k=2,steps=2")
+  # One update per step: the step's batch holds its rows in order.
+  cfg = micro_config("grpo", "rspo.k=2,steps=2,train.updates_per_step=1")
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   seen = record_train_batches(t.a)
@@ -241,24 +242,28 @@ def test_b_learner_log_probs_replace_noisy_engine_ones(recompute, tmp_path):
       assert min(gaps) > 0 and max(gaps) > 0.5
       assert "behavior_logp_max_gap" not in collect_row
     t.state.phase = "A"
-    t.a_step()
-    batch = seen[-1]
-    off = np.flatnonzero(np.asarray(batch.is_offpolicy))
-    mask = np.asarray(batch.loss_mask) > 0
-    beh = np.asarray(batch.behavior_logp)
+    n_seen = len(seen)
+    m = t.a_step()
     by_row = {(tuple(r.prompt_ids), tuple(r.response_ids)): l
               for r, l in zip(stored, learner)}
-    tokens = np.asarray(batch.tokens)
-    for row in off:  # A's behaviour log-probs for replayed rows: pi_B's
-      n = int(np.asarray(batch.attention_mask)[row].sum())
-      resp = tokens[row][mask[row]]
-      prompt = tokens[row][:n - len(resp)]
-      want = by_row[(tuple(prompt), tuple(resp))]
-      got = beh[row][mask[row]]
-      if recompute:
-        np.testing.assert_allclose(got, want, atol=1e-5)
-      else:
-        assert np.abs(got - want).max() > 1e-3
+    n_off = 0
+    for batch in seen[n_seen:]:  # every update of A's step
+      off = np.flatnonzero(np.asarray(batch.is_offpolicy))
+      mask = np.asarray(batch.loss_mask) > 0
+      beh = np.asarray(batch.behavior_logp)
+      tokens = np.asarray(batch.tokens)
+      for row in off:  # A's behaviour log-probs for replayed rows: pi_B's
+        n = int(np.asarray(batch.attention_mask)[row].sum())
+        resp = tokens[row][mask[row]]
+        prompt = tokens[row][:n - len(resp)]
+        want = by_row[(tuple(prompt), tuple(resp))]
+        got = beh[row][mask[row]]
+        if recompute:
+          np.testing.assert_allclose(got, want, atol=1e-5)
+        else:
+          assert np.abs(got - want).max() > 1e-3
+        n_off += 1
+    assert n_off == m["rows_off"] > 0
   finally:
     run.close()
 
