@@ -27,7 +27,7 @@ from flax import nnx
 
 from rspo_jax import distributed, models, sharding, train_step as ts
 from rspo_jax.learner import Learner, to_host
-from rspo_jax.metrics import MetricsWriter
+from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
 from rspo_jax.rollout.jax_engine import JaxEngine
 from rspo_jax.rspo import RSPOTrainer
@@ -371,7 +371,13 @@ def check_multihost(cfg) -> None:
 
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   check_multihost(cfg)
+  # rspo.dense_reward=package.module:function, resolved before any work.
+  user_dense_fn = (registry.import_function(cfg.rspo.dense_reward,
+                                            "rspo.dense_reward")
+                   if registry.is_import_path(cfg.rspo.dense_reward) else None)
   os.makedirs(workdir, exist_ok=True)
+  if distributed.is_leader():  # W&B for this workdir's metrics writers
+    setup_wandb_from_config(workdir, cfg)
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   tokenizer, tok_dir = make_tokenizer(cfg, workdir)
   metrics = MetricsWriter(workdir) if distributed.is_leader() else None
@@ -433,6 +439,8 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
 
       trainer.dense_fn = make_prm_dense_fn(prm_dir, mesh=mesh,
                                            rules=cfg.logical_axis_rules)
+  if user_dense_fn is not None:  # fills r.dense_reward of B's records
+    trainer.dense_fn = user_dense_fn
   return Run(cfg, trainer, engine, venv, tokenizer, mcfg, mesh)
 
 

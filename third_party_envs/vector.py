@@ -230,10 +230,7 @@ class VectorEnv:
       self._finalizer = None
       self._worker_of = []
       return
-    if env_name not in registry.ENV_NAMES:  # fail here, not in a child
-      raise ValueError(
-          f"unknown environment {env_name!r}; known: {list(registry.ENV_NAMES)}"
-      )
+    registry.check_env_name(env_name)  # fail here, not in a child
     num_workers = num_workers or min(num_envs, os.cpu_count() or 1)
     num_workers = max(1, min(num_workers, num_envs))
     base_size, extra = divmod(num_envs, num_workers)

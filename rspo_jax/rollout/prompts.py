@@ -9,6 +9,12 @@ at step k". Every prompt ends by asking for reasoning in ``<think> </think>``
 and one action in ``<action> </action>``. With ``history_length <= 0`` later
 steps use the first-step template, as in verl-agent.
 
+Per environment, a ``PromptSpec`` holds the pieces that differ: the task
+line, how the admissible actions are listed, the history entry, how an
+observation is shown, a reasoning hint. The built-in environments' specs are
+verl-agent's; a user environment (``env.name=package.module:Class``) sets
+the class attribute ``prompt_spec`` or gets the defaults (``PromptSpec()``).
+
 Reply parsing (verl-agent's ``alfworld_projection`` / ``webshop_projection``):
 the action is the text between the *first* ``<action>`` and the next
 ``</action>`` (tags matched case-insensitively), stripped and lower-cased.
@@ -26,8 +32,10 @@ first-step template), then left-truncates the token ids.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 INVALID_ACTION_PENALTY = -0.1
 HISTORY_LENGTH = 2  # verl-agent's default window
@@ -39,34 +47,6 @@ _CHOOSE = (
     "Then pick one admissible action for the current step and give it "
     "within <action> </action> tags.\n"
 )
-
-# Per environment: the opening line, how actions are listed, the reasoning
-# hint. ``{task}`` etc. are filled by ``build_prompt``.
-_ENVS = {
-    "alfworld": dict(
-        intro="You are an expert agent acting in the ALFRED household text "
-        "environment. Your task is to: {task}\n",
-        actions="Your admissible actions in the current situation are: "
-        "[{actions}].\n",
-        goal="",
-    ),
-    "webshop": dict(
-        intro="You are an expert autonomous agent shopping in the WebShop "
-        "e-commerce environment.\nYour task is to: {task}.\n",
-        actions="Your admissible actions in the current situation are:\n"
-        "[\n{actions}\n].\n",
-        goal=", then about which admissible action best advances the "
-        "shopping goal",
-    ),
-    "toy": dict(
-        intro="You are an agent on a number line. Your task is to: {task}.\n",
-        actions="Your admissible actions in the current situation are: "
-        "[{actions}].\n",
-        goal="",
-    ),
-}
-ENV_NAMES = tuple(_ENVS)
-
 _FIRST = "Your current observation is: {observation}\n"
 _LATER = (
     "Prior to this step, you have already taken {step_count} step(s). Below "
@@ -77,12 +57,49 @@ _LATER = (
 )
 
 
-def _format_actions(env_name: str, actions: Sequence[str]) -> str:
-  if env_name == "webshop":
-    return "\n".join(f"'{a}'," for a in actions)
-  if env_name == "alfworld":  # verl-agent hides 'help'
-    return "\n ".join(f"'{a}'" for a in actions if a != "help")
+def quoted_list(actions: Sequence[str]) -> str:
+  """``'a', 'b'`` (the toy and default action list)."""
   return ", ".join(f"'{a}'" for a in actions)
+
+
+def same_observation(observation: str, task: str) -> str:
+  del task
+  return observation
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSpec:
+  """One environment's prompt pieces (verl-agent's templates by default).
+
+  A user environment (``env.name=package.module:Class``) may set the class
+  attribute ``prompt_spec = PromptSpec(...)`` with any of these; the rest
+  keep the defaults below. docs/custom_env.md shows one.
+
+  Attributes:
+    intro: the task line; ``{task}`` and ``{env}`` (the class's ``name``)
+      are filled.
+    actions: introduces the admissible actions; ``{actions}`` is filled with
+      ``format_actions(admissible_actions)``.
+    goal: text added to "reason step by step about the current situation"
+      ('' = nothing).
+    history_entry: one entry of the history window; ``{i}`` (the step's
+      number, from 1), ``{observation}`` and ``{action}`` are filled.
+    format_actions: admissible actions -> the text between the brackets.
+    format_observation: ``(observation, task) -> text``, for the current
+      observation and the ones in the history window.
+    reject_cjk: a reply with CJK characters is an invalid action.
+  """
+
+  intro: str = ("You are an expert agent acting in the {env} environment. "
+                "Your task is to: {task}\n")
+  actions: str = ("Your admissible actions in the current situation are: "
+                  "[{actions}].\n")
+  goal: str = ""
+  history_entry: str = ("[Observation {i}: '{observation}', "
+                        "Action {i}: '{action}']")
+  format_actions: Callable[[Sequence[str]], str] = quoted_list
+  format_observation: Callable[[str, str], str] = same_observation
+  reject_cjk: bool = False
 
 
 def format_webshop_observation(observation: str, task: str) -> str:
@@ -93,6 +110,54 @@ def format_webshop_observation(observation: str, task: str) -> str:
     return observation
   rest = parts[parts.index(task) + 1 :]
   return " [SEP] ".join(f"'{p}'" for p in rest)
+
+
+# The built-in environments' prompts, as verl-agent writes them.
+_SPECS = {
+    "alfworld": PromptSpec(
+        intro="You are an expert agent acting in the ALFRED household text "
+        "environment. Your task is to: {task}\n",
+        # verl-agent hides 'help'
+        format_actions=lambda actions: "\n ".join(
+            f"'{a}'" for a in actions if a != "help"),
+        reject_cjk=True,  # verl-agent's alfworld_projection does this
+    ),
+    "webshop": PromptSpec(
+        intro="You are an expert autonomous agent shopping in the WebShop "
+        "e-commerce environment.\nYour task is to: {task}.\n",
+        actions="Your admissible actions in the current situation are:\n"
+        "[\n{actions}\n].\n",
+        goal=", then about which admissible action best advances the "
+        "shopping goal",
+        format_actions=lambda actions: "\n".join(f"'{a}'," for a in actions),
+        format_observation=format_webshop_observation,
+    ),
+    "toy": PromptSpec(
+        intro="You are an agent on a number line. Your task is to: {task}.\n",
+    ),
+}
+ENV_NAMES = tuple(_SPECS)
+
+
+@functools.lru_cache(maxsize=None)
+def spec_for(env_name: str) -> tuple[PromptSpec, str]:
+  """``(spec, display name)`` of a built-in name or a user environment's
+  import path (its class's ``prompt_spec``, else the defaults)."""
+  if env_name in _SPECS:
+    return _SPECS[env_name], env_name
+  from third_party_envs import registry
+
+  if not registry.is_import_path(env_name):
+    raise ValueError(f"unknown env_name {env_name!r}; known: "
+                     f"{list(ENV_NAMES)} or an import path "
+                     "'package.module:ClassName'")
+  cls = registry.env_class(env_name)
+  spec = getattr(cls, "prompt_spec", None) or PromptSpec()
+  if not isinstance(spec, PromptSpec):
+    raise ValueError(f"{env_name}.prompt_spec is {type(spec).__name__}, "
+                     "expected rspo_jax.rollout.prompts.PromptSpec")
+  name = getattr(cls, "name", "base")
+  return spec, (cls.__name__ if name == "base" else name)
 
 
 def build_prompt(
@@ -107,7 +172,8 @@ def build_prompt(
   """The user message for step ``step_idx`` (0-based) of an episode.
 
   Args:
-    env_name: 'alfworld', 'webshop' or 'toy'.
+    env_name: 'alfworld', 'webshop', 'toy' or a user environment's import
+      path (its ``PromptSpec``, see ``spec_for``).
     task: the task / instruction text.
     observation: the current observation text.
     admissible_actions: actions valid now.
@@ -116,24 +182,22 @@ def build_prompt(
     step_idx: steps already taken.
     history_length: how many earlier steps to show.
   """
-  if env_name not in _ENVS:
-    raise ValueError(f"unknown env_name {env_name!r}; known: {list(ENV_NAMES)}")
+  spec, display_name = spec_for(env_name)
   if step_idx < 0 or len(history) > step_idx:
     raise ValueError(
         f"step_idx={step_idx} must be >= 0 and >= len(history)={len(history)}"
     )
-  spec = _ENVS[env_name]
-  if env_name == "webshop":
-    observation = format_webshop_observation(observation, task)
-    history = [(format_webshop_observation(o, task), a) for o, a in history]
   window = list(history[-history_length:]) if history_length > 0 else []
-  text = spec["intro"].format(task=task)
+  observation = spec.format_observation(observation, task)
+  text = spec.intro.format(task=task, env=display_name)
   if step_idx == 0 or history_length <= 0:
     text += _FIRST.format(observation=observation)
   else:
     first = step_idx - len(window) + 1  # number of the oldest shown step
     entries = "\n".join(
-        f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']"
+        spec.history_entry.format(
+            i=first + j, observation=spec.format_observation(obs, task),
+            action=act)
         for j, (obs, act) in enumerate(window)
     )
     text += _LATER.format(
@@ -143,10 +207,8 @@ def build_prompt(
         current_step=step_idx + 1,
         observation=observation,
     )
-  text += spec["actions"].format(
-      actions=_format_actions(env_name, admissible_actions)
-  )
-  return text + "\n" + _CHOOSE.format(goal=spec["goal"])
+  text += spec.actions.format(actions=spec.format_actions(admissible_actions))
+  return text + "\n" + _CHOOSE.format(goal=spec.goal)
 
 
 # ------------------------------------------------------------------ tokens
@@ -216,7 +278,6 @@ def build_prompt_ids(
 _OPEN = re.compile(re.escape("<action>"), re.IGNORECASE)
 _CLOSE = re.compile(re.escape("</action>"), re.IGNORECASE)
 _CJK = re.compile("[\u4e00-\u9fff]")
-_REJECT_CJK = ("alfworld",)  # verl-agent's alfworld_projection does this
 
 
 def parse_action(reply, env_name: str = "") -> tuple[str, bool]:
@@ -238,6 +299,16 @@ def parse_action(reply, env_name: str = "") -> tuple[str, bool]:
   if not action or _OPEN.search(content):
     return reply, False
   valid = "<think>" in reply and "</think>" in reply
-  if env_name in _REJECT_CJK and _CJK.search(reply):
+  if _CJK.search(reply) and _rejects_cjk(env_name):
     valid = False
   return action, valid
+
+
+def _rejects_cjk(env_name: str) -> bool:
+  """The environment's ``reject_cjk``; False for a name that is neither a
+  built-in nor an import path (parsing needs no environment)."""
+  if env_name in _SPECS:
+    return _SPECS[env_name].reject_cjk
+  from third_party_envs import registry
+
+  return registry.is_import_path(env_name) and spec_for(env_name)[0].reject_cjk
