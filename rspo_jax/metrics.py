@@ -1,16 +1,31 @@
-"""Run metrics: one JSON line per event in ``metrics.jsonl`` + TensorBoard.
+"""Run metrics: one JSON line per event in ``metrics.jsonl``, TensorBoard,
+and optionally Weights & Biases.
 
 Each line is ``{"step": <A's step>, "phase": ..., "time": ..., <name>: value}``;
-``launch/plot.py`` reads these files back.
+``launch/plot.py`` reads these files back. TensorBoard and W&B get every
+numeric value of a line as ``<phase>/<name>`` (the same keys in both); W&B
+also gets ``<phase>/step`` as that phase's x-axis (phases count their own
+steps: the warm start's ``sft`` restarts at 0 before RL does).
+
+W&B is on for a workdir once ``setup_wandb`` has written
+``<workdir>/wandb.json`` (``build.build_run`` does, from
+``metrics.wandb_project``): every ``MetricsWriter`` of that workdir then logs
+to the run it names. The file keeps the run id, so a resumed run (the same
+workdir started again) continues the same W&B run. ``WANDB_MODE=offline``
+works as usual (``wandb sync <workdir>/wandb/offline-run-*`` uploads later).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import time
-from typing import Optional
+import uuid
+from typing import Any, Optional
+
+WANDB_FILE = "wandb.json"
 
 
 def _clean(v):
@@ -36,6 +51,15 @@ def _flatten(d: dict, prefix: str = "") -> dict:
   return out
 
 
+def scalars(row: dict) -> dict:
+  """The TensorBoard / W&B values of a metrics row: ``<phase>/<name>`` ->
+  number, for every numeric field but ``step`` and ``time``."""
+  phase = row["phase"]
+  return {f"{phase}/{k}": v for k, v in row.items()
+          if k not in ("step", "time", "phase")
+          and isinstance(v, (int, float))}
+
+
 class MetricsWriter:
   def __init__(self, workdir: str, *, tensorboard: bool = True):
     os.makedirs(workdir, exist_ok=True)
@@ -48,21 +72,132 @@ class MetricsWriter:
         self._tb = SummaryWriter(os.path.join(workdir, "tb"))
       except ImportError:  # TensorBoard is optional
         self._tb = None
+    self._wandb = _WandbLog.open(workdir)
 
   def write(self, step: int, phase: str, metrics: dict) -> None:
     row = {"step": int(step), "phase": phase, "time": time.time()}
     for k, v in _flatten(metrics).items():
       row[k] = _clean(v)
     self._f.write(json.dumps(row) + "\n")
+    values = scalars(row)
     if self._tb is not None:
-      for k, v in row.items():
-        if k not in ("step", "time") and isinstance(v, (int, float)):
-          self._tb.add_scalar(f"{phase}/{k}", v, step)
+      for k, v in values.items():
+        self._tb.add_scalar(k, v, step)
+    if self._wandb is not None:
+      self._wandb.log(phase, int(step), values)
 
   def close(self) -> None:
     self._f.close()
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
+
+
+# ------------------------------------------------------------ W&B
+
+
+def wandb_settings(cfg) -> dict:
+  """``metrics.wandb_*`` of a config (absent keys: W&B off)::
+
+    metrics.wandb_project  ''  = off
+    metrics.wandb_entity   ''  = the account's default entity
+    metrics.wandb_name     ''  = the workdir's name
+  """
+  m = cfg.get("metrics", None) or {}
+  return {k: str(m.get(f"wandb_{k}", "") or "")
+          for k in ("project", "entity", "name")}
+
+
+def setup_wandb(workdir: str, project: str, *, entity: str = "",
+                name: str = "", config: Optional[dict] = None) -> dict:
+  """Writes ``<workdir>/wandb.json`` for the workdir's ``MetricsWriter``s.
+
+  The run id is made once and kept: the same workdir started again (a
+  resume) logs to the same W&B run. ``project=''`` turns W&B off for the
+  workdir (the id stays, should it be turned on again). Returns the file's
+  contents. Raises ImportError naming the extra when ``wandb`` is missing.
+  """
+  if project and importlib.util.find_spec("wandb") is None:
+    raise ImportError(
+        "metrics.wandb_project is set but wandb is not installed: pip "
+        "install 'rspo_jax[wandb]' (or wandb), or unset the project")
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, WANDB_FILE)
+  old = _read_json(path) or {}
+  info = {"project": project, "entity": entity,
+          "name": name or os.path.basename(os.path.abspath(workdir)),
+          "id": old.get("id") or uuid.uuid4().hex[:12],
+          "config": config or {}}
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(info, f, indent=1, default=str)
+  os.replace(tmp, path)
+  return info
+
+
+def setup_wandb_from_config(workdir: str, cfg) -> Optional[dict]:
+  """``setup_wandb`` from ``metrics.wandb_*``; None when W&B is off and
+  the workdir never had it (nothing is written then)."""
+  s = wandb_settings(cfg)
+  path = os.path.join(workdir, WANDB_FILE)
+  if not s["project"] and not os.path.exists(path):
+    return None
+  config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+  return setup_wandb(workdir, s["project"], entity=s["entity"],
+                     name=s["name"], config=config)
+
+
+class _WandbLog:
+  """One W&B run per workdir in this process, shared by its writers
+  (counted; finished when the last one closes)."""
+
+  _open: dict[str, "_WandbLog"] = {}
+
+  def __init__(self, key: str, run: Any):
+    self.key, self.run, self.users = key, run, 0
+    self.phases: set[str] = set()
+
+  @classmethod
+  def open(cls, workdir: str) -> Optional["_WandbLog"]:
+    key = os.path.abspath(workdir)
+    if key in cls._open:
+      log = cls._open[key]
+    else:
+      info = _read_json(os.path.join(key, WANDB_FILE))
+      if not info or not info.get("project"):
+        return None
+      import wandb
+
+      run = wandb.init(
+          project=info["project"], entity=info.get("entity") or None,
+          name=info.get("name") or None, id=info["id"], resume="allow",
+          dir=key, config=info.get("config") or None,
+      )
+      log = cls._open[key] = cls(key, run)
+    log.users += 1
+    return log
+
+  def log(self, phase: str, step: int, values: dict) -> None:
+    if phase not in self.phases:  # each phase on its own x-axis
+      self.run.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
+      self.phases.add(phase)
+    self.run.log({f"{phase}/step": step, **values})
+
+  def close(self) -> None:
+    self.users -= 1
+    if self.users <= 0:
+      self.run.finish()
+      del self._open[self.key]
+
+
+def _read_json(path: str) -> Optional[dict]:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
 
 
 def read_metrics(path: str, phase: Optional[str] = None) -> list[dict]:
