@@ -67,7 +67,9 @@ def main(argv):
 
 def cli():
   """The ``rspo-eval`` console script."""
-  app.run(main)
+  from rspo_launch import run_absl
+
+  run_absl(main, __name__)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,9 @@ def main(argv):
 
 def cli():
   """The ``rspo-sft`` console script."""
-  app.run(main)
+  from rspo_launch import run_absl
+
+  run_absl(main, __name__)
 
 
 if __name__ == "__main__":

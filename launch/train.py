@@ -114,7 +114,9 @@ def _write_json(path, obj):
 
 def cli():
   """The ``rspo-train`` console script."""
-  app.run(main, flags_parser=_parse_flags)
+  from rspo_launch import run_absl
+
+  run_absl(main, __name__, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,9 @@ def main(argv):
 
 def cli():
   """The ``rspo-train-prm`` console script."""
-  app.run(main)
+  from rspo_launch import run_absl
+
+  run_absl(main, __name__)
 
 
 if __name__ == "__main__":
