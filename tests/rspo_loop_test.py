@@ -299,3 +299,27 @@ def test_rspo_h_replays_a_own_previous_loop_with_learner_log_probs(tmp_path):
                                  atol=1e-5)
   finally:
     run.close()
+
+
+def test_ppo_with_one_episode_per_task(tmp_path):
+  """PPO as the paper runs it: distinct tasks x 1 episode (group_size 1).
+  alpha = 1/2 of 4 x 1: each A step plays 2 fresh tasks and replays 2
+  trajectories of D, credited by GAE with A's critic at the step."""
+  cfg = micro_config("ppo", "train.batch_tasks=4")
+  with cfg.unlocked():  # micro_config validates as GRPO (group_size >= 2)
+    cfg.train.group_size = 1
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  calls, rows = spy_updates(t), spy_metrics(t)
+  try:
+    t.run()
+    a_calls = calls[1::2]  # k = 1: B's step, then A's, each loop
+    assert len(a_calls) == 2
+    for on, off, off_adv in a_calls:
+      assert len({r.traj_id for r in on}) == 2 and off_adv is None
+      assert len({r.traj_id for r in off}) == 2
+    a_rows = [m for p, m in rows if p == "A"]
+    assert [m["replay_trajectories"] for m in a_rows] == [2, 2]
+    assert all(m["rows_off"] > 0 and "critic_loss" in m for m in a_rows)
+  finally:
+    run.close()
