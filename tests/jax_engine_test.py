@@ -1,5 +1,7 @@
 """Tests of rollout/sampling.py and rollout/jax_engine.py on a tiny model."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -378,3 +380,112 @@ def test_mesh_matches_single_device(model, engine):
   assert emb.sharding.spec == shd.logical_to_mesh_spec(
       ("vocab", "embed"), shd.DEFAULT_RULES
   )
+
+
+# ------------------------------------- stop strings, length groups, blocks
+
+
+def test_stop_string_automaton_by_hand():
+  # "aab": state q = longest suffix of the text that is a prefix of "aab".
+  texts = ["a", "b", "ab", "x", "aab", ""]
+  table, lengths = sampling.stop_string_tables(texts, ("aab",))
+  assert lengths.tolist() == [3]
+  np.testing.assert_array_equal(table[0], [
+      [1, 0, 0, 0, 3, 0],  # from "": a -> "a", aab -> seen
+      [2, 0, 3, 0, 3, 1],  # from "a": a -> "aa", ab -> "aab"
+      [2, 3, 3, 0, 3, 2],  # from "aa": a -> "aaa" ends in "aa", b -> seen
+      [3, 3, 3, 3, 3, 3],  # seen: absorbing
+  ])
+  rng = np.random.default_rng(0)
+  stops = ("aab", "ba", "xa")
+  table, lengths = sampling.stop_string_tables(texts, stops)
+  for _ in range(300):  # first hit == first prefix whose text contains one
+    seq = rng.integers(0, len(texts), size=rng.integers(1, 9))
+    states, hit = np.zeros(3, np.int32), None
+    for k, t in enumerate(seq):
+      states = table[np.arange(3), states, t]
+      if hit is None and np.any(states == lengths):
+        hit = k
+    text_hits = [k for k in range(len(seq)) if any(
+        s in "".join(texts[t] for t in seq[:k + 1]) for s in stops)]
+    assert hit == (text_hits[0] if text_hits else None)
+
+
+def _chars(ids):
+  return "".join(chr(0x100 + int(i)) for i in ids)
+
+
+# Lengths spread over both prompt buckets (8, 16), so length groups of 2
+# rows pad to different buckets; prefill blocks of 3 columns.
+VARIED = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [20, 21],
+          [5, 6, 7], [30, 31, 32, 33, 34, 35, 36], [40]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grouped_blocked_engine_equals_full_forward_sampling(model,
+                                                             temperature):
+  """Token i of row r is sample_token(full-forward logits, key
+  fold_in(fold_in(key(seed), r), i)); the log-prob is the untempered
+  full-forward one; and the old path (no length groups, one prefill pass)
+  gives the same tokens and log-probs."""
+  params = SamplingParams(temperature=temperature, max_new_tokens=10, seed=7)
+  new = make_engine(model, length_group_rows=2, prefill_chunk=3)
+  old = make_engine(model, length_group_rows=0, prefill_chunk=0)
+  got, ref = new.generate(VARIED, params), old.generate(VARIED, params)
+  for row, (prompt, r) in enumerate(zip(VARIED, got)):
+    row_key = jax.random.fold_in(jax.random.key(7), row)
+    p = len(prompt)
+    logits, lp = full_forward(model, prompt, r.token_ids)
+    for i, t in enumerate(r.token_ids):
+      key = jax.random.fold_in(row_key, i)[None]
+      want = sample_token(logits[p - 1 + i][None], key, temperature)
+      assert int(want[0]) == int(t), (row, i)
+    np.testing.assert_allclose(r.logprobs, lp[p:], atol=1e-4)
+    np.testing.assert_array_equal(r.token_ids, ref[row].token_ids)
+    np.testing.assert_allclose(r.logprobs, ref[row].logprobs, atol=1e-5)
+  assert len({tuple(r.token_ids.tolist()) for r in got}) > 3
+
+
+def test_stop_strings_end_rows_inside_the_decode_loop(model):
+  """Each row's stop string is the text of its own third token: rows come
+  back cut after it (what the host cut gave before), the loop runs 3 steps,
+  not 16, and no row needs the host cut."""
+  eng = make_engine(model, decode_fn=_chars)
+  base = SamplingParams(temperature=0.0, max_new_tokens=16)
+  full = eng.generate(VARIED, base)
+  stops = tuple(sorted({_chars(r.token_ids[2:3]) for r in full}))
+  want = []
+  for r in full:  # the first token whose prefix text holds a stop string
+    toks = r.token_ids.tolist()
+    k = next(k for k in range(16) if any(s in _chars(toks[:k + 1])
+                                         for s in stops))
+    want.append(toks[:k + 1])
+  cuts = []
+  eng._cut_at_stop_string = lambda r, s: cuts.append(r) or r
+  steps = eng.decode_steps
+  out = eng.generate(VARIED, dataclasses.replace(base, stop_strings=stops))
+  for r, w in zip(out, want):
+    assert r.finish_reason == "stop"
+    np.testing.assert_array_equal(r.token_ids, w)
+  assert max(len(w) for w in want) <= 3
+  # Length groups of 8 rows on CPU: one chunk, one loop of 3 steps.
+  assert eng.decode_steps - steps == max(len(w) for w in want)
+  assert cuts == []
+
+
+def test_stop_strings_fall_back_when_texts_do_not_concatenate(model):
+  """decode_fn joins tokens with '-': a stop string made of two tokens'
+  texts is never in a decoded text; the automaton, built from single-token
+  texts, would stop there. The engine notices, regenerates with host-side
+  cutting, and keeps it so."""
+  dashed = lambda ids: "-".join(chr(0x100 + int(i)) for i in ids)
+  eng = make_engine(model, decode_fn=dashed)
+  params = SamplingParams(temperature=0.0, max_new_tokens=12)
+  ref = eng.generate(VARIED, params)
+  toks = ref[0].token_ids.tolist()
+  stop = _chars(toks[1:3])  # the concatenation of tokens 1 and 2
+  out = eng.generate(VARIED, dataclasses.replace(params, stop_strings=(stop,)))
+  for r, w in zip(out, ref):
+    np.testing.assert_array_equal(r.token_ids, w.token_ids)
+    assert r.finish_reason == "length"
+  assert not eng._stop_in_loop

@@ -13,12 +13,18 @@ Sampling at temperature ``T`` and nucleus ``top_p``:
 The log-prob recorded for the chosen token is always the *untempered* one,
 ``log softmax(logits)[token]`` (see ``rollout/engine.py``): it is what the
 learner recomputes as the behaviour policy.
+
+Stop strings are matched inside the loop by a token-level automaton (see
+``stop_string_tables``), so rows end at the token that completes one.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _MIN_TEMPERATURE = 1e-6
 
@@ -103,3 +109,92 @@ def _row_keys(rng: jax.Array, batch: int) -> jax.Array:
   if n != batch:
     raise ValueError(f"sample_token: {n} row keys for a batch of {batch} rows")
   return rng
+
+
+# ------------------------------------------------------------ stop strings
+# A row stops once its decoded text contains a stop string s (m = len(s)).
+# Inside the decode loop this is a token-level automaton: the state q in
+# [0, m] is the length of the longest suffix of the text so far that is a
+# prefix of s (Knuth-Morris-Pratt); q = m (s seen) is absorbing, and
+#
+#     q_next = table[q, token]   (the token's text fed character by character)
+#
+# ``table`` is built on the host from each token's text, assuming a decoded
+# sequence is its tokens' texts concatenated (byte-level BPE and the local
+# tokenizers are; the engine verifies every row it stops this way).
+
+
+def stop_string_tables(
+    token_texts: Sequence[str], stop_strings: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
+  """(table int32 [n, M + 1, V], lengths int32 [n]) for n stop strings.
+
+  ``table[j, q, t]`` is the state of string j after token t from state q
+  (rows q > len(s_j) are unused padding, M = the longest length).
+  """
+  if not stop_strings or any(not s for s in stop_strings):
+    raise ValueError(f"stop strings must be non-empty: {stop_strings!r}")
+  longest = max(len(s) for s in stop_strings)
+  tables = [_token_automaton(token_texts, s, longest) for s in stop_strings]
+  lengths = np.asarray([len(s) for s in stop_strings], np.int32)
+  return np.stack(tables), lengths
+
+
+def advance_stop_states(
+    table: jax.Array, lengths: jax.Array, states: jax.Array,
+    tokens: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+  """One token per row: (new states [B, n], hit [B]: a stop string is now
+  contained in the row's text)."""
+  n = table.shape[0]
+  new = table[jnp.arange(n)[None, :], states, tokens[:, None]]
+  return new, jnp.any(new == lengths[None, :], axis=-1)
+
+
+def _char_automaton(s: str) -> tuple[dict, np.ndarray]:
+  """KMP transitions: (char -> column, delta [m + 1, columns + 1]); the
+  last column is every character outside ``s``; state m is absorbing."""
+  m = len(s)
+  chars = {c: i for i, c in enumerate(dict.fromkeys(s))}
+  fail = [0] * m
+  k = 0
+  for i in range(1, m):
+    while k and s[i] != s[k]:
+      k = fail[k - 1]
+    if s[i] == s[k]:
+      k += 1
+    fail[i] = k
+  delta = np.zeros((m + 1, len(chars) + 1), np.int32)
+  for q in range(m + 1):
+    for c, col in chars.items():
+      if q == m:
+        delta[q, col] = m
+        continue
+      k = q
+      while k and s[k] != c:
+        k = fail[k - 1]
+      delta[q, col] = k + 1 if s[k] == c else 0
+  delta[m, -1] = m
+  return chars, delta
+
+
+def _token_automaton(token_texts, s: str, longest: int) -> np.ndarray:
+  """[longest + 1, V] token transitions of ``s``'s automaton (vectorised
+  over tokens, one character position at a time)."""
+  chars, delta = _char_automaton(s)
+  m, other = len(s), len(chars)
+  vocab = len(token_texts)
+  width = max((len(t) for t in token_texts), default=0)
+  cols = np.full((vocab, max(width, 1)), -1, np.int32)  # -1: past the end
+  for v, text in enumerate(token_texts):
+    if text:
+      cols[v, :len(text)] = [chars.get(c, other) for c in text]
+  state = np.broadcast_to(np.arange(m + 1, dtype=np.int32)[:, None],
+                          (m + 1, vocab)).copy()
+  for j in range(cols.shape[1]):
+    c = cols[:, j]
+    live = c >= 0
+    state[:, live] = delta[state[:, live], c[live][None, :]]
+  table = np.zeros((longest + 1, vocab), np.int32)
+  table[: m + 1] = state
+  return table
