@@ -91,6 +91,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.rspo.data_source = "rspo"  # rspo | history (RSPO_H) | outcome (RSPO_O)
   c.rspo.dense_noise_sigma = 0.0  # Gaussian noise on the dense reward
   c.rspo.copy_optimizer_state = False  # B := A also copies A's Adam moments
+  # B's learner recomputes log pi_B of the tokens it stores in D (as verl
+  # recomputes old log-probs with the actor); False: the engine's values.
+  c.rspo.recompute_behavior_logp = True
   c.rspo.dense_only = False  # train B alone on the dense reward (hacking)
   c.rspo.prm_dir = ""  # trained PRM; "" = train one at start (<workdir>/prm)
   c.rspo.prm_backbone_dir = ""  # frozen f_pre; "" = the starting policy

@@ -10,11 +10,12 @@
   2. rows     DAPO's dynamic sampling (``train.drop_zero_advantage_rows``)
               and the CPU row cap (``train.max_train_rows``);
   3. updates  pi_old and pi_ref of every row once, from the parameters at
-              the step's start; then E = ``train.ppo_epochs`` passes, each
-              a fresh shuffle of the rows into mini-batches, one optimizer
-              update each: ``train.updates_per_step`` of them, or
-              ceil(n / m) of about m = ``train.mini_batch_rows`` rows
-              (verl's ``ppo_mini_batch_size``), or one of every row. Replayed rows keep their stored
+              the step's start; the rows shuffled once into mini-batches
+              (``train.updates_per_step`` of them, or ceil(n / m) of about
+              m = ``train.mini_batch_rows`` rows, verl's
+              ``ppo_mini_batch_size``, or one of every row); then
+              E = ``train.ppo_epochs`` passes over them, one optimizer
+              update per mini-batch. Replayed rows keep their stored
               log pi_B as behaviour log-probs: their clip window is centred
               on c = pi_old / pi_B; fresh rows have behaviour = pi_old.
   Metrics: each learner metric's mean over the step's updates, and
@@ -182,8 +183,9 @@ class StepUpdater:
 
     Updates per epoch: n = ``train.updates_per_step`` when > 0 (at most
     one per row); else ceil(rows / m) with m = ``train.mini_batch_rows``
-    (per host) when 0 < m < rows; else one update of every row. Each epoch
-    is a fresh shuffle of the rows into them. Multi-host: every host makes
+    (per host) when 0 < m < rows; else one update of every row. The rows
+    are shuffled into them once per step and every epoch passes over the
+    same mini-batches in the same order (verl's dp_actor.update_policy). Multi-host: every host makes
     the same number of updates (the largest any host needs; a host out of
     rows feeds padding).
     """
@@ -200,15 +202,12 @@ class StepUpdater:
       n_updates = max(n_updates, 1)
     else:
       n_updates = int(distributed.global_max(np.array([n_updates]))[0])
-    out = []
-    for epoch in range(self.epochs):
-      if n_updates <= 1:
-        out.append([np.arange(n_rows)])
-        continue
-      keys = (4, step_key) if epoch == 0 else (4, step_key, epoch)
-      order = self.host_rng(*keys).permutation(n_rows)
-      out.append([np.sort(c) for c in np.array_split(order, n_updates)])
-    return out
+    if n_updates <= 1:
+      chunks = [np.arange(n_rows)]
+    else:
+      order = self.host_rng(4, step_key).permutation(n_rows)
+      chunks = [np.sort(c) for c in np.array_split(order, n_updates)]
+    return [chunks] * self.epochs  # verl: the same mini-batches each epoch
 
   def _build(self, rows: Rows, idx: np.ndarray):
     take = lambda a: None if a is None else a[idx]

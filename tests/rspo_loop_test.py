@@ -111,9 +111,9 @@ def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
     run.close()
 
 
-def test_ppo_epochs_reshuffle_rows_with_pi_old_of_the_step_start(tmp_path):
+def test_ppo_epochs_repeat_mini_batches_with_pi_old_of_the_step_start(tmp_path):
   """train.ppo_epochs = 2, mini_batch_rows = 4: 2 x ceil(n / 4) updates;
-  each epoch trains every row once, the second in another shuffle; every
+  each epoch trains every row once, in the same mini-batches; every
   update's pi_old is the step-start policy's; the metrics are the updates'
   means plus the last update's clip fractions."""
   cfg = micro_config("grpo", "train.mini_batch_rows=4")
@@ -156,8 +156,8 @@ def test_ppo_epochs_reshuffle_rows_with_pi_old_of_the_step_start(tmp_path):
       assert real == sizes
     assert collections.Counter(rows_of(epochs[0])) == collections.Counter(
         rows_of(epochs[1]))  # every row once per epoch
-    assert [set(rows_of([b])) for b in epochs[0]] != [
-        set(rows_of([b])) for b in epochs[1]]  # reshuffled
+    assert [set(rows_of([b])) for b in epochs[0]] == [
+        set(rows_of([b])) for b in epochs[1]]  # verl: same mini-batches
     for batch in seen:  # pi_old: the params before the first update
       mask = np.asarray(batch.loss_mask) > 0
       want = t.batches.apply(t.a, batch, params=before)
