@@ -26,6 +26,7 @@ from ml_collections import config_dict
 
 from configs import scales
 from rspo_jax import sharding
+from third_party_envs import registry
 from rspo_jax.models.config import LOCAL_TOKENIZER_PRESETS
 
 # The from-scratch presets (a locally trained tokenizer; CPU recipe).
@@ -144,6 +145,12 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # num_episodes (expert episodes), steps, lr, batch_rows,
   # prompt_loss_weight (> 0: also model the prompts, make_sft_loss).
   c.sft = ml_collections.ConfigDict()
+
+  # ---------------------------------------------------------------- metrics
+  c.metrics = ml_collections.ConfigDict()
+  c.metrics.wandb_project = ""  # "" = no W&B (pip install 'rspo_jax[wandb]')
+  c.metrics.wandb_entity = ""  # "" = the account's default entity
+  c.metrics.wandb_name = ""  # "" = the workdir's name
 
   # ---------------------------------------------------------------- mesh
   c.mesh = ml_collections.ConfigDict()  # scales.py: shape (data, fsdp,
@@ -279,8 +286,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
        c.rspo.sampling),
       (c.rspo.data_source in ("rspo", "history", "outcome"),
        "rspo.data_source", c.rspo.data_source),
-      (c.rspo.dense_reward in ("oracle", "prm"), "rspo.dense_reward",
+      (c.rspo.dense_reward in ("oracle", "prm")
+       or registry.is_import_path(c.rspo.dense_reward), "rspo.dense_reward",
        c.rspo.dense_reward),
+      (c.env.name in ENVS or registry.is_import_path(c.env.name),
+       "env.name", c.env.name),
       (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha),
       (c.rspo.k >= 1, "rspo.k", c.rspo.k),
       (c.rspo.dense_noise_sigma >= 0, "rspo.dense_noise_sigma",

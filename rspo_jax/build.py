@@ -366,7 +366,7 @@ def check_multihost(cfg) -> None:
                      " multi-host runs use 'colocated'")
   if cfg.rspo.dense_reward == "prm":
     raise ValueError(f"rspo.dense_reward='prm' with {n} processes: the PRM"
-                     " runs in one process only; use 'env'")
+                     " runs in one process only; use 'oracle'")
 
 
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
