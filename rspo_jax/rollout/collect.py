@@ -5,12 +5,14 @@ group share a task id), for at most ``max_steps`` turns:
 
   turn t: for every unfinished episode, render the prompt (task, history
   window, current observation, admissible actions) with the chat template ->
-  generate one reply per episode in one batched engine call -> parse the
+  generate one reply per episode in one batched engine call (row i of the
+  call draws from the stream (seed * 1_000_003 + 2 t, i)) -> parse the
   ``<action>`` -> step the environments (in worker processes).
 
-The batch of active episodes is split in two halves, so the environments of
-one half step (asynchronously, in their worker processes) while the engine
-generates for the other half.
+Wall seconds by phase (exclusive; also booked to ``timer`` when given):
+``generation`` (engine calls), ``environment`` (resets, steps, waiting for
+them) and ``prompts`` (prompt building and tokenization, reply decoding and
+parsing, records); in the statistics as ``<phase>_s``.
 
 Rewards per step (verl-agent convention):
   env_reward_t = reward_t (10 * won on the winning step)
@@ -27,9 +29,12 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from rspo_jax import timing
 from rspo_jax.rollout import prompts as prompt_lib
 from rspo_jax.rollout.engine import Engine, SamplingParams
 from rspo_jax.types import StepRecord
+
+PHASES = ("generation", "environment", "prompts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,7 @@ def collect(
     group_id_start: int = 0,
     seed: int = 0,
     progress: Optional[Callable[[int], None]] = None,
+    timer: Optional[timing.PhaseTimer] = None,
 ) -> tuple[list[StepRecord], dict]:
   """Plays the episodes; returns (step records, statistics)."""
   n = len(task_ids) * group_size
@@ -87,8 +93,11 @@ def collect(
         f" {n} environments; the pool has {venv.num_envs}"
     )
   t_start = time.perf_counter()
+  timer = timer or timing.PhaseTimer()
+  booked = timer.seconds()
   row_tasks = [t for t in task_ids for _ in range(group_size)]
-  first = venv.reset(row_tasks + [None] * (venv.num_envs - n), cfg.split)
+  with timer.phase("environment"):
+    first = venv.reset(row_tasks + [None] * (venv.num_envs - n), cfg.split)
   eps = [
       _Episode(
           task_id=t,
@@ -109,12 +118,9 @@ def collect(
     active = [i for i, e in enumerate(eps) if not e.done]
     if not active:
       break
-    halves = [active[: (len(active) + 1) // 2], active[(len(active) + 1) // 2:]]
-    halves = [h for h in halves if h]
-    pending = None
-    for h_idx, rows in enumerate(halves):
+    with timer.phase("prompts"):
       prompts = []
-      for i in rows:
+      for i in active:
         e = eps[i]
         ids, _, truncated = prompt_lib.build_prompt_ids(
             tokenizer,
@@ -129,14 +135,14 @@ def collect(
         )
         stats["prompt_truncated"] += int(truncated)
         prompts.append(ids)
-      t0 = time.perf_counter()
-      params = dataclasses.replace(
-          sampling, seed=seed * 1_000_003 + turn * 2 + h_idx
-      )
+    t0 = time.perf_counter()
+    params = dataclasses.replace(sampling, seed=seed * 1_000_003 + turn * 2)
+    with timer.phase("generation"):
       results = engine.generate(prompts, params)
-      stats["gen_time"] += time.perf_counter() - t0
+    stats["gen_time"] += time.perf_counter() - t0
+    with timer.phase("prompts"):
       actions = [None] * venv.num_envs
-      for i, ids, res in zip(rows, prompts, results):
+      for i, ids, res in zip(active, prompts, results):
         reply = tokenizer.decode(res.token_ids, skip_special_tokens=True)
         action, valid = prompt_lib.parse_action(reply, cfg.env_name)
         actions[i] = action
@@ -158,21 +164,21 @@ def collect(
             action=action,
             task_type=eps[i].obs.task_type,
         ))
-      if pending is not None:
-        _apply_env_results(eps, *pending, stats)
-      t0 = time.perf_counter()
-      pending = (rows, venv.step_async(actions), t0)
-    if pending is not None:
-      _apply_env_results(eps, *pending, stats)
+    t0 = time.perf_counter()
+    with timer.phase("environment"):
+      out = venv.step_async(actions).wait()
+    stats["env_time"] += time.perf_counter() - t0
+    _apply_env_results(eps, active, out, stats)
     if progress is not None:
       progress(len(active))
 
+  seconds = timer.seconds()
+  for name in PHASES:
+    stats[f"{name}_s"] = seconds.get(name, 0.0) - booked.get(name, 0.0)
   return _finish(eps, cfg, stats, time.perf_counter() - t_start)
 
 
-def _apply_env_results(eps, rows, handle, t0, stats):
-  results = handle.wait()
-  stats["env_time"] += time.perf_counter() - t0
+def _apply_env_results(eps, rows, results, stats):
   for i in rows:
     e, out = eps[i], results[i]
     rec = e.records[-1]
@@ -228,6 +234,8 @@ def _finish(eps, cfg, stats, wall):
       "prompt_truncated": stats["prompt_truncated"],
       "collect_time_s": wall,
   }
+  for name in PHASES:
+    summary[f"{name}_s"] = float(stats.get(f"{name}_s", 0.0))
   return records, summary
 
 
@@ -235,7 +243,8 @@ def _finish(eps, cfg, stats, wall):
 _COUNT_KEYS = ("failed_episodes", "episodes", "env_steps", "gen_tokens",
                "prompt_truncated")
 _SUM_KEYS = _COUNT_KEYS + ("gen_tokens_per_s", "env_steps_per_s")
-_MAX_KEYS = ("collect_time_s",)
+_TIME_KEYS = ("collect_time_s",) + tuple(f"{p}_s" for p in PHASES)
+_MAX_KEYS = _TIME_KEYS
 _PER_STEP_KEYS = ("invalid_action_rate",)
 
 
@@ -253,8 +262,9 @@ def combine_rounds(rounds: Sequence[dict]) -> dict:
   time-weighted mean of the rounds'."""
   out = combine_stats(rounds)
   if len(rounds) > 1:
+    for key in _TIME_KEYS:
+      out[key] = float(sum(float(r.get(key, 0.0)) for r in rounds))
     times = np.asarray([float(r["collect_time_s"]) for r in rounds])
-    out["collect_time_s"] = float(times.sum())
     for key in ("gen_tokens_per_s", "env_steps_per_s"):
       vals = np.asarray([float(r[key]) for r in rounds])
       out[key] = (float((vals * times).sum() / times.sum()) if times.sum()
