@@ -12,10 +12,13 @@ Mesh axes are always ``('data', 'fsdp', 'tensor')``:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Optional, Sequence
 
 import flax
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
@@ -128,6 +131,22 @@ def logical_to_mesh_spec(logical: Optional[Sequence[Optional[str]]], rules) -> P
   return P(*out)
 
 
+def inference_rules(rules) -> tuple:
+  """``rules`` for weights only run forward on rows split over ('data',
+  'fsdp') (the rollout engine): 'batch' keeps its axes, every other logical
+  axis drops 'data' and 'fsdp' -- params split over 'tensor' only, whole on
+  each data / fsdp replica, so a decode step reads its weights locally
+  instead of gathering every one of them for every token."""
+  out = []
+  for name, target in check_rules(rules).items():
+    if name != "batch":
+      axes = (target,) if isinstance(target, str) else tuple(target or ())
+      axes = tuple(a for a in axes if a not in ("data", "fsdp"))
+      target = axes[0] if len(axes) == 1 else (axes or None)
+    out.append((name, target))
+  return tuple(out)
+
+
 def named_sharding(mesh: Mesh, logical, rules) -> NamedSharding:
   return NamedSharding(mesh, logical_to_mesh_spec(logical, rules))
 
@@ -168,3 +187,89 @@ def batch_sharding(mesh: Mesh, rules, ndim: int = 2) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+# ------------------------------------------------------ activation sharding
+
+
+def array_mesh(*arrays) -> Any:
+  """The mesh the first of ``arrays`` laid out over several devices lives
+  on, read from its type (an ``AbstractMesh`` under jit, where a jitted
+  function's sharded inputs carry it); None when none is (no mesh, numpy,
+  or a single device)."""
+  for a in arrays:
+    mesh = getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
+    if mesh is not None and not mesh.empty and mesh.size > 1:
+      return mesh
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationSharding:
+  """``shard(x, logical)``: ``x`` constrained to the mesh axes its logical
+  names map to (``rules``; axes that do not divide a dimension dropped, as
+  for params). The identity without a mesh. Hashable, so a static
+  argument of jitted / rematerialised functions."""
+
+  mesh: Any = None
+  rules: tuple = DEFAULT_RULES
+
+  @classmethod
+  def of(cls, rules, *arrays) -> "ActivationSharding":
+    """On the mesh of ``arrays`` (``array_mesh``), if any."""
+    return cls(array_mesh(*arrays), tuple(rules))
+
+  def spec(self, logical, shape) -> P:
+    spec = logical_to_mesh_spec(logical, self.rules)
+    return fit_spec_to_shape(self.mesh, spec, shape)
+
+  def __call__(self, x: jax.Array, logical) -> jax.Array:
+    if self.mesh is None:
+      return x
+    return self.put(x, logical_to_mesh_spec(logical, self.rules))
+
+  def put(self, x: jax.Array, spec: P) -> jax.Array:
+    """``x`` constrained to the mesh-axis ``spec`` (axes that do not divide
+    a dimension dropped); the identity without a mesh."""
+    if self.mesh is None:
+      return x
+    spec = fit_spec_to_shape(self.mesh, spec, x.shape)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+  def axes(self, name: str) -> tuple:
+    """The mesh axes the logical axis ``name`` maps to."""
+    target = check_rules(self.rules).get(name)
+    return (target,) if isinstance(target, str) else tuple(target or ())
+
+  def cast(self, w: jax.Array, dtype, logical) -> jax.Array:
+    """``w.astype(dtype)`` computed on ``w``'s own shards (its logical
+    names), so FSDP gathers the narrow copy; the gradient is taken back to
+    ``w.dtype`` before it is reduced over the devices (``_cast_on_shards``).
+    Without a mesh, or when ``w`` already has ``dtype``, a plain cast."""
+    dtype = jnp.dtype(dtype)
+    if self.mesh is None or w.dtype == dtype or not logical:
+      return w.astype(dtype)
+    sharding_ = NamedSharding(self.mesh, self.spec(logical, w.shape))
+    return _cast_on_shards(w, dtype, sharding_)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _cast_on_shards(w, dtype, sharding_):
+  """y = w.astype(dtype), w and y both constrained to ``sharding_``; the
+  cotangent dy is cast to w.dtype, then constrained: summed over the
+  devices in w's dtype (float32 for float32 masters)."""
+  wsc = jax.lax.with_sharding_constraint
+  return wsc(wsc(w, sharding_).astype(dtype), sharding_)
+
+
+def _cast_fwd(w, dtype, sharding_):
+  # The residual only carries w's dtype.
+  return _cast_on_shards(w, dtype, sharding_), jnp.zeros((0,), w.dtype)
+
+
+def _cast_bwd(dtype, sharding_, like, dy):
+  del dtype
+  return (jax.lax.with_sharding_constraint(dy.astype(like.dtype), sharding_),)
+
+
+_cast_on_shards.defvjp(_cast_fwd, _cast_bwd)

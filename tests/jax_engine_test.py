@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from rspo_jax import sharding as shd
 from rspo_jax.models.config import get_model_config
@@ -377,9 +378,10 @@ def test_mesh_matches_single_device(model, engine):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
   emb = sharded._params["embedding"].get_value()
+  # Weights split over 'tensor' only: whole on each row shard.
   assert emb.sharding.spec == shd.logical_to_mesh_spec(
-      ("vocab", "embed"), shd.DEFAULT_RULES
-  )
+      ("vocab", "embed"), shd.inference_rules(shd.DEFAULT_RULES)
+  ) == P("tensor", None)
 
 
 # ------------------------------------- stop strings, length groups, blocks

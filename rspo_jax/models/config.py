@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from flax.core import FrozenDict
 
+from rspo_jax import sharding
+
 FAMILIES = ("qwen2", "llama")
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -27,6 +29,10 @@ class ModelConfig:
   'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
   'original_max_position_embeddings': 8192}``); it is stored as a hashable
   FrozenDict so the config can be a static jit argument.
+
+  ``logical_axis_rules`` maps the logical names of activations to mesh axes
+  (``sharding.py``; None = ``sharding.DEFAULT_RULES``); the model constrains
+  its activations with them when its inputs lie on a mesh.
   """
 
   family: str
@@ -48,6 +54,7 @@ class ModelConfig:
   remat: bool = False
   bos_token_id: Optional[int] = None
   eos_token_id: Optional[Any] = None  # int or tuple of ints
+  logical_axis_rules: Optional[tuple] = None
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -99,6 +106,17 @@ class ModelConfig:
             f" {tuple(DTYPES)}"
         )
       object.__setattr__(self, name, value)
+    rules = self.logical_axis_rules
+    if rules is not None:
+      rules = tuple(sharding.check_rules(rules).items())
+      if rules == tuple(sharding.check_rules(sharding.DEFAULT_RULES).items()):
+        rules = None  # one spelling of the default: equal configs compare ==
+      object.__setattr__(self, "logical_axis_rules", rules)
+
+  @property
+  def rules(self) -> tuple:
+    """The logical axis rules in force (the default when unset)."""
+    return self.logical_axis_rules or sharding.DEFAULT_RULES
 
   @property
   def inference_dtype(self) -> str:

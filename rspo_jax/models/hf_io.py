@@ -215,6 +215,7 @@ def load_hf_model(
   architecture, missing tensor or shape mismatch.
   """
   cfg = read_config(path)
+  overrides.setdefault("logical_axis_rules", rules)  # activations' too
   if dtype is not None:
     overrides["dtype"] = dtype
   if param_dtype is not None:

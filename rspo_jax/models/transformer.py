@@ -10,7 +10,13 @@ cast to the compute dtype ``cfg.dtype`` at each use; RMSNorm statistics,
 attention scores and softmax, and the logits are float32.
 
 Parameters name logical axes only (``sharding.LOGICAL_AXES``); the mesh
-mapping is applied by ``sharding.state_shardings``.
+mapping is applied by ``sharding.state_shardings``. Activations are
+constrained to their logical axes too (the embedding output and each block's
+output ``ACTIVATION``, q / k / v, the MLP hidden, the final hidden and the
+logits, the KV cache), with ``cfg.rules``, when the inputs lie on a mesh
+(``sharding.ActivationSharding``; the identity otherwise): rows stay split
+over ('data', 'fsdp') and heads / mlp / vocab over 'tensor' through the
+forward and backward, instead of XLA's choice of gathering them.
 """
 
 from __future__ import annotations
@@ -22,12 +28,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from rspo_jax import sharding as _sharding  # noqa: F401  (sets flax flags)
 from rspo_jax.models.config import ModelConfig
 
 _MASK_VALUE = -1e30  # finite, so fully-masked (padding) rows give no NaN
 _INIT_STD = 0.02
+
+# Logical axes of activations.
+ACTIVATION = ("batch", "length", "embed")  # [B, T, D]
+QUERY = ("batch", "length", "heads", "head_dim")  # [B, T, H, Dh]
+KEY_VALUE = ("batch", "length", "kv_heads", "head_dim")  # [B, T, Hkv, Dh]
+MLP_HIDDEN = ("batch", "length", "mlp")  # [B, T, F]
+LOGITS = ("batch", "length", "vocab")  # [B, T, V]
+MASK = ("batch", "length", "cache_length")  # [B, T, S]
+CACHE = ("batch", "kv_heads", "cache_length", "head_dim")  # [B, Hkv, S, Dh]
+NO_SHARDING = _sharding.ActivationSharding()
 
 
 class KVCache(NamedTuple):
@@ -114,6 +131,13 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
 # ----------------------------------------------------------------- layers
 
 
+def _cast(var: nnx.Variable, dtype, shard) -> jax.Array:
+  """A parameter's value in the compute dtype, cast on its own shards
+  (``ActivationSharding.cast``: FSDP gathers the compute-dtype copy)."""
+  names = var.get_metadata().get("out_sharding")
+  return shard.cast(var.value, dtype, names)
+
+
 def _param(rngs, shape, names, dtype, init="normal"):
   if init == "normal":
     value = _INIT_STD * jax.random.normal(rngs.params(), shape, dtype)
@@ -167,14 +191,15 @@ class Attention(nnx.Module):
       self.q_bias = self.k_bias = self.v_bias = None
     self.cfg = cfg
 
-  def _proj(self, x, w, b):
-    y = jnp.einsum("btd,dhk->bthk", x, w.value.astype(x.dtype))
+  def _proj(self, x, w, b, shard):
+    y = jnp.einsum("btd,dhk->bthk", x, _cast(w, x.dtype, shard))
     if b is not None:
-      y = y + b.value.astype(x.dtype)
+      y = y + _cast(b, x.dtype, shard)
     return y
 
   def __call__(
-      self, x, positions, mask, kv_cache=None, index=None, queries=None
+      self, x, positions, mask, kv_cache=None, index=None, queries=None,
+      shard=NO_SHARDING,
   ):
     """x [B,T,D]; mask [B,Tq,S] bool (True = may attend).
 
@@ -188,9 +213,12 @@ class Attention(nnx.Module):
     x_q, pos_q = (x, positions) if queries is None else queries
     b, t, _ = x_q.shape
     inv_freq = rope_inv_freq(self.cfg)  # numpy: a constant under jit
-    q = apply_rope(self._proj(x_q, self.q, self.q_bias), pos_q, inv_freq)
-    k = apply_rope(self._proj(x, self.k, self.k_bias), positions, inv_freq)
-    v = self._proj(x, self.v, self.v_bias)
+    q = self._proj(x_q, self.q, self.q_bias, shard)
+    q = apply_rope(q, pos_q, inv_freq)
+    k = self._proj(x, self.k, self.k_bias, shard)
+    k = apply_rope(k, positions, inv_freq)
+    v = self._proj(x, self.v, self.v_bias, shard)
+    q, k, v = shard(q, QUERY), shard(k, KEY_VALUE), shard(v, KEY_VALUE)
     h, dh = q.shape[2], q.shape[3]
     kv = self.cfg.num_kv_heads
     qg = q.reshape(b, t, kv, h // kv, dh)
@@ -203,7 +231,7 @@ class Attention(nnx.Module):
       put = lambda buf, new: jax.lax.dynamic_update_slice(
           buf, new.transpose(0, 2, 1, 3).astype(buf.dtype), at
       )
-      k, v = put(k_all, k), put(v_all, v)
+      k, v = shard(put(k_all, k), CACHE), shard(put(v_all, v), CACHE)
       new_cache = (k, v)
       k_spec = "bksd"
     scores = jnp.einsum(
@@ -215,9 +243,9 @@ class Attention(nnx.Module):
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum(f"bkgts,{k_spec}->btkgd", probs, v.astype(x.dtype))
-    out = out.reshape(b, t, h, dh)
-    y = jnp.einsum("bthk,hkd->btd", out, self.o.value.astype(x.dtype))
-    return y, new_cache
+    out = shard(out.reshape(b, t, h, dh), QUERY)
+    y = jnp.einsum("bthk,hkd->btd", out, _cast(self.o, x.dtype, shard))
+    return shard(y, ACTIVATION), new_cache
 
 
 class MLP(nnx.Module):
@@ -230,13 +258,13 @@ class MLP(nnx.Module):
     self.up = _param(rngs, (d, f), ("embed", "mlp"), pdt)
     self.down = _param(rngs, (f, d), ("mlp", "embed"), pdt)
 
-  def __call__(self, x):
+  def __call__(self, x, shard=NO_SHARDING):
     dt = x.dtype
-    g = jnp.einsum("btd,df->btf", x, self.gate.value.astype(dt))
-    u = jnp.einsum("btd,df->btf", x, self.up.value.astype(dt))
-    return jnp.einsum(
-        "btf,fd->btd", jax.nn.silu(g) * u, self.down.value.astype(dt)
-    )
+    w = lambda var: _cast(var, dt, shard)
+    g = shard(jnp.einsum("btd,df->btf", x, w(self.gate)), MLP_HIDDEN)
+    u = shard(jnp.einsum("btd,df->btf", x, w(self.up)), MLP_HIDDEN)
+    y = jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, w(self.down))
+    return shard(y, ACTIVATION)
 
 
 class Block(nnx.Module):
@@ -250,7 +278,7 @@ class Block(nnx.Module):
 
   def __call__(
       self, x, positions, mask, kv_cache=None, index=None, starts=None,
-      window=0,
+      window=0, shard=NO_SHARDING,
   ):
     """With ``window = R > 0``: the outputs of positions [starts_b, starts_b
     + R) only, [B, R, D] (their queries attend all keys as usual)."""
@@ -260,17 +288,19 @@ class Block(nnx.Module):
       take = lambda a: take_window(a, starts, window)
       x, mask = take(x), take(mask)
       queries = (take(h), take(positions))
-    y, kv = self.attn(h, positions, mask, kv_cache, index, queries)
-    x = x + y
-    x = x + self.mlp(self.post_attn_norm(x))
-    return x, kv
+    y, kv = self.attn(h, positions, mask, kv_cache, index, queries, shard)
+    x = shard(x + y, ACTIVATION)
+    x = x + self.mlp(self.post_attn_norm(x), shard)
+    return shard(x, ACTIVATION), kv
 
 
-def _run_block(block, x, positions, mask, kv_cache, index, starts, window):
-  return block(x, positions, mask, kv_cache, index, starts, window)
+def _run_block(
+    block, x, positions, mask, kv_cache, index, starts, window, shard
+):
+  return block(x, positions, mask, kv_cache, index, starts, window, shard)
 
 
-_run_block_remat = nnx.remat(_run_block, static_argnums=(7,))
+_run_block_remat = nnx.remat(_run_block, static_argnums=(7, 8))
 
 
 class Transformer(nnx.Module):
@@ -320,7 +350,8 @@ class Transformer(nnx.Module):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     t = tokens.shape[1]
-    x = jnp.take(self.embedding.value, tokens, axis=0).astype(dtype)
+    shard = self._activation_sharding(tokens)
+    x = shard(self._embed(tokens, shard).astype(dtype), ACTIVATION)
     real = attention_mask.astype(jnp.bool_)
     if cache is None:
       causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
@@ -333,6 +364,7 @@ class Transformer(nnx.Module):
       q_slot = index + jnp.arange(t, dtype=jnp.int32)
       causal = jnp.arange(s, dtype=jnp.int32)[None, :] <= q_slot[:, None]
       mask = causal[None] & key_mask[:, None, :]
+    mask = shard(mask, MASK)
     run = _run_block_remat if cfg.remat else _run_block
     new_k, new_v = [], []
     last = len(self.layers) - 1
@@ -340,11 +372,11 @@ class Transformer(nnx.Module):
     for i, block in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
       w = (starts, r) if i == last else (None, 0)
-      x, kv = run(block, x, positions, mask, kv, index, *w)
+      x, kv = run(block, x, positions, mask, kv, index, *w, shard)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
-    hidden = self.final_norm(x)
+    hidden = shard(self.final_norm(x), ACTIVATION)
     new_cache = None
     if cache is not None:
       new_cache = KVCache(
@@ -356,17 +388,43 @@ class Transformer(nnx.Module):
     logits = self.logits(hidden) if return_logits else None
     return logits, hidden, new_cache
 
+  def _embed(self, tokens, shard) -> jax.Array:
+    """``E[tokens]`` in the parameter dtype (its gradient is summed over
+    repeated tokens in float32 for float32 masters).
+
+    On a mesh the table is gathered over 'tensor' only and keeps its FSDP
+    split of the width; the rows are looked up split over the batch axes
+    other than the width's (('data',) by default), each device its slice
+    of the width, and one all-to-all over the width's axes hands every
+    device its own rows' whole vectors (and back in the backward): no
+    gather of the table nor of activations.
+    """
+    width = shard.axes("embed")
+    rows = tuple(a for a in shard.axes("batch") if a not in width) or None
+    table = shard.put(self.embedding.value, P(None, width or None))
+    x = jnp.take(table, shard.put(tokens, P(rows, None)), axis=0)
+    return shard.put(x, P(rows, None, width or None))
+
+  def _activation_sharding(self, *arrays) -> _sharding.ActivationSharding:
+    """Constraints on the mesh of ``arrays`` or of the params, if any."""
+    return _sharding.ActivationSharding.of(
+        self.cfg.rules, *arrays, self.embedding.value
+    )
+
   def logits(self, hidden: jax.Array) -> jax.Array:
     """``hidden W_out`` in float32 accumulation, [B,T,V]."""
+    shard = self._activation_sharding(hidden)
     if self.lm_head is None:
-      w = self.embedding.value.astype(hidden.dtype)
-      return jnp.einsum(
+      w = _cast(self.embedding, hidden.dtype, shard)
+      logits = jnp.einsum(
           "btd,vd->btv", hidden, w, preferred_element_type=jnp.float32
       )
-    w = self.lm_head.value.astype(hidden.dtype)
-    return jnp.einsum(
-        "btd,dv->btv", hidden, w, preferred_element_type=jnp.float32
-    )
+    else:
+      w = _cast(self.lm_head, hidden.dtype, shard)
+      logits = jnp.einsum(
+          "btd,dv->btv", hidden, w, preferred_element_type=jnp.float32
+      )
+    return shard(logits, LOGITS)
 
 
 def target_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:

@@ -96,8 +96,9 @@ class JaxEngine(Engine):
       by ``nnx.split`` (``params`` is what ``update_weights`` replaces).
     cfg: the model's ``ModelConfig``.
     mesh: optional ('data', 'fsdp', 'tensor') mesh; rows are split over
-      ('data', 'fsdp'), params placed by their logical names. None = one
-      device.
+      ('data', 'fsdp'), params over 'tensor' only
+      (``sharding.inference_rules``: each row shard holds whole weights, so
+      decode gathers none). None = one device.
     rules: logical axis rules.
     pad_id: token used for padding and for dummy rows.
     eos_ids: stop ids applied to every request (plus the request's own).
@@ -181,8 +182,9 @@ class JaxEngine(Engine):
     self._graphdef, self._params, self._rest = self._split(model)
     self._param_sh = self._rest_sh = None
     if mesh is not None:
-      self._param_sh = shd.state_shardings(mesh, self._params, rules)
-      self._rest_sh = shd.state_shardings(mesh, self._rest, rules)
+      weights = shd.inference_rules(rules)  # whole on each row shard
+      self._param_sh = shd.state_shardings(mesh, self._params, weights)
+      self._rest_sh = shd.state_shardings(mesh, self._rest, weights)
     self._params = self._place(self._params, self._param_sh)
     self._rest = self._place(self._rest, self._rest_sh)
     self._version = int(version)
@@ -328,19 +330,12 @@ class JaxEngine(Engine):
         max(len(r) for r in rows), self._prompt_buckets, "prompt length"
     )
     nb = round_up(params.max_new_tokens, self._new_multiple)
-    if self._prefix_sharing:
-      uniq, row_map = {}, []
-      for r in rows:
-        row_map.append(uniq.setdefault(tuple(r), len(uniq)))
-      unique_rows = [list(u) for u in uniq]
-    else:
-      unique_rows, row_map = rows, list(range(n))
-    bu = bucket_size(len(unique_rows), self._batch_buckets, "batch size")
-    # Dummy rows: one real token, so no attention row is fully masked.
-    unique_rows = unique_rows + [[self._pad_id]] * (bu - len(unique_rows))
+    unique_rows, row_map = share_prompts(
+        rows, bb, _row_shards(self._mesh, self._rules, bb),
+        self._batch_buckets, self._pad_id, self._prefix_sharing)
+    bu = len(unique_rows)
     tokens, positions, mask = _left_pad(unique_rows, pb, self._pad_id)
     lengths = np.asarray([len(r) for r in rows] + [1] * (bb - n), np.int32)
-    row_map = np.asarray(row_map + [0] * (bb - n), np.int32)
     last_tok = tokens[row_map, -1]
     active = np.arange(bb) < n
     # Dummy rows take ids past the request's rows (their draws are unused).
@@ -540,6 +535,60 @@ def _constrain_cache(cache: tfm.KVCache, mesh, rules) -> tfm.KVCache:
   )
 
 
+def _row_shards(mesh, rules, rows: int) -> int:
+  """Shards of ``rows`` rows over the mesh's batch axes (1 when they do not
+  divide)."""
+  if mesh is None:
+    return 1
+  spec = shd.logical_to_mesh_spec(("batch",), rules)[0]
+  axes = (spec,) if isinstance(spec, str) else tuple(spec or ())
+  ways = int(np.prod([mesh.shape[a] for a in axes]))
+  return ways if rows % ways == 0 else 1
+
+
+def share_prompts(rows, bb: int, shards: int, buckets, pad_id: int,
+                  share: bool = True):
+  """(unique prompts, row_map [bb]): decode row b (of ``bb``; rows past
+  ``len(rows)`` are dummies) reads prompt ``row_map[b]``.
+
+  Shard j of ``shards`` holds decode rows [j bb/s, (j + 1) bb/s) and prompts
+  [j u, (j + 1) u), u = the batch bucket of the most distinct prompts any
+  shard has (its own, deduplicated when ``share``; dummy prompts of one pad
+  token fill each shard's share), so the prefilled cache reaches its decode
+  rows without leaving the device (``_gather_rows``).
+  """
+  per = bb // shards
+  parts, maps = [], []
+  for j in range(shards):
+    block = [list(r) for r in rows[j * per:(j + 1) * per]]
+    row_map = list(range(len(block)))
+    if share:
+      uniq = {}
+      row_map = [uniq.setdefault(tuple(r), len(uniq)) for r in block]
+      block = [list(r) for r in uniq]
+    parts.append(block)
+    maps.append(row_map + [0] * (per - len(row_map)))
+  u = bucket_size(max(1, max(len(p) for p in parts)), buckets, "batch size")
+  unique = []
+  for p in parts:  # dummy prompts: one real token, no fully masked row
+    unique += p + [[pad_id]] * (u - len(p))
+  row_map = [j * u + m for j, mp in enumerate(maps) for m in mp]
+  return unique, np.asarray(row_map, np.int32)
+
+
+def _gather_rows(x, row_map, shards: int):
+  """``x[row_map]``, ``row_map`` indexing within each of ``shards`` equal
+  row blocks of x and of the result (``share_prompts``): a gather local to
+  each device."""
+  if shards == 1:
+    return x[row_map]
+  u = x.shape[0] // shards
+  blocks = x.reshape((shards, u) + x.shape[1:])
+  local = row_map.reshape(shards, -1) - u * jnp.arange(shards)[:, None]
+  out = jax.vmap(lambda a, i: a[i])(blocks, local)
+  return out.reshape((row_map.shape[0],) + x.shape[1:])
+
+
 @dataclasses.dataclass(frozen=True)
 class _Static:
   """Hashable, compile-time arguments of the jitted functions."""
@@ -627,10 +676,12 @@ def _prefill(
               cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1),
           index=jnp.int32(c1),
       )
+  shards = _row_shards(static.mesh, static.rules, row_map.shape[0])
+  take = lambda x: _gather_rows(x, row_map, shards)
   cache = tfm.KVCache(
-      k=tuple(x[row_map] for x in cache.k),
-      v=tuple(x[row_map] for x in cache.v),
-      key_mask=cache.key_mask[row_map],
+      k=tuple(take(x) for x in cache.k),
+      v=tuple(take(x) for x in cache.v),
+      key_mask=take(cache.key_mask),
       index=cache.index,
   )
   return _constrain_cache(cache, static.mesh, static.rules)
