@@ -4,10 +4,11 @@ A call ``generate(prompts, params)`` splits the prompts into chunks and runs,
 per chunk:
 
   0. Chunking. With ``length_group_rows = g > 0`` (the default on CPU) the
-     prompts are sorted by length and cut into chunks of at most g rows, so
-     each chunk pads to its own, tighter, prompt bucket (prefill costs
-     ~ rows x Pb^2 in attention, decode ~ rows x (Pb + Nb) per token);
-     otherwise chunks of the largest batch bucket, in order.
+     prompts are sorted by length and cut into ceil(n / g) chunks of equal
+     size (+-1), so each chunk pads to its own, tighter, prompt bucket
+     (prefill costs ~ rows x Pb^2 in attention, decode ~ rows x (Pb + Nb)
+     per token); otherwise the same with g = the largest batch bucket, in
+     order.
   1. Bucketing. Prompts are left-padded to the prompt bucket ``Pb`` (smallest
      ``prompt_buckets`` entry >= the longest prompt), rows to the batch bucket
      ``Bb`` (extra rows are dummies, done from the start), and
@@ -311,9 +312,11 @@ class JaxEngine(Engine):
       chunk = min(self._group_rows, self._batch_buckets[-1])
     else:
       order, chunk = list(range(n)), self._batch_buckets[-1]
+    # Equal chunks (n = 123, g = 8: 16 chunks of 7-8 rows, one batch
+    # bucket), not 15 of 8 and one of 3 (a bucket, and a compile, more).
     results = [None] * n
-    for start in range(0, n, chunk):
-      idx = order[start : start + chunk]
+    for idx in np.array_split(np.asarray(order), -(-n // chunk)):
+      idx = idx.tolist()
       out = self._generate_chunk(
           [rows[i] for i in idx], idx, seed, stop_mask, stops, params
       )
