@@ -185,3 +185,30 @@ def test_eval_failures_sorts_alfworld_endings():
   mixed = ["open drawer 1", "open drawer 2", "open drawer 3"]
   assert ending(mixed, won=False, rejected=[True, True, False]) == (
       "step_limit")
+
+
+def test_loop_bench_smoke_prints_phases(tmp_path):
+  """bench/loop.py end to end on the toy world, the working tree only,
+  micro-sized: one JSON line per side, then the summary."""
+  out = subprocess.run(
+      [sys.executable, str(BENCH / "loop.py"), "--envs", "toy", "--sides",
+       "after", "--steps", "1", "--warmup", "0", "--tasks", "1", "--group",
+       "2", "--sft_steps", "0", "--bc_steps", "1", "--eval_tasks", "2",
+       "--cache_dir", str(tmp_path),
+       "--overrides", "model.overrides=num_layers=1,env.max_steps=2"],
+      capture_output=True, text=True, check=True, timeout=900,
+  ).stdout
+  rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+  side, summary = rows[-2], rows[-1]
+  assert side["side"] == "after" and summary["after"]["step_s"] > 0
+  assert set(side["phases_s"]) == {
+      "weight_sync", "generation", "environment", "prompts", "batching",
+      "logprobs", "update", "checkpoint", "other"}
+  # Exclusive phases add up to (at most) the step's wall time.
+  assert sum(side["phases_s"].values()) <= side["step_s"] * 1.01
+  assert side["phases_s"]["generation"] > 0
+  assert side["config"]["train.group_size"] == 2
+  assert side["episodes_per_s"] == pytest.approx(2 / side["step_s"],
+                                                 rel=0.02)
+  assert side["bc_step_s"] > 0 and side["evaluation_s"] > 0
+  assert "speedup" not in summary

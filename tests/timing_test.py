@@ -72,6 +72,28 @@ def test_wrap_times_every_call_even_when_it_raises():
   assert timer.active == ()
 
 
+def test_compilations_are_counted_by_the_open_phase():
+  import jax
+  import jax.numpy as jnp
+
+  timer = timing.PhaseTimer(count_compiles=True)
+  quiet = timing.PhaseTimer()  # counts nothing
+  fn = jax.jit(lambda x: jnp.sin(x) * 3.0 - x)
+  with timer.phase("update"):
+    fn(np.zeros((3, 5, 7)))  # a shape no other test compiles
+    fn(np.zeros((3, 5, 7)))  # cached: no compilation
+  with timer.phase("generation"):
+    fn(np.zeros((3, 5, 9)))
+  fn(np.zeros((3, 5, 11)))
+  assert timer.compiles() == {"update": 1, "generation": 1, "none": 1}
+  took = timer.compile_seconds()
+  assert set(took) == {"update", "generation", "none"}
+  assert 0 < took["update"] <= timer.seconds()["update"]
+  assert quiet.compiles() == {} and quiet.compile_seconds() == {}
+  timer.reset()
+  assert timer.compiles() == {} and timer.compile_seconds() == {}
+
+
 def test_collect_books_its_phases_one_engine_call_per_turn(tmp_path):
   from rspo_jax import models
   from rspo_jax.models.config import get_model_config
