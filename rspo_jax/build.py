@@ -94,9 +94,17 @@ def param_dtype(cfg) -> str:
   return str(cfg.model.get("param_dtype", "float32") or "float32")
 
 
+def model_numerics(cfg) -> dict:
+  """ModelConfig fields a run sets whatever the checkpoint says: dtypes,
+  remat, attention implementation, activation sharding rules."""
+  return {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
+          "remat": bool(cfg.model.remat),
+          "attention": cfg.model.get("attention", "auto"),
+          "logical_axis_rules": cfg.logical_axis_rules}
+
+
 def model_config(cfg, tokenizer):
-  overrides = {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
-               "remat": cfg.model.remat}
+  overrides = model_numerics(cfg)
   for item in filter(None, cfg.model.overrides.split(";")):
     key, value = item.split("=")
     overrides[key.strip()] = int(value)
@@ -128,8 +136,7 @@ def load_policy(cfg, path: str, mesh):
   numerics: compute in ``model.dtype``, ``param_dtype(cfg)`` masters
   whatever the files store, ``model.remat``."""
   return models.load_hf_model(
-      path, mesh=mesh, rules=cfg.logical_axis_rules, dtype=cfg.model.dtype,
-      param_dtype=param_dtype(cfg), remat=bool(cfg.model.remat))
+      path, mesh=mesh, rules=cfg.logical_axis_rules, **model_numerics(cfg))
 
 
 def cast_floating(tree, dtype):

@@ -19,6 +19,7 @@ FAMILIES = ("qwen2", "llama")
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}  # name -> bytes
+ATTENTION = ("auto", "xla", "cudnn", "plain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ModelConfig:
   bos_token_id: Optional[int] = None
   eos_token_id: Optional[Any] = None  # int or tuple of ints
   logical_axis_rules: Optional[tuple] = None
+  attention: str = "auto"  # auto | xla | cudnn | plain (transformer.py)
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -106,6 +108,11 @@ class ModelConfig:
             f" {tuple(DTYPES)}"
         )
       object.__setattr__(self, name, value)
+    if self.attention not in ATTENTION:
+      raise ValueError(
+          f"ModelConfig.attention {self.attention!r} unknown; use one of"
+          f" {ATTENTION} (Pallas splash attention is not implemented)"
+      )
     rules = self.logical_axis_rules
     if rules is not None:
       rules = tuple(sharding.check_rules(rules).items())

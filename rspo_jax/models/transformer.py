@@ -9,6 +9,14 @@ Numerics: weights are stored in ``cfg.param_dtype`` (float32 masters) and
 cast to the compute dtype ``cfg.dtype`` at each use; RMSNorm statistics,
 attention scores and softmax, and the logits are float32.
 
+Attention (``cfg.attention``, ``attention_implementation``): without a KV
+cache or an offset window, ``jax.nn.dot_product_attention`` -- cuDNN's fused
+kernel on GPU, XLA's elsewhere -- causal, with padding given as each row's
+number of real tokens (real tokens first: right padding, as in the
+learner's batches); the KV-cache path (prefill into a cache, one-token
+decode) and the response window's last block use the plain einsum path
+with an explicit [B, Tq, S] mask, as does ``attention = 'plain'``.
+
 Parameters name logical axes only (``sharding.LOGICAL_AXES``); the mesh
 mapping is applied by ``sharding.state_shardings``. Activations are
 constrained to their logical axes too (the embedding output and each block's
@@ -45,6 +53,56 @@ LOGITS = ("batch", "length", "vocab")  # [B, T, V]
 MASK = ("batch", "length", "cache_length")  # [B, T, S]
 CACHE = ("batch", "kv_heads", "cache_length", "head_dim")  # [B, Hkv, S, Dh]
 NO_SHARDING = _sharding.ActivationSharding()
+
+
+def attention_implementation(cfg: ModelConfig) -> Optional[str]:
+  """The ``jax.nn.dot_product_attention`` implementation ``cfg.attention``
+  selects, or None for the plain einsum path.
+
+  'auto': 'cudnn' on GPU for bfloat16 / float16 compute with a head width
+  cuDNN's flash attention takes (a multiple of 8, at most 128), else 'xla'.
+  (TPU: 'xla'; Pallas splash attention is not wired in.)
+  """
+  name = cfg.attention
+  if name == "plain":
+    return None
+  if name != "auto":
+    return name
+  fused = (
+      jax.default_backend() == "gpu"
+      and cfg.dtype in ("bfloat16", "float16")
+      and cfg.head_dim % 8 == 0
+      and cfg.head_dim <= 128
+  )
+  return "cudnn" if fused else "xla"
+
+
+class AttentionMask(NamedTuple):
+  """Which key slots each query may attend: slot s by query i iff
+  ``keys[b, s]`` and ``s <= query_slots[b, i]`` (causal).
+
+  keys:        [B, S] bool, slots holding a real token
+  query_slots: [B, Tq] int32, each query's own slot
+  lengths:     [B] int32 or None: real tokens per row when they come first
+               (right padding, keys = slot < length) and the queries are
+               slots 0..T-1 -- then a kernel may serve (causal + lengths)
+  """
+
+  keys: jax.Array
+  query_slots: jax.Array
+  lengths: Optional[jax.Array] = None
+
+  def dense(self) -> jax.Array:
+    """[B, Tq, S] bool."""
+    s = self.keys.shape[1]
+    causal = (jnp.arange(s, dtype=jnp.int32)[None, None, :]
+              <= self.query_slots[:, :, None])
+    return causal & self.keys[:, None, :]
+
+  def window(self, starts, size: int) -> "AttentionMask":
+    """Queries of slots [starts_b, starts_b + size) only (no kernel)."""
+    return AttentionMask(self.keys, take_window(self.query_slots, starts,
+                                                size))
 
 
 class KVCache(NamedTuple):
@@ -201,7 +259,7 @@ class Attention(nnx.Module):
       self, x, positions, mask, kv_cache=None, index=None, queries=None,
       shard=NO_SHARDING,
   ):
-    """x [B,T,D]; mask [B,Tq,S] bool (True = may attend).
+    """x [B,T,D]; mask an ``AttentionMask`` of Tq queries and S keys.
 
     Without a cache S = T. With one, ``kv_cache = (K, V)`` are this layer's
     [B,Hkv,S,Dh] buffers: the T new keys/values are written in place at
@@ -221,6 +279,15 @@ class Attention(nnx.Module):
     q, k, v = shard(q, QUERY), shard(k, KEY_VALUE), shard(v, KEY_VALUE)
     h, dh = q.shape[2], q.shape[3]
     kv = self.cfg.num_kv_heads
+    impl = attention_implementation(self.cfg)
+    if kv_cache is None and impl is not None and mask.lengths is not None:
+      out = jax.nn.dot_product_attention(
+          q, k, v, is_causal=True, key_value_seq_lengths=mask.lengths,
+          implementation=impl,
+      )
+      out = shard(out.astype(x.dtype), QUERY)
+      y = jnp.einsum("bthk,hkd->btd", out, _cast(self.o, x.dtype, shard))
+      return shard(y, ACTIVATION), None
     qg = q.reshape(b, t, kv, h // kv, dh)
     new_cache = None
     if kv_cache is None:
@@ -240,7 +307,8 @@ class Attention(nnx.Module):
         k.astype(q.dtype),
         preferred_element_type=jnp.float32,
     ) / math.sqrt(dh)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    dense = shard(mask.dense(), MASK)
+    scores = jnp.where(dense[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum(f"bkgts,{k_spec}->btkgd", probs, v.astype(x.dtype))
     out = shard(out.reshape(b, t, h, dh), QUERY)
@@ -286,7 +354,7 @@ class Block(nnx.Module):
     queries = None
     if window:
       take = lambda a: take_window(a, starts, window)
-      x, mask = take(x), take(mask)
+      x, mask = take(x), mask.window(starts, window)
       queries = (take(h), take(positions))
     y, kv = self.attn(h, positions, mask, kv_cache, index, queries, shard)
     x = shard(x + y, ACTIVATION)
@@ -353,18 +421,19 @@ class Transformer(nnx.Module):
     shard = self._activation_sharding(tokens)
     x = shard(self._embed(tokens, shard).astype(dtype), ACTIVATION)
     real = attention_mask.astype(jnp.bool_)
+    b = tokens.shape[0]
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if cache is None:
-      causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
-      mask = causal[None] & real[:, None, :]
       index = None
+      lengths = None
+      if attention_implementation(cfg) is not None:
+        lengths = jnp.sum(real, axis=1, dtype=jnp.int32)
+      mask = AttentionMask(real, slots, lengths)
     else:
       index = cache.index
       key_mask = jax.lax.dynamic_update_slice(cache.key_mask, real, (0, index))
-      s = key_mask.shape[1]
-      q_slot = index + jnp.arange(t, dtype=jnp.int32)
-      causal = jnp.arange(s, dtype=jnp.int32)[None, :] <= q_slot[:, None]
-      mask = causal[None] & key_mask[:, None, :]
-    mask = shard(mask, MASK)
+      key_mask = shard(key_mask, ("batch", "cache_length"))
+      mask = AttentionMask(key_mask, index + slots)
     run = _run_block_remat if cfg.remat else _run_block
     new_k, new_v = [], []
     last = len(self.layers) - 1
