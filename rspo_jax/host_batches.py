@@ -10,10 +10,19 @@ host calls these together, in the same order):
     learner's batch (``distributed.host_local_to_global``);
   * ``apply`` runs ``learner.apply`` on the global batch and returns this
     host's rows of the result.
+
+Forward passes by length (one process on CPU, ``apply_group_rows = g``): the
+rows with tokens, sorted by real length, go through ``learner.apply`` in
+chunks of about g rows, each cut to ``batching.length_bucket`` of its
+longest row instead of the batch's length T (right padding: a position's
+output depends on the positions before it only), and the results are put
+back in place; 0 past each chunk's length and on padding rows. Attention costs ~rows x T^2: about 2x faster old and
+reference log-prob passes on the nano WebShop loop.
 """
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from rspo_jax import batching, distributed
@@ -25,15 +34,20 @@ _DTYPES = dict(
     tokens=np.int32, positions=np.int32, attention_mask=np.int32,
     is_offpolicy=bool,
 )
+CPU_APPLY_GROUP_ROWS = 16
 
 
 class HostBatches:
   """Builds, globalises and applies batches for one training job."""
 
-  def __init__(self, cfg, multihost: bool):
+  def __init__(self, cfg, multihost: bool, apply_group_rows=None):
     self.multihost = multihost
     self.row_multiple = max(8, cfg.train.micro_batch_rows or 0)
     self.max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if apply_group_rows is None:  # see the module docstring
+      on_cpu = jax.default_backend() == "cpu"
+      apply_group_rows = CPU_APPLY_GROUP_ROWS if on_cpu else 0
+    self.apply_group_rows = 0 if multihost else int(apply_group_rows)
 
   def build(self, records, adv, off_flags, returns=None, values=None) -> Batch:
     """This host's rows -> a batch (multi-host: padded to the agreed
@@ -63,6 +77,8 @@ class HostBatches:
 
   def apply(self, learner: Learner, batch: Batch, params=None) -> np.ndarray:
     """``learner.apply`` on the job's batch; this host's rows of it."""
+    if self.apply_group_rows and len(batch.tokens) > self.apply_group_rows:
+      return self._apply_by_length(learner, batch, params)
     out = learner.apply(self.to_global(learner, batch), params=params)
     if not self.multihost:
       return out
@@ -74,6 +90,35 @@ class HostBatches:
           " over hosts; multi-host runs need hosts along ('data', 'fsdp')"
       )
     return out[start:stop]
+
+
+  def _apply_by_length(self, learner, batch: Batch, params) -> np.ndarray:
+    """``learner.apply`` in length-sorted chunks (module docstring)."""
+    rows, width = batch.tokens.shape
+    lengths = np.asarray(batch.attention_mask).sum(axis=1)
+    order = np.argsort(lengths, kind="stable")
+    order = order[lengths[order] > 0]  # padding rows stay 0
+    n_chunks = max(1, -(-len(order) // self.apply_group_rows))
+    out = None
+    for idx in np.array_split(order, n_chunks):
+      t = min(width, batching.length_bucket(max(int(lengths[idx].max()), 1)))
+      n = batching.round_up(len(idx), self.row_multiple)
+      part = Batch(*(
+          _take(np.asarray(x), idx, n, None if x.ndim == 1 else t)
+          for x in batch))
+      got = learner.apply(part, params=params)
+      if out is None:
+        out = np.zeros((rows, width), got.dtype)
+      out[idx, :t] = got[:len(idx)]
+    return out if out is not None else learner.apply(batch, params=params)
+
+
+def _take(x: np.ndarray, idx: np.ndarray, rows: int, width) -> np.ndarray:
+  """Rows ``idx`` of x (columns [0, width) when given), zero rows added up
+  to ``rows``."""
+  part = x[idx] if width is None else x[idx, :width]
+  pad = np.zeros((rows - len(idx),) + part.shape[1:], part.dtype)
+  return np.concatenate([part, pad])
 
 
 def empty_batch(rows: int, length: int) -> Batch:

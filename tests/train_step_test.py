@@ -68,8 +68,12 @@ def test_sharded_step_equals_unsharded():
   m8, p8 = run_steps(policy_learner((2, 2, 2)), batch)
   for a, b in zip(m1, m8):
     np.testing.assert_allclose(a["loss"], b["loss"], atol=1e-5, rtol=1e-5)
+  # Adam divides by sqrt(v): an element whose gradient is a near-cancelled
+  # sum keeps float32 reduction-order noise as a relative error of its
+  # update, up to a few % of lr (1e-3) after two steps. A sharding bug moves
+  # elements by whole steps (~lr), far outside 5 % of one.
   for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=5e-5)
 
 
 def test_params_are_sharded_on_mesh():

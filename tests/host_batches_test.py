@@ -1,0 +1,58 @@
+"""HostBatches.apply by length (rspo_jax/host_batches.py) equals one pass
+over the whole batch wherever the loss reads it."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from rspo_jax import host_batches, models, sharding, train_step as ts
+from rspo_jax.learner import Learner
+from rspo_jax.types import StepRecord
+from train_step_test import RULES, tiny_cfg
+
+CFG = SimpleNamespace(
+    train=SimpleNamespace(micro_batch_rows=0),
+    rollout=SimpleNamespace(max_prompt_tokens=200, max_new_tokens=16))
+
+
+def records(n=37, seed=0):
+  """Prompts of 4 to 180 tokens, replies of 2 to 12."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    p, r = int(rng.integers(4, 181)), int(rng.integers(2, 13))
+    out.append(StepRecord(
+        task_id=i, group_id=i, traj_id=i, step_idx=0,
+        prompt_ids=rng.integers(1, 128, p).astype(np.int32),
+        response_ids=rng.integers(1, 128, r).astype(np.int32),
+        behavior_logp=np.zeros(r, np.float32)))
+  return out
+
+
+def test_apply_by_length_equals_one_pass_on_the_loss_mask():
+  learner = Learner(
+      models.create_model(tiny_cfg(), seed=0), ts.make_optimizer(1e-3),
+      ts.make_policy_loss(ts.PolicyLossConfig()),
+      mesh=sharding.make_mesh((-1, 1, 1)), rules=RULES)
+  recs = records()
+  grouped = host_batches.HostBatches(CFG, False, apply_group_rows=8)
+  whole = host_batches.HostBatches(CFG, False, apply_group_rows=0)
+  batch = whole.build(recs, np.ones(len(recs)), np.zeros(len(recs), bool))
+  assert batch.tokens.shape == (48, 192)  # 37 rows -> 48; 192 = 1.5 x 128
+  calls = []
+  apply = learner.apply
+  learner.apply = lambda b, params=None: calls.append(b.tokens.shape) or (
+      apply(b, params=params))
+  got = grouped.apply(learner, batch)
+  want = whole.apply(learner, batch)
+  # 37 rows with tokens: 5 length-sorted chunks of 7-8 rows (padded to 8),
+  # each cut to its own length bucket; the 11 padding rows are not run.
+  assert len(calls) == 6 and calls[-1] == (48, 192)
+  widths = [w for _, w in calls[:5]]
+  assert all(r == 8 for r, _ in calls[:5]) and widths == sorted(widths)
+  assert widths[0] < 192
+  mask = batch.loss_mask > 0
+  assert got.shape == want.shape
+  np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)
+  np.testing.assert_array_equal(got[37:], 0.0)
+  assert np.all(np.isfinite(got[mask])) and np.any(got[mask] != 0)
