@@ -8,15 +8,17 @@ mesh is SPMD: every process calls it, in the same order, with arrays of the
 same global shape, and XLA inserts the cross-host collectives.
 
 Data is host-local: each process feeds only the rows that land on its own
-devices. For a leading ``batch`` axis sharded over ``('data', 'fsdp')`` and
-a mesh built from ``jax.devices()`` (``sharding.make_mesh``), process ``p``
-of ``n`` owns the contiguous block of rows
+devices. For a leading ``batch`` axis sharded over ``('data', 'fsdp')``,
+process ``p`` feeds the rows of its devices' slices,
+``process_row_indices(N, sharding)``, ascending; with a mesh built from
+``jax.devices()`` on GPU (process-major) that is the block
 
     rows[p * N / n : (p + 1) * N / n]
 
-(``process_row_range`` reads the block off the sharding itself, so other
-layouts work too). ``host_local_to_global`` assembles the per-host blocks
-into one global ``jax.Array`` without any host ever holding the whole batch.
+and with a TPU ring order (``jax.make_mesh`` follows the torus) it may be
+several blocks. ``host_local_to_global`` assembles the per-host rows into
+one global ``jax.Array`` without any host ever holding the whole batch;
+``host_local_rows`` takes a host's rows of a result back.
 
 Start-up order matters: ``initialize`` must run before anything touches a
 JAX backend (``jax.devices()``, creating an array, jitting).
@@ -163,6 +165,19 @@ def is_leader() -> bool:
 # --------------------------------------------------------------------------
 
 
+def process_row_indices(n_rows: int, sharding: NamedSharding) -> np.ndarray:
+  """The global rows this process feeds under ``sharding`` (a
+  NamedSharding of a leading row axis), ascending: the union of its
+  devices' row slices. Any device order: with a mesh in ring order (TPU)
+  they need not be one block. ``host_local_to_global`` places a host's
+  local rows ``k = 0, 1, ...`` at these rows, in this order."""
+  index_map = sharding.addressable_devices_indices_map((n_rows,))
+  covered = set()
+  for idx in index_map.values():
+    covered.update(range(*idx[0].indices(n_rows)))
+  return np.array(sorted(covered), np.int64)
+
+
 def process_row_range(
     n_rows: int,
     sharding: Optional[NamedSharding] = None,
@@ -176,21 +191,18 @@ def process_row_range(
   the union of the row slices of this process's devices; without it, the
   even block ``[p * n / P, (p + 1) * n / P)``.
   Raises ValueError when the rows do not split evenly, or when a sharding
-  gives this process rows that are not one contiguous block.
+  gives this process rows that are not one contiguous block (then use
+  ``process_row_indices``).
   """
   if sharding is not None:
-    index_map = sharding.addressable_devices_indices_map((n_rows,))
-    covered = set()
-    for idx in index_map.values():
-      start, stop, _ = idx[0].indices(n_rows)
-      covered.update(range(start, stop))
-    if not covered:
+    rows = process_row_indices(n_rows, sharding)
+    if not len(rows):
       return 0, 0
-    start, stop = min(covered), max(covered) + 1
-    if len(covered) != stop - start:
+    start, stop = int(rows[0]), int(rows[-1]) + 1
+    if len(rows) != stop - start:
       raise ValueError(
           f"the rows of process {jax.process_index()} under {sharding.spec}"
-          " are not contiguous; build the mesh from jax.devices() order"
+          " are not contiguous; use process_row_indices"
       )
     return start, stop
   p = jax.process_index() if process_index is None else process_index
@@ -208,19 +220,23 @@ def process_row_range(
 
 def host_rows(rows: Sequence[Any], sharding: Optional[NamedSharding] = None,
               **kwargs) -> list:
-  """This process's slice of a list of global rows (records, task ids)."""
-  start, stop = process_row_range(len(rows), sharding, **kwargs)
+  """This process's items of a list of global rows (records, task ids), in
+  the order ``host_local_to_global`` expects them."""
+  if sharding is not None:
+    return [rows[i] for i in process_row_indices(len(rows), sharding)]
+  start, stop = process_row_range(len(rows), None, **kwargs)
   return list(rows[start:stop])
 
 
 def host_local_to_global(tree: Any, shardings: Any) -> Any:
   """Host-local numpy blocks -> global ``jax.Array``s.
 
-  ``tree`` holds this process's rows of each array (``process_row_range``),
-  ``shardings`` a matching tree of NamedShardings (e.g.
-  ``train_step.batch_shardings(mesh, batch, rules)``). Global shape = local
-  rows x the number of row blocks (processes along the row axes). With one
-  process this is ``jax.device_put``.
+  ``tree`` holds this process's rows of each array, in the order of
+  ``process_row_indices`` (one block, or several when the mesh's device
+  order interleaves hosts), ``shardings`` a matching tree of
+  NamedShardings (e.g. ``train_step.batch_shardings(mesh, batch, rules)``).
+  Global shape = local rows x the number of row blocks (processes along
+  the row axes). With one process this is ``jax.device_put``.
   """
 
   def one(x, s: NamedSharding):
@@ -230,6 +246,20 @@ def host_local_to_global(tree: Any, shardings: Any) -> Any:
     return jax.make_array_from_process_local_data(s, x, global_shape)
 
   return jax.tree.map(one, tree, shardings)
+
+
+def host_local_rows(x: jax.Array) -> np.ndarray:
+  """This process's rows of a global array whose leading axis is split over
+  devices (the inverse of ``host_local_to_global``): its devices' row
+  slices in ascending order, without an all-gather. With one process (or
+  rows replicated) the whole array."""
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(x)
+  blocks = {}
+  for shard in x.addressable_shards:
+    start = (shard.index[0].start or 0) if shard.index else 0
+    blocks.setdefault(start, shard.data)
+  return np.concatenate([np.asarray(blocks[k]) for k in sorted(blocks)])
 
 
 def _row_blocks(sharding: NamedSharding, ndim: int) -> int:
@@ -243,8 +273,7 @@ def _row_blocks(sharding: NamedSharding, ndim: int) -> int:
       probe *= sharding.mesh.shape[a]
   if probe == 1:
     return 1  # rows replicated: every host holds all of them
-  start, stop = process_row_range(probe, sharding)
-  return probe // (stop - start)
+  return probe // len(process_row_indices(probe, sharding))
 
 
 def host_share(

@@ -9,7 +9,7 @@ host calls these together, in the same order):
   * ``to_global`` assembles the blocks into global arrays sharded like the
     learner's batch (``distributed.host_local_to_global``);
   * ``apply`` runs ``learner.apply`` on the global batch and returns this
-    host's rows of the result.
+    host's rows of the result (in any device order of the mesh).
 
 Forward passes by length (one process on CPU, ``apply_group_rows = g``): the
 rows with tokens, sorted by real length, go through ``learner.apply`` in
@@ -79,17 +79,16 @@ class HostBatches:
     """``learner.apply`` on the job's batch; this host's rows of it."""
     if self.apply_group_rows and len(batch.tokens) > self.apply_group_rows:
       return self._apply_by_length(learner, batch, params)
-    out = learner.apply(self.to_global(learner, batch), params=params)
     if not self.multihost:
-      return out
-    sh = ts.batch_shardings(learner.mesh, batch, learner.rules).tokens
-    start, stop = distributed.process_row_range(len(out), sh)
-    if stop - start != len(batch.tokens):
+      return learner.apply(batch, params=params)
+    out = learner.apply(self.to_global(learner, batch), params=params,
+                        host_rows=True)
+    if len(out) != len(batch.tokens):
       raise ValueError(
           f"the mesh {dict(learner.mesh.shape)} does not split the batch rows"
           " over hosts; multi-host runs need hosts along ('data', 'fsdp')"
       )
-    return out[start:stop]
+    return out
 
 
   def _apply_by_length(self, learner, batch: Batch, params) -> np.ndarray:

@@ -8,11 +8,15 @@ optimizer state copied or fresh by choice.
 A policy learner runs its last block and LM head only on the batch's
 response window (``train_step.response_window``): ``apply`` returns
 log-probs on each row's window and 0 outside it, where the loss mask is 0.
-One jitted function per (window, micro-batch count) bucket.
+One jitted function per (window, micro-batch count) bucket. ``apply``
+runs in chunks of at most ``micro_batch_rows`` rows (``apply_chunks``)
+inside one jitted function, on one host's batch or on global multi-host
+arrays alike.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import jax
@@ -22,6 +26,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from rspo_jax import distributed
+from rspo_jax import sharding as shd
 from rspo_jax import train_step as ts
 from rspo_jax.types import Batch
 
@@ -35,6 +41,55 @@ def to_host(x) -> np.ndarray:
   from jax.experimental import multihost_utils
 
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _row_ways(mesh: Mesh, rules) -> int:
+  """D: the devices a batch's rows split over (``'batch'``'s mesh axes)."""
+  spec = shd.logical_to_mesh_spec(("batch",), rules)[0]
+  names = (spec,) if isinstance(spec, str) else tuple(spec or ())
+  return math.prod(mesh.shape[a] for a in names)
+
+
+def apply_chunks(rows: int, max_rows: int, ways: int) -> int:
+  """n, the forward calls of a batch of ``rows`` rows split over ``ways``
+  devices, each call on rows / n rows (a strided split, ``chunked``):
+
+    n = min {n : n | rows / ways, rows / n <= max_rows}   (rows / ways
+                                                           when none)
+
+  n dividing each device's rows keeps every call's rows on the devices
+  that hold them (no data moves); a call holds at least one row a device,
+  so at most max(max_rows, ways) rows. ``max_rows`` 0 or >= rows: 1. Rows
+  that do not split over the devices: the same over divisors of rows.
+  """
+  if not max_rows or rows <= max_rows:
+    return 1
+  local = rows // ways if ways and rows % ways == 0 else rows
+  for n in range(1, local + 1):
+    if local % n == 0 and rows // n <= max_rows:
+      return n
+  return local
+
+
+def chunked(fn, n_chunks: int, mesh: Mesh, param_shardings, rules):
+  """``fn(params, *arrays) -> [B, T]`` run as ``n_chunks`` calls inside one
+  jitted function (``lax.map``: one chunk's activations live at a time):
+
+    chunk i = rows {j * n_chunks + i}  (``train_step.split_micro``),
+    out[j * n_chunks + i] = fn(params, *chunk i)[j]
+
+  Row-wise ``fn`` (each row's output depends on that row only): equal to
+  one call on all rows."""
+  bs = shd.batch_sharding(mesh, rules, 2)
+
+  def run(params, arrays):
+    micro = ts.split_micro(arrays, n_chunks, pad=False)
+    outs = jax.lax.map(lambda xs: fn(params, *xs), micro)
+    outs = jnp.moveaxis(outs, 0, 1)  # [B / n, n, T]
+    return outs.reshape((-1,) + outs.shape[2:])
+
+  jitted = jax.jit(run, in_shardings=(param_shardings, bs), out_shardings=bs)
+  return lambda params, *arrays: jitted(params, tuple(arrays))
 
 
 class Learner:
@@ -73,7 +128,7 @@ class Learner:
     if _compiled is not None:  # a copy shares its source's jitted functions
       self._applies, self._steps = _compiled
       return
-    self._applies = {}  # one jitted forward per window size
+    self._applies = {}  # one jitted forward per (window, chunks)
     self._steps = {}  # one jitted step per (micro-batch count, window)
 
   # ------------------------------------------------------------------ API
@@ -91,38 +146,43 @@ class Learner:
   def _window(self, batch: Batch) -> int:
     return ts.response_window(batch.loss_mask) if self._windowed else 0
 
-  def _apply_fn(self, window: int):
-    if window not in self._applies:
+  def _apply_fn(self, window: int, n_chunks: int):
+    key = (window, n_chunks)
+    if key not in self._applies:
       kw = dict(mesh=self.mesh, param_shardings=self.state_sh.params,
                 rules=self.rules)
       if self.kind == "policy":
         fn = ts.make_logprob_fn(self.graphdef, self.frozen, window=window, **kw)
       else:
         fn = ts.make_apply_fn(self.graphdef, self.frozen, **kw)
-      self._applies[window] = fn
-    return self._applies[window]
+      if n_chunks > 1:
+        fn = chunked(fn, n_chunks, self.mesh, self.state_sh.params, self.rules)
+      self._applies[key] = fn
+    return self._applies[key]
 
-  def apply(self, batch: Batch, params=None) -> np.ndarray:
-    """Forward in chunks of ``micro_batch_rows`` rows (all at once if 0).
+  def apply_chunks(self, rows: int) -> int:
+    """Calls of the forward one ``apply`` of ``rows`` rows makes
+    (``apply_chunks``, module function)."""
+    return apply_chunks(rows, self.micro_batch_rows, _row_ways(self.mesh,
+                                                              self.rules))
+
+  def apply(self, batch: Batch, params=None, *,
+            host_rows: bool = False) -> np.ndarray:
+    """Forward in chunks of at most ``micro_batch_rows`` rows (all at once
+    if 0; ``apply_chunks``), on this host's rows or on global arrays
+    assembled from every host's (``distributed.host_local_to_global``).
 
     Policy: log-probs [B, T] (0 outside the response window, see the module
-    docstring); value: values [B, T].
+    docstring); value: values [B, T]. Every host gets all B rows, or with
+    ``host_rows`` only the rows it fed, in the order it fed them
+    (``distributed.host_local_rows``; no all-gather).
     """
     params = self.state.params if params is None else params
     keys = _INPUTS + (("loss_mask",) if self.kind == "policy" else ())
     arrays = [getattr(batch, k) for k in keys]
-    fn = self._apply_fn(self._window(batch))
-    rows = len(arrays[0])
-    m = self.micro_batch_rows
-    if not all(getattr(a, "is_fully_addressable", True) for a in arrays):
-      return to_host(fn(params, *arrays))  # multi-host global arrays
-    chunk = m if m and rows > m and rows % m == 0 else rows
-    arrays = [np.asarray(a) for a in arrays]
-    outs = [
-        to_host(fn(params, *(a[i:i + chunk] for a in arrays)))
-        for i in range(0, rows, chunk)
-    ]
-    return np.concatenate(outs, axis=0)
+    n_chunks = self.apply_chunks(len(arrays[0]))
+    out = self._apply_fn(self._window(batch), n_chunks)(params, *arrays)
+    return distributed.host_local_rows(out) if host_rows else to_host(out)
 
   def n_micro(self, rows: int) -> int:
     """Micro-batches of at most ``micro_batch_rows`` rows: ceil(rows / m)

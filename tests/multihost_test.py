@@ -12,6 +12,10 @@ process over 8 devices, and restores the 2-process checkpoint into the
 
     python tests/multihost_test.py worker OUT_DIR PROCESS_ID NUM_PROC PORT
 
+``permuted_worker`` does the same on a mesh whose device order interleaves
+the hosts (each host's rows are two blocks, as in a TPU ring order), with
+log-probs in chunks of 4 rows.
+
 The RSPO loop test starts ``rspo_worker``s the same way: each builds the
 micro toy run (``build.build_run``, as ``launch/train.py`` does) in one
 shared workdir and runs it to the end, recording which groups every
@@ -66,7 +70,15 @@ def make_batch():
   )
 
 
-def make_learner():
+# A mesh over the devices in this order (positions in jax.devices(), process
+# 0 owning 0-3): the (data, fsdp) row blocks 0 and 2 on process 0, 1 and 3 on
+# process 1 -- each host's rows are two blocks, as in a TPU ring order.
+PERMUTED = (0, 1, 4, 5, 2, 3, 6, 7)
+
+
+def make_learner(order=None, micro_batch_rows=0):
+  import jax
+
   from rspo_jax import models, sharding
   from rspo_jax import train_step as ts
   from rspo_jax.learner import Learner
@@ -75,12 +87,27 @@ def make_learner():
       "tiny", vocab_size=128, num_layers=1, hidden_size=64,
       intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
   )
-  mesh = sharding.make_mesh(MESH_SHAPE)
+  devices = None if order is None else [jax.devices()[i] for i in order]
+  mesh = sharding.make_mesh(MESH_SHAPE, devices)
   loss = ts.make_policy_loss(
       ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01, entropy_coef=0.001)
   )
   return Learner(models.create_model(cfg, seed=0), ts.make_optimizer(1e-3),
-                 loss, mesh=mesh, rules=sharding.DEFAULT_RULES)
+                 loss, mesh=mesh, rules=sharding.DEFAULT_RULES,
+                 micro_batch_rows=micro_batch_rows)
+
+
+def host_batch(learner):
+  """(this process's rows of the fixed batch, their global indices)."""
+  import jax
+
+  from rspo_jax import distributed
+  from rspo_jax import train_step as ts
+
+  batch = make_batch()
+  shardings = ts.batch_shardings(learner.mesh, batch, learner.rules)
+  rows = distributed.process_row_indices(ROWS, shardings.tokens)
+  return jax.tree.map(lambda x: x[rows], batch), rows
 
 
 def train_two_steps(learner):
@@ -90,12 +117,12 @@ def train_two_steps(learner):
   from rspo_jax import distributed
   from rspo_jax import train_step as ts
 
-  batch = make_batch()
-  shardings = ts.batch_shardings(learner.mesh, batch, learner.rules)
-  start, stop = distributed.process_row_range(ROWS, shardings.tokens)
-  local = jax.tree.map(lambda x: x[start:stop], batch)
+  local, _ = host_batch(learner)
+  shardings = ts.batch_shardings(learner.mesh, local, learner.rules)
   global_batch = distributed.host_local_to_global(local, shardings)
   assert global_batch.tokens.shape == (ROWS, LENGTH)
+  np.testing.assert_array_equal(
+      distributed.global_to_host(global_batch.tokens), make_batch().tokens)
   return [learner.train(global_batch, jax.random.key(i))["loss"]
           for i in range(STEPS)]
 
@@ -148,6 +175,41 @@ def worker(out_dir: str, process_id: int, num_processes: int, port: int):
           "devices_per_process": {str(k): v for k, v in per_process.items()},
           "step": learner.step,
       }, f)
+  distributed.barrier("done")
+  distributed.shutdown()
+
+
+def permuted_worker(out_dir: str, process_id: int, num_processes: int,
+                    port: int):
+  """The learner on a mesh over ``PERMUTED`` devices, forwards in chunks of
+  4 rows: each host feeds its two row blocks; log-probs before and after
+  two steps, each host's rows (``HostBatches.apply``) and all of them."""
+  from types import SimpleNamespace
+
+  import jax
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  from rspo_jax import distributed
+  from rspo_jax.host_batches import HostBatches
+
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
+                                process_id)
+  learner = make_learner(PERMUTED, micro_batch_rows=4)
+  local, rows = host_batch(learner)
+  cfg = SimpleNamespace(
+      train=SimpleNamespace(micro_batch_rows=4),
+      rollout=SimpleNamespace(max_prompt_tokens=LENGTH, max_new_tokens=0))
+  batches = HostBatches(cfg, multihost=True)
+  before = batches.apply(learner, local)
+  everyone = learner.apply(batches.to_global(learner, local))
+  losses = train_two_steps(learner)
+  after = batches.apply(learner, local)
+  params = flat_params(learner.params)
+  np.savez(os.path.join(out_dir, f"permuted{process_id}.npz"), rows=rows,
+           before=before, after=after, everyone=everyone,
+           losses=np.asarray(losses), chunks=learner.apply_chunks(ROWS))
+  if distributed.is_leader():
+    np.savez(os.path.join(out_dir, "params.npz"), **params)
   distributed.barrier("done")
   distributed.shutdown()
 
@@ -413,6 +475,35 @@ def test_two_processes_match_one_process(tmp_path):
   assert int(restored["policy"].step) == STEPS
 
 
+@pytest.mark.slow
+def test_two_processes_on_a_permuted_mesh(tmp_path):
+  """Hosts whose rows are not one block (mesh over PERMUTED devices): each
+  feeds rows {0, 1, 4, 5} / {2, 3, 6, 7}; the global batch, the losses,
+  the parameters and the chunked log-probs (2 calls of 4 rows) equal one
+  process on the same mesh, and each host gets its own rows back."""
+  _launch(str(tmp_path), role="permuted_worker")
+  got = [dict(np.load(tmp_path / f"permuted{p}.npz")) for p in (0, 1)]
+  np.testing.assert_array_equal(got[0]["rows"], [0, 1, 4, 5])
+  np.testing.assert_array_equal(got[1]["rows"], [2, 3, 6, 7])
+
+  learner = make_learner(PERMUTED, micro_batch_rows=4)
+  assert learner.apply_chunks(ROWS) == got[0]["chunks"] == 2
+  batch = make_batch()
+  before = learner.apply(batch)
+  losses = train_two_steps(learner)
+  after = learner.apply(batch)
+  for g in got:
+    np.testing.assert_allclose(g["everyone"], before, atol=1e-6)
+    np.testing.assert_allclose(g["before"], before[g["rows"]], atol=1e-6)
+    np.testing.assert_allclose(g["after"], after[g["rows"]], atol=1e-5)
+    np.testing.assert_allclose(g["losses"], losses, rtol=1e-5, atol=1e-5)
+  assert np.abs(after - before).max() > 1e-4  # the steps moved log-probs
+  multi, single = dict(np.load(tmp_path / "params.npz")), flat_params(
+      learner.params)
+  for k in single:
+    np.testing.assert_allclose(multi[k], single[k], atol=1e-5, err_msg=k)
+
+
 # --------------------------------------------------------------------------
 # The RSPO loop over two processes
 # --------------------------------------------------------------------------
@@ -557,8 +648,10 @@ def test_rspo_loop_on_two_processes(tmp_path):
 
 
 if __name__ == "__main__":
-  if len(sys.argv) == 6 and sys.argv[1] in ("worker", "rspo_worker"):
-    fn = worker if sys.argv[1] == "worker" else rspo_worker
+  roles = {"worker": worker, "rspo_worker": rspo_worker,
+           "permuted_worker": permuted_worker}
+  if len(sys.argv) == 6 and sys.argv[1] in roles:
+    fn = roles[sys.argv[1]]
     fn(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
   else:
     sys.exit(__doc__)
