@@ -63,7 +63,7 @@ import jax
 import numpy as np
 
 from rspo_jax import (decoupled, distributed, faults, host_batches, replay,
-                      update)
+                      timing, update)
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
@@ -120,7 +120,10 @@ class RSPOTrainer:
     self.process_index = jax.process_index()
     self.multihost = jax.process_count() > 1
     self.batches = host_batches.HostBatches(cfg, self.multihost)
-    self.updater = update.StepUpdater(cfg, self.batches, self._host_rng)
+    # Wall seconds by phase, written as one "time" record per A step.
+    self.timer = timing.PhaseTimer(count_compiles=True)
+    self.updater = update.StepUpdater(cfg, self.batches, self._host_rng,
+                                      self.timer)
     self.leader = self.process_index == 0
     self.progress = progress and self.leader
     if self.multihost and cfg.rollout.placement == "decoupled":
@@ -246,7 +249,8 @@ class RSPOTrainer:
     """
     s = self.state
     s.collections += 1
-    self.sync_engine(self.engine, learner, s.collections)
+    with self.timer.phase("weight_sync"):
+      self.sync_engine(self.engine, learner, s.collections)
     rng = self._rng(1, s.collections)
     task_ids = rng.choice(self.num_train_tasks, size=n_groups, replace=False)
     first, last = share or distributed.host_share(n_groups)
@@ -265,7 +269,7 @@ class RSPOTrainer:
           g, self.sampling, self.collect_cfg, policy_tag=tag,
           traj_id_start=s.collections * 100_000 + (first + lo) * g,
           group_id_start=s.collections * 1_000 + first + lo,
-          seed=seed + 1_000_003 * c,
+          seed=seed + 1_000_003 * c, timer=self.timer,
       )
       records += got
       rounds.append(stats)
@@ -397,8 +401,9 @@ class RSPOTrainer:
 
   def _recomputed(self, b: Learner, groups):
     """``groups`` with log pi_B from B's learner (runs in B's thread)."""
+    b_timer = timing.PhaseTimer()  # this thread's own (timing.py)
     for records in groups:
-      gap = self.updater.recompute_behavior_logp(b, records)
+      gap = self.updater.recompute_behavior_logp(b, records, b_timer)
       self.b_logp_gap = max(self.b_logp_gap, gap)
       yield records
 
@@ -512,23 +517,31 @@ class RSPOTrainer:
     bar = _progress(total, s.a_steps, self.progress)
     while s.a_steps < total:
       if s.phase == "B":
+        t0, steps0 = time.perf_counter(), s.env_steps
         if self.uses_b and not c.rspo.dense_only:
           self.b_phase()
         s.phase = "A"
-        self.save()
-      t0 = time.perf_counter()
+        with self.timer.phase("checkpoint"):
+          self.save()
+        self.metrics.write(s.a_steps, "B_time", self._timing(t0, steps0))
+      t0, steps0 = time.perf_counter(), s.env_steps
       m = self.a_step()
       s.a_steps += 1
       m["step_time_s"] = time.perf_counter() - t0
+      m["episodes_per_s"] = m.get("rollout_episodes", 0.0) / m["step_time_s"]
       m["loop"] = s.loop
       self.metrics.write(s.a_steps, "A", m)
       if (evaluate is not None and c.train.eval_every
           and s.a_steps % c.train.eval_every == 0 and s.a_steps < total):
-        self.metrics.write(s.a_steps, "eval", evaluate(self.a, s.a_steps))
+        with self.timer.phase("evaluation"):
+          result = evaluate(self.a, s.a_steps)
+        self.metrics.write(s.a_steps, "eval", result)
       loop_done = s.a_steps % self.k == 0 or s.a_steps == total
       if loop_done:
         self.end_loop()
-      self.save()
+      with self.timer.phase("checkpoint"):
+        self.save()
+      self.metrics.write(s.a_steps, "time", self._timing(t0, steps0))
       if loop_done and self.uses_b and self.leader:
         self.buffer.clear()  # after the save: a crash here redoes nothing
         decoupled.clear(self.b_dir)
@@ -539,6 +552,23 @@ class RSPOTrainer:
       )
     bar.close()
     return s
+
+
+  def _timing(self, t0: float, env_steps0: int) -> dict:
+    """Wall seconds since ``t0`` by phase (``timing.PhaseTimer``: weight
+    sync, generation, environment, prompts, logprobs, update, evaluation,
+    checkpoint; ``other_s`` the rest), XLA compilations by phase, and
+    environment steps/s; then the timer starts afresh."""
+    wall = time.perf_counter() - t0
+    compiles = self.timer.compiles()
+    seconds = self.timer.reset()
+    out = {f"{k}_s": v for k, v in seconds.items()}
+    out["other_s"] = max(wall - sum(seconds.values()), 0.0)
+    out["wall_s"] = wall
+    out["env_steps_per_s"] = (self.state.env_steps - env_steps0) / max(
+        wall, 1e-9)
+    out.update({f"compiles_{k}": float(v) for k, v in compiles.items()})
+    return out
 
 
 def _mean(xs) -> float:

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from rspo_jax import batching, credit, distributed, host_batches
+from rspo_jax import batching, credit, distributed, host_batches, timing
 from rspo_jax.learner import Learner
 from rspo_jax.replay import replayed
 
@@ -68,9 +68,12 @@ class StepUpdater:
   """The update machinery of one run (module docstring)."""
 
   def __init__(self, cfg, batches: host_batches.HostBatches,
-               host_rng: Callable[..., np.random.Generator]):
+               host_rng: Callable[..., np.random.Generator],
+               timer: Optional[timing.PhaseTimer] = None):
     self.cfg, self.batches, self.host_rng = cfg, batches, host_rng
     self.multihost = batches.multihost
+    # Forward passes book to "logprobs", optimizer updates to "update".
+    self.timer = timer or timing.PhaseTimer()
 
   @property
   def epochs(self) -> int:
@@ -135,8 +138,9 @@ class StepUpdater:
         raise ValueError("PPO's replayed rows get GAE at the step: no off_adv")
       vb = self.batches.build(records, np.zeros(len(records)), is_off)
       idx = batching.last_prompt_token_index(vb)
-      values = self.batches.apply(critic, vb)[np.arange(len(idx)), idx][
-          : len(records)]
+      with self.timer.phase("logprobs"):
+        values = self.batches.apply(critic, vb)[np.arange(len(idx)), idx][
+            : len(records)]
     empty = np.zeros(0, np.float32)
     if not records:  # multi-host: this host's share was empty
       return empty, Rows([], is_off, empty,
@@ -235,8 +239,9 @@ class StepUpdater:
     pi, first = {}, []
     for idx in epochs[0]:  # pi_old, pi_ref: all before the first update
       batch = self._build(rows, idx)
-      old = self.batches.apply(learner, batch)
-      ref = self.batches.apply(learner, batch, params=ref_params)
+      with self.timer.phase("logprobs"):
+        old = self.batches.apply(learner, batch)
+        ref = self.batches.apply(learner, batch, params=ref_params)
       lengths = np.asarray(batch.attention_mask).sum(1)
       for j, i in enumerate(idx):
         pi[i] = (old[j, :lengths[j]], ref[j, :lengths[j]])
@@ -247,14 +252,15 @@ class StepUpdater:
     for u, (e, idx) in enumerate(updates):
       batch = first[u] if e == 0 else self._with_pi(self._build(rows, idx),
                                                     idx, pi)
-      m = learner.train(self.batches.to_global(learner, batch),
-                        jax.random.fold_in(key, u) if u else key)
-      if critic is not None:
-        vbatch = host_batches.value_batch(batch, rows.returns[idx],
-                                          rows.values[idx])
-        m.update({f"critic_{k}": v for k, v in critic.train(
-            self.batches.to_global(critic, vbatch),
-            jax.random.key(step_key)).items()})
+      with self.timer.phase("update"):
+        m = learner.train(self.batches.to_global(learner, batch),
+                          jax.random.fold_in(key, u) if u else key)
+        if critic is not None:
+          vbatch = host_batches.value_batch(batch, rows.returns[idx],
+                                            rows.values[idx])
+          m.update({f"critic_{k}": v for k, v in critic.train(
+              self.batches.to_global(critic, vbatch),
+              jax.random.key(step_key)).items()})
       per_update.append(m)
       tokens += int(np.asarray(batch.attention_mask).sum())
     metrics = {k: float(np.mean([m[k] for m in per_update]))
@@ -266,10 +272,14 @@ class StepUpdater:
     return metrics
 
   # ------------------------------------------------------------ pi_B
-  def recompute_behavior_logp(self, learner: Learner, records: list) -> float:
+  def recompute_behavior_logp(
+      self, learner: Learner, records: list,
+      timer: Optional[timing.PhaseTimer] = None) -> float:
     """Writes ``learner``'s log pi of each record's response tokens into
     ``record.behavior_logp`` (tokens beyond the learner's row length keep
-    the engine's); returns max |engine - learner| over them (all hosts)."""
+    the engine's); returns max |engine - learner| over them (all hosts).
+    ``timer``: where the passes' seconds go (another thread: its own)."""
+    timer = timer or self.timer
     n_chunks = -(-len(records) // LOGP_CHUNK_ROWS)
     if self.multihost:
       n_chunks = int(distributed.global_max(np.array([n_chunks]))[0])
@@ -280,7 +290,8 @@ class StepUpdater:
       recs = [records[i] for i in idx]
       batch = self.batches.build(recs, np.zeros(len(recs)),
                                  np.zeros(len(recs), bool))
-      logp = self.batches.apply(learner, batch)
+      with timer.phase("logprobs"):
+        logp = self.batches.apply(learner, batch)
       for j, r in enumerate(recs):
         new = logp[j, np.asarray(batch.loss_mask[j]) > 0].astype(np.float32)
         engine = np.asarray(r.behavior_logp, np.float32)

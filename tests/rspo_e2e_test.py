@@ -186,6 +186,20 @@ def test_decoupled_placement_runs_two_loops(tmp_path):
     rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
     a_rows = [r for r in rows if r["phase"] == "A"]
     assert len(a_rows) == 2 and all(r["rows_off"] > 0 for r in a_rows)
+    # One "time" row per A step: exclusive seconds by phase add up to the
+    # step's wall time; A's own episodes per second.
+    times = [r for r in rows if r["phase"] == "time"]
+    assert [r["step"] for r in times] == [1, 2]
+    for r in times:
+      phases = {k[:-2] for k in r if k.endswith("_s") and k != "wall_s"
+                and not k.endswith("_per_s")}
+      assert {"weight_sync", "generation", "environment", "prompts",
+              "logprobs", "update", "checkpoint", "other"} <= phases
+      assert all(r[f"{p}_s"] >= 0 for p in phases)
+      assert sum(r[f"{p}_s"] for p in phases) == pytest.approx(r["wall_s"])
+      assert r["generation_s"] > 0 and r["update_s"] > 0
+    assert all(r["episodes_per_s"] > 0 for r in a_rows)
+    assert [r["step"] for r in rows if r["phase"] == "B_time"] == [0, 1]
     for r in a_rows:  # B's learner recomputed log pi_B in B's thread
       assert 0.0 <= r["behavior_logp_max_gap"] < 0.1
       assert 0.0 <= r["replay_nonzero_adv_frac"] <= 1.0
