@@ -26,6 +26,7 @@ from ml_collections import config_dict
 
 from configs import scales
 from rspo_jax import sharding
+from rspo_jax.errors import ConfigError, did_you_mean
 from third_party_envs import registry
 from rspo_jax.models.config import LOCAL_TOKENIZER_PRESETS
 
@@ -204,14 +205,15 @@ def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> None:
     if not item.strip():
       continue
     if "=" not in item:
-      raise ValueError(f"config override {item!r} is not key=value")
+      raise ConfigError(f"config override {item!r} is not key=value"
+                        f" (e.g. rspo.alpha=0.25)")
     key, value = (s.strip() for s in item.split("=", 1))
     if key == "model":
-      if value not in CPU_PRESETS + PAPER_PRESETS:
-        raise ValueError(
-            f"unknown model preset {value!r}; known:"
-            f" {CPU_PRESETS + PAPER_PRESETS}"
-        )
+      presets = CPU_PRESETS + PAPER_PRESETS
+      if value not in presets:
+        raise ConfigError(
+            f"unknown model preset {value!r}{did_you_mean(value, presets)}"
+            f" in model={value}; known: {', '.join(presets)}")
       c.model.preset = value  # the scale was chosen by `make_config`
     elif key == "rspo":
       set_by_path(c, "rspo.enabled", value)  # refuses e.g. rspo=maybe
@@ -231,20 +233,63 @@ _ONE_OF = {"train.mini_batch_rows": "train.updates_per_step",
            "train.updates_per_step": "train.mini_batch_rows"}
 
 
-def set_by_path(c: ml_collections.ConfigDict, key: str, value: str) -> None:
-  """Sets `a.b.c` from a string, keeping the existing field's type."""
+def leaf_keys(c: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  """Every leaf's dotted key, e.g. ['algo.clip_eps', ..., 'seed']."""
+  keys = []
+  for name, value in c.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      keys += leaf_keys(value, f"{prefix}{name}.")
+    else:
+      keys.append(prefix + name)
+  return keys
+
+
+def resolve_key(c: ml_collections.ConfigDict, key: str, value: str, *,
+                what: str = "unknown config key", given: str = ""):
+  """(section, leaf name) of the dotted `key`; a ConfigError naming `key`,
+  `value` (as `given` on the command line), the closest existing keys and
+  the keys of the deepest section reached when `key` names no field."""
   node, parts = c, key.split(".")
-  for p in parts[:-1]:
-    if not isinstance(node, ml_collections.ConfigDict) or p not in node:
-      raise ValueError(f"unknown config key {key!r} (no {p!r})")
-    node = node[p]
-  leaf = parts[-1]
-  if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-    raise ValueError(f"unknown config key {key!r}")
+  for depth, p in enumerate(parts):
+    last = depth == len(parts) - 1
+    if p in node and (last or isinstance(node[p], ml_collections.ConfigDict)):
+      if last:
+        return node, p
+      node = node[p]
+      continue
+    section = ".".join(parts[:depth])
+    where = f"known keys of {section}" if section else "known top-level keys"
+    raise ConfigError(
+        f"{what} {key!r}{did_you_mean(key, leaf_keys(c))} in"
+        f" {given or f'{key}={value}'}"
+        f"; {where}: {', '.join(sorted(node.keys()))}")
+  raise ConfigError(f"{what} {key!r}: empty key")
+
+
+def check_override(c: ml_collections.ConfigDict, key: str, value: str, *,
+                   what: str = "unknown config key", given: str = "") -> None:
+  """ConfigError when `key=value` names no field of `c` or a scalar field
+  `value` does not convert to (what `set_by_path` would set); `c` is left
+  as it was."""
+  node, leaf = resolve_key(c, key, value, what=what, given=given)
+  old = node[leaf]
+  if old is None or isinstance(old, (bool, int, float, str)):
+    scratch = ml_collections.ConfigDict({leaf: old})
+    set_by_path(scratch, leaf, value, name=key)
+
+
+def set_by_path(c: ml_collections.ConfigDict, key: str, value: str, *,
+                name: str = "") -> None:
+  """Sets `a.b.c` from a string, keeping the existing field's type.
+  ConfigError names the key (`name`, when given), the value and what the
+  field accepts."""
+  node, leaf = resolve_key(c, key, value)
+  key = name or key
   old = node[leaf]
   if isinstance(old, bool):
     if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
-      raise ValueError(f"config key {key!r} wants a bool, got {value!r}")
+      raise ConfigError(f"config key {key!r} wants a bool, got {value!r}"
+                        " (true/false, 1/0, yes/no)")
     node[leaf] = value.lower() in ("1", "true", "yes")
     return
   try:
@@ -256,16 +301,18 @@ def set_by_path(c: ml_collections.ConfigDict, key: str, value: str) -> None:
       node[leaf] = value
   except (TypeError, ValueError):  # name the key, not just the literal
     want = "float" if old is None else type(old).__name__
-    raise ValueError(
+    raise ConfigError(
         f"config key {key!r} expects type {want}, got {value!r}"
     ) from None
 
 
 def make_config(env: str, algo: str, arg: str | None = None):
   if env not in ENVS:
-    raise ValueError(f"unknown env {env!r}; known: {ENVS}")
+    raise ConfigError(f"unknown env {env!r}{did_you_mean(env, ENVS)};"
+                      f" known: {', '.join(ENVS)}")
   if algo not in ALGOS:
-    raise ValueError(f"unknown algo {algo!r}; known: {ALGOS}")
+    raise ConfigError(f"unknown algo {algo!r}{did_you_mean(algo, ALGOS)};"
+                      f" known: {', '.join(ALGOS)}")
   c = _base(env, algo)
   if scale_of(arg) == "paper":
     paper_scale(c)
@@ -276,63 +323,76 @@ def make_config(env: str, algo: str, arg: str | None = None):
   return c
 
 
+def _one_of(value, choices: tuple, key: str, other_ok: bool = False,
+            other: str = ""):
+  """A `validate` check: `value` is one of `choices` (or `other_ok`)."""
+  accepts = "one of " + ", ".join(choices) + (f" or {other}" if other else "")
+  return (value in choices or other_ok, key, value, accepts,
+          did_you_mean(value, choices))
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Fails at start with a message naming the bad key."""
   if c.rspo.dense_reward == "env":  # the deprecated name of 'oracle'
     c.rspo.dense_reward = "oracle"
-  checks = [
-      (c.algo.name in ("grpo", "ppo", "gigpo"), "algo.name", c.algo.name),
-      (c.rspo.sampling in ("reward", "variance", "random"), "rspo.sampling",
-       c.rspo.sampling),
-      (c.rspo.data_source in ("rspo", "history", "outcome"),
-       "rspo.data_source", c.rspo.data_source),
-      (c.rspo.dense_reward in ("oracle", "prm")
-       or registry.is_import_path(c.rspo.dense_reward), "rspo.dense_reward",
-       c.rspo.dense_reward),
-      (c.env.name in ENVS or registry.is_import_path(c.env.name),
-       "env.name", c.env.name),
-      (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha),
-      (c.rspo.k >= 1, "rspo.k", c.rspo.k),
+  any_path = "an import path pkg.module:name"
+  checks = [  # (ok, key, value, what the key accepts[, did you mean])
+      _one_of(c.algo.name, ("grpo", "ppo", "gigpo"), "algo.name"),
+      _one_of(c.rspo.sampling, ("reward", "variance", "random"),
+              "rspo.sampling"),
+      _one_of(c.rspo.data_source, ("rspo", "history", "outcome"),
+              "rspo.data_source"),
+      _one_of(c.rspo.dense_reward, ("oracle", "prm"), "rspo.dense_reward",
+              registry.is_import_path(c.rspo.dense_reward), any_path),
+      _one_of(c.env.name, ENVS, "env.name",
+              registry.is_import_path(c.env.name), any_path),
+      (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha, "0 <= x < 1"),
+      (c.rspo.k >= 1, "rspo.k", c.rspo.k, ">= 1"),
       (c.rspo.dense_noise_sigma >= 0, "rspo.dense_noise_sigma",
-       c.rspo.dense_noise_sigma),
-      (c.algo.clip_window in ("additive", "multiplicative"),
-       "algo.clip_window", c.algo.clip_window),
-      (c.algo.kl_kind in ("k1", "k2", "k3"), "algo.kl_kind", c.algo.kl_kind),
-      (c.algo.credit_mode in ("verl_agent", "trajectory"),
-       "algo.credit_mode", c.algo.credit_mode),
-      (c.algo.loss_agg in ("token_mean", "seq_mean_token_mean"),
-       "algo.loss_agg", c.algo.loss_agg),
-      (c.rollout.engine in ("jax", "sglang"), "rollout.engine",
-       c.rollout.engine),
-      (c.rollout.placement in ("colocated", "decoupled"),
-       "rollout.placement", c.rollout.placement),
+       c.rspo.dense_noise_sigma, ">= 0"),
+      _one_of(c.algo.clip_window, ("additive", "multiplicative"),
+              "algo.clip_window"),
+      _one_of(c.algo.kl_kind, ("k1", "k2", "k3"), "algo.kl_kind"),
+      _one_of(c.algo.credit_mode, ("verl_agent", "trajectory"),
+              "algo.credit_mode"),
+      _one_of(c.algo.loss_agg, ("token_mean", "seq_mean_token_mean"),
+              "algo.loss_agg"),
+      _one_of(c.rollout.engine, ("jax", "sglang"), "rollout.engine"),
+      _one_of(c.rollout.placement, ("colocated", "decoupled"),
+              "rollout.placement"),
       # PPO has no groups (the paper's PPO: 128 tasks x 1 episode).
       (c.train.group_size >= (1 if c.algo.name == "ppo" else 2),
-       "train.group_size", c.train.group_size),
-      (c.train.batch_tasks >= 1, "train.batch_tasks", c.train.batch_tasks),
-      (c.train.total_steps >= 1, "train.total_steps", c.train.total_steps),
+       "train.group_size", c.train.group_size,
+       ">= 1" if c.algo.name == "ppo" else ">= 2 (a group)"),
+      (c.train.batch_tasks >= 1, "train.batch_tasks", c.train.batch_tasks,
+       ">= 1"),
+      (c.train.total_steps >= 1, "train.total_steps", c.train.total_steps,
+       ">= 1"),
       (c.train.mini_batch_rows >= 0, "train.mini_batch_rows",
-       c.train.mini_batch_rows),
+       c.train.mini_batch_rows, ">= 0"),
       (c.train.updates_per_step >= 0, "train.updates_per_step",
-       c.train.updates_per_step),
-      (c.train.ppo_epochs >= 1, "train.ppo_epochs", c.train.ppo_epochs),
-      (len(tuple(c.mesh.shape)) == 3, "mesh.shape", c.mesh.shape),
-      (c.model.preset in CPU_PRESETS + PAPER_PRESETS, "model.preset",
-       c.model.preset),
+       c.train.updates_per_step, ">= 0"),
+      (c.train.ppo_epochs >= 1, "train.ppo_epochs", c.train.ppo_epochs,
+       ">= 1"),
+      (len(tuple(c.mesh.shape)) == 3, "mesh.shape", c.mesh.shape,
+       "(data, fsdp, tensor)"),
+      _one_of(c.model.preset, CPU_PRESETS + PAPER_PRESETS, "model.preset"),
   ]
-  for ok, key, value in checks:
+  for ok, key, value, *accepts in checks:  # accepts: [what[, did you mean]]
     if not ok:
-      raise ValueError(f"bad config value {key}={value!r}")
+      wants = f"; wants {accepts[0]}" if accepts else ""
+      raise ConfigError(f"bad config value {key}={value!r}"
+                        f"{''.join(accepts[1:])}{wants}")
   sharding.check_rules(c.logical_axis_rules)
   if c.train.updates_per_step and c.train.mini_batch_rows:
-    raise ValueError(
+    raise ConfigError(
         f"train.updates_per_step={c.train.updates_per_step} and"
         f" train.mini_batch_rows={c.train.mini_batch_rows} both set the"
         " mini-batches of a step; set one of them to 0")
   # alpha is a share of training samples (replay/selection.replay_counts).
   samples = c.train.batch_tasks * c.train.group_size
   if c.rspo.enabled and c.rspo.alpha and samples * c.rspo.alpha < 0.5:
-    raise ValueError(
+    raise ConfigError(
         f"rspo.alpha={c.rspo.alpha} of train.batch_tasks x group_size ="
         f" {samples} episodes is less than one replayed trajectory"
     )

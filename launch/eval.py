@@ -15,6 +15,9 @@ import logging
 from absl import app, flags
 from ml_collections import config_flags
 
+from configs import base as config_base
+from rspo_launch import check_inputs
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
 )
@@ -45,6 +48,8 @@ def main(argv):
       cfg.rollout.eval_temperature = _TEMPERATURE.value
     if _NUM_TASKS.value:
       cfg.env.num_eval_tasks = _NUM_TASKS.value
+  config_base.validate(cfg)  # --config.<key>=... bypassed get_config's
+  check_inputs(cfg, _WORKDIR.value)
   from rspo_jax import build
 
   workdir = _WORKDIR.value or cfg.workdir

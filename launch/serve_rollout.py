@@ -14,6 +14,7 @@ Binds 127.0.0.1 unless ``--host`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import os
 
 from rspo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
 from rspo_jax.models import tokenizer as tok_lib
@@ -88,8 +89,27 @@ def build_engine(args):
   return engine, cfg, decode_fn
 
 
+def check_args(args) -> None:
+  """SystemExit with one line when --model_path or --preset names nothing."""
+  from rspo_jax.models.config import PRESETS
+  from rspo_jax.errors import did_you_mean
+
+  if args.model_path and not os.path.isfile(
+      os.path.join(args.model_path, "config.json")):
+    raise SystemExit(
+        f"error: --model_path={args.model_path!r}: no Hugging Face model"
+        " there; pass --model_path=<a directory with config.json and"
+        " *.safetensors>, or --preset=<name> for a random init")
+  if args.preset and args.preset not in PRESETS:
+    raise SystemExit(
+        f"error: --preset={args.preset!r} is no model preset"
+        f"{did_you_mean(args.preset, PRESETS)}; known:"
+        f" {', '.join(sorted(PRESETS))}")
+
+
 def main(argv=None) -> None:
   args = parse_args(argv)
+  check_args(args)
   engine, cfg, decode_fn = build_engine(args)
   if not args.no_warmup:
     engine.generate([[0]], SamplingParams(max_new_tokens=1, seed=0))

@@ -17,6 +17,10 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from configs import base as config_base
+from rspo_jax.errors import ConfigError
+from rspo_launch import check_inputs
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
 )
@@ -30,6 +34,11 @@ def main(argv):
   cfg = _CONFIG.value
   if cfg is None:
     raise app.UsageError("--config is required")
+  config_base.validate(cfg)  # --config.<key>=... bypassed get_config's
+  check_inputs(cfg)
+  if _JSONL.value and not os.path.isfile(_JSONL.value):
+    raise ConfigError(f"--jsonl={_JSONL.value!r}: no such file; pass"
+                      " --jsonl=<a JSONL file of {prompt, response} lines>")
   from rspo_jax import build, models, sharding, warm_start
   from rspo_jax.metrics import MetricsWriter
 

@@ -19,10 +19,10 @@ writes ``eval_*.json`` and metrics and prints.
 import json
 import logging
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+from rspo_launch import check_inputs
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -60,6 +60,7 @@ def main(argv):
 
     print(plan.describe(cfg, workdir))
     return
+  check_inputs(cfg)  # paths and servers exist
   from rspo_jax import build, distributed
 
   distributed.initialize()  # multi-host: SLURM / TPU / RSPO_* env; else no-op
@@ -94,17 +95,6 @@ def main(argv):
     run.close()
 
 
-def _parse_flags(argv):
-  """absl's parser; a ``--config.<key>`` that names no field exits with the
-  field's name instead of ml_collections' traceback."""
-  try:
-    return app.parse_flags_with_usage(argv)
-  except (AttributeError, KeyError) as e:
-    name = str(e).strip("\"'")
-    sys.exit(f"FATAL Flags parsing error: no config field {name!r} (from a"
-             " --config.<key>=<value> override)")
-
-
 def _write_json(path, obj):
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
@@ -116,7 +106,7 @@ def cli():
   """The ``rspo-train`` console script."""
   from rspo_launch import run_absl
 
-  run_absl(main, __name__, flags_parser=_parse_flags)
+  run_absl(main, __name__)
 
 
 if __name__ == "__main__":

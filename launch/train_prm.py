@@ -14,8 +14,11 @@ result with ``rspo.dense_reward=prm, rspo.prm_dir=<out>``.
 import json
 import logging
 import math
+import os
 
 from absl import app, flags
+
+from rspo_jax.errors import ConfigError
 
 _BACKBONE = flags.DEFINE_string("backbone_dir", None,
                                 "Local HF directory of the frozen backbone.")
@@ -55,6 +58,16 @@ def main(argv):
   for f in (_BACKBONE, _TRAJ, _OUT):
     if not f.value:
       raise app.UsageError(f"--{f.name} is required")
+  if not os.path.isfile(os.path.join(_BACKBONE.value, "config.json")):
+    raise ConfigError(
+        f"--backbone_dir={_BACKBONE.value!r}: no Hugging Face model there;"
+        " pass --backbone_dir=<a directory with config.json, *.safetensors"
+        " and the tokenizer>")
+  if not os.path.exists(_TRAJ.value):
+    raise ConfigError(
+        f"--trajectories={_TRAJ.value!r}: no such file or directory; pass"
+        " --trajectories=<a replay-shard directory or a JSONL file of step"
+        " records>")
   from rspo_jax import prm, sharding
 
   mesh = sharding.make_mesh(tuple(int(s) for s in _MESH.value.split(",")))

@@ -246,14 +246,37 @@ def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics,
   return mcfg, module
 
 
+def make_sglang_client(cfg, key: str = "rollout.server_urls"):
+  """SGLangClient of the servers ``key`` lists (comma-separated URLs);
+  ConfigError naming ``key`` and what to pass when it lists none or a server
+  gives no HTTP answer to ``GET /health``."""
+  from rspo_jax.errors import ConfigError
+  from rspo_jax.rollout.sglang_client import SGLangClient
+
+  text = cfg.rollout[key.split(".")[-1]]
+  urls = [u for u in re.split(r"[,;\s]+", text) if u]
+  if not urls:
+    raise ConfigError(f"rollout.engine=sglang needs {key}=http://HOST:PORT"
+                      "[,...] (the SGLang servers), got none")
+  if any(not u.startswith(("http://", "https://")) for u in urls):
+    raise ConfigError(f"{key}={text!r}: each URL must look like"
+                      " http://HOST:PORT")
+  client = SGLangClient(urls)
+  down = client.unreachable_urls()
+  if down:
+    client.close()
+    raise ConfigError(
+        f"{key}={text!r}: no SGLang server answers at {', '.join(down)};"
+        " start one (SGLANG_RETURN_ORIGINAL_LOGPROB=1 python -m"
+        " sglang.launch_server --model-path DIR --port PORT, or"
+        " rspo-serve-rollout) and pass its URL in"
+        f" {key}=http://HOST:PORT[,...]")
+  return client
+
+
 def make_engine(cfg, mcfg, module, tokenizer, mesh):
   if cfg.rollout.engine == "sglang":
-    from rspo_jax.rollout.sglang_client import SGLangClient
-
-    urls = [u for u in re.split(r"[,;\s]+", cfg.rollout.server_urls) if u]
-    if not urls:
-      raise ValueError("rollout.engine=sglang needs rollout.server_urls")
-    return SGLangClient(urls)
+    return make_sglang_client(cfg)
   eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>",)]
   eos += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -457,10 +480,7 @@ def make_b_rollout(cfg, mcfg, policy: Learner, tok_dir: str):
   tokenizers must not be shared across threads)."""
   tokenizer = models.load_tokenizer(tok_dir)
   if cfg.rollout.b_server_urls:
-    from rspo_jax.rollout.sglang_client import SGLangClient
-
-    engine = SGLangClient(
-        [u for u in re.split(r"[,;\s]+", cfg.rollout.b_server_urls) if u])
+    engine = make_sglang_client(cfg, "rollout.b_server_urls")
   else:
     devices = jax.devices()
     b_devices = devices[len(devices) // 2:] if len(devices) > 1 else devices

@@ -463,6 +463,19 @@ class SGLangClient(Engine):
         return False
     return True
 
+  def unreachable_urls(self) -> list[str]:
+    """Servers that give no HTTP answer to ``GET /health`` (one try each,
+    at most 10 s): nothing listens there, or it cannot be reached. A server
+    still loading answers (503) and is not listed."""
+    down = []
+    for u in self._urls:
+      try:
+        _http(u + "/health", "GET", None,
+              min(self._timeout_s, _HEALTH_TIMEOUT_S))
+      except _NO_ANSWER:
+        down.append(u)
+    return down
+
   def wait_healthy(self, timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
     """Blocks until ``health()``; SGLangError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
