@@ -15,6 +15,7 @@ refused with more than one process.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ from flax import nnx
 
 from rspo_jax import distributed, models, sharding, train_step as ts
 from rspo_jax.learner import Learner, to_host
+from rspo_jax.models import transformer as tfm
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
 from rspo_jax.rollout.jax_engine import JaxEngine
@@ -96,9 +98,11 @@ def param_dtype(cfg) -> str:
 
 def model_numerics(cfg) -> dict:
   """ModelConfig fields a run sets whatever the checkpoint says: dtypes,
-  remat, attention implementation, activation sharding rules."""
+  remat, scanned layers, attention implementation, activation sharding
+  rules."""
   return {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
           "remat": bool(cfg.model.remat),
+          "scan_layers": bool(cfg.model.get("scan_layers", False)),
           "attention": cfg.model.get("attention", "auto"),
           "logical_axis_rules": cfg.logical_axis_rules}
 
@@ -172,11 +176,42 @@ def inference_model(model, mcfg):
   """``(graphdef, params, rest)`` of an NNX module (or of such a tuple)
   with the params in ``mcfg.inference_dtype``: what the rollout engine
   holds (it copies them onto its mesh and casts later syncs to the same
-  dtypes)."""
+  dtypes). A scanned model comes in the unrolled layout the engine runs
+  (``engine_config``, ``engine_params``)."""
   if isinstance(model, nnx.Module):
     model = nnx.split(model, nnx.Param, ...)
   graphdef, params, *rest = model
-  return (graphdef, cast_floating(params, mcfg.inference_dtype), *rest)
+  if mcfg.scan_layers:
+    params = engine_params(params, mcfg)  # cast and unrolled
+    graphdef = tfm.graphdef_of(engine_config(mcfg))
+    rest = [tfm.unrolled_state(r) if "layers" in r else r for r in rest]
+  else:
+    params = cast_floating(params, mcfg.inference_dtype)
+  return (graphdef, params, *rest)
+
+
+def engine_config(mcfg):
+  """The rollout engine's ModelConfig: the policy's, with unrolled layers
+  (per-layer KV-cache buffers written in place at each decode step;
+  ``transformer.unrolled``)."""
+  return dataclasses.replace(mcfg, scan_layers=False)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unrolled_inference_params(params, dtype):
+  return tfm.unrolled_state(cast_floating(params, dtype))
+
+
+def engine_params(params, mcfg):
+  """A learner's params in the layout the engine runs: a scanned model's
+  layer stacks sliced into layers, cast to ``mcfg.inference_dtype`` first
+  (on device: one jitted copy in the narrow dtype; host arrays stay on the
+  host); an unrolled model's params as they are."""
+  if not mcfg.scan_layers:
+    return params
+  if all(isinstance(x, np.ndarray) for x in jax.tree.leaves(params)):
+    return tfm.unrolled_state(cast_floating(params, mcfg.inference_dtype))
+  return _unrolled_inference_params(params, mcfg.inference_dtype)
 
 
 def local_mesh(cfg):
@@ -281,7 +316,7 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
   eos += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
   return JaxEngine(
-      inference_model(module, mcfg), mcfg, mesh=mesh,
+      inference_model(module, mcfg), engine_config(mcfg), mesh=mesh,
       rules=cfg.logical_axis_rules, pad_id=pad, eos_ids=sorted(set(eos)),
       decode_fn=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
       seed=cfg.seed,
@@ -301,7 +336,7 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str):
       params = learner.params
       if multihost:
         params = host_params(cast_floating(params, mcfg.inference_dtype))
-      engine.update_weights(params, version)
+      engine.update_weights(engine_params(params, mcfg), version)
       return
     path = os.path.join(export_dir, f"v{version % 2}")
     if multihost:  # one export, by the leader; every host's client loads it

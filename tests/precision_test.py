@@ -20,6 +20,7 @@ from configs import alfworld_gigpo
 from configs.mesh import gpu8
 from rspo_jax import build, models, plan, sharding, train_step as ts
 from rspo_jax.learner import Learner
+from rspo_jax.models import transformer as tfm
 from rspo_jax.rollout.jax_engine import JaxEngine
 from rspo_jax.types import Batch
 
@@ -233,14 +234,16 @@ def test_build_loads_masters_and_bf16_inference_copies(bf16_checkpoint):
   np.testing.assert_array_equal(policy.apply(batch, params=ref), want)
   policy.train(batch, jax.random.key(0))
   np.testing.assert_array_equal(policy.apply(batch, params=ref), want)
-  # The in-process engine holds bf16 weights and casts syncs to them.
-  engine = JaxEngine(build.inference_model(policy.module(), mcfg), mcfg,
-                     pad_id=0, eos_ids=[2])
+  # The in-process engine holds bf16 weights and casts syncs to them (in
+  # the unrolled layout: the paper's policy scans its layers).
+  assert mcfg.scan_layers
+  engine = JaxEngine(build.inference_model(policy.module(), mcfg),
+                     build.engine_config(mcfg), pad_id=0, eos_ids=[2])
   assert {x.dtype for x in jax.tree.leaves(engine._params)} == {BF16}
-  engine.update_weights(policy.params, 1)
+  engine.update_weights(build.engine_params(policy.params, mcfg), 1)
   got = param_leaves(engine._params)
   assert {x.dtype for x in got} == {BF16}
-  for a, b in zip(param_leaves(policy.params), got):
+  for a, b in zip(param_leaves(tfm.unrolled_state(policy.params)), got):
     np.testing.assert_array_equal(a.astype(BF16), b)
 
 

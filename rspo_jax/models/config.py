@@ -34,6 +34,12 @@ class ModelConfig:
   ``logical_axis_rules`` maps the logical names of activations to mesh axes
   (``sharding.py``; None = ``sharding.DEFAULT_RULES``); the model constrains
   its activations with them when its inputs lie on a mesh.
+
+  ``scan_layers``: the L blocks' parameters are stacked on a leading layer
+  axis and the forward is one ``jax.lax.scan`` over them, so XLA compiles
+  one block instead of L (transformer.py); the same values and outputs as
+  the unrolled layout, which HF checkpoints and the rollout engine use
+  (hf_io and ``transformer.unscanned`` convert).
   """
 
   family: str
@@ -53,6 +59,7 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
   remat: bool = False
+  scan_layers: bool = False
   bos_token_id: Optional[int] = None
   eos_token_id: Optional[Any] = None  # int or tuple of ints
   logical_axis_rules: Optional[tuple] = None

@@ -14,6 +14,10 @@ Tensor map (HF ``nn.Linear`` weights are [out, in]; ours are [in, ...]):
   model.norm.weight                    [D]          final_norm.scale
   lm_head.weight                       [V, D]       lm_head       [D, V]
 
+A scanned model (``ModelConfig.scan_layers``) holds ``layers/<sub>`` as
+[L, ...] stacks: layer N's tensors are read into (written from) row N of
+the stack, so its files are the unrolled model's, tensor for tensor.
+
 Only the safetensors numpy API is used (no pickle, no torch).
 """
 
@@ -82,6 +86,16 @@ def _hf_name(path) -> str:
     if sub[0] in _NORMS:
       return pre + f"{_NORMS[sub[0]]}.weight"
   raise ValueError(f"no HF name for parameter {'/'.join(path)}")
+
+
+def _is_stacked(path) -> bool:
+  """A scanned model's parameter: ``layers/<sub>`` of [L, ...] values."""
+  return path[0] == "layers" and not isinstance(path[1], int)
+
+
+def _layer_path(path, i: int) -> tuple:
+  """The unrolled path of layer ``i`` of a stacked parameter's path."""
+  return ("layers", i) + tuple(path[1:])
 
 
 def _from_hf(name: str, t: np.ndarray, shape) -> np.ndarray:
@@ -230,23 +244,31 @@ def load_hf_model(
         nnx.to_flat_state(sharding.state_shardings(mesh, abstract, rules))
     )
   handles, out = {}, []
+  pdt = jnp.dtype(cfg.param_dtype)
+
+  def read(name: str, shape) -> np.ndarray:
+    if name not in files:
+      raise ValueError(f"checkpoint {path} has no tensor {name!r}")
+    fname = files[name]
+    if fname not in handles:
+      handles[fname] = safe_open(fname, framework="np")
+    t = handles[fname].get_tensor(name)
+    want = _hf_shape(name, shape)
+    if tuple(t.shape) != want:
+      raise ValueError(
+          f"tensor {name!r} in {fname} has shape {tuple(t.shape)}, config"
+          f" implies {want}"
+      )
+    return _from_hf(name, t, shape).astype(pdt)
+
   try:
     for p, var in nnx.to_flat_state(abstract):
-      name = _hf_name(p)
       shape = tuple(var.value.shape)
-      if name not in files:
-        raise ValueError(f"checkpoint {path} has no tensor {name!r}")
-      fname = files[name]
-      if fname not in handles:
-        handles[fname] = safe_open(fname, framework="np")
-      t = handles[fname].get_tensor(name)
-      want = _hf_shape(name, shape)
-      if tuple(t.shape) != want:
-        raise ValueError(
-            f"tensor {name!r} in {fname} has shape {tuple(t.shape)}, config"
-            f" implies {want}"
-        )
-      arr = _from_hf(name, t, shape).astype(jnp.dtype(cfg.param_dtype))
+      if _is_stacked(p):  # scanned layers: layer i's tensors at [i]
+        arr = np.stack([read(_hf_name(_layer_path(p, i)), shape[1:])
+                        for i in range(shape[0])])
+      else:
+        arr = read(_hf_name(p), shape)
       sh = flat_sh[p].value if flat_sh is not None else None
       out.append((p, var.replace(_place(arr, sh))))
   finally:
@@ -285,10 +307,20 @@ def hf_tensors(
   if cfg.family == "llama" and cfg.qkv_bias:
     raise ValueError("llama family with qkv_bias has no HF equivalent")
   dt = jnp.dtype(export_dtype(cfg, dtype))
-  tensors = {}
+  entries = []  # (unrolled path, HF name, tensor)
   for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    name = _hf_name(p)
-    tensors[name] = _to_hf(name, _host_array(var.value, dt))
+    host = _host_array(var.value, dt)
+    if _is_stacked(p):
+      items = [(_layer_path(p, i), host[i]) for i in range(host.shape[0])]
+    else:
+      items = [(p, host)]
+    for q, a in items:
+      name = _hf_name(q)
+      entries.append((q, name, _to_hf(name, a)))
+  # The unrolled layout's order (layer by layer), whichever layout this is.
+  entries.sort(key=lambda e: tuple(
+      f"{x:09d}" if isinstance(x, int) else str(x) for x in e[0]))
+  tensors = {name: t for _, name, t in entries}
   if cfg.family == "qwen2" and not cfg.qkv_bias:
     # HF Qwen2 always has q/k/v biases: zeros are the exact equivalent.
     for n in range(cfg.num_layers):

@@ -17,6 +17,15 @@ learner's batches); the KV-cache path (prefill into a cache, one-token
 decode) and the response window's last block use the plain einsum path
 with an explicit [B, Tq, S] mask, as does ``attention = 'plain'``.
 
+Layers (``cfg.scan_layers``): unrolled, ``layers/<i>/...`` one Block per
+layer, or scanned, one Block of [L, ...] variables run as one
+``jax.lax.scan`` (XLA compiles one block, not L; under ``cfg.remat`` each
+step is rematerialised). Both layouts hold the same values (layer i of the
+stack is block i; ``scanned_state`` / ``unrolled_state`` convert) and give
+the same outputs and gradients. The KV-cache path runs block by block
+either way (a scanned model slices each layer's weights); the rollout
+engine holds the unrolled layout (``unrolled``).
+
 Parameters name logical axes only (``sharding.LOGICAL_AXES``); the mesh
 mapping is applied by ``sharding.state_shardings``. Activations are
 constrained to their logical axes too (the embedding output and each block's
@@ -29,6 +38,8 @@ forward and backward, instead of XLA's choice of gathering them.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -362,6 +373,87 @@ class Block(nnx.Module):
     return shard(x, ACTIVATION), kv
 
 
+# ---------------------------------------------------------- scanned layers
+# ``cfg.scan_layers``: ``Transformer.layers`` is one Block whose variables
+# hold all L layers on a leading axis, [L, ...], with the logical name None
+# there (never split over the mesh); layer i of the stack is block i of the
+# unrolled layout, value for value (``stack_layers`` / ``layer_of``).
+_LAYER_AXIS = {nnx.PARTITION_NAME: None}
+
+
+def _stack(xs):
+  if all(isinstance(x, np.ndarray) for x in xs):
+    return np.stack(xs)  # host arrays stay on the host
+  return jnp.stack(xs)
+
+
+def stack_layers(states) -> nnx.State:
+  """L states of one block structure -> one state of [L, ...] values
+  (new Variables; their logical names gain the leading None)."""
+  stacked = jax.tree.map(lambda *xs: _stack(xs), *states)
+  return nnx.spmd.add_axis(stacked, 0, _LAYER_AXIS)
+
+
+def layer_of(stacked: nnx.State, i) -> nnx.State:
+  """Layer ``i`` of a stacked state (new Variables, one layer's names)."""
+  one = jax.tree.map(lambda a: a[i], stacked)
+  return nnx.spmd.remove_axis(one, 0, _LAYER_AXIS)
+
+
+def scanned_state(state: nnx.State) -> nnx.State:
+  """A Transformer's state (all of it, or a filter such as its params) in
+  the unrolled layout (``layers/<i>/...``) -> the scanned one
+  (``layers/...`` of [L, ...]); other entries as they are."""
+  out, per_layer = [], {}
+  for path, var in nnx.to_flat_state(state):
+    if path[0] == "layers":
+      per_layer.setdefault(path[2:], {})[int(path[1])] = var
+    else:
+      out.append((path, var))
+  for sub, by_layer in per_layer.items():
+    stacked = stack_layers([by_layer[i] for i in range(len(by_layer))])
+    out.append((("layers",) + sub, stacked))
+  return nnx.from_flat_state(out)
+
+
+def unrolled_state(state: nnx.State) -> nnx.State:
+  """Inverse of ``scanned_state``; works on device, host (numpy) and traced
+  values."""
+  out = []
+  for path, var in nnx.to_flat_state(state):
+    if path[0] != "layers":
+      out.append((path, var))
+      continue
+    for i in range(int(jnp.shape(var.get_value())[0])):
+      out.append((("layers", i) + path[1:], layer_of(var, i)))
+  return nnx.from_flat_state(out)
+
+
+def unrolled(cfg: ModelConfig, params: nnx.State, rest=None):
+  """``(cfg', graphdef, params', rest')``: a scanned model's params (and
+  other state) in the unrolled layout, with the graphdef and config
+  (``scan_layers=False``) of that layout; the identity on an unrolled one.
+
+  The rollout engine runs this layout: its per-layer KV-cache buffers are
+  written in place at each decode step, where a scan would carry (copy)
+  each layer's cache through the loop; MaxText serves unscanned too.
+  """
+  rest = nnx.State({}) if rest is None else rest
+  if cfg.scan_layers:
+    cfg = dataclasses.replace(cfg, scan_layers=False)
+    params = unrolled_state(params)
+    if "layers" in rest:
+      rest = unrolled_state(rest)
+  return cfg, graphdef_of(cfg), params, rest
+
+
+@functools.lru_cache(maxsize=16)
+def graphdef_of(cfg: ModelConfig):
+  """The graphdef of ``Transformer(cfg)`` split as (params, rest)."""
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(abstract, nnx.Param, ...)[0]
+
+
 def _run_block(
     block, x, positions, mask, kv_cache, index, starts, window, shard
 ):
@@ -380,9 +472,13 @@ class Transformer(nnx.Module):
     self.embedding = _param(
         rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pdt
     )
-    self.layers = nnx.List(
-        [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
-    )
+    blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+    if cfg.scan_layers:  # one Block of [L, ...] variables, same values
+      self.layers = nnx.merge(
+          nnx.graphdef(blocks[0]), stack_layers([nnx.state(b) for b in blocks])
+      )
+    else:
+      self.layers = nnx.List(blocks)
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt)
     if cfg.tie_word_embeddings:
       self.lm_head = None
@@ -411,7 +507,9 @@ class Transformer(nnx.Module):
     [starts_b, starts_b + R) only, [B, R, ...]. Only the last block's
     queries, MLP and the final norm are restricted to the window (earlier
     blocks feed the last one's keys and values at every position); the
-    values equal the full computation's at those positions.
+    values equal the full computation's at those positions. Scanned
+    layers: the window is taken after the last block (which runs at every
+    position: 1/L more block work), the final norm and logits as above.
     """
     if window is not None and cache is not None:
       raise ValueError("Transformer: window and cache cannot be combined")
@@ -434,17 +532,22 @@ class Transformer(nnx.Module):
       key_mask = jax.lax.dynamic_update_slice(cache.key_mask, real, (0, index))
       key_mask = shard(key_mask, ("batch", "cache_length"))
       mask = AttentionMask(key_mask, index + slots)
-    run = _run_block_remat if cfg.remat else _run_block
-    new_k, new_v = [], []
-    last = len(self.layers) - 1
     starts, r = window if window is not None else (None, 0)
-    for i, block in enumerate(self.layers):
-      kv = None if cache is None else (cache.k[i], cache.v[i])
-      w = (starts, r) if i == last else (None, 0)
-      x, kv = run(block, x, positions, mask, kv, index, *w, shard)
-      if kv is not None:
-        new_k.append(kv[0])
-        new_v.append(kv[1])
+    new_k, new_v = [], []
+    if cfg.scan_layers and cache is None:
+      x = self._scan_blocks(x, positions, mask, shard)
+      if r:  # the window after the last block (same values at its rows)
+        x = shard(take_window(x, starts, r), ACTIVATION)
+    else:
+      run = _run_block_remat if cfg.remat else _run_block
+      last = cfg.num_layers - 1
+      for i in range(cfg.num_layers):
+        kv = None if cache is None else (cache.k[i], cache.v[i])
+        w = (starts, r) if i == last else (None, 0)
+        x, kv = run(self.block(i), x, positions, mask, kv, index, *w, shard)
+        if kv is not None:
+          new_k.append(kv[0])
+          new_v.append(kv[1])
     hidden = shard(self.final_norm(x), ACTIVATION)
     new_cache = None
     if cache is not None:
@@ -456,6 +559,28 @@ class Transformer(nnx.Module):
       )
     logits = self.logits(hidden) if return_logits else None
     return logits, hidden, new_cache
+
+  def block(self, i: int) -> Block:
+    """Block ``i``; of a scanned model, a Block of its slice [i] (a copy of
+    that layer's weights, with one layer's logical names)."""
+    if not self.cfg.scan_layers:
+      return self.layers[i]
+    graphdef, stacked = nnx.split(self.layers)
+    return nnx.merge(graphdef, layer_of(stacked, i))
+
+  def _scan_blocks(self, x, positions, mask, shard) -> jax.Array:
+    """``x`` through the L blocks as one ``jax.lax.scan`` over the stacked
+    variables (each step's body one block; under ``cfg.remat`` the body is
+    rematerialised, so a step keeps only its input, as unrolled)."""
+    graphdef, stacked = nnx.split(self.layers)
+
+    def body(h, layer):
+      block = nnx.merge(graphdef, nnx.spmd.remove_axis(layer, 0, _LAYER_AXIS))
+      return block(h, positions, mask, shard=shard)[0], None
+
+    if self.cfg.remat:
+      body = jax.checkpoint(body, prevent_cse=False)
+    return jax.lax.scan(body, x, stacked)[0]
 
   def _embed(self, tokens, shard) -> jax.Array:
     """``E[tokens]`` in the parameter dtype (its gradient is summed over
