@@ -129,7 +129,7 @@ def test_cpu_preset_keeps_its_budget_choices():
   assert (c.rspo.alpha, c.train.max_train_rows, c.env.history_length,
           c.train.eval_every) == (0.25, 64, 1, 0)
   assert (c.train.batch_tasks, c.train.group_size, c.train.total_steps,
-          c.train.lr) == (4, 4, 6, 1e-4)
+          c.train.lr, c.train.updates_per_step) == (4, 4, 6, 3e-4, 4)
   assert c.rspo.dense_reward == "oracle"
   # alpha 1/4 of 16 episodes: 4 replayed trajectories (one whole group).
   episodes = c.train.batch_tasks * c.train.group_size
@@ -148,7 +148,7 @@ def test_overrides_win_over_the_scale_wherever_they_stand(arg):
 
 def test_last_model_override_picks_the_scale():
   c = get("webshop", "grpo", "model=qwen2.5-1.5b,model=tiny")
-  assert c.model.preset == "tiny" and c.train.lr == 1e-4  # CPU table
+  assert c.model.preset == "tiny" and c.train.lr == 3e-4  # CPU table
   c = get("webshop", "grpo", "model=tiny,model=qwen2.5-7b")
   assert c.model.preset == "qwen2.5-7b" and c.train.lr == 1e-6
 
