@@ -109,6 +109,14 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.engine = "jax"  # jax (in-process) | sglang (HTTP servers)
   c.rollout.server_urls = ""  # comma-separated, for engine=sglang
+  # Seconds one HTTP request to a server may take (a turn's /generate of a
+  # paper-scale batch: 128 prompts of up to 4096 tokens, 512 new tokens).
+  c.rollout.server_timeout_s = 600.0
+  # The servers run with SGLANG_RETURN_ORIGINAL_LOGPROB=1 (launch/cluster
+  # starts them so): log-probs at T=1 whatever the sampling temperature, so
+  # evaluation at rollout.eval_temperature=0.4 is allowed. False: only
+  # T in {0, 1} (sglang_client's module docstring).
+  c.rollout.server_original_logprobs = True
   c.rollout.top_p = 1.0
   # colocated: B's stored collection finishes before A's phase starts.
   # decoupled: B's collection runs on its own engine (second half of the

@@ -284,7 +284,10 @@ def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics,
 def make_sglang_client(cfg, key: str = "rollout.server_urls"):
   """SGLangClient of the servers ``key`` lists (comma-separated URLs);
   ConfigError naming ``key`` and what to pass when it lists none or a server
-  gives no HTTP answer to ``GET /health``."""
+  gives no HTTP answer to ``GET /health``. Requests time out after
+  ``rollout.server_timeout_s``; ``rollout.server_original_logprobs`` (the
+  servers run with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``) allows sampling at
+  temperatures other than 0 and 1 (evaluation at T = 0.4)."""
   from rspo_jax.errors import ConfigError
   from rspo_jax.rollout.sglang_client import SGLangClient
 
@@ -296,7 +299,10 @@ def make_sglang_client(cfg, key: str = "rollout.server_urls"):
   if any(not u.startswith(("http://", "https://")) for u in urls):
     raise ConfigError(f"{key}={text!r}: each URL must look like"
                       " http://HOST:PORT")
-  client = SGLangClient(urls)
+  client = SGLangClient(
+      urls, timeout_s=float(cfg.rollout.get("server_timeout_s", 600.0)),
+      original_logprobs=bool(cfg.rollout.get("server_original_logprobs",
+                                             True)))
   down = client.unreachable_urls()
   if down:
     client.close()

@@ -507,3 +507,81 @@ def test_server_logprobs_match_our_model_across_weight_update(
   assert diff > 0.05
   client.flush_cache()
   client.close()
+
+
+# ------------------------- the run's engine: evaluation at T = 0.4 (issue 17)
+
+
+def _sglang_run_config(url, **rollout):
+  from configs import toy_grpo  # pylint: disable=g-import-not-at-top
+
+  cfg = toy_grpo.get_config(f"rollout.engine=sglang,rollout.server_urls={url}")
+  with cfg.unlocked():
+    cfg.rollout.update(rollout)
+  return cfg
+
+
+def test_run_engine_allows_eval_temperature_and_long_requests(serve):
+  """build.make_engine's client: the servers' T=1 log-probs at T=0.4 (the
+  launchers start them with SGLANG_RETURN_ORIGINAL_LOGPROB=1) and the
+  configured per-request timeout (600 s by default, 60 s before)."""
+  from rspo_jax import build  # pylint: disable=g-import-not-at-top
+
+  engine = BigramEngine(TABLE)
+  _, url = serve(engine)
+  cfg = _sglang_run_config(url)
+  assert cfg.rollout.server_timeout_s == 600.0
+  client = build.make_engine(cfg, None, None, None, None)
+  assert client.original_logprobs and client.timeout_s == 600.0
+  params = SamplingParams(temperature=0.4, max_new_tokens=5, seed=3)
+  got = client.generate([[1, 2], [3]], params)
+  want = engine.generate([[1, 2], [3]], params)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g.token_ids, w.token_ids)
+    np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-6)
+  client.close()
+  cfg = _sglang_run_config(url, server_timeout_s=7.5,
+                           server_original_logprobs=False)
+  client = build.make_engine(cfg, None, None, None, None)
+  assert client.timeout_s == 7.5
+  with pytest.raises(ValueError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
+    client.generate([[1]], params)
+  client.close()
+
+
+@pytest.mark.parametrize("rollout_server", SERVER_KINDS[:1], indirect=True)
+def test_evaluation_at_temperature_0_4_through_the_run_engine(
+    rollout_server, tiny_checkpoint):
+  """The paper's evaluation decoding (T = 0.4) with the engine build_run
+  makes, on the real SGLang server (our JAX server's test fixture buckets
+  prompts to 32 tokens): log-probs are the model's at T = 1, and evaluate()
+  plays its episodes (it raised ValueError before the client had
+  original_logprobs=True)."""
+  from rspo_jax import build  # pylint: disable=g-import-not-at-top
+  from rspo_jax.evaluate import evaluate
+  from third_party_envs.vector import VectorEnv
+
+  _, server = rollout_server
+  ck = tiny_checkpoint
+  cfg = _sglang_run_config(server.url, eval_temperature=0.4,
+                           max_prompt_tokens=256)
+  client = build.make_engine(cfg, None, None, None, None)
+  client.update_weights(ck.path, 7)  # ck.model (another test synced others)
+  prompts = [ck.tokenizer.encode(t) for t in
+             ("the quick brown fox", "put a clean mug in")]
+  res = client.generate(prompts, SamplingParams(temperature=0.4,
+                                                max_new_tokens=12, seed=0))
+  for r, ours in zip(res, _our_logprobs(ck.model, prompts, res)):
+    assert 1 <= len(r.token_ids) <= 12
+    np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
+  venv = VectorEnv("toy", build.env_kwargs(cfg), 2, use_processes=False)
+  try:
+    out = evaluate(client, venv, ck.tokenizer,
+                   build.collect_config(cfg, cfg.env.eval_split), [0, 1],
+                   temperature=cfg.rollout.eval_temperature,
+                   max_new_tokens=8)
+  finally:
+    venv.close()
+    client.close()
+  assert out["num_tasks"] == 2 and out["episode_length"] >= 1
+  assert 0.0 <= out["success_rate"] <= 1.0

@@ -259,7 +259,8 @@ class SGLangClient(Engine):
       at the next server in round-robin order); a chunk whose server fails is
       retried on the next one.
     timeout_s: per HTTP request (generate requests can be long: size it to
-      the largest batch).
+      the largest batch; the default, 600 s, covers a paper-scale turn of
+      128 multi-turn prompts x 512 new tokens).
     max_retries: retries after the first attempt of each request.
     backoff_s: sleep before retry ``k`` (0-based) is ``backoff_s * 2**k``.
     original_logprobs: the servers run with
@@ -276,7 +277,7 @@ class SGLangClient(Engine):
       self,
       base_url: Union[str, Sequence[str]],
       *,
-      timeout_s: float = 60.0,
+      timeout_s: float = 600.0,
       max_retries: int = 3,
       backoff_s: float = 0.5,
       original_logprobs: bool = False,
@@ -344,6 +345,16 @@ class SGLangClient(Engine):
   @property
   def weight_version(self) -> int:
     return self._version
+
+  @property
+  def timeout_s(self) -> float:
+    """Seconds one HTTP request may take."""
+    return self._timeout_s
+
+  @property
+  def original_logprobs(self) -> bool:
+    """Any temperature is allowed (the servers return T=1 log-probs)."""
+    return self._original_logprobs
 
   @property
   def logprobs_tempered(self) -> bool:
