@@ -117,6 +117,12 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # evaluation at rollout.eval_temperature=0.4 is allowed. False: only
   # T in {0, 1} (sglang_client's module docstring).
   c.rollout.server_original_logprobs = True
+  # SGLang weight syncs: the HF export's directory ("" = /dev/shm when
+  # present, one process and every server on this host, else
+  # <workdir>/export; servers must see it) and its writer threads
+  # (rspo_jax/weight_sync.py).
+  c.rollout.export_dir = ""
+  c.rollout.export_threads = 8
   c.rollout.top_p = 1.0
   # colocated: B's stored collection finishes before A's phase starts.
   # decoupled: B's collection runs on its own engine (second half of the

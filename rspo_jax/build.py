@@ -19,6 +19,8 @@ import functools
 import logging
 import os
 import re
+import shutil
+import time
 from typing import Optional
 
 import jax
@@ -33,7 +35,7 @@ from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
 from rspo_jax.rollout.jax_engine import JaxEngine
 from rspo_jax.rspo import RSPOTrainer
-from rspo_jax import warm_start
+from rspo_jax import warm_start, weight_sync
 from third_party_envs import registry
 from third_party_envs.vector import VectorEnv
 
@@ -329,12 +331,23 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
   )
 
 
-def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str):
+def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
+                     threads: int = 8):
   """Pushes a learner's weights to the engine: in-process state for the JAX
   engine (cast to its ``mcfg.inference_dtype`` weights); an HF directory
-  exported in the compute dtype for SGLang servers."""
+  exported in the compute dtype for SGLang servers (``weight_sync.export_hf``:
+  layer files written by ``threads`` threads into ``export_dir``'s slot
+  ``v{version % 2}``; the other slot is removed once the servers loaded it).
+  A sync whose weights the engine already has does nothing
+  (``weight_sync.SyncedWeights``). ``sync.log`` (``weight_sync.SyncLog``)
+  counts exports and skips and keeps each sync's seconds (also logged)."""
+  synced, sync_log = weight_sync.SyncedWeights(), weight_sync.SyncLog()
 
   def sync(engine, learner: Learner, version: int):
+    if synced.unchanged(engine, learner):
+      sync_log.add(version=version, skipped=True)
+      return
+    start = time.perf_counter()
     multihost = distributed.is_multihost()
     if isinstance(engine, JaxEngine):
       # Multi-host: every host's engine gets the whole weights (gathered,
@@ -343,20 +356,34 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str):
       if multihost:
         params = host_params(cast_floating(params, mcfg.inference_dtype))
       engine.update_weights(engine_params(params, mcfg), version)
+      synced.record(engine, learner)
+      sync_log.add(version=version, total_s=time.perf_counter() - start)
       return
     path = os.path.join(export_dir, f"v{version % 2}")
+    nbytes = 0
     if multihost:  # one export, by the leader; every host's client loads it
       params = cast_floating(learner.params, models.export_dtype(mcfg))
       module = nnx.merge(learner.graphdef, host_params(params),
                          host_params(learner.frozen))
       if distributed.is_leader():
-        models.save_hf_model(module, mcfg, path, tokenizer_dir=tokenizer_dir)
+        nbytes = weight_sync.export_hf(module, mcfg, path, threads=threads,
+                                       tokenizer_dir=tokenizer_dir)
       distributed.barrier(f"rspo_export_{version}")
     else:
-      models.save_hf_model(learner.module(), mcfg, path,
-                           tokenizer_dir=tokenizer_dir)
+      nbytes = weight_sync.export_hf(learner.module(), mcfg, path,
+                                     tokenizer_dir=tokenizer_dir,
+                                     threads=threads)
+    export_s = time.perf_counter() - start
     engine.update_weights(path, version)
+    load_s = time.perf_counter() - start - export_s
+    if distributed.is_leader():  # loaded: the other slot is not needed
+      shutil.rmtree(os.path.join(export_dir, f"v{(version + 1) % 2}"),
+                    ignore_errors=True)
+    synced.record(engine, learner)
+    sync_log.add(version=version, export_s=export_s, load_s=load_s,
+                 total_s=time.perf_counter() - start, bytes=nbytes)
 
+  sync.log = sync_log
   return sync
 
 
@@ -487,8 +514,10 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   trainer = RSPOTrainer(
       cfg, policy=policy, ref_params=ref_params, critic=critic, engine=engine,
       venv=venv, tokenizer=tokenizer, workdir=workdir,
-      sync_engine=make_sync_engine(mcfg, tok_dir,
-                                   os.path.join(workdir, "export")),
+      sync_engine=make_sync_engine(
+          mcfg, tok_dir, weight_sync.export_dir(
+              cfg, workdir, multihost=distributed.is_multihost()),
+          threads=cfg.rollout.get("export_threads", 8)),
       num_train_tasks=num_tasks(cfg, cfg.env.train_split),
       progress=progress,
   )

@@ -585,3 +585,38 @@ def test_evaluation_at_temperature_0_4_through_the_run_engine(
     client.close()
   assert out["num_tasks"] == 2 and out["episode_length"] >= 1
   assert 0.0 <= out["success_rate"] <= 1.0
+
+
+@pytest.mark.parametrize("rollout_server", SERVER_KINDS[:1], indirect=True)
+def test_streamed_export_loads_into_sglang_and_unchanged_syncs_skip(
+    rollout_server, tiny_checkpoint, tmp_path):
+  """The run's weight sync (build.make_sync_engine: one safetensors file a
+  layer + index, written by threads) loads into the real SGLang server, and
+  a second sync of the same weights exports nothing (issue 17 item 2)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rspo_jax import build, sharding
+  from rspo_jax import train_step as ts
+  from rspo_jax.learner import Learner
+
+  _, server = rollout_server
+  ck = tiny_checkpoint
+  model = _fixtures_module().perturbed_model(ck.model, ck.cfg, seed=3)
+  learner = Learner(model, ts.make_optimizer(1e-3), ts.make_sft_loss(),
+                    mesh=sharding.make_mesh((1, 1, 1),
+                                            devices=jax.devices()[:1]),
+                    rules=sharding.DEFAULT_RULES)
+  sync = build.make_sync_engine(ck.cfg, ck.tokenizer_dir,
+                                str(tmp_path / "export"), threads=4)
+  client = SGLangClient(server.url, vocab_size=ck.cfg.vocab_size,
+                        original_logprobs=True, timeout_s=120)
+  sync(client, learner, 11)
+  sync(client, learner, 12)
+  assert (sync.log.exports, sync.log.skipped) == (1, 1)
+  assert client.model_info()["weight_version"] == "11"
+  prompts = [ck.tokenizer.encode(t) for t in ("the quick brown fox",
+                                              "click buy now on")]
+  res = client.generate(prompts, SamplingParams(temperature=0.4,
+                                                max_new_tokens=8))
+  for r, ours in zip(res, _our_logprobs(model, prompts, res)):
+    np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
+  client.close()

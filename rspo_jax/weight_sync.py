@@ -1,0 +1,236 @@
+"""Weight sync to SGLang servers: a streamed HF export, skipped when the
+weights did not change.
+
+  sync(engine, learner, v):  unchanged(learner) ? nothing
+                             : export -> dir_v ; engine.update_weights(dir_v)
+
+*Unchanged* means the learner's parameter arrays are the very objects the
+engine got last (weak references, so nothing is kept alive). JAX arrays are
+immutable and a train step replaces them (its inputs are donated), so the
+same objects are the same weights; equal weights in new arrays (B := A) are
+exported again.
+
+The export (``export_hf``) writes what ``hf_io.save_hf_model`` writes
+(config.json, generation_config.json, the tokenizer's files, the same
+tensors in the same dtype) with the weights split one safetensors file per
+layer (plus one for the embedding, one for the final norm and head) and an
+index, so that a pool of threads casts a layer on device (bfloat16 under
+bfloat16 compute: half the bytes move), copies it to the host and writes it
+while the others do the same: host memory holds about ``threads`` layers,
+never the whole model. The directory alternates between two slots
+(``v0``/``v1``); the older is removed once the servers loaded the newer.
+
+Where: ``export_dir``: ``rollout.export_dir``, else a node-local
+``/dev/shm/rspo_export_<hash of the workdir>`` when /dev/shm exists, the
+run is one process and every server is on this host (it is removed at
+exit), else ``<workdir>/export`` (servers on other hosts need a shared
+filesystem).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+import urllib.parse
+import weakref
+from collections import defaultdict
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors.numpy import save_file
+
+from rspo_jax.models import hf_io
+
+log = logging.getLogger(__name__)
+
+SHM = "/dev/shm"
+
+
+# ------------------------------------------------------------------- where
+
+
+def _is_local(url: str) -> bool:
+  host = urllib.parse.urlparse(url).hostname or ""
+  return (host in ("localhost", "::1", socket.gethostname(),
+                   socket.getfqdn()) or host.startswith("127."))
+
+
+def export_dir(cfg, workdir: str, *, multihost: bool = False) -> str:
+  """Where a run's SGLang exports go (see the module docstring)."""
+  given = cfg.rollout.get("export_dir", "")
+  if given:
+    return given
+  text = f"{cfg.rollout.server_urls},{cfg.rollout.b_server_urls}"
+  urls = [u for u in re.split(r"[,;\s]+", text) if u]
+  if (not multihost and os.path.isdir(SHM) and os.access(SHM, os.W_OK)
+      and all(_is_local(u) for u in urls)):
+    key = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
+    path = os.path.join(SHM, f"rspo_export_{key}")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)  # RAM, not disk
+    return path
+  return os.path.join(workdir, "export")
+
+
+# ------------------------------------------------------------------ export
+
+
+def _param_groups(module, dtype) -> dict:
+  """file group -> [(HF name, device or host array in our layout)]: one
+  group a layer, 'embed' and 'head'. A scanned model's stacked parameters
+  are sliced per layer."""
+  groups = defaultdict(list)
+  for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+    if hf_io._is_stacked(path):  # pylint: disable=protected-access
+      for i in range(var.value.shape[0]):
+        q = hf_io._layer_path(path, i)  # pylint: disable=protected-access
+        groups[i].append((hf_io._hf_name(q), var.value[i]))  # pylint: disable=protected-access
+      continue
+    name = hf_io._hf_name(path)  # pylint: disable=protected-access
+    key = (path[1] if str(path[0]) == "layers"
+           else "embed" if name == "model.embed_tokens.weight" else "head")
+    groups[key].append((name, var.value))
+  return groups
+
+
+def _host(x, dtype) -> np.ndarray:
+  """``x`` as numpy in ``dtype``, cast on its device first."""
+  if isinstance(x, jax.Array):
+    x = jax.device_get(x.astype(dtype))
+  return np.asarray(x).astype(dtype, copy=False)
+
+
+def _write_group(path: str, fname: str, items, dtype, cfg) -> dict:
+  """Casts, fetches and writes one group; {HF name: shape} of its tensors."""
+  tensors = {}
+  for name, x in items:
+    tensors[name] = hf_io._to_hf(name, _host(x, dtype))  # pylint: disable=protected-access
+  if cfg.family == "qwen2" and not cfg.qkv_bias:
+    # HF Qwen2 always has q/k/v biases: zeros are the exact equivalent.
+    for name in list(tensors):
+      m = re.fullmatch(r"(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight",
+                       name)
+      if m:
+        tensors[f"{m[1]}{m[2]}_proj.bias"] = np.zeros(
+            (tensors[name].shape[0],), dtype)
+  save_file(tensors, os.path.join(path, fname), metadata={"format": "pt"})
+  return {k: int(v.nbytes) for k, v in tensors.items()}
+
+
+def export_hf(module, cfg, path: str, *, tokenizer_dir: Optional[str] = None,
+              dtype: Optional[str] = None, threads: int = 8) -> int:
+  """Writes the HF directory ``hf_io.save_hf_model`` writes, streamed (see
+  the module docstring); returns the weights' bytes. One process only."""
+  if cfg.family == "llama" and cfg.qkv_bias:
+    raise ValueError("llama family with qkv_bias has no HF equivalent")
+  dtype_name = hf_io.export_dtype(cfg, dtype)
+  dt = jnp.dtype(dtype_name)
+  os.makedirs(path, exist_ok=True)
+  for f in os.listdir(path):  # stale weights of an earlier export
+    if f == hf_io.SAFE_INDEX or (f.startswith("model")
+                                 and f.endswith(".safetensors")):
+      os.remove(os.path.join(path, f))
+  groups = _param_groups(module, dt)
+  order = sorted(groups, key=lambda k: (
+      0 if k == "embed" else 2 if k == "head" else 1,
+      k if isinstance(k, int) else 0))
+  n = len(order)
+  names = {k: f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+           for i, k in enumerate(order)}
+  with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+    written = {k: pool.submit(_write_group, path, names[k], groups[k], dt,
+                              cfg) for k in order}
+    sizes = {k: f.result() for k, f in written.items()}
+  weight_map = {t: names[k] for k in order for t in sizes[k]}
+  total = sum(b for k in order for b in sizes[k].values())
+  _write_json(os.path.join(path, hf_io.SAFE_INDEX),
+              {"metadata": {"total_size": total}, "weight_map": weight_map})
+  hf_cfg = cfg.to_hf_dict()
+  hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name
+  _write_json(os.path.join(path, "config.json"), hf_cfg)
+  gen = {"_from_model_config": True}
+  if cfg.bos_token_id is not None:
+    gen["bos_token_id"] = cfg.bos_token_id
+  if cfg.eos_token_id is not None:
+    gen["eos_token_id"] = hf_cfg["eos_token_id"]
+  _write_json(os.path.join(path, "generation_config.json"), gen)
+  if tokenizer_dir is not None:
+    hf_io.copy_tokenizer_files(tokenizer_dir, path)
+  return total
+
+
+def _write_json(path: str, obj) -> None:
+  with open(path, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+    f.write("\n")
+
+
+# ------------------------------------------------------------------- skips
+
+
+class SyncedWeights:
+  """Per engine, weak references to the parameter arrays it got last."""
+
+  def __init__(self):
+    self._refs = {}  # id(engine) -> (weakref(engine), [weakref(leaf)])
+
+  @staticmethod
+  def _leaves(learner) -> list:
+    return jax.tree.leaves((learner.params, learner.frozen))
+
+  def unchanged(self, engine, learner) -> bool:
+    """The engine got exactly these arrays last (see the module doc)."""
+    got = self._refs.get(id(engine))
+    if got is None or got[0]() is not engine:
+      return False
+    leaves = self._leaves(learner)
+    return len(leaves) == len(got[1]) and all(
+        r() is x for r, x in zip(got[1], leaves))
+
+  def record(self, engine, learner) -> None:
+    try:
+      refs = [weakref.ref(x) for x in self._leaves(learner)]
+      self._refs[id(engine)] = (weakref.ref(engine), refs)
+    except TypeError:  # a leaf without weak references: never skip
+      self._refs.pop(id(engine), None)
+
+
+class SyncLog:
+  """Counts and seconds of a run's syncs: ``exports`` (directories
+  written), ``skipped``, and per sync a dict (version, skipped, export_s,
+  load_s, total_s, bytes) in ``history`` (the last 1000)."""
+
+  def __init__(self):
+    self.exports = 0
+    self.skipped = 0
+    self.history = []
+
+  def add(self, **entry) -> None:
+    self.history = self.history[-999:] + [entry]
+    if entry.get("skipped"):
+      self.skipped += 1
+      log.info("weight sync v%d skipped: the engine has these weights",
+               entry["version"])
+      return
+    if entry.get("export_s") is not None:
+      self.exports += 1
+    log.info("weight sync v%d: %.2f s (export %.2f s, %.1f MB; load %.2f s)",
+             entry["version"], entry["total_s"], entry.get("export_s") or 0,
+             (entry.get("bytes") or 0) / 1e6, entry.get("load_s") or 0)
+
+
+def timed(fn, *args, **kwargs):
+  """(fn(*args, **kwargs), wall seconds)."""
+  t = time.perf_counter()
+  out = fn(*args, **kwargs)
+  return out, time.perf_counter() - t
