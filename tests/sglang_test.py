@@ -620,3 +620,81 @@ def test_streamed_export_loads_into_sglang_and_unchanged_syncs_skip(
   for r, ours in zip(res, _our_logprobs(model, prompts, res)):
     np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
   client.close()
+
+
+# --------------------------- collection without turn barriers (issue 17 #4)
+
+
+def _both_collections(engine, tokenizer, *, groups=2, group_size=3):
+  """(records, stats) of collect and of collect_unbarriered, greedy, on the
+  toy environment."""
+  from rspo_jax.rollout.collect import CollectConfig, collect  # pylint: disable=g-import-not-at-top
+  from rspo_jax.rollout.unbarriered import collect_unbarriered
+  from third_party_envs.vector import VectorEnv
+
+  cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=256)
+  params = SamplingParams(temperature=0.0, max_new_tokens=8,
+                          stop_strings=("</action>",))
+  out = []
+  for fn in (collect, collect_unbarriered):
+    venv = VectorEnv("toy", {"max_steps": 3}, groups * group_size,
+                     use_processes=False)
+    try:
+      out.append(fn(engine, venv, tokenizer, list(range(groups)), group_size,
+                    params, cfg, traj_id_start=100, group_id_start=10,
+                    seed=4))
+    finally:
+      venv.close()
+  return out
+
+
+def _assert_same_records(synced, unbarriered):
+  (recs_a, stats_a), (recs_b, stats_b) = synced, unbarriered
+  key = lambda r: (r.traj_id, r.step_idx)
+  recs_a, recs_b = sorted(recs_a, key=key), sorted(recs_b, key=key)
+  assert [key(r) for r in recs_a] == [key(r) for r in recs_b]
+  for a, b in zip(recs_a, recs_b):
+    np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_allclose(a.behavior_logp, b.behavior_logp, atol=1e-4)
+    assert (a.action, a.invalid, a.env_reward, a.outcome_reward, a.done,
+            a.won, a.group_id, a.task_id) == (
+                b.action, b.invalid, b.env_reward, b.outcome_reward, b.done,
+                b.won, b.group_id, b.task_id)
+  assert sorted(stats_a) == sorted(stats_b)
+  for k in ("episodes", "env_steps", "gen_tokens", "invalid_action_rate",
+            "success_rate", "episode_length"):
+    assert stats_a[k] == stats_b[k], k
+
+
+def test_unbarriered_collection_equals_turn_synchronous(serve,
+                                                        tiny_checkpoint):
+  """Through our SGLang-API server (a JaxEngine of the tiny checkpoint):
+  the same episodes and records, greedy, with and without turn barriers."""
+  from rspo_jax.rollout.jax_engine import JaxEngine  # pylint: disable=g-import-not-at-top
+
+  ck = tiny_checkpoint
+  decode = lambda ids: ck.tokenizer.decode(list(ids))
+  engine = JaxEngine(ck.model, ck.cfg, pad_id=0, eos_ids=(2,),
+                     decode_fn=decode)
+  _, url = serve(engine, vocab_size=ck.cfg.vocab_size, decode_fn=decode)
+  client = SGLangClient(url, vocab_size=ck.cfg.vocab_size)
+  synced, unbarriered = _both_collections(client, ck.tokenizer)
+  assert synced[1]["episodes"] == 6 and synced[1]["env_steps"] >= 6
+  _assert_same_records(synced, unbarriered)
+  client.close()
+
+
+@pytest.mark.parametrize("rollout_server", SERVER_KINDS[:1], indirect=True)
+def test_unbarriered_collection_on_the_real_sglang_server(rollout_server,
+                                                          tiny_checkpoint):
+  """The real SGLang CPU server: same episode count and records (greedy)
+  with and without turn barriers."""
+  _, server = rollout_server
+  ck = tiny_checkpoint
+  client = SGLangClient(server.url, vocab_size=ck.cfg.vocab_size,
+                        original_logprobs=True, timeout_s=120)
+  synced, unbarriered = _both_collections(client, ck.tokenizer)
+  assert synced[1]["episodes"] == unbarriered[1]["episodes"] == 6
+  _assert_same_records(synced, unbarriered)
+  client.close()
