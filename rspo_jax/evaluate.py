@@ -3,6 +3,10 @@
 Greedy (temperature 0) or sampled decoding; several seeds give mean and
 spread. Each task is played once per seed (group size 1).
 
+``per_task`` lists every episode's outcome, one entry per (seed, task_id),
+sorted by seed then task: ``{"seed", "task_id", "won" (0/1), "score"}``, so
+intervals over goals and seeds can be computed later (rspo_jax/intervals.py).
+
 Multi-host: every process calls ``evaluate`` with the same task list, plays
 its share of the tasks (``distributed.host_share``) on its own engine, and
 the sums and counts are added over processes, so every process returns the
@@ -28,7 +32,7 @@ def evaluate(
 ) -> dict:
   """Plays every task in ``task_ids`` once per seed (in chunks that fit the
   environment pool)."""
-  per_seed = []
+  per_seed, per_task = [], []
   by_type = defaultdict(list)
   first, last = distributed.host_share(len(task_ids))
   mine = list(task_ids[first:last])
@@ -51,6 +55,9 @@ def evaluate(
           score.append(r.score)
           lengths.append(r.step_idx + 1)
           by_type[r.task_type or "all"].append(float(r.won))
+          per_task.append({"seed": int(seed), "task_id": int(r.task_id),
+                           "won": int(bool(r.won)),
+                           "score": float(r.score)})
     # Sums and counts over every host's share (one process: its own).
     total = distributed.global_sum(np.array(
         [np.sum(won), np.sum(score), np.sum(lengths), len(won)], np.float64))
@@ -74,4 +81,6 @@ def evaluate(
       merged[k][1] += n
   if len(merged) > 1:
     out["success_by_type"] = {k: wins / n for k, (wins, n) in merged.items()}
+  every = [e for host in distributed.allgather_objects(per_task) for e in host]
+  out["per_task"] = sorted(every, key=lambda e: (e["seed"], e["task_id"]))
   return out
