@@ -10,7 +10,17 @@ answers at temperature 1, and the environments step in worker processes
 only), environment steps/s (environment time only) and the wall time of the
 whole collection. With ``--sglang_url`` the same collection also runs
 against that server (serving a model of the same shape and tokenizer, e.g.
-``launch/serve_rollout.py --model_path=<--export_dir>``).
+``launch/serve_rollout.py --model_path=<--export_dir>``), turn by turn
+(``collect``) and, as engine ``sglang_unbarriered``, without turn barriers
+(``collect_unbarriered``).
+
+  python bench/rollout.py --sync [--presets tiny,small-25m]
+
+times the SGLang weight sync instead: the old export (``save_hf_model``,
+one file, float32 here) and the streamed one (``weight_sync.export_hf``,
+threads), to /dev/shm and to ``--export_dir`` (disk), then a whole sync
+(export + our SGLang-API server loading it) and a second sync of the same
+weights (skipped: no export).
 """
 
 from __future__ import annotations
@@ -34,11 +44,18 @@ def main(argv=None):
   p.add_argument("--sglang_url", default="")
   p.add_argument("--export_dir", default="", help="write the bench model here")
   p.add_argument("--workers", type=int, default=2)
+  p.add_argument("--sync", action="store_true",
+                 help="time weight syncs instead of collections")
+  p.add_argument("--presets", default="tiny,small-25m")
+  p.add_argument("--repeats", type=int, default=3)
   args = p.parse_args(argv)
+  if args.sync:
+    return bench_sync(args)
 
   from configs import base
   from rspo_jax import build, models, sharding
   from rspo_jax.rollout.collect import collect
+  from rspo_jax.rollout.unbarriered import collect_unbarriered
   from rspo_jax.rollout.engine import SamplingParams
   from third_party_envs import registry
   from third_party_envs.vector import VectorEnv
@@ -62,6 +79,7 @@ def main(argv=None):
       from rspo_jax.rollout.sglang_client import SGLangClient
 
       engines["sglang"] = SGLangClient(args.sglang_url)
+      engines["sglang_unbarriered"] = engines["sglang"]
     ccfg = build.collect_config(cfg, "train")
     ccfg = type(ccfg)(**{**ccfg.__dict__, "max_steps": args.max_steps})
     sampling = SamplingParams(temperature=1.0,
@@ -71,12 +89,14 @@ def main(argv=None):
       venv = VectorEnv(env_name, {}, batch, num_workers=args.workers)
       try:
         for name, engine in engines.items():
+          play = (collect_unbarriered if name.endswith("_unbarriered")
+                  else collect)
           tasks = list(range(batch // GROUP))
-          collect(engine, venv, tokenizer, tasks, GROUP, sampling, ccfg,
-                  seed=1)  # warm-up: compiles every bucket
+          play(engine, venv, tokenizer, tasks, GROUP, sampling, ccfg,
+               seed=1)  # warm-up: compiles every bucket
           t0 = time.perf_counter()
-          _, stats = collect(engine, venv, tokenizer, tasks, GROUP, sampling,
-                             ccfg, seed=2)
+          _, stats = play(engine, venv, tokenizer, tasks, GROUP, sampling,
+                          ccfg, seed=2)
           wall = time.perf_counter() - t0
           print(json.dumps({
               "env": env_name, "engine": name, "batch": batch,
@@ -88,6 +108,74 @@ def main(argv=None):
           }), flush=True)
       finally:
         venv.close()
+
+
+def bench_sync(args):
+  """One JSON line per (preset, what): seconds of the exports and syncs."""
+  import shutil
+  import threading
+
+  from rspo_jax import build, models, sharding, train_step as ts
+  from rspo_jax import weight_sync
+  from rspo_jax.learner import Learner
+  from rspo_jax.rollout import http_server
+  from rspo_jax.rollout.jax_engine import JaxEngine
+  from rspo_jax.rollout.sglang_client import SGLangClient
+
+  disk = args.export_dir or tempfile.mkdtemp(prefix="bench_sync_")
+  shm = tempfile.mkdtemp(prefix="bench_sync_", dir="/dev/shm") \
+      if os.path.isdir("/dev/shm") else None
+  for preset in args.presets.split(","):
+    mcfg = models.get_model_config(preset)
+    module = models.create_model(mcfg, seed=0)
+    base = {"preset": preset, "params": mcfg.num_params(),
+            "dtype": models.export_dtype(mcfg)}
+
+    def best(fn):
+      times = []
+      for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+      return round(min(times), 3)
+
+    for where, root in (("disk", disk), ("shm", shm)):
+      if root is None:
+        continue
+      old = best(lambda: models.save_hf_model(module, mcfg,
+                                              os.path.join(root, "old")))
+      new = best(lambda: weight_sync.export_hf(module, mcfg,
+                                               os.path.join(root, "new")))
+      print(json.dumps({**base, "what": f"export_{where}",
+                        "save_hf_model_s": old, "export_hf_s": new}),
+            flush=True)
+    engine = JaxEngine(models.create_model(mcfg, seed=1), mcfg, pad_id=0,
+                       eos_ids=(0,))
+    srv = http_server.make_server(engine, port=0)
+    threading.Thread(target=srv.serve_forever, args=(0.05,),
+                     daemon=True).start()
+    client = SGLangClient(f"http://127.0.0.1:{srv.server_address[1]}")
+    learner = Learner(module, ts.make_optimizer(1e-3), ts.make_sft_loss(),
+                      mesh=sharding.make_mesh((1, -1, 1)),
+                      rules=sharding.DEFAULT_RULES)
+    sync = build.make_sync_engine(mcfg, None, shm or disk)
+    sync(client, learner, 1)
+    t0 = time.perf_counter()
+    sync(client, learner, 2)  # unchanged weights
+    skip_s = time.perf_counter() - t0
+    first, second = sync.log.history
+    print(json.dumps({
+        **base, "what": "sync", "export_s": round(first["export_s"], 3),
+        "load_s": round(first["load_s"], 3),
+        "total_s": round(first["total_s"], 3),
+        "unchanged_sync_s": round(skip_s, 4),
+        "unchanged_sync_exports": sync.log.exports - 1,
+        "unchanged_sync_skipped": bool(second.get("skipped"))}), flush=True)
+    client.close()
+    srv.shutdown()
+    srv.server_close()
+  if shm:
+    shutil.rmtree(shm, ignore_errors=True)
 
 
 if __name__ == "__main__":

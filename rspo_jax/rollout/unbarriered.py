@@ -20,8 +20,8 @@ gives row ``i`` of turn ``t`` while every episode is still running (later
 turns of ``collect`` number the rows still active). Greedy decoding gives
 the same replies either way. Phases: ``environment_s`` is the calling
 thread's wall time in environment steps, ``generation_s`` the rest of the
-wall time (requests, prompt building and parsing overlap in the threads),
-``prompts_s`` 0.
+wall time (requests, prompt building and parsing overlap in the threads;
+``gen_tokens_per_s`` divides by it), ``prompts_s`` 0.
 """
 
 from __future__ import annotations
@@ -97,12 +97,10 @@ def collect_unbarriered(
           max_prompt_tokens=cfg.max_prompt_tokens)
       params = dataclasses.replace(
           sampling, seed=seed * 1_000_003 + turn * 2 + i)
-      t = time.perf_counter()
       res = engine.generate([ids], params)[0]
       reply = tokenizer.decode(res.token_ids, skip_special_tokens=True)
       action, valid = prompt_lib.parse_action(reply, cfg.env_name)
       with lock:
-        stats["gen_time"] += time.perf_counter() - t
         stats["gen_tokens"] += len(res.token_ids)
         stats["invalid"] += int(not valid)
         stats["prompt_truncated"] += int(truncated)
@@ -132,7 +130,8 @@ def collect_unbarriered(
     for f in futures:
       f.result()  # an episode's error is the collection's
   wall = time.perf_counter() - t_start
-  stats["env_time"] = env_s
+  # Requests overlap: generation time is the wall time not spent stepping.
+  stats["env_time"], stats["gen_time"] = env_s, wall - env_s
   seconds = {"generation": wall - env_s, "environment": env_s, "prompts": 0.0}
   for name in PHASES:
     stats[f"{name}_s"] = seconds[name]
