@@ -50,9 +50,10 @@ def main(argv):
       cfg.env.num_eval_tasks = _NUM_TASKS.value
   config_base.validate(cfg)  # --config.<key>=... bypassed get_config's
   check_inputs(cfg, _WORKDIR.value)
-  from rspo_jax import build
+  from rspo_jax import build, compile_cache
 
   workdir = _WORKDIR.value or cfg.workdir
+  compile_cache.enable(compile_cache.cache_dir(cfg, workdir))
   run = build.build_run(cfg, workdir, progress=False)
   try:
     resumed = run.trainer.try_resume()

@@ -61,8 +61,10 @@ def main(argv):
     print(plan.describe(cfg, workdir))
     return
   check_inputs(cfg)  # paths and servers exist
-  from rspo_jax import build, distributed
+  from rspo_jax import build, compile_cache, distributed
 
+  # Before anything compiles: a restart reads its programs back.
+  compile_cache.enable(compile_cache.cache_dir(cfg, workdir))
   distributed.initialize()  # multi-host: SLURM / TPU / RSPO_* env; else no-op
   leader = distributed.is_leader()
   if not leader:  # one log for the job

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rspo_jax import distributed, models, sharding, train_step as ts
+from rspo_jax import compile_cache, distributed, models, sharding
+from rspo_jax import train_step as ts
 from rspo_jax.learner import Learner, to_host
 from rspo_jax.models import transformer as tfm
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
@@ -469,6 +470,7 @@ def check_multihost(cfg) -> None:
 
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   check_multihost(cfg)
+  compile_log = compile_cache.CompileLog()  # from the warm start on
   # rspo.dense_reward=package.module:function, resolved before any work.
   user_dense_fn = (registry.import_function(cfg.rspo.dense_reward,
                                             "rspo.dense_reward")
@@ -521,6 +523,10 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
       num_train_tasks=num_tasks(cfg, cfg.env.train_split),
       progress=progress,
   )
+  # A 'compile' row (seconds per jitted function) after rows that followed
+  # compilations.
+  trainer.metrics = compile_cache.CompileMetrics(trainer.metrics,
+                                                 compile_log)
   if cfg.rollout.placement == "decoupled":
     trainer.b_rollout = make_b_rollout(cfg, mcfg, policy, tok_dir)
   if cfg.rspo.dense_reward == "prm":
