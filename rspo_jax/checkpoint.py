@@ -6,10 +6,23 @@ when complete), so a run killed mid-write restores the previous one. Items:
   * ``meta``: a JSON dict -- loop index, phase, steps done, counters, the
     config fingerprint (a checkpoint of another model shape or config is
     refused with a message naming the difference).
+
+Saves are asynchronous: ``save`` returns once orbax has copied the arrays
+to host memory (its default, synchronous device-to-host transfer: a train
+step donating or updating the state afterwards cannot change what is
+written) and the files are written by a background thread. The next save,
+``latest_step``, ``restore`` and ``close`` first wait for a save in flight.
+
+Which A steps are saved (``due``): every ``train.checkpoint_every``-th, and
+always the last step of each loop (D is cleared after that save) and of the
+run; the loop saves after B's collection too. A run restarted from an
+earlier checkpoint redoes the steps after it exactly as it first did them
+(every draw is keyed by the saved counters).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Optional
 
@@ -17,6 +30,17 @@ import jax
 import orbax.checkpoint as ocp
 
 from rspo_jax import faults
+
+log = logging.getLogger(__name__)
+
+
+def due(a_steps: int, every: int, loop_done: bool) -> bool:
+  """Whether the checkpoint after A's step ``a_steps`` is written:
+
+      loop_done  or  every <= 1  or  a_steps % every == 0
+
+  (``loop_done``: the step ended a loop, or the run)."""
+  return bool(loop_done) or every <= 1 or a_steps % every == 0
 
 
 def _abstract(tree):
@@ -33,18 +57,30 @@ class RunCheckpointer:
     self._mgr = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True
+            max_to_keep=max_to_keep, create=True,
+            enable_async_checkpointing=True,
         ),
     )
+    self.saved_steps: list[int] = []  # this process's saves, in order
 
   def latest_step(self) -> Optional[int]:
+    """The newest complete checkpoint (after a save in flight ends)."""
+    self.wait()
     return self._mgr.latest_step()
 
   def save(self, step: int, states: dict[str, Any], meta: dict) -> None:
+    """Starts writing checkpoint ``step`` and returns once its arrays are
+    on the host (module docstring); a save in flight is finished first."""
+    self.wait()
     args = {k: ocp.args.StandardSave(v) for k, v in states.items()}
     args["meta"] = ocp.args.JsonSave(meta)
     self._mgr.save(step, args=ocp.args.Composite(**args), force=True)
+    self.saved_steps.append(int(step))
+    log.info("checkpoint %d: writing in the background", step)
     faults.maybe_fail("checkpoint")  # crash tests: kill mid-write
+
+  def wait(self) -> None:
+    """Blocks until a save in flight is complete on disk."""
     self._mgr.wait_until_finished()
 
   def restore(
@@ -52,6 +88,7 @@ class RunCheckpointer:
       step: Optional[int] = None,
   ) -> tuple[dict[str, Any], dict]:
     """Restores the states shaped and sharded like ``like``."""
+    self.wait()
     step = self._mgr.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
@@ -87,4 +124,6 @@ class RunCheckpointer:
     return {k: out[k] for k in like}, meta
 
   def close(self) -> None:
+    """Waits for a save in flight, then releases orbax's threads."""
+    self.wait()
     self._mgr.close()

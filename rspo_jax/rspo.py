@@ -25,9 +25,12 @@ trajectories of the previous loop. ``rspo.enabled=False`` is the plain base
 algorithm (GRPO / PPO / GiGPO) on outcome rewards; ``rspo.dense_only`` trains
 one policy on the dense reward alone (the reward-hacking ablation).
 
-Resumption: a checkpoint is written after B's collection is complete and
-after every A step; a run killed anywhere restarts from the last one (B's
-phase is redone from A when it was interrupted; B is never checkpointed).
+Resumption: a checkpoint is written after B's collection is complete, after
+every ``train.checkpoint_every``-th A step and after each loop's (and the
+run's) last A step, in the background (checkpoint.py); a run killed
+anywhere restarts from the last complete one and redoes the steps after it
+(B's phase is redone from A when it was interrupted; B is never
+checkpointed; RSPO_H's groups of A written after it are dropped).
 
 Multi-host (``jax.process_count() = P > 1``; every process runs this loop
 in lockstep, the learners' meshes span all hosts):
@@ -62,8 +65,8 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from rspo_jax import (decoupled, distributed, faults, host_batches, replay,
-                      timing, update)
+from rspo_jax import (checkpoint, decoupled, distributed, faults,
+                      host_batches, replay, timing, update)
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
@@ -210,6 +213,8 @@ class RSPOTrainer:
       self.critic.state = states["critic"]
     meta.pop("fingerprint", None)
     self.state = LoopState(**meta)
+    if self.cfg.rspo.data_source == "history":
+      self._drop_history_after_checkpoint()
     stored = self.b_dir if self.decoupled else self.buffer.directory
     if (self.state.phase == "A" and self.uses_b
         and not replay.is_complete(stored)):
@@ -217,6 +222,20 @@ class RSPOTrainer:
       self.state.phase = "B"
     log.info("resumed from checkpoint: %s", self.state)
     return True
+
+  def _drop_history_after_checkpoint(self) -> None:
+    """RSPO_H: shards of A's groups that the next loop's D received after
+    the restored checkpoint (its steps are redone) are deleted. A shard
+    holds the groups of one collection, whose trajectory ids start at
+    ``collections * 100_000`` (collect_groups)."""
+    first_unsaved = (self.state.collections + 1) * 100_000
+    if self.leader:
+      for path in replay.list_shards(self.history.directory):
+        ids = [r.traj_id for r in replay.read_shard(path)]
+        if ids and min(ids) >= first_unsaved:
+          os.remove(path)
+    distributed.barrier("rspo_history_trimmed")
+    self.history = self._buffer(self.history.directory)
 
   def _rng(self, *keys) -> np.random.Generator:
     return np.random.default_rng([self.cfg.seed, *keys])
@@ -540,7 +559,10 @@ class RSPOTrainer:
       if loop_done:
         self.end_loop()
       with self.timer.phase("checkpoint"):
-        self.save()
+        if checkpoint.due(s.a_steps, c.train.checkpoint_every, loop_done):
+          self.save()
+        if loop_done and self.uses_b:
+          self.ckpt.wait()  # the loop's checkpoint on disk before D goes
       self.metrics.write(s.a_steps, "time", self._timing(t0, steps0))
       if loop_done and self.uses_b and self.leader:
         self.buffer.clear()  # after the save: a crash here redoes nothing

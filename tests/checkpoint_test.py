@@ -1,0 +1,192 @@
+"""Checkpoints (issue 16 item 5): ``train.checkpoint_every`` honoured,
+asynchronous saves, exact resumption from a checkpoint several steps back.
+
+Which A steps are saved: ``checkpoint.due`` = every N-th step and each
+loop's (and the run's) last; the loop also saves after B's collection.
+Orbax steps: 2 * a_steps + (phase == 'A').
+
+The slow test runs launch/train.py on the micro toy config of
+rspo_e2e_test with k = 3 and checkpoint_every = 2 (RSPO, and RSPO_H): a
+run saves after B's phase (1), after A step 2 (5) and after A step 3, the
+loop's end (6) -- not after A step 1. A copy killed in A step 2 (before
+that step's save) restarts from checkpoint 1, redoes steps 1 and 2 and
+ends like the uninterrupted run, to float32 rounding. The restart reads
+its compiled programs back from <workdir>/compile_cache.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rspo_e2e_test import MICRO
+from rspo_jax import checkpoint, faults
+from rspo_jax.checkpoint import RunCheckpointer
+from rspo_jax.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------- schedule
+
+
+def test_due_saves_every_nth_step_and_each_loops_last():
+  # k = 3, 7 steps: loops end after steps 3, 6 and 7 (the run's end).
+  loop_done = lambda a: a % 3 == 0 or a == 7
+  saved = lambda every: [a for a in range(1, 8)
+                         if checkpoint.due(a, every, loop_done(a))]
+  assert saved(2) == [2, 3, 4, 6, 7]
+  assert saved(5) == [3, 5, 6, 7]
+  assert saved(1) == saved(0) == [1, 2, 3, 4, 5, 6, 7]
+
+
+# --------------------------------------------------------- async saves
+
+
+def test_save_returns_with_the_arrays_copied_and_close_waits(tmp_path):
+  """After ``save`` returns, the caller may donate or delete its arrays
+  (a train step does): the checkpoint still holds the values at the call.
+  ``close`` waits for the write; a new checkpointer restores it."""
+  d = str(tmp_path / "checkpoints")
+  ck = RunCheckpointer(d)
+  w = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones((4,))}
+  want = jax.tree.map(np.asarray, w)
+  ck.save(1, {"policy": w}, {"a_steps": 0})
+  jax.tree.map(lambda x: x.delete(), w)  # as a donating step would
+  ck.save(3, {"policy": {"w": jnp.zeros((2, 3)), "b": jnp.zeros((4,))}},
+          {"a_steps": 1})  # waits for step 1's write first
+  ck.close()
+  assert ck.saved_steps == [1, 3]
+  ck = RunCheckpointer(d)
+  assert ck.latest_step() == 3
+  like = {"policy": {"w": jnp.zeros((2, 3)), "b": jnp.zeros((4,))}}
+  states, meta = ck.restore(like, step=1)
+  assert meta == {"a_steps": 0}
+  for k in want:
+    np.testing.assert_array_equal(states["policy"][k], want[k])
+  ck.close()
+
+
+# ------------------------------------------------ kill and resume, N = 2
+
+def config(steps: int, extra: str = "") -> str:
+  """The micro toy run with k = 3, ``steps`` A steps, checkpoint_every=2."""
+  out = MICRO.replace("rspo.k=1,", "rspo.k=3,").replace(
+      ",steps=2,", f",steps={steps},") + ",train.checkpoint_every=2" + extra
+  assert "rspo.k=3," in out and f",steps={steps}," in out
+  return out
+
+
+# case -> (config, orbax steps saved by an uninterrupted run). RSPO: after
+# B's phase (1), A step 2 (5), A step 3 = the loop's end (6). RSPO_H (no B,
+# A's groups of a loop are the next loop's D), 4 steps: 1, 5, 6, after the
+# (empty) B phase of loop 1 (7), A step 4 = the run's end (8).
+CASES = {
+    "rspo": (config(3), [1, 5, 6]),
+    "rspo_h": (config(4, ",rspo.data_source=history"), [1, 5, 6, 7, 8]),
+}
+WARM_FILES = ("tokenizer", "warm_start", "eval_start.json")
+
+
+def train(workdir: str, cfg: str,
+          fault: str = "") -> subprocess.CompletedProcess:
+  env = dict(os.environ, XLA_FLAGS="",
+             # Cache every program (JAX keeps those of >= 1 s by default;
+             # the micro model's compile faster).
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env.pop(faults.ENV_VAR, None)
+  if fault:
+    env[faults.ENV_VAR] = fault
+  cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
+         f"--config={ROOT}/configs/toy_grpo.py:{cfg}",
+         f"--workdir={workdir}", "--no_progress"]
+  return subprocess.run(cmd, capture_output=True, text=True, env=env,
+                        timeout=900)
+
+
+def saves_logged(stderr: str) -> list[int]:
+  return [int(n) for n in re.findall(
+      r"checkpoint (\d+): writing in the background", stderr)]
+
+
+def a_rows(workdir: str) -> dict:
+  """The last 'A' metrics row of each step (a redone step writes again)."""
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"), "A")
+  return {r["step"]: r for r in rows}
+
+
+def final_params(workdir: str) -> list:
+  ck = RunCheckpointer(os.path.join(workdir, "checkpoints"))
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  out = ck._mgr.restore(ck.latest_step(), args=ocp.args.Composite(  # pylint: disable=protected-access
+      policy=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  ck.close()
+  leaves = jax.tree_util.tree_leaves_with_path(out["policy"]["params"])
+  return out["meta"], [np.asarray(x) for _, x in sorted(
+      leaves, key=lambda kv: jax.tree_util.keystr(kv[0]))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
+    case, tmp_path):
+  """Killed in A step 2 (before its save): the restart resumes from the
+  checkpoint after B's phase and redoes steps 1-2 (RSPO_H: step 1's groups,
+  already in the next loop's D, are dropped and written again)."""
+  cfg, saved = CASES[case]
+  steps = 4 if case == "rspo_h" else 3
+  base = str(tmp_path / "baseline")
+  out = train(base, cfg)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert saves_logged(out.stderr) == saved
+  assert os.listdir(os.path.join(base, "compile_cache"))
+  want_rows = a_rows(base)
+  assert sorted(want_rows) == list(range(1, steps + 1))
+  assert want_rows[steps]["rows_off"] > 0  # replayed in the last loop
+  want_meta, want_params = final_params(base)
+
+  # Same warm start and start-of-RL evaluation; killed in A step 2.
+  run = str(tmp_path / "run")
+  os.makedirs(run)
+  for name in WARM_FILES:
+    src = os.path.join(base, name)
+    (shutil.copytree if os.path.isdir(src) else shutil.copy)(
+        src, os.path.join(run, name))
+  killed = train(run, cfg, "a_phase:2")
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  assert saves_logged(killed.stderr) == [1]  # step 1 was not saved
+  restarted = train(run, cfg)
+  assert restarted.returncode == 0, restarted.stderr[-3000:]
+  assert "resumed from checkpoint: LoopState(loop=0, phase='A', a_steps=0" \
+      in restarted.stderr
+  assert saves_logged(restarted.stderr) == saved[1:]
+  assert glob.glob(os.path.join(run, "checkpoints", "*tmp*")) == []
+  # The restart read programs back from the persistent cache.
+  compile_rows = read_metrics(os.path.join(run, "metrics.jsonl"), "compile")
+  assert sum(r["cache_hits"] for r in compile_rows) > 0
+
+  got_meta, got_params = final_params(run)
+  assert got_meta["a_steps"] == want_meta["a_steps"] == steps
+  assert got_meta["loop"] == want_meta["loop"]
+  got_rows = a_rows(run)
+  assert sorted(got_rows) == sorted(want_rows)
+  for step, want in want_rows.items():
+    row = got_rows[step]
+    for key in ("rows_on", "rows_off", "rollout_gen_tokens",
+                "rollout_env_steps", "updates", "skipped"):
+      assert row[key] == want[key], (step, key)
+    assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-8)
+  for a, b in zip(got_params, want_params):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  final = lambda d: json.load(open(os.path.join(d, "eval_final.json")))
+  assert final(run)["success_rate"] == final(base)["success_rate"]
