@@ -4,6 +4,7 @@ r"""Runs the paper's results grid, resumably, and writes its tables and curves.
   python bench/reproduce.py --grid main --envs webshop --algos grpo --seeds 0
   python bench/reproduce.py --grid ablations --parallel 2  # WebShop GRPO
   python bench/reproduce.py --grid main --report_only      # tables only
+  python bench/reproduce.py --grid study --seeds 0          # CPU study
   python bench/reproduce.py --envs toy --algos grpo --seeds 0 \
       --extra 'steps=2,train.batch_tasks=2'                # smoke test
 
@@ -13,6 +14,18 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
   ablations  WebShop GRPO: replay sampling {reward, variance, random}, data
              source {RSPO_H, RSPO_O, RSPO}, the dense-only run, and the
              baseline (see bench/ablations.py).
+  study      the CPU study (docs/results.md, "CPU study recipe"): one env
+             (default WebShop) at STUDY_OVERRIDES (the paper's batch shape
+             16 x 8, 30 A steps = 10 RSPO loops, 256 held-out goals),
+             GRPO {baseline, rspo, sample_variance, sample_random} and
+             GiGPO {baseline, rspo}, each naming its dense reward
+             (rspo.dense_reward=oracle), seeds {0, 200, 400}; root
+             runs/study. Besides the greedy evaluations every finished run
+             and the shared warm start are evaluated at T = 0.4 with 3
+             sampling seeds (launch/eval.py into eval_final_t04.json /
+             eval_start_t04.json, resumable); report
+             ``study_<env>.{json,md}`` with 95 % bootstrap intervals
+             (rspo_jax/intervals.py).
 ``toy`` is accepted by ``--envs`` (configs/toy_grpo.py, ``algo.name=<algo>``)
 for tests and smoke runs; it is in no default grid.
 
@@ -250,23 +263,28 @@ def shared_warm_start(env: str, root: str, extra: str = "",
 
 def shared_start_eval(env: str, root: str, extra: str = "",
                       python: str = sys.executable,
-                      env_vars: Optional[dict] = None) -> dict:
+                      env_vars: Optional[dict] = None, out_name: str = START,
+                      eval_flags: Sequence[str] = ()) -> dict:
   """Evaluates the shared warm start once (launch/eval.py, the runs' eval
   split, tasks, decoding and seed 0) into ``<root>/warm_start_<env>/
   eval_start.json``. Every run of the env copies it as its own
   ``eval_start.json`` (launch/train.py then skips its start evaluation):
-  the same policy on the same tasks gives the same numbers."""
+  the same policy on the same tasks gives the same numbers. ``out_name``
+  and ``eval_flags`` (e.g. the study's T = 0.4 evaluation) make another
+  evaluation of it."""
   workdir = warm_start_workdir(root, env)
-  path = os.path.join(workdir, START)
-  out = {"run": f"start_eval_{env}", "workdir": workdir, "eval": path}
+  path = os.path.join(workdir, out_name)
+  tag = "" if out_name == START else (
+      out_name.replace(START.split(".")[0], "").split(".")[0])
+  out = {"run": f"start_eval{tag}_{env}", "workdir": workdir, "eval": path}
   if os.path.exists(path):
     return {**out, "status": "skipped"}
   policy = os.path.join(workdir, "warm_start")
   config = f"{sft_config_arg(env, extra)},model.checkpoint_dir={policy}"
   tmp = path + ".tmp"
   rc, wall_s = _run_logged(
-      [python, EVAL_PY, f"--config={config}", f"--out={tmp}"], workdir,
-      env_vars)
+      [python, EVAL_PY, f"--config={config}", f"--out={tmp}",
+       *eval_flags], workdir, env_vars)
   out.update(wall_s=wall_s, rc=rc)
   if rc != 0 or not os.path.exists(tmp):
     return {**out, "status": "failed",
@@ -523,6 +541,268 @@ def env_markdown(report: dict) -> str:
 
 
 # --------------------------------------------------------------------------
+# The CPU study: intervals over goals, sampling seeds and training seeds
+# --------------------------------------------------------------------------
+
+STUDY_ROOT = os.path.join(ROOT, "runs", "study")
+STUDY_ENVS = ("webshop",)
+STUDY_ALGOS = ("grpo", "gigpo")
+# Applied to the shared warm start, its evaluations and every run (before
+# --extra, which may override them). WebShop: the paper's batch shape (16
+# tasks x 8 samples), 30 A steps (rspo.k = 3: 10 RSPO loops) and 256
+# held-out goals: the CPU world (30 products) at 20 goals a product keeps
+# 513 solvable goals, 256 test and 257 train (12 a product: 339, 83 train).
+STUDY_OVERRIDES = {
+    "webshop": ("train.batch_tasks=16,train.group_size=8,steps=30,"
+                "env.kwargs.goals_per_product=20,env.kwargs.num_test_goals="
+                "256,env.num_eval_tasks=256"),
+    "toy": "",  # tests and smoke runs give their own --extra
+}
+DENSE = "rspo.dense_reward=oracle"  # named in every cell, used by RSPO's B
+STUDY_VARIANTS = {
+    "baseline": f"rspo=0,{DENSE}",
+    "rspo": f"rspo=1,rspo.sampling=reward,{DENSE}",
+    "sample_variance": f"rspo=1,rspo.sampling=variance,{DENSE}",
+    "sample_random": f"rspo=1,rspo.sampling=random,{DENSE}",
+}
+STUDY_CELLS = {"grpo": tuple(STUDY_VARIANTS), "gigpo": ("baseline", "rspo")}
+# The paper's evaluation decoding, beside greedy: T = 0.4, 3 seeds.
+SAMPLED_FLAGS = ("--seeds=0,1,2", "--temperature=0.4")
+FINAL_T04, START_T04 = "eval_final_t04.json", "eval_start_t04.json"
+DECODINGS = (("greedy", START, FINAL), ("T = 0.4, 3 seeds", START_T04,
+                                        FINAL_T04))
+
+
+def study_grid(envs=None, algos=None, seeds=None, variants=None):
+  """GRPO x 4 variants and GiGPO x {baseline, rspo}, x seeds, filtered."""
+  specs = make_grid(STUDY_VARIANTS, envs, algos, seeds, variants,
+                    default_envs=STUDY_ENVS, default_algos=STUDY_ALGOS)
+  return [s for s in specs if s.variant in STUDY_CELLS.get(s.algo, ())]
+
+
+def study_extra(env: str, extra: str = "") -> str:
+  return ",".join(p for p in (STUDY_OVERRIDES.get(env, ""),
+                              extra.strip(" ,")) if p)
+
+
+def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
+                       python: str = sys.executable,
+                       env_vars: Optional[dict] = None) -> dict:
+  """A finished run's final policy at T = 0.4, 3 seeds (launch/eval.py on
+  its workdir's latest checkpoint) into ``eval_final_t04.json``; skipped
+  when that exists, or when the run is unfinished."""
+  workdir = os.path.join(root, spec.name)
+  path = os.path.join(workdir, FINAL_T04)
+  out = {"run": f"{spec.name}_t04", "workdir": workdir, "eval": path}
+  if os.path.exists(path):
+    return {**out, "status": "skipped"}
+  if not is_finished(workdir):
+    return {**out, "status": "failed", "error": "the run is unfinished"}
+  tmp = path + ".tmp"
+  rc, wall_s = _run_logged(
+      [python, EVAL_PY, f"--config={spec.config_arg(extra)}",
+       f"--workdir={workdir}", f"--out={tmp}", *SAMPLED_FLAGS], workdir,
+      env_vars)
+  out.update(wall_s=wall_s, rc=rc)
+  if rc != 0 or not os.path.exists(tmp):
+    return {**out, "status": "failed",
+            "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
+  os.replace(tmp, path)
+  return {**out, "status": "done"}
+
+
+def _outcomes(paths: Sequence[str]):
+  """``x[r, g, s]`` (won) of evaluation files on the same tasks and seeds;
+  None when one is missing or has no ``per_task``."""
+  from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
+
+  mats = []
+  for p in paths:
+    if not os.path.isfile(p):
+      return None
+    per_task = json.load(open(p)).get("per_task")
+    if not per_task:
+      return None
+    mats.append(intervals.outcome_matrix(per_task))
+  if not mats or len({m.shape for m in mats}) != 1:
+    return None
+  return np.stack(mats)
+
+
+def _study_label(algo: str, variant: str) -> str:
+  name = ALGO_LABELS[algo]
+  return {"baseline": name, "rspo": f"RSPO+{name}",
+          "sample_variance": f"RSPO+{name} (variance sampling)",
+          "sample_random": f"RSPO+{name} (random sampling)"}[variant]
+
+
+def _paper_success(env: str, algo: str, variant: str) -> Optional[float]:
+  if variant in MAIN_VARIANTS:
+    return PAPER_SUCCESS.get((env, algo, variant))
+  import ablations  # noqa: PLC0415 -- bench/ablations.py imports this file
+
+  if (env, algo) != ablations.PAPER_CELL:
+    return None
+  return {v: paper for _, _, v, paper in ablations.ROWS}.get(variant)
+
+
+def study_report(root: str, env: str, out_dir: str,
+                 algos: Sequence[str] = STUDY_ALGOS, seed: int = 0,
+                 echo: bool = True) -> dict:
+  """Writes study_<env>.{json,md} and its curves; returns the JSON object.
+
+  Per cell and decoding (rspo_jax/intervals.py, 95 % bootstrap): the final
+  success rate over training seeds x goals x sampling seeds, the paired
+  final - start against the shared warm start's evaluation on the same
+  goals, and the cell - baseline difference (same algorithm) resampling
+  training seeds within each cell and goals shared. Percent / points.
+  """
+  from rspo_jax import intervals  # noqa: PLC0415
+
+  ws = warm_start_workdir(root, env)
+  starts = {name: _outcomes([os.path.join(ws, s)]) for name, s, _ in
+            DECODINGS}
+  start_ci = {name: (None if x is None else _pct(
+      intervals.success_interval(x[0], seed=seed))) for name, x in
+      starts.items()}
+  cells, curves = [], {}
+  for algo in algos:
+    groups, finals = {}, {}
+    for variant in STUDY_CELLS.get(algo, ()):
+      runs = finished_runs(root, env, algo, variant)
+      label = _study_label(algo, variant)
+      groups[label] = [w for _, w in runs]
+      cell = {"algo": algo, "variant": variant, "label": label,
+              "n": len(runs), "seeds": [s for s, _ in runs],
+              "paper_success": _paper_success(env, algo, variant),
+              "paper_vs_baseline": None, "configs": sorted({
+                  json.load(open(os.path.join(w, RUN_JSON))).get("config")
+                  for _, w in runs
+                  if os.path.isfile(os.path.join(w, RUN_JSON))} - {None})}
+      base_paper = _paper_success(env, algo, "baseline")
+      if (variant != "baseline" and cell["paper_success"] is not None
+          and base_paper is not None):
+        cell["paper_vs_baseline"] = round(cell["paper_success"] - base_paper,
+                                          1)
+      for name, _, final_name in DECODINGS:
+        x = _outcomes([os.path.join(w, final_name) for _, w in runs])
+        finals[variant, name] = x
+        start, base = starts[name], finals.get(("baseline", name))
+        if start is not None and x is not None and (
+            x.shape[1] != start.shape[1]):
+          start = None  # another goal set: no pairing
+        cell[name] = {
+            "success": None if x is None else _pct(
+                intervals.success_interval(x, seed=seed)),
+            "final_minus_start": None if x is None or start is None else (
+                _pct(intervals.paired_difference(x, start[0], seed=seed))),
+            "minus_baseline": None if (
+                variant == "baseline" or x is None or base is None
+                or base.shape[1] != x.shape[1]) else _pct(
+                    intervals.method_difference(x, base, seed=seed)),
+        }
+      cells.append(cell)
+    for xa in X_AXES:
+      name = f"study_{env}_{algo}_{xa}.png"
+      if plot_atomic(groups, CURVE_METRIC, xa, os.path.join(out_dir, name),
+                     echo=echo, phase="A", band="std",
+                     title=f"{ENV_LABELS[env]} {ALGO_LABELS[algo]} study: "
+                     "rollout success"):
+        curves.setdefault(algo, []).append(name)
+  report = {
+      "env": env, "root": os.path.abspath(root),
+      "generated": datetime.datetime.now().isoformat(timespec="seconds"),
+      "units": "percent (success) and points (differences); 95 % "
+               "bootstrap intervals (rspo_jax/intervals.py)",
+      "overrides": STUDY_OVERRIDES.get(env, ""), "dense_reward": DENSE,
+      "start": start_ci, "cells": cells, "curves": curves,
+  }
+  write_json(os.path.join(out_dir, f"study_{env}.json"), report)
+  write_text(os.path.join(out_dir, f"study_{env}.md"), study_markdown(report))
+  return report
+
+
+def _pct(ci: dict) -> dict:
+  return {**ci, **{k: 100 * ci[k] for k in ("mean", "lo", "hi")}}
+
+
+def fmt_ci(ci: Optional[dict], signed: bool = False) -> str:
+  if ci is None:
+    return "—"
+  sign = "+" if signed else ""
+  return (f"{ci['mean']:{sign}.1f} [{ci['lo']:{sign}.1f},"
+          f" {ci['hi']:{sign}.1f}]")
+
+
+def study_markdown(report: dict) -> str:
+  env = report["env"]
+  lines = [
+      f"# {ENV_LABELS[env]}: CPU study",
+      "",
+      f"Written by `python bench/reproduce.py --grid study --envs {env}`"
+      f" ({report['generated']}) from the finished runs under"
+      f" `{report['root']}`. Overrides: `{report['overrides'] or '(none)'}`;"
+      f" every cell names its dense reward: `{report['dense_reward']}` (the"
+      " environment's privileged progress signal).",
+      "",
+      "Success rate (%) of agent A on the held-out goals after training;"
+      " *final − start*: points gained over the shared warm start on the"
+      " same goals (paired); *− baseline*: points over the same"
+      " algorithm's baseline cell. Each as mean [95 % bootstrap interval]:"
+      " goals resampled (shared by both sides of a difference), sampling"
+      " seeds within a goal, training seeds within a cell"
+      " (rspo_jax/intervals.py). *Paper*: the paper's success rate"
+      " (Qwen2.5-1.5B) and its difference to the paper's baseline.",
+  ]
+  for name, _, _ in DECODINGS:
+    lines += ["", f"## {name}", "",
+              f"Start (shared warm start): {fmt_ci(report['start'][name])}",
+              "",
+              "| Method | n | Success | Final − start | − baseline | Paper"
+              " | Paper − baseline |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for c in report["cells"]:
+      d = c[name]
+      paper = "—" if c["paper_success"] is None else (
+          f"{c['paper_success']:.1f}")
+      pdiff = "—" if c["paper_vs_baseline"] is None else (
+          f"{c['paper_vs_baseline']:+.1f}")
+      lines.append(
+          f"| {c['label']} | {c['n']} | {fmt_ci(d['success'])}"
+          f" | {fmt_ci(d['final_minus_start'], True)}"
+          f" | {fmt_ci(d['minus_baseline'], True)} | {paper} | {pdiff} |")
+  if report["curves"]:
+    lines += ["", "## Learning curves", "",
+              "Rollout success rate of A's training batches (phase 'A'),"
+              " mean ± std over training seeds, by A's step and by"
+              " environment steps (all roles, B's included).", ""]
+    for algo, names in report["curves"].items():
+      for n in names:
+        lines.append(f"![{ALGO_LABELS[algo]} study]({n})")
+  return "\n".join(lines) + "\n"
+
+
+def _run_study(specs: list[RunSpec], args, failed: list) -> None:
+  """The study's extra evaluations: the warm start and every finished run
+  at T = 0.4, 3 seeds (each skipped once written)."""
+  envs = dict.fromkeys(s.env for s in specs)
+  for env in envs:
+    if os.path.isdir(os.path.join(warm_start_workdir(args.root, env),
+                                  "warm_start")):
+      r = shared_start_eval(env, args.root, args.extra, args.python,
+                            out_name=START_T04, eval_flags=SAMPLED_FLAGS)
+      print(json.dumps(r), flush=True)
+      if r["status"] == "failed":
+        failed.append(r)
+  for s in specs:
+    if is_finished(os.path.join(args.root, s.name)):
+      r = sampled_final_eval(s, args.root, args.extra, args.python)
+      print(json.dumps(r), flush=True)
+      if r["status"] == "failed":
+        failed.append(r)
+
+
+# --------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------
 
@@ -536,7 +816,8 @@ def _csv(s: Optional[str]) -> Optional[list[str]]:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(
       description="Run the results grid (resumable) and write its reports.")
-  p.add_argument("--grid", default="main", choices=("main", "ablations"))
+  p.add_argument("--grid", default="main",
+                 choices=("main", "ablations", "study"))
   p.add_argument("--envs", default=None, help="e.g. webshop,alfworld (toy)")
   p.add_argument("--algos", default=None, help="e.g. grpo,ppo,gigpo")
   p.add_argument("--variants", default=None,
@@ -544,8 +825,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--seeds", default=None, help="e.g. 0,200,400")
   p.add_argument("--extra", default="",
                  help="'key=val,...' appended to every run's overrides")
-  p.add_argument("--root", default=os.path.join(ROOT, "runs", "reproduce"),
-                 help="runs directory (one workdir per run)")
+  p.add_argument("--root", default=None,
+                 help="runs directory (one workdir per run; default"
+                 " runs/reproduce, --grid study: runs/study)")
   p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"),
                  help="report directory")
   p.add_argument("--mesh", default="",
@@ -596,6 +878,9 @@ def _start_from_shared_warm_starts(specs, args):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
+  if args.root is None:
+    args.root = STUDY_ROOT if args.grid == "study" else os.path.join(
+        ROOT, "runs", "reproduce")
   args.root = os.path.abspath(args.root)
   if args.parallel < 1:
     print(f"reproduce.py: error: --parallel must be >= 1, got"
@@ -611,6 +896,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.grid == "main":
       specs = main_grid(_csv(args.envs), _csv(args.algos), seeds,
                         _csv(args.variants))
+    elif args.grid == "study":
+      specs = study_grid(_csv(args.envs), _csv(args.algos), seeds,
+                         _csv(args.variants))
+      envs = list(dict.fromkeys(s.env for s in specs))
+      if len(envs) != 1:
+        raise ValueError(f"--grid study runs one env at a time, got {envs}")
+      args.extra = study_extra(envs[0], args.extra)
     else:
       import ablations  # noqa: PLC0415 -- bench/ablations.py uses this file
 
@@ -633,7 +925,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results = run_grid(specs, args.root, args.extra, args.parallel,
                        args.python, mesh=args.mesh)
     failed += [r for r in results if r["status"] == "failed"]
-  if args.grid == "main":
+    if args.grid == "study":
+      _run_study(specs, args, failed)
+  if args.grid == "study":
+    for env in dict.fromkeys(e for e, _ in pairs):
+      study_report(args.root, env, args.out)
+      print(json.dumps({"report": os.path.join(args.out,
+                                               f"study_{env}.md")}))
+  elif args.grid == "main":
     for env in dict.fromkeys(e for e, _ in pairs):
       env_report(args.root, env, args.out)
       print(json.dumps({"report": os.path.join(args.out, f"{env}.md")}))

@@ -322,3 +322,126 @@ def test_two_run_grid_end_to_end_then_skips(tmp_path, capsys, monkeypatch):
       "skipped", "skipped"]  # the warm start is not even looked at
   assert logs == {d: (root / d / "train.log").stat().st_size
                   for d in os.listdir(root)}
+
+
+# --------------------------------------------------------------------------
+# The CPU study (--grid study)
+# --------------------------------------------------------------------------
+
+
+def write_eval(path, wins, seeds=(0,)):
+  """An evaluation file with per_task: ``wins[g]`` the same at every seed."""
+  per_task = [{"seed": s, "task_id": g, "won": int(w), "score": float(w)}
+              for s in seeds for g, w in enumerate(wins)]
+  os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump({"success_rate": sum(wins) / len(wins), "score": 0.0,
+               "per_task": per_task}, f)
+
+
+def test_study_grid_cells_and_overrides():
+  specs = rp.study_grid()
+  assert len(specs) == (4 + 2) * 3 and {s.env for s in specs} == {"webshop"}
+  assert {(s.algo, s.variant) for s in specs} == {
+      ("grpo", "baseline"), ("grpo", "rspo"), ("grpo", "sample_variance"),
+      ("grpo", "sample_random"), ("gigpo", "baseline"), ("gigpo", "rspo")}
+  assert all("rspo.dense_reward=oracle" in s.overrides for s in specs)
+  by = {(s.algo, s.variant): s for s in rp.study_grid(seeds=[0])}
+  path, arg = by["grpo", "sample_random"].config_arg(
+      rp.study_extra("webshop")).split(":", 1)
+  c = webshop_grpo.get_config(arg)
+  assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
+  assert c.train.total_steps == 30 and c.env.num_eval_tasks == 256
+  assert c.env.kwargs.num_test_goals == 256
+  assert c.rspo.enabled and c.rspo.sampling == "random"
+  assert c.rspo.dense_reward == "oracle"
+  assert rp.study_extra("webshop", "steps=2").endswith(",steps=2")
+  assert rp.main(["--grid", "study", "--envs", "webshop,toy",
+                  "--dry_run"]) == 2
+
+
+def test_study_report_intervals_by_hand(tmp_path):
+  root, out = tmp_path / "runs", str(tmp_path / "results")
+  ws = root / "warm_start_webshop"
+  write_eval(ws / "eval_start.json", [0, 0, 0, 0])
+  write_eval(ws / "eval_start_t04.json", [0, 0, 0, 0], seeds=(0, 1, 2))
+  # GRPO wins goal 0 (seeds 0 and 200); RSPO+GRPO wins goals 0 and 1.
+  for name, wins in (("webshop_grpo_baseline_s0", [1, 0, 0, 0]),
+                     ("webshop_grpo_baseline_s200", [1, 0, 0, 0]),
+                     ("webshop_grpo_rspo_s0", [1, 1, 0, 0])):
+    wd = fake_run(root, name, success=sum(wins) / 4, config="cfg")
+    write_eval(os.path.join(wd, "eval_final.json"), wins)
+  # T = 0.4 only for the baseline: the RSPO cell's intervals there are "—".
+  for name in ("webshop_grpo_baseline_s0", "webshop_grpo_baseline_s200"):
+    write_eval(root / name / "eval_final_t04.json", [1, 1, 1, 1],
+               seeds=(0, 1, 2))
+  report = rp.study_report(str(root), "webshop", out, echo=False)
+  cells = {(c["algo"], c["variant"]): c for c in report["cells"]}
+  base, rspo = cells["grpo", "baseline"], cells["grpo", "rspo"]
+  assert base["n"] == 2 and rspo["n"] == 1
+  assert base["paper_success"] == 65.1 and rspo["paper_vs_baseline"] == 5.5
+  assert cells["grpo", "sample_random"]["paper_success"] == 12.8
+  assert cells["grpo", "sample_random"]["paper_vs_baseline"] == -52.3
+  g = base["greedy"]
+  # 1 of 4 goals won by both runs: 25 %; a resample of 4 goals holds the
+  # won goal 0..4 times (the 2.5 / 97.5 % quantiles: 0 and 3 of 4).
+  assert g["success"]["mean"] == pytest.approx(25.0)
+  assert (g["success"]["lo"], g["success"]["hi"]) == (0.0, 75.0)
+  assert g["final_minus_start"]["mean"] == pytest.approx(25.0)
+  assert g["minus_baseline"] is None
+  r = rspo["greedy"]
+  assert r["minus_baseline"]["mean"] == pytest.approx(25.0)
+  assert r["minus_baseline"]["lo"] <= 25.0 <= r["minus_baseline"]["hi"]
+  # Every goal won at T = 0.4 from none at the start: exactly +100.
+  t = base["T = 0.4, 3 seeds"]["final_minus_start"]
+  assert (t["mean"], t["lo"], t["hi"]) == (100.0, 100.0, 100.0)
+  assert rspo["T = 0.4, 3 seeds"]["success"] is None
+  assert report["start"]["greedy"]["mean"] == 0.0
+  md = open(os.path.join(out, "study_webshop.md")).read()
+  assert "| GRPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — | 65.1 | — |" in md
+  assert "| RSPO+GRPO | 1 | 50.0 [" in md and "| 70.6 | +5.5 |" in md
+  assert "rspo.dense_reward=oracle" in md
+  assert "| GRPO | 2 | 100.0 [100.0, 100.0] | +100.0 [+100.0, +100.0]" in md
+  assert is_png(os.path.join(out, "study_webshop_grpo_step.png"))
+  assert no_tmp_files(out)
+
+
+@pytest.mark.slow
+def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
+  """One study cell (toy, micro model): warm start, its greedy and T = 0.4
+  evaluations, the run, its T = 0.4 evaluation, the report; then a rerun
+  starts nothing."""
+  from rspo_e2e_test import MICRO  # noqa: PLC0415
+
+  monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device in the runs
+  root, out = tmp_path / "runs", tmp_path / "results"
+  args = ["--grid", "study", "--envs", "toy", "--algos", "grpo",
+          "--variants", "rspo", "--seeds", "0", "--extra", MICRO,
+          "--root", str(root), "--out", str(out)]
+  assert rp.main(args) == 0
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  assert [(l["run"], l["status"]) for l in lines if "run" in l] == [
+      ("warm_start_toy", "done"), ("start_eval_toy", "done"),
+      ("toy_grpo_rspo_s0", "done"), ("start_eval_t04_toy", "done"),
+      ("toy_grpo_rspo_s0_t04", "done")]
+  wd = root / "toy_grpo_rspo_s0"
+  final = json.loads((wd / "eval_final.json").read_text())
+  t04 = json.loads((wd / "eval_final_t04.json").read_text())
+  # per_task: one entry per (seed, task), their mean the success rate.
+  assert len(final["per_task"]) == 4 and len(t04["per_task"]) == 4 * 3
+  assert [e["seed"] for e in t04["per_task"]] == [0] * 4 + [1] * 4 + [2] * 4
+  assert [e["task_id"] for e in t04["per_task"]] == [0, 1, 2, 3] * 3
+  assert sum(e["won"] for e in t04["per_task"]) / 12 == pytest.approx(
+      t04["success_rate"])
+  assert t04["seeds"] == [0, 1, 2]
+  report = json.loads((out / "study_toy.json").read_text())
+  (cell,) = [c for c in report["cells"] if c["n"]]
+  for name in ("greedy", "T = 0.4, 3 seeds"):
+    for key in ("success", "final_minus_start"):
+      ci = cell[name][key]
+      assert ci["lo"] <= ci["mean"] <= ci["hi"] and ci["level"] == 0.95
+  md = (out / "study_toy.md").read_text()
+  assert "| RSPO+GRPO | 1 | " in md and " [" in md
+  assert rp.main(args) == 0
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  assert {l["status"] for l in lines if "status" in l} == {"skipped"}
