@@ -434,6 +434,8 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
   assert sum(e["won"] for e in t04["per_task"]) / 12 == pytest.approx(
       t04["success_rate"])
   assert t04["seeds"] == [0, 1, 2]
+  # ... of the final policy: the run's last checkpoint, after its 2 steps.
+  assert t04["from_checkpoint"] is True and t04["a_steps"] == 2
   report = json.loads((out / "study_toy.json").read_text())
   (cell,) = [c for c in report["cells"] if c["n"]]
   for name in ("greedy", "T = 0.4, 3 seeds"):
