@@ -398,7 +398,8 @@ def test_study_report_intervals_by_hand(tmp_path):
   assert rspo["T = 0.4, 3 seeds"]["success"] is None
   assert report["start"]["greedy"]["mean"] == 0.0
   md = open(os.path.join(out, "study_webshop.md")).read()
-  assert "| GRPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — | 65.1 | — |" in md
+  assert ("| GRPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — | 65.1"
+          " | — |") in md
   assert "| RSPO+GRPO | 1 | 50.0 [" in md and "| 70.6 | +5.5 |" in md
   assert "rspo.dense_reward=oracle" in md
   assert "| GRPO | 2 | 100.0 [100.0, 100.0] | +100.0 [+100.0, +100.0]" in md
