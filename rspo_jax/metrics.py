@@ -38,10 +38,18 @@ def _clean(v):
   return f if math.isfinite(f) else str(f)
 
 
+# Per-item outcomes (an evaluation's ``per_task``) stay in the evaluation's
+# own JSON file (eval_*.json); the metrics stream keeps its aggregates.
+PER_ITEM_KEYS = ("per_task",)
+
+
 def _flatten(d: dict, prefix: str = "") -> dict:
-  """Nested dicts become dotted keys ({'a': {'b': 1}} -> {'a.b': 1})."""
+  """Nested dicts become dotted keys ({'a': {'b': 1}} -> {'a.b': 1});
+  ``PER_ITEM_KEYS`` are left out."""
   out = {}
   for k, v in d.items():
+    if k in PER_ITEM_KEYS:
+      continue
     if isinstance(v, dict):
       out.update(_flatten(v, f"{prefix}{k}."))
     elif isinstance(v, (list, tuple)):

@@ -191,3 +191,14 @@ def test_metrics_file_format_is_what_plot_reads(tmp_path):
   assert {r["phase"] for r in rows} == {"A", "eval"}
   xs, ys = plot.load_series(run, "rollout_success_rate")
   assert xs.tolist() == [1.0] and ys.tolist() == [0.25]
+
+
+def test_per_task_outcomes_stay_out_of_the_metrics_stream(tmp_path):
+  from rspo_jax.metrics import MetricsWriter, read_metrics
+  w = MetricsWriter(str(tmp_path))
+  w.write(3, "eval", {"success_rate": 0.5, "seeds": [0],
+                      "per_task": [{"seed": 0, "task_id": 1, "won": 1}]})
+  w.close()
+  (row,) = read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
+  assert row["success_rate"] == 0.5 and row["seeds"] == [0]
+  assert "per_task" not in row
