@@ -186,18 +186,20 @@ def inference_model(model, mcfg):
   graphdef, params, *rest = model
   if mcfg.scan_layers:
     params = engine_params(params, mcfg)  # cast and unrolled
-    graphdef = tfm.graphdef_of(engine_config(mcfg))
     rest = [tfm.unrolled_state(r) if "layers" in r else r for r in rest]
   else:
     params = cast_floating(params, mcfg.inference_dtype)
+  if mcfg.scan_layers or mcfg.remat:
+    graphdef = tfm.graphdef_of(engine_config(mcfg))
   return (graphdef, params, *rest)
 
 
 def engine_config(mcfg):
   """The rollout engine's ModelConfig: the policy's, with unrolled layers
   (per-layer KV-cache buffers written in place at each decode step;
-  ``transformer.unrolled``)."""
-  return dataclasses.replace(mcfg, scan_layers=False)
+  ``transformer.unrolled``) and no remat (nothing is differentiated; a
+  remat block inside the decode loop fails to trace)."""
+  return dataclasses.replace(mcfg, scan_layers=False, remat=False)
 
 
 @functools.partial(jax.jit, static_argnums=1)
