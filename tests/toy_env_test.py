@@ -1,5 +1,6 @@
 """The toy number line's task-shape knobs: line_size, min/max_distance,
-direction, expert_below (third_party_envs/toy.py)."""
+direction, expert_below, and the misaligned dense reward
+dense_target_offset (third_party_envs/toy.py)."""
 
 import random
 
@@ -91,12 +92,47 @@ def test_expert_below_abstains_past_what_it_knows():
   assert env.expert_action() in ("inc", "dec")
 
 
+def play(env, actions):
+  """(dense rewards, last step) of ``actions`` from the current state."""
+  dense = []
+  for a in actions:
+    step = env.step(a)
+    dense.append(step.dense_reward)
+  return dense, step
+
+
+def test_decoy_short_of_the_target_pays_for_stopping_short():
+  # valid_seen task 1 is (2, 8): |x0 - n| = 6; decoy m = 8 - 2 = 6.
+  env = toy.ToyEnv(min_distance=4, dense_target_offset=-2)
+  env.reset(1, "valid_seen")
+  dense, step = play(env, ["inc"] * 6)  # 3 4 5 6 toward m, 7 8 past it
+  assert dense == pytest.approx([1 / 6] * 4 + [-1 / 6] * 2)
+  assert step.won and step.done and step.reward == 10.0
+  env.reset(1, "valid_seen")
+  dense, step = play(env, ["inc"] * 4 + ["inc", "dec"] * 4)  # dither at 6
+  assert sum(dense) == pytest.approx(4 / 6)  # > 2 / 6 of the winning path
+  assert not step.won and step.done and step.reward == 0.0
+
+
+def test_decoy_out_of_reach_flips_the_sign_of_progress():
+  # (2, 8), decoy m = 8 - 24 = -16: every x of 12 steps stays above it.
+  env = toy.ToyEnv(min_distance=4, dense_target_offset=-24)
+  env.reset(1, "valid_seen")
+  dense, _ = play(env, ["dec", "dec", "inc", "bad"])
+  assert dense == pytest.approx([1 / 6, 1 / 6, -1 / 6, 0.0])
+  aligned = toy.ToyEnv(min_distance=4)
+  aligned.reset(1, "valid_seen")
+  assert play(aligned, ["dec", "dec", "inc", "bad"])[0] == pytest.approx(
+      [-1 / 6, -1 / 6, 1 / 6, 0.0])
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(line_size=1), "line_size"),
     (dict(min_distance=6), "min_distance"),
     (dict(min_distance=0), "min_distance"),
     (dict(min_distance=4, max_distance=3), "max_distance"),
     (dict(direction="left"), "direction"),
+    (dict(dense_target_offset=1.5), "dense_target_offset"),
 ])
 def test_bad_knobs_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):

@@ -21,6 +21,20 @@ Rewards follow the project convention (``base.py``):
   reward_t = 10 * won_t (only on the winning step);
   dense_reward_t = (|x_{t-1} - n| - |x_t - n|) / |x0 - n|, so the dense
   rewards of a won episode sum to 1.
+
+A deliberately misaligned dense reward (the ``rspo.dense_only`` hacking
+ablation, bench/toy_mechanism.py): ``dense_target_offset = d`` makes the
+progress signal measure approach to a decoy m = n + d instead of n,
+
+  dense_reward_t = (|x_{t-1} - m| - |x_t - m|) / |x0 - n|,
+
+while winning (and the outcome reward) stays reaching n. The decoy is not
+clipped to [0, L): the line is unbounded, and a decoy out of reach (e.g.
+d = -24 on L = 10, max_steps = 12: every x stays above m) turns the signal
+into the real progress with its sign flipped on upward tasks; a decoy
+short of the target (-|n - x0| < d < 0) pays for walking to m and
+dithering there, never for finishing. The normaliser stays |x0 - n| (m may
+equal x0). None (default): the decoy is the target.
 An action that is not admissible changes nothing (``valid_action=False``) but
 still consumes a step.
 
@@ -73,7 +87,8 @@ class ToyEnv(base.TextEnv):
   def __init__(self, max_steps: int = 12, hang_s: float = 3600.0,
                line_size: int = 10, min_distance: int = 1,
                max_distance: Optional[int] = None, direction: str = "both",
-               expert_below: Optional[int] = None):
+               expert_below: Optional[int] = None,
+               dense_target_offset: Optional[int] = None):
     if max_steps < 1:
       raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     if line_size < 2:
@@ -87,6 +102,12 @@ class ToyEnv(base.TextEnv):
     if direction not in ("both", "up", "down"):
       raise ValueError(f"direction must be 'both', 'up' or 'down', got"
                        f" {direction!r}")
+    if dense_target_offset is not None and (
+        int(dense_target_offset) != dense_target_offset):
+      raise ValueError(f"dense_target_offset must be a whole number or None,"
+                       f" got {dense_target_offset!r}")
+    self.dense_target_offset = (None if dense_target_offset is None
+                                else int(dense_target_offset))
     self.line_size = line_size
     self.direction = direction
     self.expert_below = expert_below
@@ -123,14 +144,14 @@ class ToyEnv(base.TextEnv):
     elif action == "crash":
       raise RuntimeError("ToyEnv: 'crash' test action")
     valid = action in ADMISSIBLE
-    before = abs(self._x - self._target)
+    decoy = self._target + (self.dense_target_offset or 0)
+    before = abs(self._x - decoy)
     if valid:
       self._x += 1 if action == "inc" else -1
     self._t += 1
-    after = abs(self._x - self._target)
-    won = after == 0
+    won = self._x == self._target
     self._done = won or self._t >= self.max_steps
-    dense = (before - after) / abs(self._start - self._target)
+    dense = (before - abs(self._x - decoy)) / abs(self._start - self._target)
     return self._env_step(base.SUCCESS_REWARD * won, won, dense, valid)
 
   def tokenizer_words(self) -> list[str]:
