@@ -7,7 +7,9 @@ r"""Trains an agent with RSPO (or a base algorithm) from a config file.
       --mesh=configs/mesh/gpu16.py --dry_run
 
 The run lives in ``--workdir`` (default: the config's ``workdir``); started
-again with the same workdir it resumes from the latest checkpoint.
+again with the same workdir it resumes from the latest checkpoint. SIGTERM
+(preemption) finishes the step in progress, checkpoints it and exits with
+143 (rspo_jax/preemption.py).
 
 Multi-host: start one copy per host (``srun``, ``--worker=all``, a JobSet)
 with ``RSPO_COORDINATOR`` / ``RSPO_NUM_PROCESSES`` / ``RSPO_PROCESS_ID`` or a
@@ -61,7 +63,7 @@ def main(argv):
     print(plan.describe(cfg, workdir))
     return
   check_inputs(cfg)  # paths and servers exist
-  from rspo_jax import build, compile_cache, distributed
+  from rspo_jax import build, compile_cache, distributed, preemption
 
   # Before anything compiles: a restart reads its programs back.
   compile_cache.enable(compile_cache.cache_dir(cfg, workdir))
@@ -70,6 +72,7 @@ def main(argv):
   if not leader:  # one log for the job
     logging.getLogger().setLevel(logging.WARNING)
   run = build.build_run(cfg, workdir, progress=not _NO_PROGRESS.value)
+  run.trainer.stop.install()  # SIGTERM: checkpoint, then exit 143
   try:
     resumed = run.trainer.try_resume()
     start_eval_path = os.path.join(workdir, "eval_start.json")
@@ -87,7 +90,11 @@ def main(argv):
       run.trainer.metrics.write(0, "eval", start)
     logging.info("start of RL: success %.3f, score %.3f (resumed: %s)",
                  start["success_rate"], start["score"], resumed)
-    run.trainer.run(evaluate=run.evaluate)
+    try:
+      run.trainer.run(evaluate=run.evaluate)
+    except preemption.Preempted as e:
+      logging.warning("%s", e)
+      raise SystemExit(preemption.EXIT_CODE) from None
     final = run.evaluate(run.trainer.a, run.trainer.state.a_steps)
     run.trainer.metrics.write(run.trainer.state.a_steps, "eval", final)
     if leader:

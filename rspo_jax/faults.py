@@ -2,7 +2,8 @@
 
 With the variable set, the process SIGKILLs itself (no cleanup, no atexit,
 no flush: the same as ``kill -9`` or an OOM kill) the ``n``-th time
-(default 1) it reaches ``point``. Points named by the library:
+(default 1) it reaches ``point``; with ``RSPO_FAULT_SIGNAL=TERM`` it sends
+itself SIGTERM instead (a scheduler's preemption: preemption.py). Points named by the library:
 
   b_phase     B's phase, after B's first update (A untouched, no replay yet)
   collect     B's collection, shards written but the buffer not marked
@@ -20,6 +21,7 @@ import os
 import signal
 
 ENV_VAR = "RSPO_FAULT_AT"
+SIGNAL_VAR = "RSPO_FAULT_SIGNAL"  # KILL (default) or TERM
 POINTS = ("b_phase", "collect", "a_phase", "checkpoint")
 _hits: dict[str, int] = {}
 
@@ -36,8 +38,8 @@ def parse(spec: str) -> tuple[str, int]:
 
 
 def maybe_fail(point: str) -> None:
-  """SIGKILLs this process at the ``n``-th arrival at ``point`` when
-  ``RSPO_FAULT_AT`` asks for it."""
+  """SIGKILLs (or SIGTERMs) this process at the ``n``-th arrival at
+  ``point`` when ``RSPO_FAULT_AT`` asks for it."""
   spec = os.environ.get(ENV_VAR)
   if not spec:
     return
@@ -46,4 +48,7 @@ def maybe_fail(point: str) -> None:
     return
   _hits[point] = _hits.get(point, 0) + 1
   if _hits[point] == n:
-    os.kill(os.getpid(), signal.SIGKILL)
+    name = os.environ.get(SIGNAL_VAR, "KILL")
+    if name not in ("KILL", "TERM"):
+      raise ValueError(f"{SIGNAL_VAR}={name!r}: expected KILL or TERM")
+    os.kill(os.getpid(), getattr(signal, "SIG" + name))

@@ -66,7 +66,7 @@ import jax
 import numpy as np
 
 from rspo_jax import (checkpoint, decoupled, distributed, faults,
-                      host_batches, replay, timing, update)
+                      host_batches, preemption, replay, timing, update)
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
@@ -150,6 +150,8 @@ class RSPOTrainer:
     self.history = self._buffer(os.path.join(workdir, "replay_next"))
     self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"))
     self.metrics = MetricsWriter(workdir) if self.leader else _NoMetrics()
+    # Set by SIGTERM once launch/train.py installs it (preemption.py).
+    self.stop = preemption.StopRequest()
     self.collect_cfg = CollectConfig(
         env_name=cfg.env.name,
         max_steps=cfg.env.max_steps,
@@ -543,6 +545,7 @@ class RSPOTrainer:
         with self.timer.phase("checkpoint"):
           self.save()
         self.metrics.write(s.a_steps, "B_time", self._timing(t0, steps0))
+        self._stop_if_requested(saved=True)
       t0, steps0 = time.perf_counter(), s.env_steps
       m = self.a_step()
       s.a_steps += 1
@@ -558,8 +561,9 @@ class RSPOTrainer:
       loop_done = s.a_steps % self.k == 0 or s.a_steps == total
       if loop_done:
         self.end_loop()
+      saved = checkpoint.due(s.a_steps, c.train.checkpoint_every, loop_done)
       with self.timer.phase("checkpoint"):
-        if checkpoint.due(s.a_steps, c.train.checkpoint_every, loop_done):
+        if saved:
           self.save()
         if loop_done and self.uses_b:
           self.ckpt.wait()  # the loop's checkpoint on disk before D goes
@@ -572,8 +576,20 @@ class RSPOTrainer:
           loop=s.loop, success=f"{m.get('rollout_success_rate', 0):.2f}",
           loss=f"{m.get('loss', 0):.3f}",
       )
+      self._stop_if_requested(saved)
     bar.close()
     return s
+
+  def _stop_if_requested(self, saved: bool) -> None:
+    """On a stop request (SIGTERM, preemption.py): the checkpoint of the
+    state reached (written now if it was not due), every write finished,
+    then ``Preempted``."""
+    if not self.stop.requested():
+      return
+    if not saved:
+      self.save()
+    self.ckpt.wait()
+    raise preemption.Preempted(self.state.a_steps)
 
 
   def _timing(self, t0: float, env_steps0: int) -> dict:

@@ -11,7 +11,9 @@ run saves after B's phase (1), after A step 2 (5) and after A step 3, the
 loop's end (6) -- not after A step 1. A copy killed in A step 2 (before
 that step's save) restarts from checkpoint 1, redoes steps 1 and 2 and
 ends like the uninterrupted run, to float32 rounding. The restart reads
-its compiled programs back from <workdir>/compile_cache.
+its compiled programs back from <workdir>/compile_cache. A copy sent
+SIGTERM in A step 1 (preemption.py) checkpoints that step, exits with 143
+and resumes after it.
 """
 
 import glob
@@ -97,15 +99,17 @@ CASES = {
 WARM_FILES = ("tokenizer", "warm_start", "eval_start.json")
 
 
-def train(workdir: str, cfg: str,
-          fault: str = "") -> subprocess.CompletedProcess:
+def train(workdir: str, cfg: str, fault: str = "",
+          fault_env: dict = None) -> subprocess.CompletedProcess:
   env = dict(os.environ, XLA_FLAGS="",
              # Cache every program (JAX keeps those of >= 1 s by default;
              # the micro model's compile faster).
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   env.pop(faults.ENV_VAR, None)
+  env.pop(faults.SIGNAL_VAR, None)
   if fault:
     env[faults.ENV_VAR] = fault
+  env.update(fault_env or {})
   cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
          f"--config={ROOT}/configs/toy_grpo.py:{cfg}",
          f"--workdir={workdir}", "--no_progress"]
@@ -136,32 +140,69 @@ def final_params(workdir: str) -> list:
       leaves, key=lambda kv: jax.tree_util.keystr(kv[0]))]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
-    case, tmp_path):
-  """Killed in A step 2 (before its save): the restart resumes from the
-  checkpoint after B's phase and redoes steps 1-2 (RSPO_H: step 1's groups,
-  already in the next loop's D, are dropped and written again)."""
-  cfg, saved = CASES[case]
-  steps = 4 if case == "rspo_h" else 3
-  base = str(tmp_path / "baseline")
-  out = train(base, cfg)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert saves_logged(out.stderr) == saved
-  assert os.listdir(os.path.join(base, "compile_cache"))
-  want_rows = a_rows(base)
-  assert sorted(want_rows) == list(range(1, steps + 1))
-  assert want_rows[steps]["rows_off"] > 0  # replayed in the last loop
-  want_meta, want_params = final_params(base)
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+  """case -> (workdir, stderr) of the uninterrupted run, made once."""
+  done = {}
 
-  # Same warm start and start-of-RL evaluation; killed in A step 2.
-  run = str(tmp_path / "run")
+  def get(case: str):
+    if case not in done:
+      base = str(tmp_path_factory.mktemp(f"baseline_{case}"))
+      out = train(base, CASES[case][0])
+      assert out.returncode == 0, out.stderr[-3000:]
+      done[case] = (base, out.stderr)
+    return done[case]
+
+  return get
+
+
+def copy_warm_start(base: str, run: str) -> None:
+  """Same warm start and start-of-RL evaluation as ``base``."""
   os.makedirs(run)
   for name in WARM_FILES:
     src = os.path.join(base, name)
     (shutil.copytree if os.path.isdir(src) else shutil.copy)(
         src, os.path.join(run, name))
+
+
+def assert_same_run(run: str, base: str, steps: int) -> None:
+  """Same A rows, parameters (to float32 rounding) and final evaluation."""
+  want_meta, want_params = final_params(base)
+  got_meta, got_params = final_params(run)
+  assert got_meta["a_steps"] == want_meta["a_steps"] == steps
+  assert got_meta["loop"] == want_meta["loop"]
+  want_rows, got_rows = a_rows(base), a_rows(run)
+  assert sorted(got_rows) == sorted(want_rows)
+  for step, want in want_rows.items():
+    row = got_rows[step]
+    for key in ("rows_on", "rows_off", "rollout_gen_tokens",
+                "rollout_env_steps", "updates", "skipped"):
+      assert row[key] == want[key], (step, key)
+    assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-8)
+  for a, b in zip(got_params, want_params):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  final = lambda d: json.load(open(os.path.join(d, "eval_final.json")))
+  assert final(run)["success_rate"] == final(base)["success_rate"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
+    case, baseline, tmp_path):
+  """Killed in A step 2 (before its save): the restart resumes from the
+  checkpoint after B's phase and redoes steps 1-2 (RSPO_H: step 1's groups,
+  already in the next loop's D, are dropped and written again)."""
+  cfg, saved = CASES[case]
+  steps = 4 if case == "rspo_h" else 3
+  base, base_log = baseline(case)
+  assert saves_logged(base_log) == saved
+  assert os.listdir(os.path.join(base, "compile_cache"))
+  want_rows = a_rows(base)
+  assert sorted(want_rows) == list(range(1, steps + 1))
+  assert want_rows[steps]["rows_off"] > 0  # replayed in the last loop
+
+  run = str(tmp_path / "run")
+  copy_warm_start(base, run)
   killed = train(run, cfg, "a_phase:2")
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   assert saves_logged(killed.stderr) == [1]  # step 1 was not saved
@@ -174,19 +215,30 @@ def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
   # The restart read programs back from the persistent cache.
   compile_rows = read_metrics(os.path.join(run, "metrics.jsonl"), "compile")
   assert sum(r["cache_hits"] for r in compile_rows) > 0
+  assert_same_run(run, base, steps)
 
-  got_meta, got_params = final_params(run)
-  assert got_meta["a_steps"] == want_meta["a_steps"] == steps
-  assert got_meta["loop"] == want_meta["loop"]
-  got_rows = a_rows(run)
-  assert sorted(got_rows) == sorted(want_rows)
-  for step, want in want_rows.items():
-    row = got_rows[step]
-    for key in ("rows_on", "rows_off", "rollout_gen_tokens",
-                "rollout_env_steps", "updates", "skipped"):
-      assert row[key] == want[key], (step, key)
-    assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-8)
-  for a, b in zip(got_params, want_params):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-  final = lambda d: json.load(open(os.path.join(d, "eval_final.json")))
-  assert final(run)["success_rate"] == final(base)["success_rate"]
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_step_in_progress_and_resumes_exactly(
+    baseline, tmp_path):
+  """SIGTERM in A step 1 (whose checkpoint is not due at
+  checkpoint_every=2): the step finishes, is saved (orbax step 3), the
+  process exits with 143 without a final evaluation; the restart resumes
+  after step 1 -- nothing redone -- and ends like the uninterrupted run."""
+  cfg, saved = CASES["rspo"]
+  base, _ = baseline("rspo")
+  run = str(tmp_path / "run")
+  copy_warm_start(base, run)
+  env_term = {faults.SIGNAL_VAR: "TERM"}
+  stopped = train(run, cfg, "a_phase:1", env_term)
+  assert stopped.returncode == 143, stopped.stderr[-3000:]
+  assert "stopped on SIGTERM after A step 1" in stopped.stderr
+  assert saves_logged(stopped.stderr) == [1, 3]
+  assert not os.path.exists(os.path.join(run, "eval_final.json"))
+  assert sorted(a_rows(run)) == [1]
+  restarted = train(run, cfg)
+  assert restarted.returncode == 0, restarted.stderr[-3000:]
+  assert "resumed from checkpoint: LoopState(loop=0, phase='A', a_steps=1" \
+      in restarted.stderr
+  assert saves_logged(restarted.stderr) == saved[1:]
+  assert_same_run(run, base, 3)
