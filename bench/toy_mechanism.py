@@ -1,6 +1,7 @@
 r"""RSPO's mechanism in its smallest form: GRPO vs RSPO+GRPO on the toy.
 
-  python bench/toy_mechanism.py                      # 2 arms x 5 seeds
+  python bench/toy_mechanism.py                      # 5 arms x 5 seeds
+  python bench/toy_mechanism.py --arms grpo,rspo     # some arms
   python bench/toy_mechanism.py --max_cells 2        # a few cells a call
   python bench/toy_mechanism.py --report_only        # tables from the JSON
 
@@ -11,25 +12,54 @@ greedy reply is 'dec' in every state (0 % greedy on the task; its own
 T = 1 samples win 8.6 %: the outcome reward is sparse). The dense reward is the
 environment's progress signal (``rspo.dense_reward=oracle``):
 
-  dense_t = (|x_{t-1} - n| - |x_t - n|) / |x_0 - n|.
+  dense_t = (|x_{t-1} - n| - |x_t - n|) / |x_0 - n|,
+
+or, in the misaligned arms, its decoy variant (third_party_envs/toy.py,
+``dense_target_offset = -24``): progress toward m = n - 24, out of reach
+below every start (x_0 - m >= 15 > 12 steps), i.e. the progress signal
+with its sign flipped on these upward tasks: +1/|x_0 - n| a 'dec',
+-1/|x_0 - n| an 'inc'. Why so blunt: in this budget GRPO moves the action
+marginal p(inc), not the comparison (tests/learning_guard_test.py), and
+subtler proxies do not pay a marginal policy for failing. Simulated
+marginal policies on these tasks (2000 episodes each; success %, mean
+dense return):
+  p(inc)        0.25       0.45 (warm start)  0.65       0.8        1.0
+  aligned       0, -1.21   9, -0.25           44, 0.56   82, 0.91   100, 1.00
+  decoy n - 2   0, -1.21   9, -0.33           44, 0.16   82, 0.23   100, 0.20
+  decoy n - 24  0, 1.21    9, 0.25            44, -0.56  82, -0.91  100, -1.00
+A decoy short of the target (it pays for stopping 2 short and dithering)
+pays most near p = 0.8, where success is 82 %: only a policy that has the
+comparison could exploit it. The out-of-reach decoy pays for failing at
+every p.
 
 Arms (nano policy, ``--steps`` A steps of 4 tasks x 8 episodes, lr
 ``--lr``, 2 updates a step; everything else the toy CPU recipe):
   grpo   ``rspo=0``: A on fresh groups, outcome reward;
   rspo   ``rspo=1``, k = 3, alpha = 1/4: per loop B := A, 3 steps of B on
          the dense reward, B's stored collection D, then 3 steps of A on 3
-         fresh groups + 8 replayed trajectories of D (outcome advantages).
+         fresh groups + 8 replayed trajectories of D (outcome advantages);
+  dense_only             ``rspo=0,rspo.dense_only=1``: the one policy (A,
+         trained and evaluated) on the aligned dense reward alone (rspo.py:
+         with dense_only, A's step uses the dense reward and B's phase is
+         skipped, so rspo=1 would only add an empty D);
+  dense_only_misaligned  the same on the decoy reward;
+  rspo_misaligned        rspo's arm with B learning the decoy reward (A:
+         outcome reward; D's rewards are swapped to the outcome).
 Seeds ``--seeds`` vary the RL (sampling, tasks, updates); the warm start is
 one (seed 0), made once into ``<root>/warm_start``.
 
 Per cell: A's greedy success on the 64 held-out ``valid_seen`` tasks every
 ``--eval_every`` A steps (and at 0), each with the environment steps spent
-so far (A's and B's collections), and A's rollout success per step. Cells
+so far (A's and B's collections), and A's rollout success and mean dense
+return (the arm's environment dense reward: the decoy's in the misaligned
+arms) per step, B's per B step. Cells
 are written into ``--out`` (JSON) as they finish; a call skips finished
 cells (resumable: each cell restarts from scratch in its workdir). The
 report ``--md`` gives, per arm and evaluation, the mean over seeds with a
 95 % bootstrap interval over seeds x tasks (rspo_jax/intervals.py), and
-the difference rspo - grpo at equal A steps.
+the difference arm - grpo at equal A steps, and the rollouts' dense return
+beside their success: hacking is the dense return rising while success
+falls.
 """
 
 from __future__ import annotations
@@ -46,8 +76,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-ARMS = {"grpo": "rspo=0", "rspo": "rspo=1,rspo.k=3,rspo.alpha=0.25"}
+RSPO = "rspo=1,rspo.k=3,rspo.alpha=0.25"
+DENSE_ONLY = "rspo=0,rspo.dense_only=1"
+ARMS = {"grpo": "rspo=0", "rspo": RSPO, "dense_only": DENSE_ONLY,
+        "dense_only_misaligned": DENSE_ONLY, "rspo_misaligned": RSPO}
 DISTANT = {"min_distance": 4}
+DECOY = {"dense_target_offset": -24}  # out of reach: progress sign-flipped
+MISALIGNED = ("dense_only_misaligned", "rspo_misaligned")
 COMMON = ("model=nano,env.max_steps=12,env.history_length=0,"
           "env.num_eval_tasks=64,rspo.dense_reward=oracle")
 WARM_START = "seed=0,sft.steps=60"
@@ -72,6 +107,17 @@ def cell_overrides(arm: str, seed: int, args, checkpoint: str) -> str:
           f"model.checkpoint_dir={checkpoint}")
 
 
+def arm_env_kwargs(arm: str) -> dict:
+  """The toy's kwargs of an arm's run (the warm start's: ``DISTANT``)."""
+  return dict(DISTANT, direction="up",
+              **(DECOY if arm in MISALIGNED else {}))
+
+
+def cell_config(arm: str, seed: int, args, checkpoint: str):
+  return config(arm_env_kwargs(arm),
+                cell_overrides(arm, seed, args, checkpoint))
+
+
 def warm_start(root: str) -> str:
   from rspo_jax import build
 
@@ -87,8 +133,7 @@ def run_cell(arm: str, seed: int, args, checkpoint: str) -> dict:
 
   workdir = os.path.join(args.root, f"{arm}_s{seed}")
   shutil.rmtree(workdir, ignore_errors=True)  # a cell restarts whole
-  cfg = config(dict(DISTANT, direction="up"),
-               cell_overrides(arm, seed, args, checkpoint))
+  cfg = cell_config(arm, seed, args, checkpoint)
   t0 = time.perf_counter()
   run = build.build_run(cfg, workdir, progress=False)
   evals = []
@@ -119,16 +164,26 @@ def run_cell(arm: str, seed: int, args, checkpoint: str) -> dict:
   rows = [json.loads(line) for line in open(
       os.path.join(workdir, "metrics.jsonl"))]
   rollouts = [{"a_step": r["step"], "env_steps": r["env_steps"],
-               "success_rate": r["rollout_success_rate"]}
+               "success_rate": r["rollout_success_rate"],
+               "dense_return": dense_return(r)}
               for r in rows if r["phase"] == "A"]
   b_rollouts = [{"loop_a_step": r["step"],
                  "success_rate": r["rollout_success_rate"],
-                 "dense_reward_mean": r.get("dense_reward_mean")}
+                 "dense_reward_mean": r.get("dense_reward_mean"),
+                 "dense_return": dense_return(r)}
                 for r in rows if r["phase"] == "B"]
   return {"arm": arm, "seed": seed, "overrides": cfg_string(cfg, arm, seed,
                                                              args),
+          "env_kwargs": arm_env_kwargs(arm),
           "evals": evals, "rollouts": rollouts, "b_rollouts": b_rollouts,
           "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def dense_return(row: dict) -> float:
+  """Mean over a collection's episodes of sum_t dense_t, from its metrics
+  row: the mean over its step records (``dense_reward_mean``) times the
+  records per episode (``rollout_episode_length``; no failed episodes)."""
+  return row["dense_reward_mean"] * row["rollout_episode_length"]
 
 
 def cfg_string(cfg, arm, seed, args) -> str:
@@ -166,24 +221,57 @@ def outcomes(cells: list, key: str) -> np.ndarray:
                    for c in cells], float)
 
 
-def report(data: dict, command: str) -> str:
+def command_of(settings: dict, arms=None, seeds=None) -> str:
+  """The command that makes (or resumes) ``arms`` x ``seeds``."""
+  out = (f"python bench/toy_mechanism.py --steps {settings['steps']}"
+         f" --eval_every {settings['eval_every']} --lr {settings['lr']:g}")
+  if arms is not None:
+    out += f" --arms {','.join(arms)}"
+  if seeds is not None:
+    out += f" --seeds {','.join(str(s) for s in seeds)}"
+  return out
+
+
+def seed_blocks(cells: list, key: str, field: str, every: int) -> list:
+  """[(first, last A step, x[r, 1, 1])]: per seed r, the mean of
+  ``cell[key][i][field]`` over each block of ``every`` consecutive entries
+  (A steps 1..every, ...; B steps: per loop)."""
+  n = min(len(c[key]) for c in cells)
+  out = []
+  for lo in range(0, n - every + 1, every):
+    x = np.array([np.mean([r[field] for r in c[key][lo:lo + every]])
+                  for c in cells], float)[:, None, None]
+    out.append((lo, lo + every, x))
+  return out
+
+
+def report(data: dict) -> str:
   from rspo_jax import intervals
 
+  settings = data["settings"]
   pct = lambda d: (f"{100 * d['mean']:.1f} [{100 * d['lo']:.1f},"
                    f" {100 * d['hi']:.1f}]")
+  num = lambda d: f"{d['mean']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
   doc = __doc__[__doc__.index("Task ("):__doc__.index("Per cell")].rstrip()
-  lines = [f"Command: `{command}` (resumable; `--max_cells N` a call)", "",
+  found = {arm: arm_cells(data, arm) for arm in ARMS}
+  found = {arm: cells for arm, cells in found.items() if cells}
+  lines = [f"Command: `{command_of(settings)}` (all arms x seeds 0-4;"
+           " resumable; `--max_cells N` a call); each arm's own below.", "",
            "```", doc, "```", "",
            "Success of A on the 64 held-out tasks, % with a 95 % bootstrap"
            " interval over training seeds x tasks (x sampling seeds for"
            " T = 1); env steps: A's and B's collections so far, mean over"
-           " seeds.", ""]
-  found = {arm: arm_cells(data, arm) for arm in ARMS}
+           " seeds. Rollouts: A's training collections (4 tasks x 8"
+           " episodes a step, T = 1) in blocks of A steps; dense return ="
+           " mean over episodes of sum_t dense_t under the arm's dense"
+           " reward (the decoy's in the misaligned arms), both with a 95 %"
+           " bootstrap interval over training seeds only (3-5 values:"
+           " rough).", ""]
   for arm, cells in found.items():
-    if not cells:
-      continue
+    seeds = [c["seed"] for c in cells]
     greedy, sampled = outcomes(cells, "won"), outcomes(cells, "t1_won")
-    lines += [f"## {arm} (seeds {[c['seed'] for c in cells]})", "",
+    lines += [f"## {arm} (seeds {seeds})", "",
+              f"`{command_of(settings, [arm], seeds)}`", "",
               "| A step | env steps | greedy % | T = 1 % |",
               "|---:|---:|---|---|"]
     for i, e in enumerate(cells[0]["evals"]):
@@ -193,29 +281,57 @@ def report(data: dict, command: str) -> str:
           f" {pct(intervals.success_interval(greedy[:, i]))} |"
           f" {pct(intervals.success_interval(sampled[:, i]))} |")
     lines.append("")
-  a, b = found["rspo"], found["grpo"]
-  if a and b:
-    lines += ["## rspo - grpo at equal A steps (points)", "",
+    if all("dense_return" in r for c in cells for r in c["rollouts"]):
+      lines += ["| A's rollouts, A steps | dense return | success % |",
+                "|---|---|---|"]
+      every = settings["eval_every"]
+      for (lo, hi, dense), (_, _, won) in zip(
+          seed_blocks(cells, "rollouts", "dense_return", every),
+          seed_blocks(cells, "rollouts", "success_rate", every)):
+        lines.append(f"| {lo + 1}-{hi} |"
+                     f" {num(intervals.success_interval(dense))} |"
+                     f" {pct(intervals.success_interval(won))} |")
+      lines.append("")
+  base = found.get("grpo")
+  for arm, cells in found.items():
+    if arm == "grpo" or not base:
+      continue
+    lines += [f"## {arm} - grpo at equal A steps (points)", "",
               "| A step | greedy | T = 1 |", "|---:|---|---|"]
-    for i, e in enumerate(a[0]["evals"]):
-      d = [intervals.method_difference(outcomes(a, k)[:, i],
-                                       outcomes(b, k)[:, i])
+    for i, e in enumerate(cells[0]["evals"]):
+      d = [intervals.method_difference(outcomes(cells, k)[:, i],
+                                       outcomes(base, k)[:, i])
            for k in ("won", "t1_won")]
       lines.append(f"| {e['a_step']} | {pct(d[0])} | {pct(d[1])} |")
     lines.append("")
-    lines += ["## B's own rollouts (rspo): success % of B's k = 3 training"
-              " steps of each loop, mean over seeds", "",
-              "| loop (A steps before it) | B step 1 | B step 2 | B step 3 |",
-              "|---:|---|---|---|"]
-    loops = sorted({r["loop_a_step"] for r in a[0]["b_rollouts"]})
-    for start in loops:
-      per = [[r["success_rate"] for r in c["b_rollouts"]
-              if r["loop_a_step"] == start] for c in a]
-      mean = np.mean(np.array(per), axis=0) * 100
-      lines.append(f"| {start} | " + " | ".join(f"{m:.1f}" for m in mean)
-                   + " |")
-    lines.append("")
+  for arm, cells in found.items():
+    if cells[0]["b_rollouts"]:
+      lines += b_table(arm, cells)
   return "\n".join(lines)
+
+
+def b_table(arm: str, cells: list) -> list:
+  """B's own rollouts per loop and B step, mean over seeds: success %
+  (and dense return under B's reward where recorded)."""
+  dense = all("dense_return" in r for c in cells for r in c["b_rollouts"])
+  loops = sorted({r["loop_a_step"] for r in cells[0]["b_rollouts"]})
+  k = len(cells[0]["b_rollouts"]) // len(loops)
+  lines = [f"## B's own rollouts ({arm}): success %"
+           + (" / dense return" if dense else "")
+           + f" of B's k = {k} training steps of each loop, mean over seeds",
+           "", "| loop (A steps before it) | "
+           + " | ".join(f"B step {i + 1}" for i in range(k)) + " |",
+           "|---:|" + "---|" * k]
+  for start in loops:
+    per = [[r for r in c["b_rollouts"] if r["loop_a_step"] == start]
+           for c in cells]
+    won = np.mean([[r["success_rate"] for r in p] for p in per], axis=0)
+    row = [f"{100 * w:.1f}" for w in won]
+    if dense:
+      ret = np.mean([[r["dense_return"] for r in p] for p in per], axis=0)
+      row = [f"{w} / {d:.2f}" for w, d in zip(row, ret)]
+    lines.append(f"| {start} | " + " | ".join(row) + " |")
+  return lines + [""]
 
 
 def main(argv=None) -> None:
@@ -226,7 +342,7 @@ def main(argv=None) -> None:
       ROOT, "docs", "results", "toy_mechanism.json"))
   p.add_argument("--md", default=os.path.join(
       ROOT, "docs", "results", "toy_mechanism.md"))
-  p.add_argument("--arms", default="grpo,rspo")
+  p.add_argument("--arms", default=",".join(ARMS))
   p.add_argument("--seeds", default="0,1,2,3,4")
   p.add_argument("--steps", type=int, default=12)
   p.add_argument("--eval_every", type=int, default=3)
@@ -244,8 +360,12 @@ def main(argv=None) -> None:
   if not args.report_only:
     checkpoint = warm_start(args.root)
     done = 0
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+      raise SystemExit(f"unknown arms {unknown}; known: {list(ARMS)}")
     for seed in [int(s) for s in args.seeds.split(",")]:
-      for arm in args.arms.split(","):
+      for arm in arms:
         key = f"{arm}_s{seed}"
         if key in data["cells"]:
           continue
@@ -257,10 +377,7 @@ def main(argv=None) -> None:
         cell = data["cells"][key]
         print(json.dumps({"cell": key, "wall_s": cell["wall_s"], "greedy": [
             e["success_rate"] for e in cell["evals"]]}), flush=True)
-  command = (f"python bench/toy_mechanism.py --steps {args.steps}"
-             f" --eval_every {args.eval_every} --lr {args.lr:g}"
-             f" --seeds {args.seeds}")
-  write_report(args.md, report(data, command))
+  write_report(args.md, report(data))
 
 
 MARK = "<!-- generated by bench/toy_mechanism.py below -->"
