@@ -18,7 +18,9 @@
               update per mini-batch. Replayed rows keep their stored
               log pi_B as behaviour log-probs: their clip window is centred
               on c = pi_old / pi_B; fresh rows have behaviour = pi_old.
-  Metrics: each learner metric's mean over the step's updates, and
+  Metrics: the share of fresh rows with a non-zero advantage and their mean
+  |advantage| (before dropping or capping: the signal the groups carry),
+  each learner metric's mean over the step's updates, and
   ``last_<k>`` for the clip fractions (``clip_frac*``) of the last update,
   where the window has had the most updates to bind.
 
@@ -64,6 +66,11 @@ class Rows:
                 self.adv[keep], take(self.returns), take(self.values))
 
 
+# |advantage| above which a fresh row counts as carrying signal in the
+# metric adv_nonzero_frac_on (a tied group's rows are 0 up to rounding).
+ADV_EPS = 1e-6
+
+
 class StepUpdater:
   """The update machinery of one run (module docstring)."""
 
@@ -104,6 +111,10 @@ class StepUpdater:
       offs = rows.off
       metrics.update(replayed.metrics(self._sum(replayed.metric_sums(
           [r for r, o in zip(rows.records, offs) if o], rows.adv[offs]))))
+    fresh = np.abs(rows.adv[~rows.off])  # how much signal the groups carry
+    sums = self._sum([np.sum(fresh > ADV_EPS), np.sum(fresh), len(fresh)])
+    metrics["adv_nonzero_frac_on"] = float(sums[0] / max(sums[2], 1))
+    metrics["adv_abs_mean_on"] = float(sums[1] / max(sums[2], 1))
     keep = self.rows_to_train(rows.adv, step_key)
     reward_sums = self._sum([np.sum(rewards), len(rewards)])
     reward_mean = reward_sums[0] / max(reward_sums[1], 1)

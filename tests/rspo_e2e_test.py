@@ -253,6 +253,7 @@ def test_drop_zero_advantage_rows(tmp_path):
     before = params_of(t.a)
     m = t.update(t.a, None, tied, [], "outcome", 1)
     assert m["skipped_no_signal"] == 1.0 and not seen
+    assert m["adv_nonzero_frac_on"] == m["adv_abs_mean_on"] == 0.0
     assert not changed(before, params_of(t.a))
     # One group wins, the others tie: only the winner's group is trained.
     won_group, winner = tied[0].group_id, tied[0].traj_id
@@ -265,6 +266,9 @@ def test_drop_zero_advantage_rows(tmp_path):
     n_group = sum(r.group_id == won_group for r in mixed)
     real = [np.asarray(b.loss_mask).sum(1) > 0 for b in seen]
     assert sum(r.sum() for r in real) == m["rows_on"] == n_group < len(mixed)
+    # The metric counts the signal before the drop: the winner's group.
+    assert m["adv_nonzero_frac_on"] == pytest.approx(n_group / len(mixed))
+    assert m["adv_abs_mean_on"] > 0
     for batch, rows in zip(seen, real):
       adv = np.asarray(batch.advantages)[rows]
       mask = np.asarray(batch.loss_mask)[rows] > 0
