@@ -89,7 +89,9 @@ def chunked(fn, n_chunks: int, mesh: Mesh, param_shardings, rules):
     return outs.reshape((-1,) + outs.shape[2:])
 
   jitted = jax.jit(run, in_shardings=(param_shardings, bs), out_shardings=bs)
-  return lambda params, *arrays: jitted(params, tuple(arrays))
+  call = lambda params, *arrays: jitted(params, tuple(arrays))
+  call.lower = lambda params, *arrays: jitted.lower(params, tuple(arrays))
+  return call
 
 
 class Learner:

@@ -11,40 +11,48 @@ Devices are taken in process-major order (``jax.devices()``), so each host
 holds a contiguous block of the row-major mesh; ``cross_host_axes`` names
 the mesh axes whose collectives leave a host.
 
-Memory per device (bytes; docs/scale_out.md works the numbers):
+Memory per device (docs/scale_out.md works the numbers; GB = 2**30
+bytes), modelled on what the programs compile to (``train_step_bytes``,
+``logprob_bytes``, ``prefill_bytes``; tests/plan_test.py checks each
+against ``memory_analysis()`` of small compiled shapes on CPU):
 
-  P      = policy parameters (``ModelConfig.num_params``)
-  w      = bytes of the parameter dtype (``model.param_dtype``, default
-           fp32: 4); Adam's m, v and the gradient sums follow it
-  c      = bytes of the compute dtype (``model.dtype``; bf16: 2)
-  r      = bytes of the inference dtype (the narrower of the two: pi_ref
-           and the engine's weights)
-  shard  = fsdp * tensor              (ways the parameters are split)
-  rows   = ceil(micro-batch rows / (data * fsdp))
-  T      = max_prompt_tokens + max_new_tokens
+  P, P_layer  policy parameters, of one block; w, c, i the bytes of the
+              parameter (float32 masters), compute (bfloat16) and inference
+              (the narrower: pi_ref, engine) dtypes
+  shard = fsdp * tensor, ways = data * fsdp, t = tensor
+  U, n  = rows of one optimizer update (``update_rows``: a mini-batch) and
+          its micro-batches, ceil(U / ``train.micro_batch_rows``)
+  r     = ceil(micro-batch rows / ways): rows a device computes at once
+  T     = max_prompt_tokens + max_new_tokens, W = max_new_tokens (logits
+          on the response window only)
 
   resident (held for the whole run):
-    policy_A = P * (w + 2w [Adam m, v] + w [grads]) / shard
-    policy_B = policy_A    (RSPO with B: a full trainable copy)
-    critic   = policy_A    (PPO: a value model with its own backbone)
-    ref      = P * r / shard           (frozen pi_ref)
-    engine   = P * r / shard           (in-process JAX rollout engine)
-  training transient (one micro-batch forward + backward):
-    layer_in = L * rows * T * d * c    (remat: each block's input is kept)
-    block    = rows * T * (2 * 4 * H * T        [scores, probs; fp32]
-                           + c * (3 * F + (2 H + 2 K) * hd)) / tensor
-               (all L blocks live without remat, one with it)
-    logits   = 2 * rows * T * V * 4 / tensor    (fp32 logits + their grad)
-    gather   = 2 * P_layer * c / tensor        (FSDP: a block's gathered
-                                                weights, one prefetched)
-  rollout transient (in-process engine only):
-    kv_cache = ceil(episodes / (data * fsdp)) * T * L * 2 * K * hd * c / t_kv
+    policy_A = 3 w P / shard             (masters, Adam m and v)
+    policy_B = policy_A                  (RSPO with B; PPO: critic too)
+    ref      = i P / shard               (pi_ref's inference copy)
+    engine   = i P / t                   (in-process engine: whole on each
+                                          row shard, split over 'tensor')
+    prm      = c P / shard               (rspo.dense_reward=prm backbone)
+  train step transient (``train_step_bytes``): the larger of
+    update   = 4 w P / shard             (grads, new params, m, v)
+    backward = w P / shard [grads] (+ w P / shard, their sum: n > 1)
+               + c P / shard [compute copy] + P_layer c / t [FSDP gather]
+               + L r T d c [remat] + max(one block, 2 r W V / t x 4)
+    one block = r T 4 (8 d + 3 F / t + (H + 2K) hd / t)
+                + 3.5 r (H / t) T^2 4   [unless attention is fused: cuDNN]
+  log-prob transient (pi_old, pi_ref of U rows in chunks of r a device;
+    ``logprob_bytes``)
+  rollout transient (``prefill_bytes``): the KV cache of a prefill's rows
+    twice (unique prompts, gathered decode rows) + 3 float32 score copies
+    [r_e, H / t, Pb - 1, S] (the KV-cache path never uses a fused kernel)
 
-  total = resident + max(training transient, rollout transient)
+  total  = resident + max(train, log-prob, rollout transients)
+  usable = mesh.device_memory_gb x the fraction JAX preallocates
+           (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's default 0.75; the
+           launchers set it)
 
 (d width, L layers, H / K query / KV heads, hd head width, F MLP width,
-V vocab; t_kv = tensor when it divides K, else 1; GB = 2**30 bytes.) A
-dimension that does not divide its mesh axis is replicated
+V vocab.) A dimension that does not divide its mesh axis is replicated
 (``sharding.fit_spec_to_shape``), which the estimate ignores: the plan's
 ``warnings`` name such dimensions.
 """
@@ -160,14 +168,263 @@ def resolve_layout(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
 # Memory
 # --------------------------------------------------------------------------
 
+# Live buffers at each compiled program's peak, in copies of an array.
+# Counted from XLA's buffer assignment (``memory_analysis``) of the scanned,
+# rematerialised programs compiled on CPU with a memory-minimising schedule
+# (``hlo.MEMORY_XLA_FLAGS``); tests/plan_test.py holds each program's
+# estimate within 25 % of it. XLA:CPU runs a block's bfloat16 elementwise
+# work in float32, so the block terms are float32 copies: an upper bound
+# where an accelerator keeps them in bfloat16.
+UPDATE_COPIES = 4  # grads, new params, m, v (the old state is kept until
+#                    the step's finite check selects), param dtype each
+BLOCK_COPIES = (8, 3, 1)  # float32 per token in one block's backward:
+#                    widths d, F / t and (H + 2K) hd / t
+TRAIN_SCORE_COPIES = 3.5  # float32 [rows, H / t, T, S] in that backward
+FORWARD_SCORE_COPIES = 3  # the same in a forward (log-probs, prefill)
+LOGIT_COPIES = 2  # float32 [rows, W, V / t]: logits and their gradient
+FORWARD_LOGIT_COPIES = 1
+GATHERED_LAYERS = 1  # FSDP: the running block's gathered weights
+BATCH_BYTES = 41  # per row and position: 3 int32 inputs, 7 float32 fields,
+#                   + is_offpolicy
+DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates 75 % of a GPU by default
 
-def train_rows(cfg) -> int:
-  """Global rows of one micro-batch (a row is one step of an episode)."""
+
+def attention_fused(mcfg, platform: str) -> bool:
+  """Whether the learner's attention is a fused kernel (no [T, S] scores),
+  as ``transformer.attention_implementation`` picks it on ``platform``:
+  'cudnn' and 'splash' are; 'auto' is cuDNN on GPU for bfloat16 / float16
+  compute and head widths that are multiples of 8 up to 128, Pallas splash
+  attention on TPU where this version has it (``models.config.ATTENTION``),
+  else XLA's, which materialises the scores (CPU). The engine's prefill
+  and decode (KV cache) always materialise them."""
+  from rspo_jax.models.config import ATTENTION
+
+  if mcfg.attention in ("cudnn", "splash"):
+    return True
+  if mcfg.attention != "auto":
+    return False
+  if platform == "tpu":
+    return "splash" in ATTENTION
+  return (platform == "gpu" and mcfg.dtype in ("bfloat16", "float16")
+          and mcfg.head_dim % 8 == 0 and mcfg.head_dim <= 128)
+
+
+def _dims(mcfg, mesh_shape):
+  from rspo_jax.models.config import DTYPES
+
+  data, fsdp, tensor = (int(x) for x in mesh_shape)
+  p = mcfg.num_params()
+  embed = mcfg.vocab_size * mcfg.hidden_size * (
+      1 if mcfg.tie_word_embeddings else 2)
+  return dict(
+      p=p, p_layer=(p - embed) / mcfg.num_layers, shard=fsdp * tensor,
+      ways=data * fsdp, fsdp=fsdp, t=tensor, w=DTYPES[mcfg.param_dtype],
+      c=DTYPES[mcfg.dtype], inf=DTYPES[mcfg.inference_dtype],
+      d=mcfg.hidden_size, f=mcfg.intermediate_size, h=mcfg.num_heads,
+      k=mcfg.num_kv_heads, hd=mcfg.head_dim, v=mcfg.vocab_size,
+      layers=mcfg.num_layers)
+
+
+def _block_bytes(x, rows, length, fused, backward):
+  """One block's live internals on a device: float32 [rows, T, .] widths
+  (``BLOCK_COPIES``) and, unless fused, the [rows, H / t, T, T] scores."""
+  kd, kf, kh = BLOCK_COPIES
+  t = x["t"]
+  width = (kd * x["d"] + kf * x["f"] / t
+           + kh * (x["h"] + 2 * x["k"]) * x["hd"] / t)
+  scores = 0.0
+  if not fused:
+    copies = TRAIN_SCORE_COPIES if backward else FORWARD_SCORE_COPIES
+    scores = copies * rows * x["h"] / t * length * length * 4
+  if not backward:  # a forward holds the scores or the MLP, not both
+    return max(scores, rows * length * 4 * 2 * x["f"] / t)
+  return rows * length * 4 * width + scores
+
+
+def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
+                     window: int, n_micro: int = 1,
+                     platform: str = "gpu") -> dict:
+  """Bytes per device of the compiled policy train step on ``rows`` global
+  rows of ``length`` tokens in ``n_micro`` micro-batches, logits on a
+  response ``window``:
+
+    state     = 3 w P / shard                     (masters, Adam m and v)
+    batch     = rows / ways x T x BATCH_BYTES
+    update    = UPDATE_COPIES w P / shard
+    backward  = P / shard (w [grads] + w [accumulator, n_micro > 1]
+                           + c [compute copy, c != w]) + gathered + acts
+    gathered  = GATHERED_LAYERS P_layer c / t     (fsdp > 1)
+    acts      = L r T d c [block inputs under remat]
+                + max(block, LOGIT_COPIES r W V / t x 4)
+    peak      = state + batch + max(update, backward)
+
+  r = ceil(rows / n_micro / ways) rows a device computes at once; without
+  remat every block's internals are kept (L x block). A fused kernel with
+  unrolled layers: the last block's plain-path scores on the response
+  window, TRAIN_SCORE_COPIES r H / t x W x T x 4, are added (scanned
+  layers take the window after the last block)."""
+  x = _dims(mcfg, mesh_shape)
+  p, shard, w, c = x["p"], x["shard"], x["w"], x["c"]
+  r = -(-rows // (n_micro * x["ways"]))
+  fused = attention_fused(mcfg, platform)
+  state = 3 * w * p / shard
+  batch = -(-rows // x["ways"]) * length * BATCH_BYTES
+  update = UPDATE_COPIES * w * p / shard
+  grads = w * p / shard * (2 if n_micro > 1 else 1)
+  copy = c * p / shard if c != w else 0.0
+  gathered = GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 \
+      else 0.0
+  block = _block_bytes(x, r, length, fused, backward=True)
+  window_scores = 0.0
+  if fused and window and not mcfg.scan_layers:
+    # Unrolled layers: the last block runs on the response window by the
+    # plain path (an offset window): [r, H / t, W, T] float32 scores.
+    window_scores = (TRAIN_SCORE_COPIES * r * x["h"] / x["t"] * window
+                     * length * 4)
+  if mcfg.remat:
+    carries = x["layers"] * r * length * x["d"] * c
+    block += window_scores
+  else:
+    carries, block = 0.0, x["layers"] * block + window_scores
+  logits = LOGIT_COPIES * r * window * x["v"] / x["t"] * 4
+  acts = carries + max(block, logits)
+  backward = grads + copy + gathered + acts
+  return dict(state=state, batch=batch, update=update, grads=grads,
+              compute_copy=copy, gathered=gathered, carries=carries,
+              block=block, logits=logits, activations=carries + block,
+              transient=max(update, backward),
+              peak=state + batch + max(update, backward), rows=r,
+              fused=fused)
+
+
+def logprob_bytes(mcfg, mesh_shape, rows: int, length: int, *, window: int,
+                  n_chunks: int = 1, param_dtype: Optional[str] = None,
+                  platform: str = "gpu") -> dict:
+  """Bytes per device of the compiled log-prob pass (pi_old on the float32
+  masters, pi_ref on its ``inference_dtype`` copy: ``param_dtype``) over
+  ``rows`` rows in ``n_chunks`` calls inside one program
+  (``learner.chunked``):
+
+    params    = P b / shard                   (argument; b its bytes)
+    io        = rows / ways x T x 20          (4 inputs, the output)
+    transient = P c / shard [b != c] + gathered + 2 r T d c
+                + max(block forward, FORWARD_LOGIT_COPIES r W V / t x 4)
+    peak      = params + io + transient
+
+  r = ceil(rows / n_chunks / ways): rows a device computes at once."""
+  from rspo_jax.models.config import DTYPES
+
+  x = _dims(mcfg, mesh_shape)
+  b = DTYPES[param_dtype or mcfg.param_dtype]
+  p, shard, c = x["p"], x["shard"], x["c"]
+  r = -(-rows // (n_chunks * x["ways"]))
+  params = b * p / shard
+  io = -(-rows // x["ways"]) * length * 20
+  copy = c * p / shard if b != c else 0.0
+  gathered = GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 \
+      else 0.0
+  block = _block_bytes(x, r, length, attention_fused(mcfg, platform),
+                       backward=False)
+  logits = FORWARD_LOGIT_COPIES * r * window * x["v"] / x["t"] * 4
+  transient = copy + gathered + 2 * r * length * x["d"] * c + max(block,
+                                                                  logits)
+  return dict(params=params, io=io, compute_copy=copy, gathered=gathered,
+              block=block, logits=logits, transient=transient,
+              peak=params + io + transient, rows=r)
+
+
+def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
+                  chunk: int = 0) -> dict:
+  """Bytes per device of the engine's compiled prefill of ``rows`` prompts
+  of bucket ``prompt`` into a cache of S = prompt + new slots (the KV-cache
+  path: scores always materialised; ``chunk`` columns at a time, 0 = all
+  prompt - 1 at once):
+
+    weights   = P i / t                      (split over 'tensor' only)
+    cache     = r S L 2 K hd c / t_kv        (the decode rows' cache)
+    transient = cache [the unique prompts' cache, before the row gather]
+                + FORWARD_SCORE_COPIES r H / t x q x S x 4
+    peak      = weights + cache + transient
+
+  r = ceil(rows / ways), q = chunk or prompt - 1, t_kv = t when it divides
+  K else 1."""
+  x = _dims(mcfg, mesh_shape)
+  r = -(-rows // x["ways"])
+  s = prompt + new
+  t_kv = x["t"] if x["k"] % x["t"] == 0 else 1
+  weights = x["inf"] * x["p"] / x["t"]
+  cache = r * s * x["layers"] * 2 * x["k"] * x["hd"] * x["c"] / t_kv
+  q = chunk or prompt - 1
+  scores = FORWARD_SCORE_COPIES * r * x["h"] / x["t"] * q * s * 4
+  return dict(weights=weights, cache=cache, scores=scores,
+              transient=cache + scores, peak=weights + 2 * cache + scores,
+              rows=r)
+
+
+def engine_shapes(cfg, layout) -> dict:
+  """What one prefill of the in-process engine holds (its defaults,
+  ``rollout/jax_engine.py``): a host's episodes of a turn in one call on
+  an accelerator (``length_group_rows`` 0, one pass over the prompt:
+  ``prefill_chunk`` 0), chunks of 8 rows and column blocks of 64 on CPU;
+  rows padded to a batch bucket, prompts to a prompt bucket, new tokens to
+  a multiple of 16. Rows split over the engine mesh's data x fsdp (one
+  host: the learner's mesh; several: each host's own devices)."""
+  from rspo_jax.rollout import jax_engine as je
+
+  on_cpu = layout["platform"] == "cpu"
+  episodes = -(-cfg.train.batch_tasks * cfg.train.group_size
+               // layout["hosts"])
+  rows = min(episodes, je.CPU_GROUP_ROWS if on_cpu else max(
+      je.BATCH_BUCKETS))
+  rows = je.bucket_size(rows, je.BATCH_BUCKETS, "batch size")
+  prompt = je.bucket_size(min(cfg.rollout.max_prompt_tokens,
+                              max(je.PROMPT_BUCKETS)), je.PROMPT_BUCKETS,
+                          "prompt length")
+  new = je.round_up(cfg.rollout.max_new_tokens, 16)
+  chunk = 0
+  if on_cpu:
+    chunk = max(je.CPU_PREFILL_CHUNK,
+                -(-(prompt - 1) // je.MAX_PREFILL_BLOCKS))
+  mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
+  if layout["hosts"] > 1:  # build.local_mesh
+    per, t = layout["devices_per_host"], mesh[2]
+    t = t if per % t == 0 else 1
+    mesh = [1, per // t, t]
+  return dict(rows=rows, prompt=prompt, new=new, chunk=chunk, mesh=mesh,
+              calls_per_turn=-(-episodes // rows))
+
+
+def step_rows(cfg) -> int:
+  """Most rows one A step trains on: one per episode step (batch_tasks x
+  group_size x env.max_steps), at most ``train.max_train_rows``."""
   t = cfg.train
-  if t.micro_batch_rows:
-    return int(t.micro_batch_rows)
   rows = t.batch_tasks * t.group_size * cfg.env.max_steps
   return min(rows, t.max_train_rows) if t.max_train_rows else rows
+
+
+def update_rows(cfg) -> int:
+  """Most rows of one optimizer update (``update.StepUpdater.mini_batches``):
+  ceil(step rows / ``train.updates_per_step``) when that is set; else
+  ``train.mini_batch_rows`` when it is below the step's rows; else all."""
+  t, rows = cfg.train, step_rows(cfg)
+  fixed = int(t.get("updates_per_step", 0) or 0)
+  m = int(t.get("mini_batch_rows", 0) or 0)
+  if fixed:
+    return -(-rows // min(fixed, rows))
+  return m if 0 < m < rows else rows
+
+
+def train_rows(cfg) -> int:
+  """Global rows of one micro-batch: ``train.micro_batch_rows`` when it
+  splits an update, else the update's rows."""
+  m, rows = int(cfg.train.micro_batch_rows or 0), update_rows(cfg)
+  return m if 0 < m < rows else rows
+
+
+def micro_batches(cfg) -> int:
+  """Micro-batches of one update (``Learner.n_micro``): ceil(update rows /
+  micro-batch rows); more than one keeps a float32 gradient sum."""
+  return -(-update_rows(cfg) // train_rows(cfg))
 
 
 def run_dtypes(cfg, mcfg) -> dict:
@@ -187,72 +444,117 @@ def run_dtypes(cfg, mcfg) -> dict:
                  else export),
       "export": export,
       "remat": bool(mcfg.remat),
+      "scan_layers": bool(mcfg.scan_layers),
   }
 
 
-def memory_per_device(cfg, mcfg, mesh_shape) -> dict:
-  """The terms of the module docstring, in bytes, for ``mesh_shape`` =
-  (data, fsdp, tensor)."""
-  from rspo_jax.models.config import DTYPES  # bytes per element
-
-  data, fsdp, tensor = (int(x) for x in mesh_shape)
-  shard, batch_ways = fsdp * tensor, data * fsdp
-  p = mcfg.num_params()
-  dtypes = run_dtypes(cfg, mcfg)
-  w, opt, grad = (DTYPES[dtypes[k]] for k in
-                  ("params", "optimizer_state", "grad_accumulation"))
-  c = DTYPES[dtypes["compute"]]
-  r = DTYPES[dtypes["reference"]]
+def memory_per_device(cfg, mcfg, mesh_shape, layout=None) -> dict:
+  """The run's bytes per device (module docstring), in GiB for the
+  ``*_GB`` keys. ``layout`` (``resolve_layout``): platform and hosts; a
+  one-host GPU by default."""
+  layout = layout or {
+      "platform": "gpu", "hosts": 1, "devices_per_host": math.prod(
+          mesh_shape),
+      "mesh": dict(zip(("data", "fsdp", "tensor"), mesh_shape))}
+  platform = layout["platform"]
+  x = _dims(mcfg, mesh_shape)
+  p, shard = x["p"], x["shard"]
   seq = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
-  d, n_layers, vocab = mcfg.hidden_size, mcfg.num_layers, mcfg.vocab_size
-  h, k, hd, ff = (mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim,
-                  mcfg.intermediate_size)
-  rows = -(-train_rows(cfg) // batch_ways)
+  window = min(seq - 1, cfg.rollout.max_new_tokens)
+  # One optimizer update: its rows in micro-batches of ``train_rows``
+  # (a float32 gradient sum when there are several).
+  rows, n_micro = update_rows(cfg), micro_batches(cfg)
+  train = train_step_bytes(mcfg, mesh_shape, n_micro * train_rows(cfg), seq,
+                           window=window, n_micro=n_micro,
+                           platform=platform)
+  # pi_old / pi_ref of an update's rows: ``Learner.apply`` in chunks of at
+  # most micro-batch rows inside one call (``learner.apply_chunks``).
+  from rspo_jax.learner import apply_chunks
 
-  train_state = p * (w + 2 * opt + grad) / shard
+  chunks = apply_chunks(rows, train_rows(cfg), x["ways"])
+  old = logprob_bytes(mcfg, mesh_shape, rows, seq, window=window,
+                      n_chunks=chunks, platform=platform)
+  ref_pass = logprob_bytes(mcfg, mesh_shape, rows, seq, window=window,
+                           n_chunks=chunks, param_dtype=mcfg.inference_dtype,
+                           platform=platform)
+
+  state = train["state"]
   uses_b = cfg.rspo.enabled and cfg.rspo.data_source in ("rspo", "outcome")
-  policy_b = train_state if uses_b else 0.0
-  critic = train_state if cfg.algo.name == "ppo" else 0.0
-  ref = p * r / shard
+  policy_b = state if uses_b else 0.0
+  critic = state if cfg.algo.name == "ppo" else 0.0
+  ref = ref_pass["params"]
+  prm = (x["c"] * p / shard if cfg.rspo.enabled
+         and cfg.rspo.dense_reward == "prm" else 0.0)
   in_process = cfg.rollout.engine == "jax"
-  engine = p * DTYPES[dtypes["engine"]] / shard if in_process else 0.0
-
-  block = rows * seq * (
-      2 * 4 * h * seq + c * (3 * ff + (2 * h + 2 * k) * hd)
-  ) / tensor
-  remat = bool(cfg.model.remat)
-  activations = (
-      n_layers * rows * seq * d * c + block if remat else n_layers * block
-  )
-  logits = 2 * rows * seq * vocab * 4 / tensor
-  layer_params = (p - vocab * d * (1 if mcfg.tie_word_embeddings else 2)
-                  ) / n_layers
-  gather = 2 * layer_params * c / tensor if fsdp > 1 else 0.0
-  t_kv = tensor if k % tensor == 0 else 1
-  episodes = cfg.train.batch_tasks * cfg.train.group_size
-  kv_cache = (
-      -(-episodes // batch_ways) * seq * n_layers * 2 * k * hd * c / t_kv
-      if in_process else 0.0
-  )
-  resident = train_state + policy_b + critic + ref + engine
-  training = activations + logits + gather
-  total = resident + max(training, kv_cache)
+  engine = kv_cache = prefill = 0.0
+  eng = None
+  if in_process:
+    eng = engine_shapes(cfg, layout)
+    pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
+                        eng["new"], chunk=eng["chunk"])
+    engine, kv_cache, prefill = pre["weights"], pre["cache"], pre["scores"]
+  resident = state + policy_b + critic + ref + engine + prm
+  train_transient = train["batch"] + train["transient"]
+  logprob_transient = max(old["transient"], ref_pass["transient"])
+  rollout = 2 * kv_cache + prefill
+  phases = {"train step": train_transient, "log-probs": logprob_transient,
+            "rollout prefill": rollout}
+  peak_phase = max(phases, key=phases.get)
+  total = resident + phases[peak_phase]
   out = {
       "params": p,
-      "train_rows_per_device": rows,
-      "policy_A_GB": train_state,
+      "update_rows": rows,
+      "micro_batches": n_micro,
+      "train_rows_per_device": train["rows"],
+      "attention": "fused" if train["fused"] else "materialised scores",
+      "policy_A_GB": state,
       "policy_B_GB": policy_b,
       "critic_GB": critic,
       "ref_GB": ref,
       "engine_weights_GB": engine,
-      "activations_GB": activations,
-      "logits_GB": logits,
-      "fsdp_gather_GB": gather,
-      "kv_cache_GB": kv_cache,
+      "prm_GB": prm,
       "resident_GB": resident,
+      "grads_GB": train["grads"],
+      "compute_copy_GB": train["compute_copy"],
+      "optimizer_update_GB": train["update"],
+      "fsdp_gather_GB": train["gathered"],
+      "activations_GB": train["activations"],
+      "logits_GB": train["logits"],
+      "train_transient_GB": train_transient,
+      "logprob_transient_GB": logprob_transient,
+      "kv_cache_GB": kv_cache,
+      "prefill_scores_GB": prefill,
+      "rollout_transient_GB": rollout,
       "total_GB": total,
+      "peak_phase": peak_phase,
   }
+  if eng is not None:
+    out["engine_prefill"] = {k: eng[k] for k in
+                             ("rows", "prompt", "new", "chunk")}
   return {k_: v / GB if k_.endswith("_GB") else v for k_, v in out.items()}
+
+
+def mem_fraction(environ: Mapping[str, str],
+                 platform: str = "gpu") -> tuple[float, str]:
+  """(fraction of a device JAX may use, where it came from). GPU:
+  ``XLA_PYTHON_CLIENT_MEM_FRACTION``; 1.0 without preallocation
+  (``XLA_PYTHON_CLIENT_PREALLOCATE=false``); else JAX's default 0.75. TPU
+  and CPU: 1.0 (the variable applies to GPUs only)."""
+  if platform != "gpu":
+    return 1.0, f"{platform}: no preallocation fraction"
+  value = environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "").strip()
+  if value:
+    try:
+      fraction = float(value)
+    except ValueError:
+      fraction = -1.0
+    if not 0.0 < fraction <= 1.0:
+      raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={value!r} is not a"
+                       " number in (0, 1]")
+    return fraction, "XLA_PYTHON_CLIENT_MEM_FRACTION"
+  if environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() == "false":
+    return 1.0, "XLA_PYTHON_CLIENT_PREALLOCATE=false"
+  return DEFAULT_MEM_FRACTION, "JAX default"
 
 
 def layout_warnings(cfg, mcfg, mesh_shape, hosts: int) -> list:
@@ -296,10 +598,12 @@ def plan_model_config(cfg):
   from rspo_jax import models
 
   m = cfg.model
-  overrides = {"dtype": m.dtype,
+  overrides = {"dtype": m.dtype,  # as build.model_numerics sets them
                "param_dtype": str(m.get("param_dtype", "float32") or
                                   "float32"),
-               "remat": bool(m.remat)}
+               "remat": bool(m.remat),
+               "scan_layers": bool(m.get("scan_layers", False)),
+               "attention": m.get("attention", "auto")}
   for item in filter(None, str(m.get("overrides", "") or "").split(";")):
     key, _, value = item.partition("=")
     overrides[key.strip()] = int(value)
@@ -315,10 +619,11 @@ def plan_model_config(cfg):
 
 def make_plan(cfg, workdir: str,
               environ: Optional[Mapping[str, str]] = None) -> dict:
+  environ = os.environ if environ is None else environ
   layout = resolve_layout(cfg, environ)
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
   mcfg = plan_model_config(cfg)
-  mem = memory_per_device(cfg, mcfg, mesh)
+  mem = memory_per_device(cfg, mcfg, mesh, layout)
   servers = [u.strip() for u in cfg.rollout.server_urls.split(",")
              if u.strip()]
   if cfg.rollout.engine == "sglang" and not servers:
@@ -345,7 +650,9 @@ def make_plan(cfg, workdir: str,
           "group_size": cfg.train.group_size,
           "episodes": episodes,
           "episodes_per_host": episodes / layout["hosts"],
+          "update_rows": update_rows(cfg),
           "micro_batch_rows": train_rows(cfg),
+          "micro_batches": micro_batches(cfg),
       },
       "steps_of_A": cfg.train.total_steps,
       "rspo_loops": -(-cfg.train.total_steps // cfg.rspo.k),
@@ -356,13 +663,26 @@ def make_plan(cfg, workdir: str,
   }
   warnings = layout_warnings(cfg, mcfg, mesh, layout["hosts"])
   if device_gb:
+    fraction, source = mem_fraction(environ, layout["platform"])
+    usable = device_gb * fraction
     plan["device_memory_GB"] = device_gb
-    plan["fits"] = mem["total_GB"] <= device_gb
+    plan["mem_fraction"] = {"value": fraction, "from": source}
+    plan["usable_GB"] = round(usable, 2)
+    plan["fits"] = mem["total_GB"] <= usable
     if not plan["fits"]:
       warnings.append(
           f"estimated {mem['total_GB']:.1f} GB a device exceeds the"
-          f" {device_gb:g} GB of mesh.device_memory_gb"
+          f" {usable:.1f} GB JAX may use ({fraction:g} of the"
+          f" {device_gb:g} GB of mesh.device_memory_gb, {source})"
       )
+    if mem["prefill_scores_GB"] > usable / 4:
+      warnings.append(
+          f"the in-process engine's prefill holds"
+          f" {mem['prefill_scores_GB']:.1f} GB of attention scores"
+          f" ({mem['engine_prefill']['rows']} rows of a"
+          f" {mem['engine_prefill']['prompt']}-token prompt bucket at once):"
+          " fewer episodes a host, rollout.engine=sglang, or a larger mesh"
+          " cut it")
   plan["warnings"] = warnings
   return plan
 

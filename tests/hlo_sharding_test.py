@@ -25,25 +25,15 @@ Run as a script to print every function's numbers.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from flax import nnx
-from jax.sharding import NamedSharding
 
+from rspo_jax import hlo  # compiling from abstract inputs, HLO reading
 from rspo_jax import sharding as shd
-from rspo_jax import train_step as ts
 from rspo_jax.models.config import get_model_config
-from rspo_jax.models import transformer as tfm
-from rspo_jax.models.transformer import Transformer
 from rspo_jax.rollout import jax_engine
-from rspo_jax.types import Batch
 
 RULES = shd.DEFAULT_RULES
 MESHES = ((1, 8, 1), (2, 4, 1), (1, 4, 2))
@@ -58,213 +48,20 @@ def model_cfg(**kw):
   )
 
 
-# ------------------------------------------------------------ HLO reading
-
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s"
-                  r"([a-z][\w\-]*)\((.*)$")
-_ARRAY = re.compile(r"\b[a-z]+[0-9]*\[([0-9,]*)\]")
-_KINDS = ("all-gather", "all-reduce", "reduce-scatter")
-
-
-def _shapes(text: str) -> list[tuple]:
-  return [tuple(int(d) for d in dims.split(",") if d)
-          for dims in _ARRAY.findall(text)]
-
-
-def collectives(hlo: str) -> list[tuple[str, tuple]]:
-  """(kind, shape) of every array a collective produces or takes (operand
-  shapes looked up by name when the HLO text omits them)."""
-  defs, found = {}, []
-  for line in hlo.splitlines():
-    m = _DEF.match(line)
-    if not m:
-      continue
-    name, result, op, args = m.groups()
-    defs[name] = _shapes(result)
-    kind = op[:-len("-start")] if op.endswith("-start") else op
-    if kind in _KINDS:
-      found.append((kind, result, args.split("), ")[0]))
-  out = []
-  for kind, result, args in found:
-    shapes = _shapes(result)
-    for operand in re.findall(r"%([\w.\-]+)", args):
-      shapes += defs.get(operand, [])
-    shapes += _shapes(re.sub(r"%[\w.\-]+", "", args))  # inline types
-    out += [(kind, s) for s in shapes]
-  return out
-
-
-def param_shapes(params, mesh_size: int) -> set:
-  """Each parameter's shape and its shards (a dim divided by a divisor of
-  the device count), with size-1 dims dropped."""
-  shapes = set()
-  divisors = [d for d in range(1, mesh_size + 1) if mesh_size % d == 0]
-  for leaf in jax.tree.leaves(params):
-    variants = [()]
-    for dim in leaf.shape:
-      variants = [v + (dim // d,) for v in variants for d in divisors
-                  if dim % d == 0]
-    shapes.update(tuple(x for x in v if x != 1) for v in variants)
-  return shapes
-
-
-def activation_collectives(hlo, params, mesh_size, bound):
-  """Collectives of non-parameter arrays with more than ``bound`` elements:
-  [(kind, shape, elements)]."""
-  skip = param_shapes(params, mesh_size)
-  bad = []
-  for kind, shape in collectives(hlo):
-    n = math.prod(shape)
-    if n > bound and tuple(d for d in shape if d != 1) not in skip:
-      bad.append((kind, shape, n))
-  return bad
-
-
-# ------------------------------------------------------- abstract inputs
-
-
-def abstract_model(cfg):
-  """(graphdef, params, rest) with ShapeDtypeStruct leaves."""
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  return nnx.split(model, nnx.Param, ...)
-
-
-def sds(shape, dtype, sharding=None):
-  return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
-
-
-def rows_sharding(mesh, ndim):
-  return shd.named_sharding(mesh, ("batch",) + (None,) * (ndim - 1), RULES)
-
-
-def abstract_batch(mesh, rows, length):
-  f32 = lambda: sds((rows, length), jnp.float32, rows_sharding(mesh, 2))
-  i32 = lambda: sds((rows, length), jnp.int32, rows_sharding(mesh, 2))
-  return Batch(
-      tokens=i32(), positions=i32(), attention_mask=i32(), loss_mask=f32(),
-      advantages=f32(), old_logp=f32(), ref_logp=f32(), behavior_logp=f32(),
-      returns=f32(), old_values=f32(),
-      is_offpolicy=sds((rows,), jnp.bool_, rows_sharding(mesh, 1)),
-  )
-
-
-def abstract_state(mesh, params, tx):
-  """(abstract TrainState, its shardings), as create_train_state builds."""
-  param_sh = shd.state_shardings(mesh, params, RULES)
-  opt = jax.eval_shape(tx.init, params)
-  opt_sh = optax.tree_map_params(
-      tx, lambda _, s: s, opt, param_sh,
-      transform_non_params=lambda _: shd.replicated(mesh),
-  )
-  opt_sh = jax.tree.map(
-      lambda s: s if isinstance(s, NamedSharding) else shd.replicated(mesh),
-      opt_sh)
-  state = ts.TrainState(step=sds((), jnp.int32), params=params,
-                        opt_state=opt)
-  state_sh = ts.TrainState(step=shd.replicated(mesh), params=param_sh,
-                           opt_state=opt_sh)
-  return state, state_sh
-
-
 # ------------------------------------------------------------- compiling
-
-
-@dataclasses.dataclass
-class Compiled:
-  name: str
-  hlo: str
-  temp_bytes: int
-  rows: int  # rows one instance computes
-  length: int  # sequence (or cache) length
-
-
-def compile_train_step(mesh, cfg):
-  graphdef, params, rest = abstract_model(cfg)
-  tx = ts.make_optimizer(1e-6)
-  state, state_sh = abstract_state(mesh, params, tx)
-  batch = abstract_batch(mesh, ROWS, LENGTH)
-  loss = ts.make_policy_loss(ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01))
-  step = ts.make_train_step(
-      graphdef, rest, loss, tx, mesh=mesh, state_shardings=state_sh,
-      batch_sharding_tree=jax.tree.map(lambda x: x.sharding, batch),
-      n_micro=N_MICRO, donate=False,
-  )
-  out = step.lower(state, batch, jax.random.key(0)).compile()
-  return Compiled("train_step", out.as_text(),
-                  out.memory_analysis().temp_size_in_bytes,
-                  ROWS // N_MICRO, LENGTH), params
-
-
-def compile_logprob(mesh, cfg):
-  cfg = dataclasses.replace(cfg, param_dtype=cfg.inference_dtype)
-  graphdef, params, rest = abstract_model(cfg)
-  param_sh = shd.state_shardings(mesh, params, RULES)
-  fn = ts.make_logprob_fn(graphdef, rest, mesh=mesh, param_shardings=param_sh,
-                          rules=RULES)
-  x = sds((ROWS, LENGTH), jnp.int32, rows_sharding(mesh, 2))
-  out = fn.lower(params, x, x, x, x).compile()
-  return Compiled("logprob", out.as_text(),
-                  out.memory_analysis().temp_size_in_bytes,
-                  ROWS, LENGTH), params
-
-
-def _engine_inputs(mesh, cfg):
-  cfg = dataclasses.replace(cfg, param_dtype=cfg.inference_dtype)
-  graphdef, params, rest = abstract_model(cfg)
-  psh = shd.state_shardings(mesh, params, shd.inference_rules(RULES))
-  params = jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), params, psh)
-  static = jax_engine._Static(graphdef=graphdef, cfg=cfg, mesh=mesh,
-                              rules=RULES, pad_id=0)
-  return cfg, params, rest, static
-
-
-def compile_prefill(mesh, cfg):
-  cfg, params, rest, static = _engine_inputs(mesh, cfg)
-  x = sds((PREFILL_ROWS, PROMPT - 1), jnp.int32, rows_sharding(mesh, 2))
-  m = sds((PREFILL_ROWS, PROMPT - 1), jnp.bool_, rows_sharding(mesh, 2))
-  row_map = sds((PREFILL_ROWS,), jnp.int32)
-  out = jax_engine._prefill.lower(
-      params, rest, x, x, m, row_map, cache_len=PROMPT + NEW, static=static
-  ).compile()
-  return Compiled("prefill", out.as_text(),
-                  out.memory_analysis().temp_size_in_bytes,
-                  PREFILL_ROWS, PROMPT), params
-
-
-def compile_decode(mesh, cfg):
-  cfg, params, rest, static = _engine_inputs(mesh, cfg)
-  cache = jax.eval_shape(lambda: tfm.init_cache(cfg, PREFILL_ROWS,
-                                                 PROMPT + NEW))
-
-  def placed(x, logical):
-    spec = shd.logical_to_mesh_spec(logical, RULES)
-    return sds(x.shape, x.dtype, NamedSharding(
-        mesh, shd.fit_spec_to_shape(mesh, spec, x.shape)))
-
-  kv = lambda xs: tuple(placed(x, jax_engine._CACHE_AXES) for x in xs)
-  cache = tfm.KVCache(
-      k=kv(cache.k), v=kv(cache.v),
-      key_mask=placed(cache.key_mask, ("batch", "cache_length")),
-      index=placed(cache.index, ()))
-  row = lambda dt: sds((PREFILL_ROWS,), dt, rows_sharding(mesh, 1))
-  rows = jax_engine._Rows(last_tok=row(jnp.int32), last_pos=row(jnp.int32),
-                          active=row(jnp.bool_), row_ids=row(jnp.int32))
-  knobs = jax_engine._Knobs(
-      seed=sds((), jnp.uint32), temperature=sds((), jnp.float32),
-      top_p=sds((), jnp.float32), max_new=sds((), jnp.int32),
-      stop_mask=sds((cfg.vocab_size,), jnp.bool_))
-  out = jax_engine._decode.lower(
-      params, rest, cache, rows, knobs, slots=NEW, static=static).compile()
-  return Compiled("decode", out.as_text(),
-                  out.memory_analysis().temp_size_in_bytes,
-                  PREFILL_ROWS, PROMPT + NEW), params
-
+# rspo_jax/hlo.py compiles each program from abstract inputs (nothing is
+# allocated); the train step without donation, so its arguments stay
+# apart from its outputs as the temporaries are read.
 
 COMPILERS = {
-    "train_step": compile_train_step,
-    "logprob": compile_logprob,
-    "prefill": compile_prefill,
-    "decode": compile_decode,
+    "train_step": lambda mesh, cfg: hlo.compile_train_step(
+        mesh, cfg, ROWS, LENGTH, n_micro=N_MICRO, donate=False),
+    "logprob": lambda mesh, cfg: hlo.compile_logprob(
+        mesh, cfg, ROWS, LENGTH, param_dtype=cfg.inference_dtype),
+    "prefill": lambda mesh, cfg: hlo.compile_prefill(
+        mesh, cfg, PREFILL_ROWS, PROMPT, NEW),
+    "decode": lambda mesh, cfg: hlo.compile_decode(
+        mesh, cfg, PREFILL_ROWS, PROMPT, NEW),
 }
 
 
@@ -276,12 +73,7 @@ def _batch_ways(mesh_shape, rows):
   return ways if rows % ways == 0 else 1
 
 
-def activation_bound(c: Compiled, mesh_shape, cfg) -> int:
-  """rows / (data * fsdp) * length * hidden_size (module docstring)."""
-  return c.rows // _batch_ways(mesh_shape, c.rows) * c.length * cfg.hidden_size
-
-
-def _temp_bound(c: Compiled, mesh_shape, cfg) -> int:
+def _temp_bound(c: hlo.Compiled, mesh_shape, cfg) -> int:
   """Per-device temporaries allowed, in bytes: ``weights + acts``.
 
   weights: the parameters whole on a device, float32 (XLA:CPU widens
@@ -320,9 +112,9 @@ def cfg():
 
 def check(name, mesh_shape, cfg):
   mesh = shd.make_mesh(mesh_shape)
-  c, params = COMPILERS[name](mesh, cfg)
-  bound = activation_bound(c, mesh_shape, cfg)
-  bad = activation_collectives(c.hlo, params, mesh.size, bound)
+  c = COMPILERS[name](mesh, cfg)
+  bound = hlo.activation_bound(c, mesh_shape, cfg.hidden_size)
+  bad = hlo.activation_collectives(c.hlo, c.params, mesh.size, bound)
   return c, bound, bad, _temp_bound(c, mesh_shape, cfg)
 
 
@@ -334,13 +126,13 @@ def test_no_activation_collectives_and_bounded_temps(name, mesh_shape, cfg):
   assert not bad, (
       f"{name} on {mesh_shape}: collectives of activations above"
       f" {bound} elements: {bad[:8]}")
-  assert c.temp_bytes <= temp_bound, (
-      f"{name} on {mesh_shape}: {c.temp_bytes / 2**20:.1f} MiB of"
+  assert c.memory["temp"] <= temp_bound, (
+      f"{name} on {mesh_shape}: {c.memory['temp'] / 2**20:.1f} MiB of"
       f" temporaries per device > {temp_bound / 2**20:.1f} MiB")
 
 
 def test_collectives_parser():
-  hlo = (
+  text = (
       "  %x = bf16[2,256,1536]{2,1,0} parameter(0)\n"
       "  %ag = bf16[16,256,1536]{2,1,0} all-gather(%x), channel_id=1,"
       " replica_groups=[1,8]<=[8], dimensions={0}\n"
@@ -349,7 +141,7 @@ def test_collectives_parser():
       " f32[2,3]{1,0} %b), to_apply=%add\n"
       "  ROOT %add.1 = f32[4]{0} add(f32[4]{0} %a, f32[4]{0} %b)\n"
   )
-  assert collectives(hlo) == [
+  assert hlo.collectives(text) == [
       ("all-gather", (16, 256, 1536)), ("all-gather", (2, 256, 1536)),
       ("reduce-scatter", (4,)), ("all-reduce", (4,)), ("all-reduce", (2, 3)),
       ("all-reduce", (4,)), ("all-reduce", (2, 3)),
@@ -387,7 +179,7 @@ if __name__ == "__main__":
       c, bound, bad, tb = check(name, mesh_shape, cfg_)
       worst = max((n for _, _, n in bad), default=0)
       print(f"{name:10s} {str(mesh_shape):10s} compile {time.time()-t0:5.1f}s"
-            f" temp {c.temp_bytes/2**20:8.1f} MiB (bound {tb/2**20:8.1f})"
+            f" temp {c.memory['temp']/2**20:8.1f} MiB (bound {tb/2**20:8.1f})"
             f" activation collectives {len(bad):3d} (largest {worst}, bound"
             f" {bound})", flush=True)
       for b in sorted(set(bad), key=lambda x: -x[2])[:4]:

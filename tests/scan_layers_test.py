@@ -295,15 +295,17 @@ def test_scanned_programs_move_no_activation_sized_collective(name,
   remat): no all-gather / all-reduce / reduce-scatter of an activation
   beyond one device's share, temporaries within the same budget. One
   layer's weights, gathered inside the loop, are parameter-shaped."""
-  import hlo_sharding_test as hlo  # pylint: disable=import-outside-toplevel
+  import hlo_sharding_test as check  # pylint: disable=import-outside-toplevel
+  from rspo_jax import hlo  # pylint: disable=import-outside-toplevel
 
-  cfg = hlo.model_cfg(scan_layers=True, remat=True)
+  cfg = check.model_cfg(scan_layers=True, remat=True)
   mesh = sharding.make_mesh(mesh_shape)
-  c, stacked = hlo.COMPILERS[name](mesh, cfg)
+  c = check.COMPILERS[name](mesh, cfg)
   assert "while" in c.hlo  # the layers stay a loop
   unrolled = hlo.abstract_model(dataclasses.replace(cfg, scan_layers=False))
-  bound = hlo.activation_bound(c, mesh_shape, cfg)
-  bad = hlo.activation_collectives(c.hlo, [stacked, unrolled[1]], mesh.size,
+  bound = hlo.activation_bound(c, mesh_shape, cfg.hidden_size)
+  bad = hlo.activation_collectives(c.hlo, [c.params, unrolled[1]], mesh.size,
                                    bound)
   assert not bad, (name, mesh_shape, bound, bad[:5])
-  assert c.temp_bytes <= hlo._temp_bound(c, mesh_shape, cfg), c.temp_bytes
+  temp = c.memory["temp"]
+  assert temp <= check._temp_bound(c, mesh_shape, cfg), temp

@@ -27,6 +27,11 @@ SERVER_GPUS=${SERVER_GPUS:-4}            # ROLLOUT=sglang: GPUs given to servers
 SGLANG_PYTHON=${SGLANG_PYTHON:-$PYTHON}
 SGLANG_PORT=${SGLANG_PORT:-30000}
 
+# JAX's share of each learner GPU (it preallocates 75 % by default); the
+# rest is CUDA context, cuDNN workspace and NCCL buffers. --dry_run plans
+# with it (memory_per_device vs usable_GB).
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+
 ARGS=(--config="$CONFIG" --workdir="$WORKDIR")
 [[ -n "$MODEL_DIR" ]] && ARGS+=(--config.model.checkpoint_dir="$MODEL_DIR")
 

@@ -1,0 +1,332 @@
+"""Programs compiled, never run: what they hold and what they communicate.
+
+The train step, the log-prob pass and the rollout engine's prefill and
+decode are lowered from abstract inputs (``jax.ShapeDtypeStruct`` with
+shardings: no parameter is allocated) and compiled for a mesh; then
+
+  * ``memory(c)`` reads XLA's buffer assignment (``memory_analysis()``),
+    per device, in bytes:
+
+        peak = arguments + outputs - aliased + temporaries
+
+    (donated inputs alias their outputs, e.g. the train state);
+  * ``collectives(hlo)`` lists the (kind, shape) of every all-gather,
+    all-reduce and reduce-scatter in the optimised, partitioned HLO, and
+    ``activation_collectives`` those of arrays that are not a parameter
+    (nor a shard of one) with more than ``bound`` elements.
+
+Used by ``tests/hlo_sharding_test.py`` (collectives, temporaries),
+``tests/plan_test.py`` (the memory plan against ``memory``) and
+``bench/device.py`` (activation-sized collectives of the paper step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from rspo_jax import sharding as shd
+from rspo_jax import train_step as ts
+from rspo_jax.models import transformer as tfm
+from rspo_jax.models.transformer import Transformer
+from rspo_jax.rollout import jax_engine
+from rspo_jax.types import Batch
+
+RULES = shd.DEFAULT_RULES
+
+# ------------------------------------------------------------ HLO reading
+
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s"
+                  r"([a-z][\w\-]*)\((.*)$")
+_ARRAY = re.compile(r"\b[a-z]+[0-9]*\[([0-9,]*)\]")
+KINDS = ("all-gather", "all-reduce", "reduce-scatter")
+
+
+def _shapes(text: str) -> list[tuple]:
+  return [tuple(int(d) for d in dims.split(",") if d)
+          for dims in _ARRAY.findall(text)]
+
+
+def collectives(hlo: str) -> list[tuple[str, tuple]]:
+  """(kind, shape) of every array a collective produces or takes (operand
+  shapes looked up by name when the HLO text omits them)."""
+  defs, found = {}, []
+  for line in hlo.splitlines():
+    m = _DEF.match(line)
+    if not m:
+      continue
+    name, result, op, args = m.groups()
+    defs[name] = _shapes(result)
+    kind = op[:-len("-start")] if op.endswith("-start") else op
+    if kind in KINDS:
+      found.append((kind, result, args.split("), ")[0]))
+  out = []
+  for kind, result, args in found:
+    shapes = _shapes(result)
+    for operand in re.findall(r"%([\w.\-]+)", args):
+      shapes += defs.get(operand, [])
+    shapes += _shapes(re.sub(r"%[\w.\-]+", "", args))  # inline types
+    out += [(kind, s) for s in shapes]
+  return out
+
+
+def param_shapes(params, mesh_size: int) -> set:
+  """Each parameter's shape and its shards (a dim divided by a divisor of
+  the device count), with size-1 dims dropped."""
+  shapes = set()
+  divisors = [d for d in range(1, mesh_size + 1) if mesh_size % d == 0]
+  for leaf in jax.tree.leaves(params):
+    variants = [()]
+    for dim in leaf.shape:
+      variants = [v + (dim // d,) for v in variants for d in divisors
+                  if dim % d == 0]
+    shapes.update(tuple(x for x in v if x != 1) for v in variants)
+  return shapes
+
+
+def activation_collectives(hlo, params, mesh_size, bound):
+  """Collectives of non-parameter arrays with more than ``bound`` elements:
+  [(kind, shape, elements)]."""
+  skip = param_shapes(params, mesh_size)
+  bad = []
+  for kind, shape in collectives(hlo):
+    n = math.prod(shape)
+    if n > bound and tuple(d for d in shape if d != 1) not in skip:
+      bad.append((kind, shape, n))
+  return bad
+
+
+# ------------------------------------------------------- abstract inputs
+
+
+def abstract_model(cfg):
+  """(graphdef, params, rest) with ShapeDtypeStruct leaves."""
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(model, nnx.Param, ...)
+
+
+def sds(shape, dtype, sharding=None):
+  return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
+
+
+def rows_sharding(mesh, ndim, rules=RULES):
+  return shd.named_sharding(mesh, ("batch",) + (None,) * (ndim - 1), rules)
+
+
+def abstract_batch(mesh, rows, length, rules=RULES):
+  f32 = lambda: sds((rows, length), jnp.float32, rows_sharding(mesh, 2, rules))
+  i32 = lambda: sds((rows, length), jnp.int32, rows_sharding(mesh, 2, rules))
+  return Batch(
+      tokens=i32(), positions=i32(), attention_mask=i32(), loss_mask=f32(),
+      advantages=f32(), old_logp=f32(), ref_logp=f32(), behavior_logp=f32(),
+      returns=f32(), old_values=f32(),
+      is_offpolicy=sds((rows,), jnp.bool_, rows_sharding(mesh, 1, rules)),
+  )
+
+
+def abstract_state(mesh, params, tx, rules=RULES):
+  """(abstract TrainState, its shardings), as create_train_state builds."""
+  param_sh = shd.state_shardings(mesh, params, rules)
+  opt = jax.eval_shape(tx.init, params)
+  opt_sh = optax.tree_map_params(
+      tx, lambda _, s: s, opt, param_sh,
+      transform_non_params=lambda _: shd.replicated(mesh),
+  )
+  opt_sh = jax.tree.map(
+      lambda s: s if isinstance(s, NamedSharding) else shd.replicated(mesh),
+      opt_sh)
+  state = ts.TrainState(step=sds((), jnp.int32), params=params,
+                        opt_state=opt)
+  state_sh = ts.TrainState(step=shd.replicated(mesh), params=param_sh,
+                           opt_state=opt_sh)
+  return state, state_sh
+
+
+# ------------------------------------------------------------- compiling
+
+
+@dataclasses.dataclass
+class Compiled:
+  name: str
+  hlo: str
+  memory: dict  # ``memory()``: bytes per device
+  rows: int  # rows one program instance computes (a micro-batch)
+  length: int  # sequence (or cache) length
+  params: object  # the abstract parameters (for ``param_shapes``)
+  compile_s: float = 0.0
+
+
+def memory(compiled) -> dict:
+  """Per-device bytes of a compiled program (module docstring)."""
+  m = compiled.memory_analysis()
+  out = {
+      "argument": int(m.argument_size_in_bytes),
+      "output": int(m.output_size_in_bytes),
+      "alias": int(m.alias_size_in_bytes),
+      "temp": int(m.temp_size_in_bytes),
+  }
+  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  return out
+
+
+def _compiled(name, lowered, rows, length, params) -> Compiled:
+  import time
+
+  t0 = time.perf_counter()
+  out = lowered.compile()
+  return Compiled(name, out.as_text(), memory(out), rows, length, params,
+                  time.perf_counter() - t0)
+
+
+def compile_train_step(mesh, cfg, rows, length, *, n_micro=1, window=0,
+                       rules=RULES, donate=True, loss=None) -> Compiled:
+  """The policy's train step (the mixed RSPO loss) on ``rows`` x
+  ``length``, ``n_micro`` micro-batches, logits on a response ``window``
+  (0: every position)."""
+  graphdef, params, rest = abstract_model(cfg)
+  tx = ts.make_optimizer(1e-6)
+  state, state_sh = abstract_state(mesh, params, tx, rules)
+  batch = abstract_batch(mesh, rows, length, rules)
+  loss = loss or ts.make_policy_loss(
+      ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01))
+  step = ts.make_train_step(
+      graphdef, rest, loss, tx, mesh=mesh, state_shardings=state_sh,
+      batch_sharding_tree=jax.tree.map(lambda x: x.sharding, batch),
+      n_micro=n_micro, donate=donate, window=window,
+  )
+  lowered = step.lower(state, batch, jax.random.key(0))
+  return _compiled("train_step", lowered, -(-rows // n_micro), length,
+                   params)
+
+
+def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
+                    n_chunks=1, param_dtype: Optional[str] = None
+                    ) -> Compiled:
+  """The log-prob pass (pi_old on the masters; pi_ref with
+  ``param_dtype=cfg.inference_dtype``), in ``n_chunks`` calls inside one
+  program as ``Learner.apply`` runs it (``learner.chunked``)."""
+  from rspo_jax.learner import chunked
+
+  if param_dtype:
+    cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
+  graphdef, params, rest = abstract_model(cfg)
+  param_sh = shd.state_shardings(mesh, params, rules)
+  fn = ts.make_logprob_fn(graphdef, rest, mesh=mesh, param_shardings=param_sh,
+                          rules=rules, window=window)
+  x = sds((rows, length), jnp.int32, rows_sharding(mesh, 2, rules))
+  if n_chunks > 1:
+    fn = chunked(fn, n_chunks, mesh, param_sh, rules)
+  return _compiled("logprob", fn.lower(params, x, x, x, x),
+                   -(-rows // n_chunks), length, params)
+
+
+def _engine_inputs(mesh, cfg, rules):
+  cfg = dataclasses.replace(cfg, param_dtype=cfg.inference_dtype,
+                            scan_layers=False)
+  graphdef, params, rest = abstract_model(cfg)
+  psh = shd.state_shardings(mesh, params, shd.inference_rules(rules))
+  params = jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), params, psh)
+  static = jax_engine._Static(graphdef=graphdef, cfg=cfg, mesh=mesh,
+                              rules=rules, pad_id=0)
+  return cfg, params, rest, static
+
+
+def compile_prefill(mesh, cfg, rows, prompt, new, *, chunk=0,
+                    rules=RULES) -> Compiled:
+  """The engine's prefill of ``rows`` prompts of bucket ``prompt`` into a
+  cache of ``prompt + new`` slots (``chunk``: column blocks, 0 = one
+  pass)."""
+  cfg, params, rest, static = _engine_inputs(mesh, cfg, rules)
+  x = sds((rows, prompt - 1), jnp.int32, rows_sharding(mesh, 2, rules))
+  m = sds((rows, prompt - 1), jnp.bool_, rows_sharding(mesh, 2, rules))
+  row_map = sds((rows,), jnp.int32)
+  lowered = jax_engine._prefill.lower(
+      params, rest, x, x, m, row_map, cache_len=prompt + new, static=static,
+      chunk=chunk)
+  return _compiled("prefill", lowered, rows, prompt, params)
+
+
+def compile_decode(mesh, cfg, rows, prompt, new, *, rules=RULES) -> Compiled:
+  """The engine's decode loop over a cache of ``prompt + new`` slots."""
+  cfg, params, rest, static = _engine_inputs(mesh, cfg, rules)
+  cache = jax.eval_shape(lambda: tfm.init_cache(cfg, rows, prompt + new))
+
+  def placed(x, logical):
+    spec = shd.logical_to_mesh_spec(logical, rules)
+    return sds(x.shape, x.dtype, NamedSharding(
+        mesh, shd.fit_spec_to_shape(mesh, spec, x.shape)))
+
+  kv = lambda xs: tuple(placed(x, jax_engine._CACHE_AXES) for x in xs)
+  cache = tfm.KVCache(
+      k=kv(cache.k), v=kv(cache.v),
+      key_mask=placed(cache.key_mask, ("batch", "cache_length")),
+      index=placed(cache.index, ()))
+  row = lambda dt: sds((rows,), dt, rows_sharding(mesh, 1, rules))
+  state = jax_engine._Rows(last_tok=row(jnp.int32), last_pos=row(jnp.int32),
+                           active=row(jnp.bool_), row_ids=row(jnp.int32))
+  knobs = jax_engine._Knobs(
+      seed=sds((), jnp.uint32), temperature=sds((), jnp.float32),
+      top_p=sds((), jnp.float32), max_new=sds((), jnp.int32),
+      stop_mask=sds((cfg.vocab_size,), jnp.bool_))
+  lowered = jax_engine._decode.lower(params, rest, cache, state, knobs,
+                                     slots=new, static=static)
+  return _compiled("decode", lowered, rows, prompt + new, params)
+
+
+def activation_bound(c: Compiled, mesh_shape, hidden_size: int) -> int:
+  """One device's share of one [rows, length, width] activation, in
+  elements: rows / (data * fsdp) * length * hidden (rows that do not
+  split: all of them)."""
+  ways = mesh_shape[0] * mesh_shape[1]
+  ways = ways if c.rows % ways == 0 else 1
+  return c.rows // ways * c.length * hidden_size
+
+
+# ------------------------------------------------------- memory of shapes
+
+# XLA:CPU's default schedule runs ops concurrently and ignores remat's
+# savings; memory checks compile with the memory-minimising one, as an
+# accelerator's compiler schedules (read when the backend starts: set it in
+# XLA_FLAGS before importing jax).
+MEMORY_XLA_FLAGS = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def compile_case(case: dict) -> Compiled:
+  """Compiles one ``case``: {"kind": train_step | logprob | prefill |
+  decode, "mesh": [d, f, t], "model": {ModelConfig overrides of the
+  qwen2.5-1.5b preset}, and the compile function's keywords}."""
+  from rspo_jax.models.config import get_model_config
+
+  case = dict(case)
+  fn = COMPILERS[case.pop("kind")]
+  mesh = shd.make_mesh(tuple(case.pop("mesh", (1, 1, 1))))
+  cfg = get_model_config("qwen2.5-1.5b", **case.pop("model", {}))
+  return fn(mesh, cfg, **case)
+
+
+COMPILERS = {
+    "train_step": compile_train_step,
+    "logprob": compile_logprob,
+    "prefill": compile_prefill,
+    "decode": compile_decode,
+}
+
+
+if __name__ == "__main__":
+  # python -m rspo_jax.hlo '<json list of cases>': one JSON line of
+  # ``memory`` (and compile seconds) per case.
+  import json
+  import sys
+
+  for case in json.loads(sys.argv[1]):
+    c = compile_case(case)
+    print(json.dumps(dict(c.memory, compile_s=round(c.compile_s, 2))),
+          flush=True)
