@@ -119,6 +119,54 @@ def train_flops(shape: dict, tokens: int, seq_len: int) -> float:
   return 3.0 * forward_flops(shape, tokens, seq_len)
 
 
+# ------------------------------------------- MFU and HFU of the train step
+# One train step of ``rows`` rows of S tokens, logits on a response window
+# of W tokens (the learner's ``window``), per row:
+#
+#   blocks = 2 * N_blocks * S           (N_blocks = N_mm less the V x d head)
+#   head   = 2 * V * d * W
+#   attn(pairs) = 4 * L * H * Dh * pairs      (QK^T and PV)
+#   model    = 3 * (blocks + head + attn(S^2 / 2))     (causal counted at
+#                                                      half, as MaxText)
+#   executed = (3 + remat) * (blocks + attn(pairs_x)) + 3 * head
+#
+# pairs_x = S^2 / 2 for a fused causal kernel (cuDNN, splash: masked tiles
+# skipped), S^2 for XLA's attention (every score computed, then masked);
+# remat (1) runs each block's forward again in the backward. MFU = model /
+# s / (devices * peak); HFU = executed / s / (devices * peak).
+
+
+def attention_pairs(seq_len: int, fused: bool) -> float:
+  return seq_len * seq_len / 2 if fused else float(seq_len * seq_len)
+
+
+def model_train_flops(shape: dict, rows: int, seq_len: int,
+                      window: int) -> float:
+  """The useful FLOPs of one train step (above): 3 * (blocks + head +
+  attn(S^2 / 2)) per row."""
+  blocks, head, attn = _train_terms(shape, seq_len, window)
+  return rows * 3.0 * (blocks + head + attn(seq_len * seq_len / 2))
+
+
+def executed_train_flops(shape: dict, rows: int, seq_len: int, window: int,
+                         *, remat: bool, fused: bool) -> float:
+  """The FLOPs one train step executes (above): remat's second forward of
+  each block and the attention the kernel computes."""
+  blocks, head, attn = _train_terms(shape, seq_len, window)
+  passes = 3 + int(bool(remat))
+  return rows * (passes * (blocks + attn(attention_pairs(seq_len, fused)))
+                 + 3.0 * head)
+
+
+def _train_terms(shape: dict, seq_len: int, window: int):
+  head_params = shape["vocab_size"] * shape["hidden_size"]
+  blocks = 2.0 * (matmul_params(shape) - head_params) * seq_len
+  head = 2.0 * head_params * (window or seq_len)
+  per_pair = 4.0 * shape["num_layers"] * shape["num_heads"] * shape[
+      "head_dim"]
+  return blocks, head, lambda pairs: per_pair * pairs
+
+
 def ratio(ours: Optional[float], theirs: Optional[float],
           higher_is_better: bool = True) -> Optional[float]:
   """ours / theirs for rates (>1 = we are better), theirs / ours for costs

@@ -25,7 +25,7 @@ import _common
 import jax
 import numpy as np
 
-from rspo_jax import models, sharding
+from rspo_jax import build, models, sharding
 from rspo_jax import train_step as ts
 from rspo_jax.learner import Learner
 from rspo_jax.rollout.engine import SamplingParams
@@ -40,8 +40,12 @@ def model_config(shape: dict):
 
 
 def make_engine(module, cfg) -> JaxEngine:
-  # No stop ids: every row generates exactly resp_len tokens, as the peers.
-  return JaxEngine(module, cfg, pad_id=_common.PAD_ID, eos_ids=())
+  """The engine as the run builds it (``build.make_engine``: the inference
+  copy, unrolled for a scanned model). No stop ids: every row generates
+  exactly resp_len tokens, as the peers."""
+  return JaxEngine(build.inference_model(module, cfg),
+                   build.engine_config(cfg), pad_id=_common.PAD_ID,
+                   eos_ids=())
 
 
 def with_logps(learner: Learner, batch, ref_params):
@@ -97,7 +101,7 @@ def task_train(args, shape):
 
   def rl_step(i=[0]):
     i[0] += 1
-    engine.update_weights(learner.params, i[0])
+    engine.update_weights(build.engine_params(learner.params, cfg), i[0])
     results = engine.generate(prompts, sp)
     b = with_logps(learner, rollout_batch(prompts, results, batch), ref_params)
     return learner.train(b, key)

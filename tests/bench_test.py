@@ -155,6 +155,65 @@ def test_device_smoke_runs_on_cpu():
   assert rows[0]["tokens_per_s"] > 0 and rows[-1]["skipped"] == []
 
 
+def test_paper_flops_by_hand():
+  """MFU / HFU counts of bench/device.py --paper on ``tiny``: 2 rows of
+  S = 128 tokens, logits on a 16-token window. N_blocks = 2949120 (the
+  matmul params less the 2048 x 256 head); per row blocks = 2 N_blocks S,
+  head = 2 V d W, attention 4 L H Dh = 4096 FLOPs a (query, key) pair."""
+  blocks, head = 2 * 2949120 * 128, 2 * 2048 * 256 * 16
+  causal, full = 4096 * 128 * 128 // 2, 4096 * 128 * 128
+  assert _common.model_train_flops(TINY, 2, 128, 16) == (
+      2 * 3 * (blocks + head + causal))
+  # Remat: a fourth pass over the blocks; XLA's attention: every pair.
+  assert _common.executed_train_flops(TINY, 2, 128, 16, remat=True,
+                                      fused=False) == (
+      2 * (4 * (blocks + full) + 3 * head))
+  # A fused causal kernel without remat executes the model's FLOPs.
+  assert _common.executed_train_flops(
+      TINY, 2, 128, 16, remat=False, fused=True) == (
+      _common.model_train_flops(TINY, 2, 128, 16))
+  # No window: logits at every position.
+  assert _common.model_train_flops(TINY, 1, 128, 0) == 3 * (
+      blocks + 2 * 2048 * 256 * 128 + causal)
+
+
+def test_device_check_smoke(tmp_path):
+  """bench/device_check.sh --smoke: bench/device.py --paper on tiny shapes
+  and 8 CPU devices into one JSON file -- the learner step on all devices
+  (1, 8, 1) and on one, with micro-batches of a row a device, MFU / HFU,
+  compiled and planned peak memory, no activation-sized collective; the
+  log-prob pass; the engine's decode of the scanned model."""
+  out = tmp_path / "check.json"
+  proc = subprocess.run(
+      ["bash", str(BENCH / "device_check.sh"), "--smoke", str(out)],
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["bench"] for r in rows] == [
+      "paper_train_step", "paper_logprob", "paper_train_step",
+      "paper_decode", "paper_summary"]
+  train = [r for r in rows if r["bench"] == "paper_train_step"]
+  assert [(r["mesh_shape"], r["micro_batch_rows"], r["micro_batches"])
+          for r in train] == [([1, 8, 1], 8, 2), ([1, 1, 1], 1, 16)]
+  for r in train:
+    assert (r["rows"], r["seq_len"], r["window"]) == (16, 128, 16)
+    assert r["remat"] and r["scan_layers"]
+    assert r["activation_collectives"] == 0
+    assert r["compile_s"] > 0 and r["step_s"] > 0
+    # Remat and XLA's full score matrix: more executed than model FLOPs.
+    assert r["executed_tflop"] > r["model_tflop"] > 0
+    assert r["hfu"] > r["mfu"] > 0
+    assert r["compiled_peak_GiB"] > 0 and r["plan_peak_GiB"] > 0
+    assert r["allocator_peak_GiB_so_far"] is None  # CPU keeps no stats
+  assert rows[1]["chunks"] == 2 and rows[3]["new_tokens_per_s"] > 0
+  summary = rows[-1]
+  assert summary["platform"] == "cpu" and summary["devices"] == 8
+  assert summary["skipped"] == []
+  assert summary["model_flags"] == {
+      "dtype": "bfloat16", "param_dtype": "float32", "remat": True,
+      "scan_layers": True, "attention": "auto"}
+
+
 def test_warm_start_probe_decision_kinds():
   kind = _load("warm_start_probe").decision_kind
   assert kind("search[garden hose]") == "search"
