@@ -83,6 +83,8 @@ ARMS = {"grpo": "rspo=0", "rspo": RSPO, "dense_only": DENSE_ONLY,
 DISTANT = {"min_distance": 4}
 DECOY = {"dense_target_offset": -24}  # out of reach: progress sign-flipped
 MISALIGNED = ("dense_only_misaligned", "rspo_misaligned")
+DIFFERENCES = [(arm, "grpo") for arm in ARMS if arm != "grpo"] + [
+    ("rspo_misaligned", "rspo")]  # (arm, reference) in the report
 COMMON = ("model=nano,env.max_steps=12,env.history_length=0,"
           "env.num_eval_tasks=64,rspo.dense_reward=oracle")
 WARM_START = "seed=0,sft.steps=60"
@@ -292,11 +294,11 @@ def report(data: dict) -> str:
                      f" {num(intervals.success_interval(dense))} |"
                      f" {pct(intervals.success_interval(won))} |")
       lines.append("")
-  base = found.get("grpo")
-  for arm, cells in found.items():
-    if arm == "grpo" or not base:
+  for arm, ref in DIFFERENCES:
+    if arm not in found or ref not in found:
       continue
-    lines += [f"## {arm} - grpo at equal A steps (points)", "",
+    cells, base = found[arm], found[ref]
+    lines += [f"## {arm} - {ref} at equal A steps (points)", "",
               "| A step | greedy | T = 1 |", "|---:|---|---|"]
     for i, e in enumerate(cells[0]["evals"]):
       d = [intervals.method_difference(outcomes(cells, k)[:, i],

@@ -100,6 +100,8 @@ def test_report_tables():
   assert ("`python bench/toy_mechanism.py --steps 3 --eval_every 3 --lr"
           " 0.0001 --arms dense_only_misaligned --seeds 0,1`") in text
   assert "## dense_only_misaligned - grpo at equal A steps" in text
+  assert "## rspo_misaligned - grpo at equal A steps" in text
+  assert "- rspo at" not in text  # no rspo cells
   assert "| 3 | 0.0 [0.0, 0.0] | 0.0 [" in text  # same outcomes as grpo
   assert ("## B's own rollouts (rspo_misaligned): success % / dense return"
           in text)
