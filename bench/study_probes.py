@@ -1,0 +1,117 @@
+r"""Why WebShop GRPO does not move: one table over diagnostic runs.
+
+  python bench/study_probes.py runs/study/webshop_grpo_baseline_s0 \
+      runs/probe/*                       # markdown table on stdout
+
+Each argument is a launch/train.py workdir (``command.txt`` holds the
+command that made it, when it was not made by bench/reproduce.py). Per
+run, from ``metrics.jsonl``'s 'A' rows (A's training steps):
+
+  steps        A steps finished (a probe stopped early has fewer),
+  KL step 1    approx_kl (k3 estimate of KL(pi || pi_old), mean over the
+               step's updates) of the first step: Adam's first update,
+               m / sqrt(v) = sign(g), moves every weight by lr,
+  KL later     mean approx_kl over steps 2.. (how far the policy moves a
+               step once Adam's moments average the gradients),
+  entropy      A's mean token entropy, first -> last step,
+  signal       mean share of fresh rows with a non-zero advantage
+               (adv_nonzero_frac_on; '-' where the run predates it),
+  rollouts     A's rollout success, mean of the first 5 -> last 5 steps;
+
+and, where the run finished, greedy success on the held-out goals at the
+start and the end with the paired difference and its 95 % bootstrap
+interval over goals (rspo_jax/intervals.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from rspo_jax import intervals  # noqa: E402
+from rspo_jax.metrics import read_metrics  # noqa: E402
+
+
+def _eval(path: str):
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def summarize(workdir: str) -> dict:
+  """One row of the table (module docstring) for a run's workdir."""
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"), "A")
+  by_step = {r["step"]: r for r in rows}  # a redone step: its last row
+  a = [by_step[s] for s in sorted(by_step)]
+  get = lambda key: np.array([r.get(key, np.nan) for r in a], float)
+  kl, success = get("approx_kl"), get("rollout_success_rate")
+  signal = get("adv_nonzero_frac_on")
+  out = {
+      "run": "/".join(os.path.normpath(workdir).split(os.sep)[-2:]),
+      "steps": len(a),
+      "kl_first": float(kl[0]) if len(a) else np.nan,
+      "kl_later": float(np.nanmean(kl[1:])) if len(a) > 1 else np.nan,
+      "entropy": (float(get("entropy")[0]), float(get("entropy")[-1]))
+                 if len(a) else (np.nan, np.nan),
+      "signal": float(np.nanmean(signal))
+                if np.isfinite(signal).any() else None,
+      "rollouts": (float(np.mean(success[:5])), float(np.mean(success[-5:])))
+                  if len(a) else (np.nan, np.nan),
+  }
+  start = _eval(os.path.join(workdir, "eval_start.json"))
+  final = _eval(os.path.join(workdir, "eval_final.json"))
+  if start and final and "per_task" in start and "per_task" in final:
+    x0 = intervals.outcome_matrix(start["per_task"])
+    x1 = intervals.outcome_matrix(final["per_task"])
+    out["start"] = 100 * float(x0.mean())
+    out["final"] = 100 * float(x1.mean())
+    out["diff"] = intervals.paired_difference(x1, x0)
+  return out
+
+
+def _cell(x, fmt="{:.3f}") -> str:
+  return "-" if x is None or not np.isfinite(x) else fmt.format(x)
+
+
+def markdown(summaries: list[dict]) -> str:
+  lines = [
+      "| run | steps | KL step 1 | KL later | entropy | signal | rollouts |"
+      " greedy start -> final | final - start [95 %] |",
+      "|---|---:|---:|---:|---|---:|---|---|---|",
+  ]
+  for s in summaries:
+    e0, e1 = s["entropy"]
+    r0, r1 = s["rollouts"]
+    if "diff" in s:
+      d = s["diff"]
+      ends = f"{s['start']:.1f} -> {s['final']:.1f}"
+      diff = (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f},"
+              f" {100 * d['hi']:+.1f}]")
+    else:
+      ends, diff = "stopped", "-"
+    lines.append(
+        f"| {s['run']} | {s['steps']} | {_cell(s['kl_first'])} |"
+        f" {_cell(s['kl_later'], '{:.4f}')} | {e0:.3f} -> {e1:.3f} |"
+        f" {_cell(s['signal'], '{:.2f}')} | {r0:.2f} -> {r1:.2f} |"
+        f" {ends} | {diff} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+  if not argv or argv[0] in ("-h", "--help"):
+    print(__doc__)
+    return 0 if argv else 2
+  dirs = [d for d in argv if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+  print(markdown([summarize(d) for d in dirs]), end="")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

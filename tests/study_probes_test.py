@@ -1,0 +1,59 @@
+"""bench/study_probes.py: the diagnostic table from a run's files."""
+
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import study_probes  # noqa: E402
+
+
+def write_run(d, a_rows, start=None, final=None):
+  os.makedirs(d)
+  with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+    for row in a_rows:
+      f.write(json.dumps({"phase": "A", **row}) + "\n")
+    f.write(json.dumps({"phase": "time", "step": 1, "wall_s": 1.0}) + "\n")
+  for name, won in (("eval_start.json", start), ("eval_final.json", final)):
+    if won is not None:
+      per_task = [{"seed": 0, "task_id": g, "won": w, "score": w}
+                  for g, w in enumerate(won)]
+      with open(os.path.join(d, name), "w") as f:
+        json.dump({"per_task": per_task}, f)
+
+
+def test_summary_by_hand(tmp_path):
+  rows = [dict(step=s, approx_kl=kl, entropy=e, adv_nonzero_frac_on=a,
+               rollout_success_rate=r)
+          for s, kl, e, a, r in ((1, 0.5, 0.2, 0.5, 0.0),
+                                 (2, 0.1, 0.3, 1.0, 0.5),
+                                 (3, 0.3, 0.4, 0.0, 1.0))]
+  rows.append(dict(rows[-1], approx_kl=0.2))  # step 3 redone: its last row
+  d = str(tmp_path / "probe" / "a")
+  write_run(d, rows, start=[0, 0, 1, 1], final=[1, 0, 1, 1])
+  s = study_probes.summarize(d)
+  assert s["run"] == "probe/a" and s["steps"] == 3
+  assert s["kl_first"] == 0.5
+  assert s["kl_later"] == pytest.approx((0.1 + 0.2) / 2)
+  assert s["entropy"] == (0.2, 0.4)
+  assert s["signal"] == pytest.approx(0.5)
+  assert s["rollouts"] == (pytest.approx(0.5), pytest.approx(0.5))
+  assert (s["start"], s["final"]) == (50.0, 75.0)
+  assert s["diff"]["mean"] == pytest.approx(0.25)
+  table = study_probes.markdown([s])
+  assert "| probe/a | 3 | 0.500 | 0.1500 | 0.200 -> 0.400 | 0.50 |" in table
+  assert "50.0 -> 75.0 | +25.0 [" in table
+
+
+def test_unfinished_run_without_the_signal_metric(tmp_path):
+  d = str(tmp_path / "study" / "b")
+  write_run(d, [dict(step=1, approx_kl=0.0, entropy=0.1,
+                     rollout_success_rate=0.25)])
+  s = study_probes.summarize(d)
+  assert s["signal"] is None and "diff" not in s
+  assert "| study/b | 1 | 0.000 | - | 0.100 -> 0.100 | - |" \
+      " 0.25 -> 0.25 | stopped | - |" in study_probes.markdown([s])
