@@ -691,3 +691,61 @@ def describe(cfg, workdir: str,
              environ: Optional[Mapping[str, str]] = None) -> str:
   """The plan as indented JSON."""
   return json.dumps(make_plan(cfg, workdir, environ), indent=1)
+
+
+_TABLE = (  # (memory_per_device key, what it holds)
+    ("policy_A_GB", "policy A: float32 masters, Adam m and v"),
+    ("policy_B_GB", "policy B (RSPO): the same"),
+    ("critic_GB", "critic (PPO): the same"),
+    ("ref_GB", "pi_ref: inference copy"),
+    ("prm_GB", "PRM backbone (rspo.dense_reward=prm)"),
+    ("engine_weights_GB", "engine weights (in-process rollout)"),
+    ("resident_GB", "**resident**"),
+    ("grads_GB", "train step: gradients (+ their sum over micro-batches)"),
+    ("compute_copy_GB", "train step: compute-dtype copy of the weights"),
+    ("fsdp_gather_GB", "train step: one FSDP-gathered block"),
+    ("activations_GB", "train step: remat carries + one block"),
+    ("logits_GB", "train step: window logits and their gradient"),
+    ("optimizer_update_GB", "train step: the update (4 copies)"),
+    ("train_transient_GB", "**train step transient** (with the batch)"),
+    ("logprob_transient_GB", "**log-prob transient** (pi_old, pi_ref)"),
+    ("kv_cache_GB", "rollout: KV cache of one prefill"),
+    ("prefill_scores_GB", "rollout: prefill attention scores"),
+    ("rollout_transient_GB", "**rollout transient** (cache twice + scores)"),
+)
+
+
+def table(p: dict) -> str:
+  """A dry-run plan (``make_plan``) as a markdown table of memory a
+  device, GiB."""
+  mem = p["memory_per_device"]
+  mesh = "x".join(str(p["mesh"][a]) for a in ("data", "fsdp", "tensor"))
+  b = p["batch"]
+  lines = [
+      f"{p['model']} ({mem['params']:,} parameters), {p['env']}"
+      f" {p['algorithm']}{' + RSPO' if p['rspo'] else ''}; {p['hosts']} x"
+      f" {p['devices_per_host']} {p['platform']} devices, mesh {mesh}"
+      f" (data x fsdp x tensor); rollout {p['rollout']['engine']};"
+      f" updates of {b['update_rows']} rows in {b['micro_batches']}"
+      f" micro-batches of {b['micro_batch_rows']}"
+      f" ({mem['train_rows_per_device']} a device); attention"
+      f" {mem['attention']}; dtypes: " + ", ".join(
+          f"{k} {v}" for k, v in p["dtype"].items()), "",
+      "| per device | GiB |", "|---|---:|"]
+  lines += [f"| {what} | {mem[k]:.2f} |" for k, what in _TABLE]
+  lines.append(f"| **total** = resident + {mem['peak_phase']} |"
+               f" **{mem['total_GB']:.2f}** |")
+  if "usable_GB" in p:
+    f = p["mem_fraction"]
+    lines.append(f"| usable: {p['device_memory_GB']:g} GB x {f['value']:g}"
+                 f" ({f['from']}) | {p['usable_GB']:.2f} |")
+    lines.append(f"| fits | {'yes' if p['fits'] else '**no**'} |")
+  lines += [f"\nwarning: {w}" for w in p["warnings"]]
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  # launch/train.py ... --dry_run | python -m rspo_jax.plan: the table.
+  import sys
+
+  print(table(json.load(sys.stdin)))

@@ -346,6 +346,32 @@ def test_gpu_launchers_set_the_fraction_the_plan_uses():
         ":-0.92}" in text, script
 
 
+def test_table_of_the_documented_plans():
+  """``... --dry_run | python -m rspo_jax.plan``: docs/scale_out.md's
+  tables for Qwen2.5-1.5B on gpu8 and 7B on gpu16 (ALFWorld, paper
+  scale, the launchers' 0.92)."""
+  env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"}
+  small = with_mesh(alfworld_gigpo.get_config("model=qwen2.5-1.5b"),
+                    gpu8.get_config())
+  text = plan.table(plan.make_plan(small, "w", env))
+  assert text.startswith("qwen2.5-1.5b (1,543,714,304 parameters), alfworld"
+                         " gigpo + RSPO; 1 x 8 gpu devices, mesh 1x8x1")
+  assert "dtypes: params float32, optimizer_state float32," in text
+  assert "| **resident** | 7.91 |" in text
+  assert "| **total** = resident + rollout prefill | **21.34** |" in text
+  text = plan.table(plan.make_plan(paper_7b(), "w", env))
+  assert "updates of 256 rows in 16 micro-batches of 16 (1 a device)" in text
+  assert "| **resident** | 39.01 |" in text
+  assert "| **total** = resident + rollout prefill | **54.32** |" in text
+  assert ("| usable: 80 GB x 0.92 (XLA_PYTHON_CLIENT_MEM_FRACTION) | 73.60 |"
+          in text)
+  proc = subprocess.run(
+      [sys.executable, "-m", "rspo_jax.plan"], cwd=ROOT, capture_output=True,
+      text=True, timeout=120,
+      input=json.dumps(plan.make_plan(paper_7b(), "w", env)))
+  assert proc.returncode == 0 and proc.stdout.strip() == text
+
+
 def test_sglang_plan_lists_servers_and_needs_them():
   cfg = paper_7b(arg=",rollout.engine=sglang")
   with cfg.unlocked():  # as --config.rollout.server_urls=... sets it
