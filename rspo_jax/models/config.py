@@ -19,7 +19,7 @@ FAMILIES = ("qwen2", "llama")
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}  # name -> bytes
-ATTENTION = ("auto", "xla", "cudnn", "plain")
+ATTENTION = ("auto", "xla", "cudnn", "splash", "plain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +34,14 @@ class ModelConfig:
   ``logical_axis_rules`` maps the logical names of activations to mesh axes
   (``sharding.py``; None = ``sharding.DEFAULT_RULES``); the model constrains
   its activations with them when its inputs lie on a mesh.
+
+  ``attention``: the learner's attention kernel (rows without a KV cache;
+  ``transformer.attention_implementation``): 'xla' / 'cudnn'
+  (``jax.nn.dot_product_attention``), 'splash' (Pallas splash attention,
+  ``splash.py``: TPU; elsewhere Pallas's interpreter, exact and slow, for
+  tests), 'plain' (einsums and a [B, T, S] mask), 'auto' (splash on TPU,
+  cuDNN on GPU for 16-bit compute and head widths it takes, else XLA). The
+  KV-cache path and the response window's last block are always plain.
 
   ``scan_layers``: the L blocks' parameters are stacked on a leading layer
   axis and the forward is one ``jax.lax.scan`` over them, so XLA compiles
@@ -63,7 +71,7 @@ class ModelConfig:
   bos_token_id: Optional[int] = None
   eos_token_id: Optional[Any] = None  # int or tuple of ints
   logical_axis_rules: Optional[tuple] = None
-  attention: str = "auto"  # auto | xla | cudnn | plain (transformer.py)
+  attention: str = "auto"  # auto | xla | cudnn | splash | plain
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -118,7 +126,7 @@ class ModelConfig:
     if self.attention not in ATTENTION:
       raise ValueError(
           f"ModelConfig.attention {self.attention!r} unknown; use one of"
-          f" {ATTENTION} (Pallas splash attention is not implemented)"
+          f" {ATTENTION}"
       )
     rules = self.logical_axis_rules
     if rules is not None:

@@ -10,12 +10,14 @@ cast to the compute dtype ``cfg.dtype`` at each use; RMSNorm statistics,
 attention scores and softmax, and the logits are float32.
 
 Attention (``cfg.attention``, ``attention_implementation``): without a KV
-cache or an offset window, ``jax.nn.dot_product_attention`` -- cuDNN's fused
-kernel on GPU, XLA's elsewhere -- causal, with padding given as each row's
-number of real tokens (real tokens first: right padding, as in the
-learner's batches); the KV-cache path (prefill into a cache, one-token
-decode) and the response window's last block use the plain einsum path
-with an explicit [B, Tq, S] mask, as does ``attention = 'plain'``.
+cache or an offset window, a kernel -- ``jax.nn.dot_product_attention``
+(cuDNN's fused kernel on GPU, XLA's on CPU) or Pallas splash attention on
+TPU (``splash.py``, under ``jax.shard_map`` on a mesh) -- causal, with
+padding given as each row's number of real tokens (real tokens first:
+right padding, as in the learner's batches); the KV-cache path (prefill
+into a cache, one-token decode) and the response window's last block use
+the plain einsum path with an explicit [B, Tq, S] mask, as does
+``attention = 'plain'``.
 
 Layers (``cfg.scan_layers``): unrolled, ``layers/<i>/...`` one Block per
 layer, or scanned, one Block of [L, ...] variables run as one
@@ -50,6 +52,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from rspo_jax import sharding as _sharding  # noqa: F401  (sets flax flags)
+from rspo_jax.models import splash
 from rspo_jax.models.config import ModelConfig
 
 _MASK_VALUE = -1e30  # finite, so fully-masked (padding) rows give no NaN
@@ -67,18 +70,21 @@ NO_SHARDING = _sharding.ActivationSharding()
 
 
 def attention_implementation(cfg: ModelConfig) -> Optional[str]:
-  """The ``jax.nn.dot_product_attention`` implementation ``cfg.attention``
-  selects, or None for the plain einsum path.
+  """The kernel ``cfg.attention`` selects: 'splash' (``splash.py``), a
+  ``jax.nn.dot_product_attention`` implementation ('cudnn', 'xla'), or
+  None for the plain einsum path.
 
-  'auto': 'cudnn' on GPU for bfloat16 / float16 compute with a head width
-  cuDNN's flash attention takes (a multiple of 8, at most 128), else 'xla'.
-  (TPU: 'xla'; Pallas splash attention is not wired in.)
+  'auto': 'splash' on TPU; 'cudnn' on GPU for bfloat16 / float16 compute
+  with a head width cuDNN's flash attention takes (a multiple of 8, at most
+  128); else 'xla'. ('splash' off TPU runs Pallas's interpreter: for tests.)
   """
   name = cfg.attention
   if name == "plain":
     return None
   if name != "auto":
     return name
+  if jax.default_backend() == "tpu":
+    return "splash"
   fused = (
       jax.default_backend() == "gpu"
       and cfg.dtype in ("bfloat16", "float16")
@@ -292,10 +298,13 @@ class Attention(nnx.Module):
     kv = self.cfg.num_kv_heads
     impl = attention_implementation(self.cfg)
     if kv_cache is None and impl is not None and mask.lengths is not None:
-      out = jax.nn.dot_product_attention(
-          q, k, v, is_causal=True, key_value_seq_lengths=mask.lengths,
-          implementation=impl,
-      )
+      if impl == "splash":
+        out = splash.attention(q, k, v, mask.lengths, shard)
+      else:
+        out = jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, key_value_seq_lengths=mask.lengths,
+            implementation=impl,
+        )
       out = shard(out.astype(x.dtype), QUERY)
       y = jnp.einsum("bthk,hkd->btd", out, _cast(self.o, x.dtype, shard))
       return shard(y, ACTIVATION), None
