@@ -239,8 +239,10 @@ CPU = {
         # at it under a lamp): the shortest plans, so a 0.6 M policy cloned
         # from 256 expert episodes wins some (3 % of valid_seen greedily
         # after 300 steps; 'tiny' on all six types after 60 steps: 0 %).
+        # expert: 'oracle' (knows where objects are) or 'search' (visits
+        # receptacles until it sees the object; search.py).
         alfworld=dict(task_types=("pick_and_place_simple",
-                                  "look_at_obj_in_light")),
+                                  "look_at_obj_in_light"), expert="oracle"),
         toy={},
     ),
     "algo.clip_eps": 0.2,  # the paper's objective (CPU_KEEPS_PAPER)

@@ -23,7 +23,11 @@ is negative when a step makes the task longer (picking up a wrong object),
 0 for moves the plan does not need, and sums to 1 over a won episode.
 ``expert_action()`` is that plan's first command (``expert='oracle'``: the
 full-knowledge expert of ``expert.py``; ``'planner'``: fast-downward, the
-engine's own ``policy_commands``, slow on large rooms).
+engine's own ``policy_commands``, slow on large rooms). ``expert='search'``
+keeps the oracle's plan for ``L_t`` but acts with the searching expert of
+``search.py``: a function of the task, the observations, the admissible
+commands and its own past actions only (no engine state), which visits
+receptacles in turn until it sees the object, as a policy must.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from third_party_envs import base
 from third_party_envs.alfworld import expert as expert_lib
 from third_party_envs.alfworld import gen
 from third_party_envs.alfworld import official
+from third_party_envs.alfworld import search
 from third_party_envs.alfworld import speedups
 from third_party_envs.alfworld import tw
 
@@ -45,6 +50,7 @@ DEFAULT_NUM_TASKS = {"train": 3553, "valid_seen": 140, "valid_unseen": 134}
 _ALIASES = {"test": "valid_unseen"}
 _TASK_PREFIX = "Your task is to: "
 INVALID_FEEDBACK = "Nothing happens."
+EXPERTS = ("oracle", "planner", "search")
 
 
 class AlfWorldEnv(base.TextEnv):
@@ -62,8 +68,8 @@ class AlfWorldEnv(base.TextEnv):
       expert: str = "oracle",
       task_types: Optional[Sequence[str]] = None,
   ):
-    if expert not in ("oracle", "planner"):
-      raise ValueError(f"expert must be 'oracle' or 'planner', got {expert!r}")
+    if expert not in EXPERTS:
+      raise ValueError(f"expert must be one of {EXPERTS}, got {expert!r}")
     self.task_types = tuple(task_types or gen.TASK_TYPES)
     unknown = set(self.task_types) - set(gen.TASK_TYPES)
     if unknown or len(set(self.task_types)) != len(self.task_types):
@@ -86,6 +92,7 @@ class AlfWorldEnv(base.TextEnv):
     self._last: Optional[base.EnvStep] = None
     self._plan: Optional[list[str]] = None
     self._plan_len0 = self._plan_len = 0
+    self._history: list[tuple[str, str]] = []  # (observation, action) shown
 
   # -- tasks ------------------------------------------------------------------
   @property
@@ -143,6 +150,8 @@ class AlfWorldEnv(base.TextEnv):
 
   # -- episode ----------------------------------------------------------------
   def _expert_plan(self, state) -> Optional[list[str]]:
+    """The oracle's (or fast-downward's) plan: hidden state, read for the
+    dense reward and by the privileged experts only."""
     if state["won"]:
       return []
     if self.expert == "planner":
@@ -173,12 +182,15 @@ class AlfWorldEnv(base.TextEnv):
     self._plan = self._expert_plan(self._state) if self.dense_reward else None
     self._plan_len0 = self._plan_len = max(len(self._plan or ()), 1)
     self._last = self._make_step(self._state)
+    self._history = []
     return self._last
 
   def step(self, action: str) -> base.EnvStep:
     if self._last is None:
       raise RuntimeError("step() before reset()")
     command = action.strip()
+    if not self._last.done:
+      self._history.append((self._last.observation, command))
     if self._last.done or command not in self._state["admissible_commands"]:
       return self._invalid_step()
     with tw.keep_argv():
@@ -210,6 +222,10 @@ class AlfWorldEnv(base.TextEnv):
   def expert_action(self) -> Optional[str]:
     if self._last is None or self._last.done:
       return None
+    if self.expert == "search":  # what the agent was shown, nothing else
+      last = self._last
+      return search.next_action(last.task, last.observation,
+                                last.admissible_actions, self._history)
     if self._plan is None:
       self._plan = self._expert_plan(self._state)
     return self._plan[0] if self._plan else None
