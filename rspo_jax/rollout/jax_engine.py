@@ -99,7 +99,9 @@ class JaxEngine(Engine):
     mesh: optional ('data', 'fsdp', 'tensor') mesh; rows are split over
       ('data', 'fsdp'), params over 'tensor' only
       (``sharding.inference_rules``: each row shard holds whole weights, so
-      decode gathers none). None = one device.
+      decode gathers none), and the model's activations follow the same
+      rules (``_with_activation_rules``: no per-token collective on a mesh
+      without a 'tensor' axis but the loop condition's). None = one device.
     rules: logical axis rules.
     pad_id: token used for padding and for dummy rows.
     eos_ids: stop ids applied to every request (plus the request's own).
@@ -184,6 +186,8 @@ class JaxEngine(Engine):
     self._param_sh = self._rest_sh = None
     if mesh is not None:
       weights = shd.inference_rules(rules)  # whole on each row shard
+      self._graphdef = _with_activation_rules(
+          self._graphdef, self._params, self._rest, weights)
       self._param_sh = shd.state_shardings(mesh, self._params, weights)
       self._rest_sh = shd.state_shardings(mesh, self._rest, weights)
     self._params = self._place(self._params, self._param_sh)
@@ -803,6 +807,22 @@ def _left_pad(rows, width: int, pad_id: int):
     positions[b, width - len(r) :] = np.arange(len(r))
     mask[b, width - len(r) :] = True
   return tokens, positions, mask
+
+
+def _with_activation_rules(graphdef, params, rest, rules):
+  """``graphdef`` with its model's activation rules (``cfg.rules``) set to
+  ``rules``. The engine's weights lie whole on every row shard
+  (``sharding.inference_rules``), so its activations must not be split
+  like the learner's: with 'embed' on 'fsdp' the embedding lookup gathers
+  every row's token id and exchanges the vectors all-to-all at each decode
+  step, and the tied LM head re-gathers the table each call. A module
+  without a ``cfg`` keeps its graphdef."""
+  model = nnx.merge(graphdef, params, rest)
+  cfg = getattr(model, "cfg", None)
+  if not dataclasses.is_dataclass(cfg) or not hasattr(cfg, "rules"):
+    return graphdef
+  model.cfg = dataclasses.replace(cfg, logical_axis_rules=tuple(rules))
+  return nnx.split(model, nnx.Param, ...)[0]
 
 
 def _snapshot(state):
