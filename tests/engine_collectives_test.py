@@ -10,7 +10,8 @@ gather and no activation exchange. Counted in the optimised HLO of the
   * per token = collectives in the computations the decode ``while`` loop's
     body and condition reach;
   * data x fsdp meshes (1, 8, 1) and (2, 4, 1): one per token, the
-    condition's all-reduce of "every row done" (a scalar);
+    condition's all-reduce of "every row done" (a scalar), and none in the
+    prefill;
   * a tensor axis (1, 4, 2): the Megatron pattern, the partial sums of the
     attention output and the MLP output all-reduced in each of the L layers
     (2 L of [rows / (data fsdp), 1, D]), plus a few [rows]-sized exchanges of
@@ -94,27 +95,31 @@ def _shape_of(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
-def decode_hlo(mesh_shape) -> str:
-  """Optimised HLO of the decode loop ``generate`` runs on ``mesh_shape``."""
+def engine_hlo(mesh_shape, fn: str = "_decode") -> str:
+  """Optimised HLO of the engine's ``fn`` (``_decode``, ``_prefill``) as a
+  ``generate`` call on ``mesh_shape`` runs it."""
   model = Transformer(CFG, rngs=nnx.Rngs(0))
   engine = JaxEngine(model, CFG, mesh=shd.make_mesh(mesh_shape), pad_id=0,
                      eos_ids=(1,), batch_buckets=(ROWS,), prompt_buckets=(16,),
                      length_group_rows=0)
   seen = []
-  run = jax_engine._decode
+  run = getattr(jax_engine, fn)
 
   def spy(*args, **kw):
     seen.append((jax.tree.map(_shape_of, args), kw))
     return run(*args, **kw)
 
-  jax_engine._decode = spy
+  setattr(jax_engine, fn, spy)
   try:
     engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=4,
                                             seed=0))
   finally:
-    jax_engine._decode = run
+    setattr(jax_engine, fn, run)
   (args, kw), = seen
   return run.lower(*args, **kw).compile().as_text()
+
+
+decode_hlo = engine_hlo
 
 
 def per_token_and_all(hlo: str):
@@ -153,6 +158,9 @@ def test_data_parallel_decode_has_one_collective_per_token(mesh_shape):
   per_token, everywhere = per_token_and_all(decode_hlo(mesh_shape))
   assert per_token == [("all-reduce", "pred[]")], per_token
   assert everywhere == per_token, everywhere
+  # The prefill (unique prompts, then each row shard's own decode rows):
+  # none at all.
+  assert collectives(engine_hlo(mesh_shape, "_prefill")) == []
 
 
 def test_tensor_parallel_decode_all_reduces_two_per_layer():
