@@ -3,16 +3,17 @@
   python bench/rollout.py [--envs webshop,alfworld] [--batches 16,128]
       [--sglang_url http://127.0.0.1:30000] [--max_steps 4]
 
-Episodes come in groups of 8 sharing a task (GRPO/GiGPO), a tiny random
-Qwen2-shaped policy (vocab from a tokenizer trained here on expert episodes)
-answers at temperature 1, and the environments step in worker processes
-(overlapped with generation). Reported: generated tokens/s (generation time
-only), environment steps/s (environment time only) and the wall time of the
-whole collection. With ``--sglang_url`` the same collection also runs
-against that server (serving a model of the same shape and tokenizer, e.g.
-``launch/serve_rollout.py --model_path=<--export_dir>``), turn by turn
-(``collect``) and, as engine ``sglang_unbarriered``, without turn barriers
-(``collect_unbarriered``).
+Episodes come in groups of 8 sharing a task (GRPO/GiGPO), a random policy
+of the environment config's preset (WebShop, ALFWorld: nano, 0.63 M
+parameters; vocab from a tokenizer trained here on expert episodes)
+answers at temperature 1, and the environments step in worker processes.
+Reported: generated tokens/s (generation time only), environment steps/s
+(environment time only), the wall time of the whole collection, episodes/s
+(episodes / wall) and the generation seconds. With ``--sglang_url`` the
+same collection also runs against that server (serving a model of the same
+shape and tokenizer, e.g. ``launch/serve_rollout.py
+--model_path=<--export_dir>``), turn by turn (``collect``) and, as engine
+``sglang_unbarriered``, without turn barriers (``collect_unbarriered``).
 
   python bench/rollout.py --sync [--presets tiny,small-25m]
 
@@ -105,6 +106,8 @@ def main(argv=None):
               "env_steps_per_s": round(stats["env_steps_per_s"], 1),
               "gen_tokens": stats["gen_tokens"],
               "env_steps": stats["env_steps"], "wall_s": round(wall, 2),
+              "episodes_per_s": round(batch / wall, 2),
+              "generation_s": round(stats.get("generation_s", 0.0), 2),
           }), flush=True)
       finally:
         venv.close()
