@@ -5,6 +5,7 @@ r"""Runs the paper's results grid, resumably, and writes its tables and curves.
   python bench/reproduce.py --grid ablations --parallel 2  # WebShop GRPO
   python bench/reproduce.py --grid main --report_only      # tables only
   python bench/reproduce.py --grid study --seeds 0          # CPU study
+  python bench/reproduce.py --grid study --envs alfworld --seeds 0
   python bench/reproduce.py --envs toy --algos grpo --seeds 0 \
       --extra 'steps=2,train.batch_tasks=2'                # smoke test
 
@@ -19,7 +20,9 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              16 x 8, 30 A steps = 10 RSPO loops, 256 held-out goals),
              GRPO {baseline, rspo, sample_variance, sample_random} and
              GiGPO {baseline, rspo}, each naming its dense reward
-             (rspo.dense_reward=oracle), seeds {0, 200, 400}; root
+             (rspo.dense_reward=oracle), seeds {0, 200, 400}; ``--envs
+             alfworld``: 16 x 8, 30 A steps, 140 valid_seen tasks, GRPO
+             {baseline, rspo} (STUDY_ENV_CELLS); root
              runs/study. Besides the greedy evaluations every finished run
              and the shared warm start are evaluated at T = 0.4 with 3
              sampling seeds (launch/eval.py into eval_final_t04.json /
@@ -545,17 +548,25 @@ def env_markdown(report: dict) -> str:
 # --------------------------------------------------------------------------
 
 STUDY_ROOT = os.path.join(ROOT, "runs", "study")
-STUDY_ENVS = ("webshop",)
+STUDY_ENVS = ("webshop",)  # the default; --envs alfworld runs the other
 STUDY_ALGOS = ("grpo", "gigpo")
 # Applied to the shared warm start, its evaluations and every run (before
-# --extra, which may override them). WebShop: the paper's batch shape (16
-# tasks x 8 samples), 30 A steps (rspo.k = 3: 10 RSPO loops) and 256
-# held-out goals: the CPU world (30 products) at 20 goals a product keeps
-# 513 solvable goals, 256 test and 257 train (12 a product: 339, 83 train).
+# --extra, which may override them); an env without an entry has no study.
+# WebShop: the paper's batch shape (16 tasks x 8 samples), 30 A steps
+# (rspo.k = 3: 10 RSPO loops) and 256 held-out goals: the CPU world (30
+# products) at 20 goals a product keeps 513 solvable goals, 256 test and
+# 257 train (12 a product: 339, 83 train). ALFWorld: the same batch shape
+# and 30 A steps, from the searching expert's warm start (the CPU
+# default, env.kwargs.expert=search), evaluated on 140 valid_seen tasks of
+# the two CPU task types (num_tasks counts all six types: 420 -> 140 of
+# two; the default 140 leaves 46).
 STUDY_OVERRIDES = {
     "webshop": ("train.batch_tasks=16,train.group_size=8,steps=30,"
                 "env.kwargs.goals_per_product=20,env.kwargs.num_test_goals="
                 "256,env.num_eval_tasks=256"),
+    "alfworld": ("train.batch_tasks=16,train.group_size=8,steps=30,"
+                 "env.kwargs.num_tasks.valid_seen=420,"
+                 "env.num_eval_tasks=140"),
     "toy": "",  # tests and smoke runs give their own --extra
 }
 DENSE = "rspo.dense_reward=oracle"  # named in every cell, used by RSPO's B
@@ -566,6 +577,8 @@ STUDY_VARIANTS = {
     "sample_random": f"rspo=1,rspo.sampling=random,{DENSE}",
 }
 STUDY_CELLS = {"grpo": tuple(STUDY_VARIANTS), "gigpo": ("baseline", "rspo")}
+# Envs whose study has other cells (algo -> variants) than STUDY_CELLS.
+STUDY_ENV_CELLS = {"alfworld": {"grpo": ("baseline", "rspo")}}
 # The paper's evaluation decoding, beside greedy: T = 0.4, 3 seeds.
 SAMPLED_FLAGS = ("--seeds=0,1,2", "--temperature=0.4")
 FINAL_T04, START_T04 = "eval_final_t04.json", "eval_start_t04.json"
@@ -573,11 +586,23 @@ DECODINGS = (("greedy", START, FINAL), ("T = 0.4, 3 seeds", START_T04,
                                         FINAL_T04))
 
 
+def study_cells(env: str) -> dict:
+  """{algo: variants} of an env's study."""
+  return STUDY_ENV_CELLS.get(env, STUDY_CELLS)
+
+
 def study_grid(envs=None, algos=None, seeds=None, variants=None):
-  """GRPO x 4 variants and GiGPO x {baseline, rspo}, x seeds, filtered."""
+  """The env's study_cells (WebShop: GRPO x 4 variants and GiGPO x
+  {baseline, rspo}; ALFWorld: GRPO x {baseline, rspo}) x seeds, filtered;
+  ValueError for an env without a study recipe (STUDY_OVERRIDES)."""
   specs = make_grid(STUDY_VARIANTS, envs, algos, seeds, variants,
                     default_envs=STUDY_ENVS, default_algos=STUDY_ALGOS)
-  return [s for s in specs if s.variant in STUDY_CELLS.get(s.algo, ())]
+  for env in dict.fromkeys(s.env for s in specs):
+    if env not in STUDY_OVERRIDES:
+      raise ValueError(f"env {env!r} has no study recipe; known:"
+                       f" {', '.join(STUDY_OVERRIDES)}")
+  return [s for s in specs
+          if s.variant in study_cells(s.env).get(s.algo, ())]
 
 
 def study_extra(env: str, extra: str = "") -> str:
@@ -647,7 +672,7 @@ def _paper_success(env: str, algo: str, variant: str) -> Optional[float]:
 
 
 def study_report(root: str, env: str, out_dir: str,
-                 algos: Sequence[str] = STUDY_ALGOS, seed: int = 0,
+                 algos: Optional[Sequence[str]] = None, seed: int = 0,
                  echo: bool = True) -> dict:
   """Writes study_<env>.{json,md} and its curves; returns the JSON object.
 
@@ -666,9 +691,9 @@ def study_report(root: str, env: str, out_dir: str,
       intervals.success_interval(x[0], seed=seed))) for name, x in
       starts.items()}
   cells, curves = [], {}
-  for algo in algos:
+  for algo in algos or tuple(study_cells(env)):
     groups, finals = {}, {}
-    for variant in STUDY_CELLS.get(algo, ()):
+    for variant in study_cells(env).get(algo, ()):
       runs = finished_runs(root, env, algo, variant)
       label = _study_label(algo, variant)
       groups[label] = [w for _, w in runs]

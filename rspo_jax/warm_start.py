@@ -13,6 +13,7 @@ steps) so the tiny policy is weak but not hopeless.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Iterable, Optional
@@ -29,17 +30,28 @@ from third_party_envs import registry
 log = logging.getLogger(__name__)
 
 
-def expert_reply(action: str) -> str:
-  """A short fixed thought keeps CPU-scale replies short (the tiny policy
-  learns the format; a real instruct model writes its own reasoning)."""
-  return f"<think>next step</think><action>{action}</action>"
+THOUGHT = "expert_thought"  # EnvStep.info key of the expert's thought
+
+
+def expert_reply(action: str, thought: Optional[str] = None) -> str:
+  """The expert's thought (``env.expert_thought()``, e.g. ALFWorld's
+  searching expert's sub-goal 'find mug'), else a short fixed one: short
+  replies on CPU (the tiny policy learns the format; a real instruct model
+  writes its own reasoning)."""
+  return f"<think>{thought or 'next step'}</think><action>{action}</action>"
+
+
+def step_reply(obs, action: str) -> str:
+  return expert_reply(action, obs.info.get(THOUGHT))
 
 
 def expert_episodes(
     env_name: str, env_kwargs: dict, task_ids: Iterable[int], *,
     split: str, max_steps: int,
 ) -> list[list[tuple[object, str]]]:
-  """[(EnvStep before the action, expert action), ...] per won episode."""
+  """[(EnvStep before the action, expert action), ...] per won episode;
+  the expert's thought, when it states one, in the EnvStep's
+  ``info[THOUGHT]``."""
   env = registry.make_env(env_name, **env_kwargs)
   episodes = []
   try:
@@ -49,6 +61,9 @@ def expert_episodes(
         action = env.expert_action()
         if action is None:
           break
+        thought = env.expert_thought()
+        if thought is not None:
+          obs = dataclasses.replace(obs, info={**obs.info, THOUGHT: thought})
         steps.append((obs, action))
         obs = env.step(action)
         if obs.done:
@@ -68,7 +83,7 @@ def episode_texts(episodes, env_name: str, history_length: int):
       yield prompt_lib.build_prompt(
           env_name, obs.task, obs.observation, obs.admissible_actions,
           history, t, history_length,
-      ), expert_reply(action)
+      ), step_reply(obs, action)
       history.append((obs.observation, action))
 
 
@@ -84,7 +99,8 @@ def sft_records(episodes, tokenizer, env_name: str, *, history_length: int,
           obs.admissible_actions, history, t,
           max_prompt_tokens=max_prompt_tokens, history_length=history_length,
       )
-      reply = tokenizer.encode(expert_reply(action), add_special_tokens=False)
+      reply = tokenizer.encode(step_reply(obs, action),
+                               add_special_tokens=False)
       records.append(StepRecord(
           task_id=e, group_id=e, traj_id=e, step_idx=t,
           prompt_ids=np.asarray(ids, np.int32),

@@ -176,6 +176,41 @@ def test_heat_goes_to_the_microwave_then_the_goal():
       after) == "go to garbagecan 1"
 
 
+def test_thought_says_what_is_here_then_the_sub_goal():
+  def thought(task, obs, *adm):
+    return search.next_thought(task, obs, list(adm))
+
+  assert thought(TASK, BATHROOM, *admissible()) == "spraybottle is not here"
+  at_toilet = "You arrive at toilet 1. On the toilet 1, you see a soapbar 2."
+  assert thought(TASK, at_toilet, "examine toilet 1",
+                 "take soapbar 2 from toilet 1") == "spraybottle is not here"
+  assert thought(TASK, at_toilet, "examine toilet 1",
+                 "take spraybottle 3 from toilet 1",
+                 "take spraybottle 1 from toilet 1") == (
+                     "spraybottle 1 is here")  # the one it takes
+  # at the goal receptacle it takes nothing: not 'here' for the search
+  assert thought(TASK, "You arrive at garbagecan 1.", "examine garbagecan 1",
+                 "take spraybottle 1 from garbagecan 1") == (
+                     "spraybottle is not here")
+  assert thought(TASK, "You pick up the spraybottle 3 from the toilet 1.",
+                 "examine toilet 1", "examine spraybottle 3") == (
+                     "put spraybottle in garbagecan")
+  look = "examine the mug with the desklamp."
+  holding_mug = ("examine desk 1", "examine mug 1")
+  assert thought(look, "You arrive at desk 1.", "examine desk 1") == (
+      "mug is not here")
+  assert thought(look, "You pick up the mug 1 from the desk 1.",
+                 *holding_mug) == "desklamp is not here"
+  assert thought(look, "You pick up the mug 1 from the desk 1.",
+                 *holding_mug, "use desklamp 2") == "desklamp 2 is here"
+  heat = "heat some egg and put it in garbagecan."
+  holding_egg = ("examine egg 1", "examine microwave 1")
+  assert thought(heat, "You arrive at microwave 1. The microwave 1 is"
+                 " closed.", *holding_egg) == "heat egg with microwave"
+  assert thought(heat, "You heat the egg 1 using the microwave 1.",
+                 *holding_egg) == "put egg in garbagecan"
+
+
 # ------------------------------------------------------------ the engine
 
 
@@ -366,3 +401,30 @@ def test_expert_reads_only_what_the_prompt_shows(cache_dir, monkeypatch):
 def test_unknown_expert_refused(cache_dir):
   with pytest.raises(ValueError, match="expert must be one of"):
     env_lib.AlfWorldEnv(cache_dir=cache_dir, expert="psychic")
+
+
+def test_warm_start_replies_state_the_thought(cache_dir):
+  """Behaviour cloning's replies: '<think>{sub-goal}</think><action>
+  {action}</action>' from the searching expert, the fixed 'next step'
+  from the oracle."""
+  import re  # noqa: PLC0415
+
+  from rspo_jax import warm_start  # noqa: PLC0415
+
+  kwargs = dict(cache_dir=cache_dir, task_types=SHORT_TYPES)
+  for expert, thoughts in (("search", {"is here", "is not here", "put"}),
+                           ("oracle", {"next step"})):
+    eps = warm_start.expert_episodes(
+        "alfworld", {**kwargs, "expert": expert}, range(2), split="train",
+        max_steps=MAX_STEPS)
+    assert len(eps) == 2
+    replies = [r for _, r in warm_start.episode_texts(eps, "alfworld", 2)]
+    parsed = [re.fullmatch(
+        r"<think>(?:\w+(?: \d+)? (is here|is not here)|(put) .+|(next step))"
+        r"</think><action>(.+)</action>", r) for r in replies]
+    assert all(parsed), replies
+    assert {next(g for g in m.groups() if g) for m in parsed} == thoughts
+    assert [m[4] for m in parsed] == [a for e in eps for _, a in e]
+    if expert == "search":  # it says it is here exactly when it takes it
+      assert [m[1] == "is here" for m in parsed] == [
+          a.startswith(("take ", "use ")) for e in eps for _, a in e]

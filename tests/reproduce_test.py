@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from configs import toy_grpo, webshop_grpo
+from configs import alfworld_grpo, toy_grpo, webshop_grpo
 from rspo_jax.metrics import MetricsWriter, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -358,6 +358,59 @@ def test_study_grid_cells_and_overrides():
   assert rp.study_extra("webshop", "steps=2").endswith(",steps=2")
   assert rp.main(["--grid", "study", "--envs", "webshop,toy",
                   "--dry_run"]) == 2
+
+
+def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
+                                                   monkeypatch):
+  """ALFWorld's study: GRPO baseline and RSPO only, 16 x 8, 30 A steps,
+  140 valid_seen tasks, from the searching expert's warm start."""
+  specs = rp.study_grid(envs=["alfworld"])
+  assert len(specs) == 2 * 3 and {s.env for s in specs} == {"alfworld"}
+  assert {(s.algo, s.variant) for s in specs} == {
+      ("grpo", "baseline"), ("grpo", "rspo")}
+  assert rp.study_grid(envs=["alfworld"], algos=["gigpo"]) == []
+  by = {(s.algo, s.variant): s for s in rp.study_grid(["alfworld"],
+                                                       seeds=[0])}
+  path, arg = by["grpo", "rspo"].config_arg(
+      rp.study_extra("alfworld")).split(":", 1)
+  assert path.endswith("configs/alfworld_grpo.py")
+  c = alfworld_grpo.get_config(arg)
+  assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
+  assert c.train.total_steps == 30 and c.env.num_eval_tasks == 140
+  assert c.env.eval_split == "valid_seen"
+  assert c.env.kwargs.expert == "search"  # the warm start's demonstrations
+  assert c.env.kwargs.num_tasks.valid_seen == 420  # 140 of 2 of 6 types
+  assert c.rspo.enabled and c.rspo.dense_reward == "oracle"
+  pytest.importorskip("alfworld")
+  from rspo_jax import build  # noqa: PLC0415
+
+  assert build.num_tasks(c, "valid_seen") == 140
+  # The commands: the shared warm start (study overrides), then 2 runs.
+  root = tmp_path / "runs"
+  assert rp.main(["--grid", "study", "--envs", "alfworld", "--seeds", "0",
+                  "--root", str(root), "--dry_run"]) == 0
+  cmds = capsys.readouterr().out.splitlines()
+  assert len(cmds) == 1 + 2 and "launch/sft.py" in cmds[0]
+  assert ":seed=0," + rp.STUDY_OVERRIDES["alfworld"] + " " in cmds[0]
+  assert f"--workdir={root}/warm_start_alfworld" in cmds[0]
+  policy = os.path.join(str(root), "warm_start_alfworld", "warm_start")
+  assert [c.split("--workdir=")[1].split()[0] for c in cmds[1:]] == [
+      f"{root}/alfworld_grpo_baseline_s0", f"{root}/alfworld_grpo_rspo_s0"]
+  assert all(f"model.checkpoint_dir={policy}" in c and
+             "env.num_eval_tasks=140" in c for c in cmds[1:])
+  # GiGPO has no ALFWorld study cell: nothing to run.
+  assert rp.main(["--grid", "study", "--envs", "alfworld", "--algos",
+                  "gigpo", "--root", str(root), "--dry_run"]) == 2
+  # The report lists the two cells (none finished here).
+  report = rp.study_report(str(root), "alfworld", str(tmp_path / "out"),
+                           echo=False)
+  assert [(c["label"], c["n"]) for c in report["cells"]] == [
+      ("GRPO", 0), ("RSPO+GRPO", 0)]
+  assert report["overrides"] == rp.STUDY_OVERRIDES["alfworld"]
+  # An env without a study recipe is refused.
+  monkeypatch.delitem(rp.STUDY_OVERRIDES, "alfworld")
+  with pytest.raises(ValueError, match="no study recipe"):
+    rp.study_grid(envs=["alfworld"])
 
 
 def test_study_report_intervals_by_hand(tmp_path):

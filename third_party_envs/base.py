@@ -62,6 +62,11 @@ class TextEnv(abc.ABC):
   def expert_action(self) -> Optional[str]:
     """The scripted solver's next action in the current state (None if lost)."""
 
+  def expert_thought(self) -> Optional[str]:
+    """What the scripted solver states before ``expert_action()`` (the
+    warm start's ``<think>`` text); None: a fixed placeholder."""
+    return None
+
   def tokenizer_words(self) -> list[str]:
     """Strings a locally trained tokenizer should keep whole (one token):
     opaque ids the agent must copy, e.g. WebShop's product ids. Used only

@@ -121,6 +121,9 @@ class WithDefaults(base.TextEnv):
   def expert_action(self) -> Optional[str]:
     return self.env.expert_action()
 
+  def expert_thought(self) -> Optional[str]:
+    return self.env.expert_thought()
+
   def tokenizer_words(self) -> list[str]:
     return self.env.tokenizer_words()
 

@@ -230,6 +230,15 @@ class AlfWorldEnv(base.TextEnv):
       self._plan = self._expert_plan(self._state)
     return self._plan[0] if self._plan else None
 
+  def expert_thought(self) -> Optional[str]:
+    """The searching expert's stated sub-goal ('find mug', 'put mug in
+    shelf'; ``search.next_thought``); None for the other experts."""
+    if self.expert != "search" or self._last is None or self._last.done:
+      return None
+    last = self._last
+    return search.next_thought(last.task, last.observation,
+                               last.admissible_actions, self._history)
+
   def close(self) -> None:
     # The engine's private libdownward copy stays mapped: dlclose-ing it
     # (fast_downward.close_lib) crashes the interpreter at exit.

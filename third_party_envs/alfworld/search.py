@@ -28,6 +28,11 @@ desk lamps stand on desks, side tables and dressers).
                     here if here is a goal receptacle (open it first when
                     closed), else go to the first goal receptacle.
 
+Before each command it states what it sees or pursues (``next_thought``:
+'mug 1 is here', 'mug is not here', 'desklamp 2 is here', 'heat egg with
+microwave', 'put mug in shelf'), which the warm start writes as the reply's
+``<think>`` text.
+
 Every decision but the clean / heat / cool "done yet" test reads only the
 current observation and admissible commands (and, after ``use``, the last
 history entry), so the policy's prompt (history window 2) holds what the
@@ -140,6 +145,71 @@ def _after(names, here: Optional[str]) -> Optional[str]:
                if here is None or place_key(r) > place_key(here)), order[0])
 
 
+def _held(admissible: Sequence[str], here: Optional[str]) -> list[str]:
+  """What the agent holds: x for each admissible ``examine x``, x != here."""
+  return sorted(a[len("examine "):] for a in admissible
+                if a.startswith("examine ") and a[len("examine "):] != here)
+
+
+def _done(goal: Goal, held_obj: str, observation: str,
+          history: Sequence[tuple[str, str]]) -> bool:
+  """Whether the held object was cleaned / heated / cooled already."""
+  verb = TOOLS[goal.kind][0]
+  return any(f"You {verb} the {held_obj} using" in o
+             for o in [observation] + [o for o, _ in history])
+
+
+def _takes(goal: Goal, admissible: Sequence[str],
+           here: Optional[str]) -> list[str]:
+  """The admissible ``take <obj> k from here`` (none at a goal
+  receptacle), smallest k first."""
+  if not here or kind_of(here) == goal.recep:
+    return []
+  return sorted(a for a in admissible if re.fullmatch(
+      rf"take {goal.obj} \d+ from {re.escape(here)}", a))
+
+
+def _uses(goal: Goal, admissible: Sequence[str]) -> list[str]:
+  """The admissible ``use <toggle> k``, smallest k first."""
+  return sorted(a for a in admissible
+                if re.fullmatch(rf"use {goal.toggle} \d+", a))
+
+
+def _seen(thing: str, found: Optional[str]) -> str:
+  """'mug 1 is here' / 'mug is not here': the searched thing first."""
+  return f"{found} is here" if found else f"{thing} is not here"
+
+
+def next_thought(task: str, observation: str, admissible: Sequence[str],
+                 history: Sequence[tuple[str, str]] = ()) -> str:
+  """What the expert states before acting: while searching, whether the
+  thing it searches is here, the thing named first; then its sub-goal.
+
+    not holding obj          '<obj> k is here' (it takes it) or
+                             '<obj> is not here' (it opens or moves on)
+    look, holding obj        '<toggle> k is here' (it uses it) or
+                             '<toggle> is not here'
+    clean / heat / cool,     '<verb> <obj> with <tool>'
+      holding obj, not done
+    else                     'put <obj> in <recep>'
+  """
+  goal = parse_task(task)
+  here = location(observation, history)
+  held_obj = next((h for h in _held(admissible, here)
+                   if kind_of(h) == goal.obj), None)
+  if held_obj is None:
+    takes = _takes(goal, admissible, here)
+    return _seen(goal.obj, takes[0].split(" from ")[0][len("take "):]
+                 if takes else None)
+  if goal.kind == "look_at_obj_in_light":
+    uses = _uses(goal, admissible)
+    return _seen(goal.toggle, uses[0][len("use "):] if uses else None)
+  if goal.kind in TOOLS and not _done(goal, held_obj, observation, history):
+    verb, tool = TOOLS[goal.kind]
+    return f"{verb} {goal.obj} with {tool}"
+  return f"put {goal.obj} in {goal.recep}"
+
+
 def next_action(task: str, observation: str,
                 admissible: Sequence[str],
                 history: Sequence[tuple[str, str]] = ()) -> Optional[str]:
@@ -150,8 +220,7 @@ def next_action(task: str, observation: str,
   here = location(observation, history)
   places = [a[len("go to "):] for a in admissible if a.startswith("go to ")]
   places += [here] if here else []
-  held = sorted(a[len("examine "):] for a in admissible
-                if a.startswith("examine ") and a[len("examine "):] != here)
+  held = _held(admissible, here)
   held_obj = next((h for h in held if kind_of(h) == goal.obj), None)
 
   def go_first(kind: str) -> Optional[str]:
@@ -163,11 +232,9 @@ def next_action(task: str, observation: str,
   if held_obj is None:
     if held:  # a stray object in hand: the expert never takes one
       return None
-    if here and kind_of(here) != goal.recep:
-      takes = sorted(a for a in adm if re.fullmatch(
-          rf"take {goal.obj} \d+ from {re.escape(here)}", a))
-      if takes:
-        return takes[0]
+    takes = _takes(goal, admissible, here)
+    if takes:
+      return takes[0]
     searched = [p for p in places if kind_of(p) in _holder_types(goal.obj)
                 and kind_of(p) != goal.recep]
     if here in searched and f"open {here}" in adm:
@@ -176,8 +243,7 @@ def next_action(task: str, observation: str,
     return f"go to {target}" if target else None
 
   if goal.kind == "look_at_obj_in_light":
-    uses = sorted(a for a in adm if re.fullmatch(rf"use {goal.toggle} \d+",
-                                                 a))
+    uses = _uses(goal, admissible)
     if uses:
       return uses[0]
     target = _after([p for p in places if kind_of(p) in LAMP_HOLDERS], here)
@@ -185,8 +251,7 @@ def next_action(task: str, observation: str,
 
   if goal.kind in TOOLS:
     verb, tool = TOOLS[goal.kind]
-    done = f"You {verb} the {held_obj} using"
-    if not any(done in o for o in [observation] + [o for o, _ in history]):
+    if not _done(goal, held_obj, observation, history):
       if here and kind_of(here) == tool:
         command = f"{verb} {held_obj} with {here}"
         if command in adm:
