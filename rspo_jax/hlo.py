@@ -229,10 +229,15 @@ def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
 
 
 def _engine_inputs(mesh, cfg, rules):
+  """The engine's model as JaxEngine builds it on a mesh: weights and
+  activations on ``sharding.inference_rules(rules)``
+  (``jax_engine._with_activation_rules``), inference dtype, unscanned."""
+  weights = shd.inference_rules(rules)
   cfg = dataclasses.replace(cfg, param_dtype=cfg.inference_dtype,
-                            scan_layers=False)
+                            scan_layers=False,
+                            logical_axis_rules=tuple(weights))
   graphdef, params, rest = abstract_model(cfg)
-  psh = shd.state_shardings(mesh, params, shd.inference_rules(rules))
+  psh = shd.state_shardings(mesh, params, weights)
   params = jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), params, psh)
   static = jax_engine._Static(graphdef=graphdef, cfg=cfg, mesh=mesh,
                               rules=rules, pad_id=0)
