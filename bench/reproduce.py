@@ -71,7 +71,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime
-import importlib.util
 import itertools
 import json
 import os
@@ -88,7 +87,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "launch", "train.py")
 SFT_PY = os.path.join(ROOT, "launch", "sft.py")
 EVAL_PY = os.path.join(ROOT, "launch", "eval.py")
-PLOT_PY = os.path.join(ROOT, "launch", "plot.py")
 
 ENVS = ("webshop", "alfworld")
 TEST_ENVS = ("toy",)  # accepted by --envs, in no default grid
@@ -444,14 +442,9 @@ def fmt(ms: dict, digits: int = 1) -> str:
 
 
 def load_plot_module():
-  """launch/plot.py (launch/ is no package), loaded once."""
-  if "rspo_plot" in sys.modules:
-    return sys.modules["rspo_plot"]
-  spec = importlib.util.spec_from_file_location("rspo_plot", PLOT_PY)
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules["rspo_plot"] = mod  # dataclasses look their module up
-  spec.loader.exec_module(mod)
-  return mod
+  """launch/plot.py, imported on first use (matplotlib loads with it)."""
+  from launch import plot  # noqa: PLC0415
+  return plot
 
 
 def plot_atomic(groups: dict[str, list[str]], metric: str, x: str,

@@ -1,6 +1,5 @@
 """launch/plot.py: series loading, seed aggregation, PNG output, CLI errors."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,10 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLOT_PY = os.path.join(ROOT, "launch", "plot.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-_spec = importlib.util.spec_from_file_location("rspo_plot", PLOT_PY)
-plot = importlib.util.module_from_spec(_spec)
-sys.modules["rspo_plot"] = plot  # dataclasses look their module up
-_spec.loader.exec_module(plot)
+from launch import plot  # noqa: E402
 
 
 def write_run(path, success, env_per_step=10, eval_every=2, extra=None):
