@@ -24,9 +24,10 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              alfworld``: 16 x 8, 30 A steps, 140 valid_seen tasks, GRPO
              {baseline, rspo} (STUDY_ENV_CELLS); root
              runs/study. Besides the greedy evaluations every finished run
-             and the shared warm start are evaluated at T = 0.4 with 3
-             sampling seeds (launch/eval.py into eval_final_t04.json /
-             eval_start_t04.json, resumable); report
+             and the shared warm start are evaluated at T = 0.4 and at
+             the training temperature T = 1.0, 3 sampling seeds each
+             (launch/eval.py into eval_final_t04.json /
+             eval_start_t04.json, _t10; resumable); report
              ``study_<env>.{json,md}`` with 95 % bootstrap intervals
              (rspo_jax/intervals.py).
 ``toy`` is accepted by ``--envs`` (configs/toy_grpo.py, ``algo.name=<algo>``)
@@ -572,11 +573,24 @@ STUDY_VARIANTS = {
 STUDY_CELLS = {"grpo": tuple(STUDY_VARIANTS), "gigpo": ("baseline", "rspo")}
 # Envs whose study has other cells (algo -> variants) than STUDY_CELLS.
 STUDY_ENV_CELLS = {"alfworld": {"grpo": ("baseline", "rspo")}}
-# The paper's evaluation decoding, beside greedy: T = 0.4, 3 seeds.
-SAMPLED_FLAGS = ("--seeds=0,1,2", "--temperature=0.4")
-FINAL_T04, START_T04 = "eval_final_t04.json", "eval_start_t04.json"
-DECODINGS = (("greedy", START, FINAL), ("T = 0.4, 3 seeds", START_T04,
-                                        FINAL_T04))
+# Sampled evaluations beside greedy, 3 sampling seeds each: the paper's
+# T = 0.4, and the training temperature T = 1.0 (the distribution the RL
+# objective improves; greedy and T = 0.4 read its mode). (label, tag, T)
+SAMPLED = (("T = 0.4, 3 seeds", "t04", 0.4),
+           ("T = 1.0 (training), 3 seeds", "t10", 1.0))
+
+
+def sampled_flags(temperature: float) -> tuple[str, ...]:
+  return ("--seeds=0,1,2", f"--temperature={temperature}")
+
+
+def sampled_names(tag: str) -> tuple[str, str]:
+  """(start, final) evaluation file names of a sampled decoding."""
+  return f"eval_start_{tag}.json", f"eval_final_{tag}.json"
+
+
+DECODINGS = (("greedy", START, FINAL),) + tuple(
+    (label, *sampled_names(tag)) for label, tag, _ in SAMPLED)
 
 
 def study_cells(env: str) -> dict:
@@ -605,13 +619,15 @@ def study_extra(env: str, extra: str = "") -> str:
 
 def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
                        python: str = sys.executable,
-                       env_vars: Optional[dict] = None) -> dict:
-  """A finished run's final policy at T = 0.4, 3 seeds (launch/eval.py on
-  its workdir's latest checkpoint) into ``eval_final_t04.json``; skipped
-  when that exists, or when the run is unfinished."""
+                       env_vars: Optional[dict] = None, tag: str = "t04",
+                       temperature: float = 0.4) -> dict:
+  """A finished run's final policy at ``temperature``, 3 seeds
+  (launch/eval.py on its workdir's latest checkpoint) into
+  ``eval_final_<tag>.json``; skipped when that exists, or when the run is
+  unfinished."""
   workdir = os.path.join(root, spec.name)
-  path = os.path.join(workdir, FINAL_T04)
-  out = {"run": f"{spec.name}_t04", "workdir": workdir, "eval": path}
+  path = os.path.join(workdir, sampled_names(tag)[1])
+  out = {"run": f"{spec.name}_{tag}", "workdir": workdir, "eval": path}
   if os.path.exists(path):
     return {**out, "status": "skipped"}
   if not is_finished(workdir):
@@ -619,8 +635,8 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
   tmp = path + ".tmp"
   rc, wall_s = _run_logged(
       [python, EVAL_PY, f"--config={spec.config_arg(extra)}",
-       f"--workdir={workdir}", f"--out={tmp}", *SAMPLED_FLAGS], workdir,
-      env_vars)
+       f"--workdir={workdir}", f"--out={tmp}", *sampled_flags(temperature)],
+      workdir, env_vars)
   out.update(wall_s=wall_s, rc=rc)
   if rc != 0 or not os.path.exists(tmp):
     return {**out, "status": "failed",
@@ -802,22 +818,25 @@ def study_markdown(report: dict) -> str:
 
 def _run_study(specs: list[RunSpec], args, failed: list) -> None:
   """The study's extra evaluations: the warm start and every finished run
-  at T = 0.4, 3 seeds (each skipped once written)."""
+  at each SAMPLED temperature, 3 seeds (each skipped once written)."""
   envs = dict.fromkeys(s.env for s in specs)
-  for env in envs:
-    if os.path.isdir(os.path.join(warm_start_workdir(args.root, env),
-                                  "warm_start")):
-      r = shared_start_eval(env, args.root, args.extra, args.python,
-                            out_name=START_T04, eval_flags=SAMPLED_FLAGS)
-      print(json.dumps(r), flush=True)
-      if r["status"] == "failed":
-        failed.append(r)
-  for s in specs:
-    if is_finished(os.path.join(args.root, s.name)):
-      r = sampled_final_eval(s, args.root, args.extra, args.python)
-      print(json.dumps(r), flush=True)
-      if r["status"] == "failed":
-        failed.append(r)
+  results = []
+  for _, tag, temperature in SAMPLED:
+    for env in envs:
+      if os.path.isdir(os.path.join(warm_start_workdir(args.root, env),
+                                    "warm_start")):
+        results.append(shared_start_eval(
+            env, args.root, args.extra, args.python,
+            out_name=sampled_names(tag)[0],
+            eval_flags=sampled_flags(temperature)))
+        print(json.dumps(results[-1]), flush=True)
+    for s in specs:
+      if is_finished(os.path.join(args.root, s.name)):
+        results.append(sampled_final_eval(s, args.root, args.extra,
+                                          args.python, tag=tag,
+                                          temperature=temperature))
+        print(json.dumps(results[-1]), flush=True)
+  failed += [r for r in results if r["status"] == "failed"]
 
 
 # --------------------------------------------------------------------------

@@ -61,7 +61,8 @@ def main(argv):
     result = run.evaluate(run.trainer.a, run.trainer.state.a_steps,
                           seeds=seeds)
     result.update(split=cfg.env.eval_split, a_steps=run.trainer.state.a_steps,
-                  from_checkpoint=resumed)
+                  from_checkpoint=resumed,
+                  temperature=float(cfg.rollout.eval_temperature))
   finally:
     run.close()
   text = json.dumps(result, indent=1)

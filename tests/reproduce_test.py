@@ -462,8 +462,8 @@ def test_study_report_intervals_by_hand(tmp_path):
 
 @pytest.mark.slow
 def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
-  """One study cell (toy, micro model): warm start, its greedy and T = 0.4
-  evaluations, the run, its T = 0.4 evaluation, the report; then a rerun
+  """One study cell (toy, micro model): warm start, its greedy, T = 0.4
+  and T = 1.0 evaluations, the run and its own, the report; then a rerun
   starts nothing."""
   from rspo_e2e_test import MICRO  # noqa: PLC0415
 
@@ -477,7 +477,8 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
   assert [(l["run"], l["status"]) for l in lines if "run" in l] == [
       ("warm_start_toy", "done"), ("start_eval_toy", "done"),
       ("toy_grpo_rspo_s0", "done"), ("start_eval_t04_toy", "done"),
-      ("toy_grpo_rspo_s0_t04", "done")]
+      ("toy_grpo_rspo_s0_t04", "done"), ("start_eval_t10_toy", "done"),
+      ("toy_grpo_rspo_s0_t10", "done")]
   wd = root / "toy_grpo_rspo_s0"
   final = json.loads((wd / "eval_final.json").read_text())
   t04 = json.loads((wd / "eval_final_t04.json").read_text())
@@ -490,9 +491,12 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
   assert t04["seeds"] == [0, 1, 2]
   # ... of the final policy: the run's last checkpoint, after its 2 steps.
   assert t04["from_checkpoint"] is True and t04["a_steps"] == 2
+  t10 = json.loads((wd / "eval_final_t10.json").read_text())
+  assert t10["temperature"] == 1.0 and t04["temperature"] == 0.4
+  assert len(t10["per_task"]) == 4 * 3 and t10["a_steps"] == 2
   report = json.loads((out / "study_toy.json").read_text())
   (cell,) = [c for c in report["cells"] if c["n"]]
-  for name in ("greedy", "T = 0.4, 3 seeds"):
+  for name in ("greedy", "T = 0.4, 3 seeds", "T = 1.0 (training), 3 seeds"):
     for key in ("success", "final_minus_start"):
       ci = cell[name][key]
       assert ci["lo"] <= ci["mean"] <= ci["hi"] and ci["level"] == 0.95
