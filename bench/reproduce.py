@@ -443,8 +443,9 @@ def fmt(ms: dict, digits: int = 1) -> str:
 
 
 def load_plot_module():
-  """launch/plot.py, imported on first use (matplotlib loads with it)."""
-  from launch import plot  # noqa: PLC0415
+  """launch/plot.py (installed as rspo_launch.plot), imported on first
+  use (matplotlib loads with it)."""
+  from rspo_launch import plot  # noqa: PLC0415
   return plot
 
 

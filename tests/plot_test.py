@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLOT_PY = os.path.join(ROOT, "launch", "plot.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-from launch import plot  # noqa: E402
+from rspo_launch import plot  # noqa: E402
 
 
 def write_run(path, success, env_per_step=10, eval_every=2, extra=None):
