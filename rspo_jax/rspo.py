@@ -359,6 +359,7 @@ class RSPOTrainer:
       m["outcome_reward_mean"] = self._global_mean(
           [r.outcome_reward for r in on])
       self.metrics.write(self.state.a_steps, "B", m)
+      self._stop_in_b_phase()
     if self.decoupled:
       self._start_b_collection(b)
     else:
@@ -591,6 +592,14 @@ class RSPOTrainer:
     self.ckpt.wait()
     raise preemption.Preempted(self.state.a_steps)
 
+
+  def _stop_in_b_phase(self) -> None:
+    """On a stop request between B's steps: ``Preempted`` at once, nothing
+    saved. A resume redoes B's phase from A (the checkpoint before it), as
+    after a kill there, so waiting for the phase to end gains nothing."""
+    if self.stop.requested():
+      self.ckpt.wait()
+      raise preemption.Preempted(self.state.a_steps)
 
   def _timing(self, t0: float, env_steps0: int) -> dict:
     """Wall seconds since ``t0`` by phase (``timing.PhaseTimer``: weight

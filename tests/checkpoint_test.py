@@ -242,3 +242,26 @@ def test_sigterm_checkpoints_the_step_in_progress_and_resumes_exactly(
       in restarted.stderr
   assert saves_logged(restarted.stderr) == saved[1:]
   assert_same_run(run, base, 3)
+
+
+@pytest.mark.slow
+def test_sigterm_in_b_phase_stops_at_the_next_b_step_and_redoes_b(
+    baseline, tmp_path):
+  """SIGTERM in B's 2nd of 3 steps (loop 0): the process exits with 143
+  after that B step, not after B's phase, saving nothing (B is redone from
+  A on resume, as after a kill there); the restart ends like the
+  uninterrupted run."""
+  cfg, _ = CASES["rspo"]
+  base, _ = baseline("rspo")
+  run = str(tmp_path / "run")
+  copy_warm_start(base, run)
+  stopped = train(run, cfg, "b_phase:2", {faults.SIGNAL_VAR: "TERM"})
+  assert stopped.returncode == 143, stopped.stderr[-3000:]
+  assert "stopped on SIGTERM after A step 0" in stopped.stderr
+  assert saves_logged(stopped.stderr) == []
+  metrics = os.path.join(run, "metrics.jsonl")
+  assert len(read_metrics(metrics, "B")) == 2 and not a_rows(run)
+  restarted = train(run, cfg)
+  assert restarted.returncode == 0, restarted.stderr[-3000:]
+  assert "resumed from checkpoint" not in restarted.stderr
+  assert_same_run(run, base, 3)
