@@ -359,7 +359,7 @@ class RSPOTrainer:
       m["outcome_reward_mean"] = self._global_mean(
           [r.outcome_reward for r in on])
       self.metrics.write(self.state.a_steps, "B", m)
-      self._stop_in_b_phase()
+      self._stop_if_requested(save=False)  # B is redone from A on resume
     if self.decoupled:
       self._start_b_collection(b)
     else:
@@ -546,7 +546,7 @@ class RSPOTrainer:
         with self.timer.phase("checkpoint"):
           self.save()
         self.metrics.write(s.a_steps, "B_time", self._timing(t0, steps0))
-        self._stop_if_requested(saved=True)
+        self._stop_if_requested(save=False)  # just saved
       t0, steps0 = time.perf_counter(), s.env_steps
       m = self.a_step()
       s.a_steps += 1
@@ -577,29 +577,22 @@ class RSPOTrainer:
           loop=s.loop, success=f"{m.get('rollout_success_rate', 0):.2f}",
           loss=f"{m.get('loss', 0):.3f}",
       )
-      self._stop_if_requested(saved)
+      self._stop_if_requested(save=not saved)
     bar.close()
     return s
 
-  def _stop_if_requested(self, saved: bool) -> None:
-    """On a stop request (SIGTERM, preemption.py): the checkpoint of the
-    state reached (written now if it was not due), every write finished,
-    then ``Preempted``."""
+  def _stop_if_requested(self, save: bool) -> None:
+    """On a stop request (SIGTERM, preemption.py): ``save`` the state
+    reached first when its checkpoint was not due (between B's steps:
+    never, a resume redoes B's phase from A), every write finished, then
+    ``Preempted``."""
     if not self.stop.requested():
       return
-    if not saved:
+    if save:
       self.save()
     self.ckpt.wait()
     raise preemption.Preempted(self.state.a_steps)
 
-
-  def _stop_in_b_phase(self) -> None:
-    """On a stop request between B's steps: ``Preempted`` at once, nothing
-    saved. A resume redoes B's phase from A (the checkpoint before it), as
-    after a kill there, so waiting for the phase to end gains nothing."""
-    if self.stop.requested():
-      self.ckpt.wait()
-      raise preemption.Preempted(self.state.a_steps)
 
   def _timing(self, t0: float, env_steps0: int) -> dict:
     """Wall seconds since ``t0`` by phase (``timing.PhaseTimer``: weight

@@ -35,7 +35,8 @@ THOUGHT = "expert_thought"  # EnvStep.info key of the expert's thought
 
 def expert_reply(action: str, thought: Optional[str] = None) -> str:
   """The expert's thought (``env.expert_thought()``, e.g. ALFWorld's
-  searching expert's sub-goal 'find mug'), else a short fixed one: short
+  searching expert's 'mug is not here' / 'put mug in shelf'), else a
+  short fixed one: short
   replies on CPU (the tiny policy learns the format; a real instruct model
   writes its own reasoning)."""
   return f"<think>{thought or 'next step'}</think><action>{action}</action>"
