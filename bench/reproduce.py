@@ -618,6 +618,19 @@ def study_extra(env: str, extra: str = "") -> str:
                               extra.strip(" ,")) if p)
 
 
+def trained_config(spec: RunSpec, root: str, extra: str = "") -> str:
+  """The ``--config`` a run was trained with (its ``run.json``), else the
+  one its spec gives now. An evaluation must build the run as it was
+  trained: a spec made without the shared warm start (every run of the env
+  already finished) lacks ``model.checkpoint_dir``, and launch/eval.py would
+  first behaviour-clone a policy of its own (minutes; then overwritten by
+  the checkpoint)."""
+  meta = os.path.join(root, spec.name, RUN_JSON)
+  if os.path.isfile(meta):
+    return json.load(open(meta))["config"]
+  return spec.config_arg(extra)
+
+
 def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
                        python: str = sys.executable,
                        env_vars: Optional[dict] = None, tag: str = "t04",
@@ -635,7 +648,7 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
     return {**out, "status": "failed", "error": "the run is unfinished"}
   tmp = path + ".tmp"
   rc, wall_s = _run_logged(
-      [python, EVAL_PY, f"--config={spec.config_arg(extra)}",
+      [python, EVAL_PY, f"--config={trained_config(spec, root, extra)}",
        f"--workdir={workdir}", f"--out={tmp}", *sampled_flags(temperature)],
       workdir, env_vars)
   out.update(wall_s=wall_s, rc=rc)

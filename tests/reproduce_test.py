@@ -191,6 +191,26 @@ def test_runs_start_from_one_shared_warm_start(tmp_path, capsys):
   assert not os.path.exists(other / "warm_start_toy")
 
 
+def test_evaluation_of_a_finished_run_uses_its_trained_config(tmp_path):
+  """A finished run is evaluated with the --config in its run.json (here
+  naming the shared warm start), not the spec's config of today (made
+  without the warm start once every run is finished: launch/eval.py would
+  first behaviour-clone a policy of its own)."""
+  (spec,) = rp.study_grid(["alfworld"], ["grpo"], [0], ["baseline"])
+  trained = spec.config_arg("x=1") + ",model.checkpoint_dir=/ws/warm_start"
+  wd = fake_run(tmp_path, spec.name, success=0.05, config=trained)
+  r = rp.sampled_final_eval(spec, str(tmp_path), "x=1", python="/bin/true")
+  assert r["status"] == "failed"  # /bin/true writes no evaluation
+  (line,) = [l for l in open(os.path.join(wd, "train.log")) if "--config" in l]
+  assert f"--config={trained} " in line
+  # No run.json (e.g. a run dir made by hand): the spec's config.
+  os.remove(os.path.join(wd, "run.json"))
+  rp.sampled_final_eval(spec, str(tmp_path), "x=1", python="/bin/true",
+                        tag="t10", temperature=1.0)
+  last = open(os.path.join(wd, "train.log")).read().splitlines()[-1]
+  assert f"--config={spec.config_arg('x=1')} " in last
+
+
 # --------------------------------------------------------------------------
 # Reports
 # --------------------------------------------------------------------------
