@@ -20,7 +20,11 @@ run, from ``metrics.jsonl``'s 'A' rows (A's training steps):
 
 and, where the run finished, greedy success on the held-out goals at the
 start and the end with the paired difference and its 95 % bootstrap
-interval over goals (rspo_jax/intervals.py).
+interval over goals (rspo_jax/intervals.py), and
+
+  won / lost   goals (x sampling seeds) won at the end but not at the
+               start / at the start but not at the end: how far greedy
+               behaviour moved, whatever the net change.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ def summarize(workdir: str) -> dict:
     out["start"] = 100 * float(x0.mean())
     out["final"] = 100 * float(x1.mean())
     out["diff"] = intervals.paired_difference(x1, x0)
+    out["won"] = int(((x1 > 0) & (x0 == 0)).sum())
+    out["lost"] = int(((x0 > 0) & (x1 == 0)).sum())
   return out
 
 
@@ -83,8 +89,8 @@ def _cell(x, fmt="{:.3f}") -> str:
 def markdown(summaries: list[dict]) -> str:
   lines = [
       "| run | steps | KL step 1 | KL later | entropy | signal | rollouts |"
-      " greedy start -> final | final - start [95 %] |",
-      "|---|---:|---:|---:|---|---:|---|---|---|",
+      " greedy start -> final | final - start [95 %] | won / lost |",
+      "|---|---:|---:|---:|---|---:|---|---|---|---|",
   ]
   for s in summaries:
     e0, e1 = s["entropy"]
@@ -94,13 +100,14 @@ def markdown(summaries: list[dict]) -> str:
       ends = f"{s['start']:.1f} -> {s['final']:.1f}"
       diff = (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f},"
               f" {100 * d['hi']:+.1f}]")
+      moved = f"{s['won']} / {s['lost']}"
     else:
-      ends, diff = "stopped", "-"
+      ends, diff, moved = "stopped", "-", "-"
     lines.append(
         f"| {s['run']} | {s['steps']} | {_cell(s['kl_first'])} |"
         f" {_cell(s['kl_later'], '{:.4f}')} | {e0:.3f} -> {e1:.3f} |"
         f" {_cell(s['signal'], '{:.2f}')} | {r0:.2f} -> {r1:.2f} |"
-        f" {ends} | {diff} |")
+        f" {ends} | {diff} | {moved} |")
   return "\n".join(lines) + "\n"
 
 

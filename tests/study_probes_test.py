@@ -44,9 +44,10 @@ def test_summary_by_hand(tmp_path):
   assert s["rollouts"] == (pytest.approx(0.5), pytest.approx(0.5))
   assert (s["start"], s["final"]) == (50.0, 75.0)
   assert s["diff"]["mean"] == pytest.approx(0.25)
+  assert (s["won"], s["lost"]) == (1, 0)
   table = study_probes.markdown([s])
   assert "| probe/a | 3 | 0.500 | 0.1500 | 0.200 -> 0.400 | 0.50 |" in table
-  assert "50.0 -> 75.0 | +25.0 [" in table
+  assert "50.0 -> 75.0 | +25.0 [" in table and table.endswith("| 1 / 0 |\n")
 
 
 def test_unfinished_run_without_the_signal_metric(tmp_path):
@@ -56,4 +57,4 @@ def test_unfinished_run_without_the_signal_metric(tmp_path):
   s = study_probes.summarize(d)
   assert s["signal"] is None and "diff" not in s
   assert "| study/b | 1 | 0.000 | - | 0.100 -> 0.100 | - |" \
-      " 0.25 -> 0.25 | stopped | - |" in study_probes.markdown([s])
+      " 0.25 -> 0.25 | stopped | - | - |" in study_probes.markdown([s])
