@@ -60,6 +60,11 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.env.name = env
   c.env.train_split = "train"
   c.env.eval_split = "test" if env == "webshop" else "valid_seen"
+  # Training tasks are drawn from the first N task ids of train_split (0 =
+  # all). A small N trains on the same few tasks every step: whether the
+  # update raises success on tasks it sees (launch/eval.py --split=train
+  # --num_tasks=N), apart from whether that carries to held-out ones.
+  c.env.train_tasks = 0
 
   # ---------------------------------------------------------------- algo
   # scales.py: clip_eps, kl_coef, kl_kind, entropy_coef,
@@ -385,6 +390,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        ">= 1" if c.algo.name == "ppo" else ">= 2 (a group)"),
       (c.train.batch_tasks >= 1, "train.batch_tasks", c.train.batch_tasks,
        ">= 1"),
+      (c.env.train_tasks == 0 or c.env.train_tasks >= c.train.batch_tasks,
+       "env.train_tasks", c.env.train_tasks,
+       f"0 (all) or >= train.batch_tasks = {c.train.batch_tasks} (a step's"
+       " tasks are distinct)"),
       (c.train.total_steps >= 1, "train.total_steps", c.train.total_steps,
        ">= 1"),
       (c.train.mini_batch_rows >= 0, "train.mini_batch_rows",

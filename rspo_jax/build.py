@@ -30,6 +30,7 @@ from flax import nnx
 
 from rspo_jax import compile_cache, distributed, models, sharding
 from rspo_jax import train_step as ts
+from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner, to_host
 from rspo_jax.models import transformer as tfm
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
@@ -53,6 +54,18 @@ def num_tasks(cfg, split: str) -> int:
     return env.num_tasks(split)
   finally:
     env.close()
+
+
+def num_train_tasks(cfg) -> int:
+  """Task ids ``0 .. n - 1`` of ``env.train_split`` that A and B train on:
+  all of them, or the first ``env.train_tasks`` (ConfigError when the split
+  has fewer)."""
+  n = num_tasks(cfg, cfg.env.train_split)
+  want = cfg.env.get("train_tasks", 0)
+  if want > n:
+    raise ConfigError(f"env.train_tasks={want} but split"
+                      f" {cfg.env.train_split!r} has {n} tasks")
+  return want or n
 
 
 # ------------------------------------------------------------------ tokenizer
@@ -293,7 +306,6 @@ def make_sglang_client(cfg, key: str = "rollout.server_urls"):
   ``rollout.server_timeout_s``; ``rollout.server_original_logprobs`` (the
   servers run with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``) allows sampling at
   temperatures other than 0 and 1 (evaluation at T = 0.4)."""
-  from rspo_jax.errors import ConfigError
   from rspo_jax.rollout.sglang_client import SGLangClient
 
   text = cfg.rollout[key.split(".")[-1]]
@@ -522,7 +534,7 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
           mcfg, tok_dir, weight_sync.export_dir(
               cfg, workdir, multihost=distributed.is_multihost()),
           threads=cfg.rollout.get("export_threads", 8)),
-      num_train_tasks=num_tasks(cfg, cfg.env.train_split),
+      num_train_tasks=num_train_tasks(cfg),
       progress=progress,
   )
   # A 'compile' row (seconds per jitted function) after rows that followed

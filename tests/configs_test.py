@@ -37,3 +37,25 @@ def test_world_overrides_keep_their_types():
   assert cfg.env.kwargs.expert_query == "instruction"
   with pytest.raises(ValueError):
     webshop_grpo.get_config("env.kwargs.num_products=many")
+
+
+def test_train_tasks_restricts_the_training_task_ids():
+  """env.train_tasks = N: A and B draw from task ids 0 .. N - 1 of the
+  training split (the trainer's num_train_tasks); 0 = the whole split."""
+  from configs import base
+  from rspo_jax import build
+  from rspo_jax.errors import ConfigError
+
+  cfg = webshop_grpo.get_config()
+  whole = build.num_tasks(cfg, "train")
+  assert whole > 16 and build.num_train_tasks(cfg) == whole
+  cfg = webshop_grpo.get_config("env.train_tasks=16")
+  assert build.num_train_tasks(cfg) == 16
+  with pytest.raises(ConfigError, match=f"env.train_tasks={whole + 1}.*"
+                     f"has {whole} tasks"):
+    build.num_train_tasks(
+        webshop_grpo.get_config(f"env.train_tasks={whole + 1}"))
+  # Fewer than a step's tasks: refused at start (a step's tasks differ).
+  with pytest.raises(ConfigError, match="env.train_tasks=3.*>= train"
+                     ".batch_tasks = 4"):
+    base.validate(webshop_grpo.get_config("env.train_tasks=3"))
