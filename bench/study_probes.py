@@ -25,12 +25,21 @@ interval over goals (rspo_jax/intervals.py), and
   won / lost   goals (x sampling seeds) won at the end but not at the
                start / at the start but not at the end: how far greedy
                behaviour moved, whatever the net change.
+
+A second table pools the training seeds of one setting (workdirs whose
+names differ only in a trailing ``_s<seed>``) for each decoding whose
+files every seed's workdir holds: greedy (``eval_start.json``,
+``eval_final.json``), T = 0.4 and T = 1.0 (``eval_{start,final}_t04.json``,
+``_t10.json``, 3 sampling seeds each); final success over seeds x goals x
+sampling seeds and the paired final - start, 95 % bootstrap intervals
+(training seeds resampled, goals shared with the start).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -111,12 +120,63 @@ def markdown(summaries: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+DECODINGS = (("greedy", ""), ("T = 0.4", "_t04"), ("T = 1.0", "_t10"))
+
+
+def setting(workdir: str) -> str:
+  """A run's name without its training seed: 'probe/x_s200' -> 'probe/x'."""
+  name = "/".join(os.path.normpath(workdir).split(os.sep)[-2:])
+  return re.sub(r"_s\d+$", "", name)
+
+
+def pooled(workdirs: list[str]) -> list[dict]:
+  """Per setting and decoding (module docstring): {'setting', 'seeds',
+  'decoding', 'start', 'final' (success intervals), 'diff'}."""
+  groups: dict[str, list[str]] = {}
+  for d in workdirs:
+    groups.setdefault(setting(d), []).append(d)
+  out = []
+  for name, dirs in groups.items():
+    for decoding, tag in DECODINGS:
+      paths = [os.path.join(d, f"eval_final{tag}.json") for d in dirs]
+      start = os.path.join(dirs[0], f"eval_start{tag}.json")
+      if not all(os.path.exists(p) for p in paths + [start]):
+        continue
+      x0 = intervals.outcome_matrix(_eval(start)["per_task"])
+      x1 = np.stack([intervals.outcome_matrix(_eval(p)["per_task"])
+                     for p in paths])
+      out.append({"setting": name, "seeds": len(dirs), "decoding": decoding,
+                  "start": intervals.success_interval(x0),
+                  "final": intervals.success_interval(x1),
+                  "diff": intervals.paired_difference(x1, x0)})
+  return out
+
+
+def _pct(i: dict, sign: str = "") -> str:
+  f = f"{{:{sign}.1f}}"
+  return (f"{f.format(100 * i['mean'])} [{f.format(100 * i['lo'])},"
+          f" {f.format(100 * i['hi'])}]")
+
+
+def pooled_markdown(rows: list[dict]) -> str:
+  lines = ["| setting | seeds | decoding | start | final |"
+           " final - start [95 %] |", "|---|---:|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['setting']} | {r['seeds']} | {r['decoding']} |"
+                 f" {_pct(r['start'])} | {_pct(r['final'])} |"
+                 f" {_pct(r['diff'], '+')} |")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(__doc__)
     return 0 if argv else 2
   dirs = [d for d in argv if os.path.exists(os.path.join(d, "metrics.jsonl"))]
   print(markdown([summarize(d) for d in dirs]), end="")
+  rows = pooled(dirs)
+  if rows:
+    print("\n" + pooled_markdown(rows), end="")
   return 0
 
 

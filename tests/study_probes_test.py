@@ -58,3 +58,24 @@ def test_unfinished_run_without_the_signal_metric(tmp_path):
   assert s["signal"] is None and "diff" not in s
   assert "| study/b | 1 | 0.000 | - | 0.100 -> 0.100 | - |" \
       " 0.25 -> 0.25 | stopped | - | - |" in study_probes.markdown([s])
+
+
+def test_pooled_over_training_seeds_by_decoding(tmp_path):
+  """Runs differing only in '_s<seed>' pool into one setting; a decoding
+  is reported when every seed's workdir holds its files."""
+  row = dict(step=1, approx_kl=0.0, entropy=0.1, rollout_success_rate=0.5)
+  a = str(tmp_path / "probe" / "x_s0")
+  b = str(tmp_path / "probe" / "x_s200")
+  write_run(a, [row], start=[0, 0, 1, 1], final=[1, 0, 1, 1])
+  write_run(b, [row], start=[0, 0, 1, 1], final=[1, 1, 1, 1])
+  # T = 1.0 files in one seed's workdir only: that decoding is left out.
+  for name in ("eval_start_t10.json", "eval_final_t10.json"):
+    with open(os.path.join(a, name), "w") as f:
+      json.dump({"per_task": [{"seed": 0, "task_id": 0, "won": 1}]}, f)
+  assert study_probes.setting(b) == "probe/x"
+  (r,) = study_probes.pooled([a, b])
+  assert (r["setting"], r["seeds"], r["decoding"]) == ("probe/x", 2, "greedy")
+  assert r["start"]["mean"] == pytest.approx(0.5)
+  assert r["final"]["mean"] == pytest.approx((3 + 4) / 8)
+  assert r["diff"]["mean"] == pytest.approx(0.375)
+  assert "| probe/x | 2 | greedy | 50.0 [" in study_probes.pooled_markdown([r])
