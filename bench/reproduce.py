@@ -50,7 +50,14 @@ instruct model: the cells differ in RL only, and the grid does not repeat
 the SFT (most of a CPU run's time) in every run. It is evaluated once too
 (``launch/eval.py`` into ``<root>/warm_start_<env>/eval_start.json``), and
 every run copies that as its start-of-RL evaluation. ``--own_warm_start`` (or a
-``model.checkpoint_dir`` in ``--extra``) turns this off.
+``model.checkpoint_dir`` in ``--extra``) turns this off. ``--rl_extra``
+overrides go to the RL runs only: another RL recipe from the same warm
+start (a new ``--root`` whose ``warm_start_<env>`` links to the first's is
+not behaviour-cloned again), e.g. the WebShop study training every row:
+
+  python bench/reproduce.py --grid study --root runs/study_allrows \
+      --rl_extra train.max_train_rows=0,train.micro_batch_rows=32 \
+      --out docs/results/study_allrows --seeds 0
 
 Reports (after the runs, or alone with ``--report_only``) count finished runs
 only, of any seed found under ``--root``, and are written atomically (tmp +
@@ -302,6 +309,13 @@ def from_warm_start(spec: RunSpec, policy: str,
   overrides = ",".join(
       p for p in (spec.overrides, f"model.checkpoint_dir={policy}") if p)
   return dataclasses.replace(spec, overrides=overrides, start_eval=start_eval)
+
+
+def with_rl_extra(spec: RunSpec, rl_extra: str) -> RunSpec:
+  """The run with ``rl_extra`` after its variant's overrides (--rl_extra:
+  the RL runs' settings only; the shared warm start keeps ``--extra``)."""
+  overrides = ",".join(p for p in (spec.overrides, rl_extra.strip(" ,")) if p)
+  return dataclasses.replace(spec, overrides=overrides)
 
 
 def command(spec: RunSpec, root: str, extra: str = "",
@@ -696,7 +710,7 @@ def _paper_success(env: str, algo: str, variant: str) -> Optional[float]:
 
 def study_report(root: str, env: str, out_dir: str,
                  algos: Optional[Sequence[str]] = None, seed: int = 0,
-                 echo: bool = True) -> dict:
+                 echo: bool = True, rl_extra: str = "") -> dict:
   """Writes study_<env>.{json,md} and its curves; returns the JSON object.
 
   Per cell and decoding (rspo_jax/intervals.py, 95 % bootstrap): the final
@@ -762,7 +776,7 @@ def study_report(root: str, env: str, out_dir: str,
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
       "units": "percent (success) and points (differences); 95 % "
                "bootstrap intervals (rspo_jax/intervals.py)",
-      "overrides": STUDY_OVERRIDES.get(env, ""), "dense_reward": DENSE,
+      "overrides": study_extra(env, rl_extra), "dense_reward": DENSE,
       "start": start_ci, "cells": cells, "curves": curves,
   }
   write_json(os.path.join(out_dir, f"study_{env}.json"), report)
@@ -876,6 +890,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--seeds", default=None, help="e.g. 0,200,400")
   p.add_argument("--extra", default="",
                  help="'key=val,...' appended to every run's overrides")
+  p.add_argument("--rl_extra", default="",
+                 help="'key=val,...' for the RL runs only, not the shared"
+                 " warm start (e.g. train.max_train_rows=0: another RL"
+                 " recipe from the same warm start; use its own --root)")
   p.add_argument("--root", default=None,
                  help="runs directory (one workdir per run; default"
                  " runs/reproduce, --grid study: runs/study)")
@@ -962,6 +980,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except ValueError as e:
     print(f"reproduce.py: error: {e}", file=sys.stderr)
     return 2
+  specs = [with_rl_extra(s, args.rl_extra) for s in specs]
   failed, pairs = [], list(dict.fromkeys((s.env, s.algo) for s in specs))
   if (not args.own_warm_start and not args.report_only
       and "model.checkpoint_dir=" not in args.extra):
@@ -980,7 +999,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       _run_study(specs, args, failed)
   if args.grid == "study":
     for env in dict.fromkeys(e for e, _ in pairs):
-      study_report(args.root, env, args.out)
+      study_report(args.root, env, args.out, rl_extra=args.rl_extra)
       print(json.dumps({"report": os.path.join(args.out,
                                                f"study_{env}.md")}))
   elif args.grid == "main":

@@ -380,6 +380,23 @@ def test_study_grid_cells_and_overrides():
                   "--dry_run"]) == 2
 
 
+def test_rl_extra_reaches_the_rl_runs_not_the_warm_start(tmp_path, capsys):
+  """--rl_extra: another RL recipe from the same shared warm start (its
+  behaviour cloning and evaluation commands unchanged)."""
+  root = tmp_path / "runs"
+  args = ["--grid", "study", "--algos", "grpo", "--variants", "baseline",
+          "--seeds", "0", "--root", str(root), "--dry_run"]
+  assert rp.main(args) == 0
+  plain = capsys.readouterr().out.splitlines()
+  assert rp.main(args + ["--rl_extra", "train.max_train_rows=0"]) == 0
+  sft, run = capsys.readouterr().out.splitlines()
+  assert sft == plain[0] and "max_train_rows" not in sft
+  path, arg = run.split("--config=")[1].split()[0].split(":", 1)
+  c = webshop_grpo.get_config(arg)
+  assert c.train.max_train_rows == 0 and c.train.batch_tasks == 16
+  assert run.replace(",train.max_train_rows=0", "") == plain[1]
+
+
 def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
                                                    monkeypatch):
   """ALFWorld's study: GRPO baseline and RSPO only, 16 x 8, 30 A steps,
