@@ -776,7 +776,8 @@ def study_report(root: str, env: str, out_dir: str,
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
       "units": "percent (success) and points (differences); 95 % "
                "bootstrap intervals (rspo_jax/intervals.py)",
-      "overrides": study_extra(env, rl_extra), "dense_reward": DENSE,
+      "overrides": study_extra(env, rl_extra), "rl_extra": rl_extra,
+      "dense_reward": DENSE,
       "start": start_ci, "cells": cells, "curves": curves,
   }
   write_json(os.path.join(out_dir, f"study_{env}.json"), report)
@@ -801,7 +802,9 @@ def study_markdown(report: dict) -> str:
   lines = [
       f"# {ENV_LABELS[env]}: CPU study",
       "",
-      f"Written by `python bench/reproduce.py --grid study --envs {env}`"
+      f"Written by `python bench/reproduce.py --grid study --envs {env}"
+      + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
+         else "") + "`"
       f" ({report['generated']}) from the finished runs under"
       f" `{report['root']}`. Overrides: `{report['overrides'] or '(none)'}`;"
       f" every cell names its dense reward: `{report['dense_reward']}` (the"
