@@ -277,6 +277,144 @@ def test_speedups_preserve_transcript(env, cache_dir):
   assert fast == slow and fast[-1][2]
 
 
+def _engine_view(state) -> dict:
+  """Everything an engine state holds, as comparable values (list orders
+  kept: they are part of what the engine returns)."""
+  return dict(
+      feedback=state["feedback"], raw=state["raw"], won=state["won"],
+      lost=state["lost"], done=state.get("done"), score=state.get("score"),
+      last_command=state.get("last_command"),
+      admissible=state["admissible_commands"],
+      valid=state["_valid_commands"],
+      actions=[(a.name, [(str(p), str(v)) for p, v in a.mapping.items()],
+                a.command_template, a.feedback_rule)
+               for a in state["_valid_actions"]],
+      last_action=str(state["_last_action"]),
+      facts=[str(f) for f in state["_facts"]],
+      templates=state["command_templates"],
+      names={k: i.name for k, i in state["_entity_infos"].items()},
+      gamefile=state.get("extra.gamefile"))
+
+
+def _engine_transcripts(games, seed=0, turns=10):
+  """Per game: its walkthrough and two seeded random episodes (an invalid
+  'jump' in each), the first two on one engine, the third on another, each
+  followed by a reset without a load and one more step."""
+  rng = random.Random(seed)
+  engines = [tw.make_tw_env(), tw.make_tw_env()]
+  out = []
+  for game in games:
+    walkthrough = json.load(open(game))["walkthrough"]
+    for engine, walk in ((engines[0], True), (engines[0], False),
+                         (engines[1], False)):
+      state = tw.load_and_reset(engine, game)
+      episode = [_engine_view(state)]
+      for t in range(len(walkthrough) if walk else turns):
+        command = (walkthrough[t] if walk else "jump" if t == 3 else
+                   rng.choice(state["admissible_commands"]))
+        state, _, _ = engine.step(command)
+        episode.append(_engine_view(state))
+      with tw.keep_argv():
+        state = engine.reset()
+      episode.append(_engine_view(state))
+      state, _, _ = engine.step(state["admissible_commands"][-1])
+      episode.append(_engine_view(state))
+      out.append(episode)
+  return out
+
+
+def test_speedups_preserve_every_engine_output(env):
+  """Three task types, a won walkthrough and random play, a game loaded
+  twice on one engine and once on another, resets with and without a
+  load: with speedups (cached command texts, sorted facts, parses, reused
+  initial state) every field of every state equals stock textworld's."""
+  games = [env.game_file(SMALL_IDS[t]) for t in (
+      "pick_and_place_simple", "look_at_obj_in_light",
+      "pick_clean_then_place_in_recep")]
+  fast = _engine_transcripts(games)
+  assert fast[0][-3]["won"]  # the walkthrough wins
+  assert any(s["feedback"] == "Nothing happens." for s in fast[1])
+  speedups.uninstall()
+  try:
+    slow = _engine_transcripts(games)
+  finally:
+    speedups.install(sas_cache_dir=os.path.join(env._cache.root, "sas"))
+  for fast_episode, slow_episode in zip(fast, slow, strict=True):
+    for fast_state, slow_state in zip(fast_episode, slow_episode,
+                                      strict=True):
+      assert fast_state == slow_state
+
+
+def test_fact_tokens_number_fact_sets_and_are_never_reused(env):
+  """``_Game.token``: equal facts of the predicates, equal numbers; past
+  ``MAX_TOKENS`` sets the texts go with the tokens and numbering goes on
+  (a number handed out before cannot name another set)."""
+  env.reset(SMALL_IDS["pick_and_place_simple"])
+  pddl_state = env._env.unwrapped._pddl_state
+  game = speedups._Game()
+  game.MAX_TOKENS = 2
+  at = frozenset({"atlocation"})
+  first = game.token(pddl_state, at)
+  static = game.token(pddl_state, frozenset({"receptacleatlocation"}))
+  assert (first, static) == (0, 1)
+  game.texts["some key"] = "some text"
+  env.step("go to coffeetable 1")
+  assert game.token(pddl_state, frozenset({"receptacleatlocation"})) == 1
+  moved = game.token(pddl_state, at)  # a third set: all dropped
+  assert moved == 2 and game.texts == {} and len(game.tokens) == 1
+  env.step("go to armchair 1")
+  assert game.token(pddl_state, at) == 3
+
+
+def test_template_reads_hand_computed(env):
+  """What deriving a command template reads, from ALFWorld's grammar:
+  'go to' lists the receptacles at its location (a query), the others
+  print their placeholders; a template naming a rule reads its
+  conditions."""
+  env.reset(SMALL_IDS["pick_and_place_simple"])
+  grammar = env._env.unwrapped._logic.grammar
+  reads = speedups._template_reads(
+      grammar,
+      "go to [{r.name | receptacleatlocation(r:receptacle, lend:location)}]")
+  assert reads.predicates == {"receptacleatlocation"}
+  assert reads.names == {"r", "lend"}
+  assert {str(p) for p in reads.queried} == {"r: receptacle",
+                                             "lend: location"}
+  reads = speedups._template_reads(grammar, "take {o} from {r}")
+  assert (reads.predicates, reads.names, reads.queried) == (
+      frozenset(), {"o", "r"}, frozenset())
+  reads = speedups._template_reads(grammar, "#inventory.feedback#")
+  assert reads.predicates == {"holdsany", "holds"}
+  assert reads.names == {"a", "o"}
+  assert speedups._template_reads(grammar, "#no_such_rule#") is None
+  assert speedups._template_reads(grammar, "{context}") is None
+
+
+def test_world_from_facts_reads_its_predicates_only():
+  """The expert's World: the facts it reads, whatever else the state
+  holds (pickupable, objectatlocation, ... are skipped)."""
+  def fact(name, *args):
+    return textworld.logic.Proposition(
+        name, [textworld.logic.Variable(a, "t") for a in args])
+
+  facts = [fact("atlocation", "agent1", "loc1"), fact("pickupable", "egg1"),
+           fact("receptacleatlocation", "sink1", "loc2"),
+           fact("objectatlocation", "egg1", "loc2"),
+           fact("inreceptacle", "egg1", "sink1"),
+           fact("objecttype", "egg1", "eggtype"),
+           fact("receptacletype", "sink1", "sinkbasintype"),
+           fact("openable", "sink1"), fact("isclean", "egg1"),
+           fact("cancontain", "sinkbasintype", "eggtype")]
+  w = expert_lib.World.from_facts(facts)
+  assert w == expert_lib.World(
+      agent_loc="loc1", holding=None, recep_loc={"sink1": "loc2"},
+      obj_recep={"egg1": "sink1"}, otype={"egg1": "eggtype"},
+      rtype={"sink1": "sinkbasintype"}, openable={"sink1"}, opened=set(),
+      props={"isclean": {"egg1"}, "ishot": set(), "iscool": set(),
+             "istoggled": set()},
+      can_contain={("sinkbasintype", "eggtype")})
+
+
 def test_sys_argv_kept(env):
   argv = list(sys.argv)
   env.reset(SMALL_IDS["pick_two_obj_and_place"], "train")
