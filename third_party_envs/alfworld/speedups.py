@@ -6,7 +6,8 @@ with tatsu, deep-copying symbols and the entity infos of every derivation
 context, sorting a signature's facts again for every query, copying the
 list of all facts once per command); per ``load`` it re-parses the game's
 whole PDDL domain + grammar text; per ``load`` + ``reset`` it builds the
-initial state twice and translates the PDDL problem to SAS four times.
+initial state twice (reading ~1,400 atoms back from downward and parsing
+each) and translates the PDDL problem to SAS four times.
 ``install()`` memoises the pure functions and makes copies structural:
 
   * ``textgen._parse_and_convert(text)``: cached symbols, copied per call
@@ -33,6 +34,8 @@ initial state twice and translates the PDDL problem to SAS four times.
   * ``PddlEnv.load`` / ``reset``: ``reset`` right after ``load`` uses the
     initial state ``load`` built, and the intro text is derived once per
     game (``_reset``);
+  * ``PddlState.__init__``: the initial facts (downward's state read back
+    and parsed atom by atom) looked up per game (``_InitialFacts``);
   * ``fast_downward.pddl2sas(domain, problem)``: translations kept in a
     small LRU and, given ``sas_cache_dir``, on disk, so a reset of a game
     seen before skips the translator (see ``_Translations``).
@@ -63,6 +66,7 @@ from typing import Optional
 import fast_downward
 import textworld.core as tw_core
 import textworld.logic as tw_logic
+from textworld.utils import check_flag
 from textworld.envs.pddl import logic as pddl_logic
 from textworld.envs.pddl import pddl as tw_pddl
 from textworld.envs.pddl import textgen
@@ -433,6 +437,92 @@ def _reset(self):
   return self.state
 
 
+def _atom_to_proposition(atom, name2type):
+  """``PddlState.__init__``'s ``_atom2proposition``, verbatim."""
+  if isinstance(atom, fast_downward.translate.pddl.conditions.Atom):
+    if atom.predicate == "=":
+      return None
+    return tw_logic.Proposition(
+        atom.predicate,
+        [tw_logic.Variable(arg, name2type[arg]) for arg in atom.args])
+  elif isinstance(atom, fast_downward.translate.pddl.f_expression.Assign):
+    if atom.fluent.symbol == "total-cost":
+      return None
+    name = "{}".format(atom.expression.value)
+    if str.isdigit(name):  # Discard distance relations.
+      return None
+    return tw_logic.Proposition(
+        name,
+        [tw_logic.Variable(arg, name2type[arg]) for arg in atom.fluent.args])
+  return None
+
+
+class _InitialFacts:
+  """A game's initial facts as ``PddlState.__init__`` adds them (the PDDL
+  task's ``init`` atoms, then downward's initial state read back with
+  ``get_state`` and parsed atom by atom, negations dropped): a function of
+  the PDDL domain and problem, kept for the ``size`` last games."""
+
+  def __init__(self, size: int = 64):
+    self.size, self.cache = size, collections.OrderedDict()
+
+  def __call__(self, pddl_state, domain: str, problem: str):
+    key = (domain, problem)
+    with _LOCK:
+      if key in self.cache:
+        self.cache.move_to_end(key)
+        return self.cache[key]
+    name2type = pddl_state.name2type
+    task_facts = tuple(filter(None, (
+        _atom_to_proposition(atom, name2type)
+        for atom in pddl_state.task.init)))
+    lib = pddl_state.downward_lib
+    atoms = (pddl_logic.Atom * lib.get_state_size())()
+    lib.get_state(atoms)
+    state_facts = tuple(
+        fact for fact in (atom.get_fact(name2type) for atom in atoms)
+        if not fact.is_negation)
+    with _LOCK:
+      self.cache[key] = task_facts, state_facts
+      while len(self.cache) > self.size:
+        self.cache.popitem(last=False)
+    return task_facts, state_facts
+
+
+_INITIAL_FACTS = _InitialFacts()
+
+
+def _pddl_state_init(self, downward_lib, pddl_problem: str, logic):
+  """``PddlState.__init__`` with the initial facts looked up
+  (``_InitialFacts``: reading downward's state back and parsing its ~1,400
+  atoms were 3/4 of the time); otherwise line for line the original."""
+  self._facts = collections.defaultdict(set)
+  self._vars_by_name = {}
+  self._vars_by_type = collections.defaultdict(set)
+  self._var_counts = collections.Counter()
+  self._logic = logic
+  self.downward_lib = downward_lib
+  self.pddl_problem = pddl_problem
+  verbose = check_flag("TW_PDDL_DEBUG")
+  self.task, self.sas = fast_downward.pddl2sas(
+      logic.domain, pddl_problem, verbose=verbose)
+  _, self.sas_replan = fast_downward.pddl2sas(
+      logic.domain, pddl_problem, verbose=verbose, optimize=True)
+  self._actions = {a.name: a for a in self.task.actions}
+  for type_ in self.task.types:
+    try:
+      type_ = tw_logic.Type(type_.name, type_.supertype_names)
+      self._logic.types.add(type_)
+    except ValueError:
+      pass
+  self.downward_lib.load_sas(self.sas.encode("utf-8"))
+  self.downward_lib.load_sas_replan(self.sas_replan.encode("utf-8"))
+  self.name2type = {o.name: o.type_name for o in self.task.objects}
+  task_facts, state_facts = _INITIAL_FACTS(self, logic.domain, pddl_problem)
+  self.add_facts(task_facts)
+  self.add_facts(state_facts)
+
+
 def _copy_pddl_parse(parsed):
   """A copy of ``pddl_logic._parse_and_convert``'s ``(actions, grammar)``
   as ``copy.deepcopy`` makes it: actions hold strings only, production
@@ -536,6 +626,7 @@ def install(sas_cache_dir: Optional[str] = None,
   _ORIG["assignments"] = tw_logic.State._all_applicable_assignments
   _ORIG["gather_infos"] = tw_pddl.PddlEnv._gather_infos
   _ORIG["load"] = tw_pddl.PddlEnv.load
+  _ORIG["state_init"] = pddl_logic.PddlState.__init__
   _ORIG["reset"] = tw_pddl.PddlEnv.reset
   textgen._parse_and_convert = _memo(_ORIG["textgen_parse"], _copy_symbols)
   tw_logic._parse_and_convert = _memo(_ORIG["logic_parse"])
@@ -549,6 +640,7 @@ def install(sas_cache_dir: Optional[str] = None,
   tw_logic.State._all_applicable_assignments = _all_applicable_assignments
   tw_pddl.PddlEnv._gather_infos = _gather_infos
   tw_pddl.PddlEnv.load = _load
+  pddl_logic.PddlState.__init__ = _pddl_state_init
   tw_pddl.PddlEnv.reset = _reset
 
 
@@ -565,4 +657,5 @@ def uninstall() -> None:
   tw_logic.State._all_applicable_assignments = _ORIG.pop("assignments")
   tw_pddl.PddlEnv._gather_infos = _ORIG.pop("gather_infos")
   tw_pddl.PddlEnv.load = _ORIG.pop("load")
+  pddl_logic.PddlState.__init__ = _ORIG.pop("state_init")
   tw_pddl.PddlEnv.reset = _ORIG.pop("reset")
