@@ -30,7 +30,15 @@ every ``train.checkpoint_every``-th A step and after each loop's (and the
 run's) last A step, in the background (checkpoint.py); a run killed
 anywhere restarts from the last complete one and redoes the steps after it
 (B's phase is redone from A when it was interrupted; B is never
-checkpointed; RSPO_H's groups of A written after it are dropped).
+checkpointed). Besides D, the loop keeps A's groups of the loop on disk
+(array-record shards): RSPO_H's next D (``<workdir>/replay_next``) and,
+with ``rspo.prm_refresh_loops``, the PRM's next training trajectories
+(``<workdir>/prm_recent``); those written after the restored checkpoint
+are dropped on resume (their steps are redone). What a loop's end changes
+on disk (D cleared or, RSPO_H, replaced by ``replay_next``;
+``prm_recent`` cleared) waits until the loop's checkpoint is written; a
+resume at a loop's start finishes it when it was cut short
+(``_after_loop_saved``).
 
 Multi-host (``jax.process_count() = P > 1``; every process runs this loop
 in lockstep, the learners' meshes span all hosts):
@@ -141,13 +149,14 @@ class RSPOTrainer:
     self.b_dir = os.path.join(workdir, "replay_b")
     self._b_cache: dict = {}  # decoupled: shard path -> records
     self.b_logp_gap: Optional[float] = None  # decoupled: B's largest so far
-    self._recent_a: list[StepRecord] = []  # A's last loop, for PRM refresh
     self.state = LoopState()
     # One shard-name prefix per host: hosts write D side by side.
     self.shard_prefix = (f"p{self.process_index:05d}" if self.multihost
                          else "shard")
     self.buffer = self._buffer(os.path.join(workdir, "replay"))
     self.history = self._buffer(os.path.join(workdir, "replay_next"))
+    # A's trajectories of the loop, the PRM refit's (rspo.prm_refresh_loops)
+    self.recent_a = self._buffer(os.path.join(workdir, "prm_recent"))
     self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"))
     self.metrics = MetricsWriter(workdir) if self.leader else _NoMetrics()
     # Set by SIGTERM once launch/train.py installs it (preemption.py).
@@ -180,6 +189,16 @@ class RSPOTrainer:
   def uses_b(self) -> bool:
     r = self.cfg.rspo
     return r.enabled and r.data_source in ("rspo", "outcome")
+
+  @property
+  def history_source(self) -> bool:
+    """RSPO_H: D is A's own groups of the previous loop."""
+    return self.cfg.rspo.enabled and self.cfg.rspo.data_source == "history"
+
+  @property
+  def keeps_loop_data(self) -> bool:
+    """Something on disk changes at a loop's end (``_after_loop_saved``)."""
+    return self.uses_b or self.history_source or self.prm_refresh is not None
 
   def fingerprint(self) -> dict:
     c = self.cfg
@@ -215,8 +234,12 @@ class RSPOTrainer:
       self.critic.state = states["critic"]
     meta.pop("fingerprint", None)
     self.state = LoopState(**meta)
-    if self.cfg.rspo.data_source == "history":
-      self._drop_history_after_checkpoint()
+    if self.history_source:
+      self.history = self._drop_after_checkpoint(self.history)
+    if self.prm_refresh is not None:
+      self.recent_a = self._drop_after_checkpoint(self.recent_a)
+    if self.state.phase == "B":  # a loop's start: its end may be cut short
+      self._after_loop_saved()
     stored = self.b_dir if self.decoupled else self.buffer.directory
     if (self.state.phase == "A" and self.uses_b
         and not replay.is_complete(stored)):
@@ -225,19 +248,20 @@ class RSPOTrainer:
     log.info("resumed from checkpoint: %s", self.state)
     return True
 
-  def _drop_history_after_checkpoint(self) -> None:
-    """RSPO_H: shards of A's groups that the next loop's D received after
-    the restored checkpoint (its steps are redone) are deleted. A shard
-    holds the groups of one collection, whose trajectory ids start at
-    ``collections * 100_000`` (collect_groups)."""
+  def _drop_after_checkpoint(self, buffer: replay.ReplayBuffer
+                             ) -> replay.ReplayBuffer:
+    """``buffer`` (A's groups of the loop: ``history``, ``recent_a``)
+    without the shards written after the restored checkpoint (their steps
+    are redone). A shard holds groups of one collection, whose trajectory
+    ids start at ``collections * 100_000`` (collect_groups)."""
     first_unsaved = (self.state.collections + 1) * 100_000
     if self.leader:
-      for path in replay.list_shards(self.history.directory):
+      for path in replay.list_shards(buffer.directory):
         ids = [r.traj_id for r in replay.read_shard(path)]
         if ids and min(ids) >= first_unsaved:
           os.remove(path)
-    distributed.barrier("rspo_history_trimmed")
-    self.history = self._buffer(self.history.directory)
+    distributed.barrier("rspo_loop_groups_trimmed")
+    return self._buffer(buffer.directory)
 
   def _rng(self, *keys) -> np.random.Generator:
     return np.random.default_rng([self.cfg.seed, *keys])
@@ -447,7 +471,7 @@ class RSPOTrainer:
     if history:
       self.history.add_trajectories(group_trajectories(on))
     if self.prm_refresh is not None:
-      self._recent_a.extend(on)
+      self.recent_a.add_trajectories(group_trajectories(on))
     m.update({f"rollout_{k}": v for k, v in stats.items()})
     m["env_steps"] = self.state.env_steps
     m["dense_reward_mean"] = self._global_mean(_dense(on))
@@ -517,20 +541,43 @@ class RSPOTrainer:
     self._b_cache, self.b_logp_gap = {}, None
     every = self.cfg.rspo.prm_refresh_loops
     if self.prm_refresh is not None and every and s.loop % every == 0:
-      # Refit the PRM on A's latest trajectories (outcome rewards).
-      self.dense_fn = self.prm_refresh(self._recent_a)
-    self._recent_a = []
-    if self.cfg.rspo.data_source == "history":
-      distributed.barrier("rspo_history_written")
-      if self.leader:  # A's groups of this loop become D
-        shutil.rmtree(self.buffer.directory, ignore_errors=True)
-        os.makedirs(os.path.dirname(self.buffer.directory), exist_ok=True)
-        if os.path.isdir(self.history.directory):
-          os.rename(self.history.directory, self.buffer.directory)
-        replay.mark_complete(self.buffer.directory)
-      distributed.barrier("rspo_history_moved")
-      self.buffer = self._buffer(self.buffer.directory)
-      self.history = self._buffer(self.history.directory)
+      # Refit the PRM on A's trajectories of the loop (outcome rewards).
+      self.dense_fn = self.prm_refresh(self.recent_a.records())
+
+  def _after_loop_saved(self) -> None:
+    """A loop's end on disk, once its checkpoint is written (a crash
+    before then redoes the loop's last steps with D and the loop's groups
+    as they were); done again on a resume at a loop's start: D cleared
+    (RSPO_H: replaced by A's groups of the loop that ended), the PRM's
+    trajectories cleared."""
+    if self.uses_b and self.leader:
+      self.buffer.clear()
+      decoupled.clear(self.b_dir)
+    if self.history_source:
+      self._history_becomes_d()
+    if self.prm_refresh is not None and self.leader:
+      self.recent_a.clear()
+
+  def _history_becomes_d(self) -> None:
+    """RSPO_H: ``replay_next``, A's groups of loop L = state.loop - 1, is
+    marked complete, given a ``_FROM_LOOP`` file holding L and renamed
+    onto D. Idempotent: not redone once D holds L's groups; a move cut
+    short is finished (begun: D holds an older loop's, or ``replay_next``
+    shards or its marks; a workdir of a version without ``_FROM_LOOP``
+    moved before the loop's save)."""
+    done, d, h = (str(self.state.loop - 1), self.buffer.directory,
+                  self.history.directory)
+    distributed.barrier("rspo_history_written")
+    d_from = _read(os.path.join(d, FROM_LOOP))
+    if self.leader and d_from != done and (
+        d_from is not None or replay.is_complete(h) or replay.list_shards(h)):
+      _write(os.path.join(h, FROM_LOOP), done)
+      replay.mark_complete(h)
+      shutil.rmtree(d, ignore_errors=True)
+      os.rename(h, d)
+    distributed.barrier("rspo_history_moved")
+    self.buffer = self._buffer(self.buffer.directory)
+    self.history = self._buffer(self.history.directory)
 
   # ------------------------------------------------------------ main loop
   def run(self, evaluate: Optional[Callable[[Learner, int], dict]] = None):
@@ -566,12 +613,11 @@ class RSPOTrainer:
       with self.timer.phase("checkpoint"):
         if saved:
           self.save()
-        if loop_done and self.uses_b:
+        if loop_done and self.keeps_loop_data:
           self.ckpt.wait()  # the loop's checkpoint on disk before D goes
       self.metrics.write(s.a_steps, "time", self._timing(t0, steps0))
-      if loop_done and self.uses_b and self.leader:
-        self.buffer.clear()  # after the save: a crash here redoes nothing
-        decoupled.clear(self.b_dir)
+      if loop_done:
+        self._after_loop_saved()  # a crash before it: finished on resume
       bar.update(1)
       bar.set_postfix(
           loop=s.loop, success=f"{m.get('rollout_success_rate', 0):.2f}",
@@ -609,6 +655,24 @@ class RSPOTrainer:
         wall, 1e-9)
     out.update({f"compiles_{k}": float(v) for k, v in compiles.items()})
     return out
+
+
+FROM_LOOP = "_FROM_LOOP"  # RSPO_H: the loop whose groups D holds
+
+
+def _read(path: str) -> Optional[str]:
+  """The text of ``path``, None when it does not exist."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return f.read()
+
+
+def _write(path: str, text: str) -> None:
+  """``path`` := ``text`` atomically (a temporary, then a rename)."""
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
 
 
 def _mean(xs) -> float:
