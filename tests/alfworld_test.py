@@ -15,6 +15,7 @@ pytest.importorskip("alfworld")
 pytest.importorskip("textworld")
 
 import textworld  # noqa: E402
+from textworld.envs.pddl import logic as pddl_logic  # noqa: E402
 from alfworld.agents.environment import alfred_tw_env  # noqa: E402
 from alfworld.gen import goal_library  # noqa: E402
 
@@ -331,6 +332,7 @@ def test_speedups_preserve_every_engine_output(env):
   games = [env.game_file(SMALL_IDS[t]) for t in (
       "pick_and_place_simple", "look_at_obj_in_light",
       "pick_clean_then_place_in_recep")]
+  pddl_logic._parse_and_convert.mem.clear()  # parses read back from disk
   fast = _engine_transcripts(games)
   assert fast[0][-3]["won"]  # the walkthrough wins
   assert any(s["feedback"] == "Nothing happens." for s in fast[1])
@@ -343,6 +345,32 @@ def test_speedups_preserve_every_engine_output(env):
     for fast_state, slow_state in zip(fast_episode, slow_episode,
                                       strict=True):
       assert fast_state == slow_state
+
+
+def test_game_logic_parse_read_back_from_disk(env, monkeypatch):
+  """A game's GameLogic parse, stored on disk by the speedups, reads back
+  (without tatsu) equal to a fresh parse: the same actions and rules."""
+  text = json.load(open(env.game_file(SMALL_IDS["look_at_obj_in_light"])))[
+      "grammar"]
+  parses = pddl_logic._parse_and_convert
+  assert isinstance(parses, speedups._GameLogicParses) and parses.cache_dir
+  parses(text, rule_name="pddlStart")  # stored, if it was not yet
+  parses.mem.clear()
+
+  def no_tatsu(*args, **kwargs):
+    raise AssertionError("parsed again")
+
+  monkeypatch.setattr(parses, "orig", no_tatsu)
+  from_disk = parses(text, rule_name="pddlStart")
+  fresh = speedups._ORIG["pddl_parse"](text, rule_name="pddlStart")
+
+  def view(parsed):
+    actions, grammar = parsed
+    return ({k: vars(a) for k, a in actions.items()},
+            {k: repr(rules) for k, rules in grammar._rules.items()})
+
+  assert view(from_disk) == view(fresh)
+  assert "GotoLocation.feedback" in view(fresh)[1]
 
 
 def test_fact_tokens_number_fact_sets_and_are_never_reused(env):

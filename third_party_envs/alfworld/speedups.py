@@ -21,7 +21,8 @@ each) and translates the PDDL problem to SAS four times.
     cached ``Rule`` (only read afterwards);
   * ``pddl_logic._parse_and_convert(text)`` (``GameLogic``'s parse of a
     game's ``grammar`` field: actions, templates, grammar rules): the last
-    64 cached, copied per call (``_copy_pddl_parse``);
+    64 kept in memory and, given ``sas_cache_dir``, all on disk, copied per
+    call (``_GameLogicParses``);
   * ``State._all_applicable_assignments``: ``sorted(facts of a signature)``
     read from a cache keyed by the facts' frozenset (Propositions are
     totally ordered: the sorted list is a function of the set);
@@ -39,6 +40,9 @@ each) and translates the PDDL problem to SAS four times.
   * ``fast_downward.pddl2sas(domain, problem)``: translations kept in a
     small LRU and, given ``sas_cache_dir``, on disk, so a reset of a game
     seen before skips the translator (see ``_Translations``).
+
+A game new to the process is then read from disk (its parse in ~0.2 ms, its
+translation in ~10 ms for a kitchen); one of the last 64 it played is not.
 
 Entity infos (the names the game shows) are taken as fixed from the first
 ``reset`` after ``load`` on, as ALFWorld's wrappers leave them. Observations,
@@ -64,6 +68,7 @@ import zlib
 from typing import Optional
 
 import fast_downward
+import textworld
 import textworld.core as tw_core
 import textworld.logic as tw_logic
 from textworld.utils import check_flag
@@ -75,19 +80,15 @@ _ORIG = {}
 _LOCK = threading.Lock()
 
 
-def _memo(orig, copy_out=None, size: Optional[int] = None):
-  """``orig(text, **kwargs)`` cached (the ``size`` last used, or all);
-  callers get ``copy_out(cached)`` (the cached object when None)."""
-  cache = collections.OrderedDict()
+def _memo(orig, copy_out=None):
+  """``orig(text, **kwargs)`` cached; callers get ``copy_out(cached)``
+  (the cached object itself when None)."""
+  cache = {}
 
   def parse(text, **kwargs):
     key = (text, tuple(sorted(kwargs.items())))
-    if key in cache:
-      cache.move_to_end(key)
-    else:
+    if key not in cache:
       cache[key] = orig(text, **kwargs)
-      while size is not None and len(cache) > size:
-        cache.popitem(last=False)
     return cache[key] if copy_out is None else copy_out(cache[key])
 
   return parse
@@ -536,29 +537,20 @@ def _copy_pddl_parse(parsed):
   return {k: copy.copy(a) for k, a in actions.items()}, grammar_copy
 
 
-class _Translations:
-  """``fast_downward.pddl2sas`` memoised in memory (LRU) and on disk.
+class _DiskCache:
+  """An LRU of ``size`` entries in memory in front of zlib-compressed
+  pickles on disk (under ``cache_dir``, when set), keyed by a hex digest."""
 
-  Disk entries are zlib-compressed pickles of ``(task, sas)`` keyed by
-  sha256(domain, problem, optimize): a furnished kitchen translates in
-  ~1 s of CPU and unpickles in ~10 ms. With ``share_replan`` the
-  ``optimize=True`` translation (only fast-downward's ``replan`` uses it)
-  is the plain one: loading halves, the stock planner still works but
-  searches much longer, so turn it off to use that planner.
-  """
-
-  def __init__(self, orig, cache_dir=None, share_replan=True, size=8):
-    self.orig, self.cache_dir, self.share_replan = orig, cache_dir, share_replan
-    self.size = size
+  def __init__(self, cache_dir: Optional[str] = None, size: int = 8):
+    self.cache_dir, self.size = cache_dir, size
     self.mem = collections.OrderedDict()
 
   def _path(self, key: str) -> str:
     return os.path.join(self.cache_dir, key[:2], key + ".pkl.z")
 
-  def __call__(self, domain, problem, verbose=False, optimize=False):
-    optimize = bool(optimize) and not self.share_replan
-    key = hashlib.sha256(
-        f"{optimize}\0{domain}\0{problem}".encode()).hexdigest()
+  def get(self, key: str, make):
+    """The entry of ``key``: from memory, else from disk, else ``make()``
+    (then stored in both)."""
     with _LOCK:
       if key in self.mem:
         self.mem.move_to_end(key)
@@ -569,9 +561,9 @@ class _Translations:
         with open(self._path(key), "rb") as f:
           out = pickle.loads(zlib.decompress(f.read()))
       except Exception:  # pylint: disable=broad-except
-        out = None  # a torn or stale file: translate again
+        out = None  # a torn or stale file: make it again
     if out is None:
-      out = self.orig(domain, problem, verbose=verbose, optimize=optimize)
+      out = make()
       if self.cache_dir:
         self._store(key, out)
     with _LOCK:
@@ -587,6 +579,46 @@ class _Translations:
     with os.fdopen(fd, "wb") as f:
       f.write(zlib.compress(pickle.dumps(out, protocol=5), 6))
     os.replace(tmp, path)
+
+
+class _Translations(_DiskCache):
+  """``fast_downward.pddl2sas`` memoised in memory (LRU) and on disk.
+
+  Disk entries are zlib-compressed pickles of ``(task, sas)`` keyed by
+  sha256(domain, problem, optimize): a furnished kitchen translates in
+  ~1 s of CPU and unpickles in ~10 ms. With ``share_replan`` the
+  ``optimize=True`` translation (only fast-downward's ``replan`` uses it)
+  is the plain one: loading halves, the stock planner still works but
+  searches much longer, so turn it off to use that planner.
+  """
+
+  def __init__(self, orig, cache_dir=None, share_replan=True, size=8):
+    super().__init__(cache_dir, size)
+    self.orig, self.share_replan = orig, share_replan
+
+  def __call__(self, domain, problem, verbose=False, optimize=False):
+    optimize = bool(optimize) and not self.share_replan
+    key = hashlib.sha256(
+        f"{optimize}\0{domain}\0{problem}".encode()).hexdigest()
+    return self.get(key, lambda: self.orig(
+        domain, problem, verbose=verbose, optimize=optimize))
+
+
+class _GameLogicParses(_DiskCache):
+  """``pddl_logic._parse_and_convert`` (``GameLogic``'s tatsu parse of a
+  game's ``grammar`` field, ~13 ms) memoised for the last 64 games and on
+  disk next to the translations (unpickling takes ~0.2 ms); each caller
+  gets a copy (``_copy_pddl_parse``)."""
+
+  def __init__(self, orig, cache_dir=None, size=64):
+    super().__init__(cache_dir, size)
+    self.orig = orig
+
+  def __call__(self, text, **kwargs):
+    key = hashlib.sha256(
+        f"GameLogic parse\0{textworld.__version__}\0"
+        f"{sorted(kwargs.items())}\0{text}".encode()).hexdigest()
+    return _copy_pddl_parse(self.get(key, lambda: self.orig(text, **kwargs)))
 
 
 def _shallow_copy_context(context):
@@ -607,15 +639,17 @@ def install(sas_cache_dir: Optional[str] = None,
             share_replan: Optional[bool] = None) -> None:
   """Patches textworld/fast_downward in this process.
 
-  Idempotent; a later call only updates the translation cache's
-  ``sas_cache_dir`` and ``share_replan`` (default True) where given: the
-  settings are per process, the last one wins (see ``_Translations``).
+  Idempotent; a later call only updates ``sas_cache_dir`` (translations
+  and GameLogic parses on disk) and ``share_replan`` (default True) where
+  given: the settings are per process, the last one wins (see
+  ``_Translations``).
   """
   if _ORIG:
     if share_replan is not None:
       fast_downward.pddl2sas.share_replan = share_replan
     if sas_cache_dir:
       fast_downward.pddl2sas.cache_dir = sas_cache_dir
+      pddl_logic._parse_and_convert.cache_dir = sas_cache_dir
     return
   _ORIG["textgen_parse"] = textgen._parse_and_convert
   _ORIG["logic_parse"] = tw_logic._parse_and_convert
@@ -630,8 +664,8 @@ def install(sas_cache_dir: Optional[str] = None,
   _ORIG["reset"] = tw_pddl.PddlEnv.reset
   textgen._parse_and_convert = _memo(_ORIG["textgen_parse"], _copy_symbols)
   tw_logic._parse_and_convert = _memo(_ORIG["logic_parse"])
-  pddl_logic._parse_and_convert = _memo(  # one per game: the last 64
-      _ORIG["pddl_parse"], _copy_pddl_parse, size=_Game.SIZE)
+  pddl_logic._parse_and_convert = _GameLogicParses(
+      _ORIG["pddl_parse"], cache_dir=sas_cache_dir)
   fast_downward.pddl2sas = _Translations(
       _ORIG["pddl2sas"], cache_dir=sas_cache_dir,
       share_replan=share_replan is not False)
