@@ -419,8 +419,12 @@ class PRMScorer:
 
   def save(self, prm_dir: str) -> None:
     os.makedirs(prm_dir, exist_ok=True)
-    save_file(head_tensors(self.head_state),
-              os.path.join(prm_dir, HEAD_FILE), metadata={"format": FORMAT})
+    # A temporary, then a rename: a kill mid-write (a PRM refresh) leaves
+    # the previous head, never a torn file the resumed run cannot load.
+    head_tmp = os.path.join(prm_dir, HEAD_FILE + ".tmp")
+    save_file(head_tensors(self.head_state), head_tmp,
+              metadata={"format": FORMAT})
+    os.replace(head_tmp, os.path.join(prm_dir, HEAD_FILE))
     cfg = {
         "format": FORMAT,
         "backbone_dir": self.backbone_dir,

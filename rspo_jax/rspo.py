@@ -461,7 +461,7 @@ class RSPOTrainer:
     n_off, n_on = self.replay_counts()
     on, stats = self.collect_groups(self.a, n_on, POLICY_A)
     off, off_adv = self.replayed(n_off)
-    history = c.rspo.enabled and c.rspo.data_source == "history"
+    history = self.history_source
     if history and self.recompute_logp:  # RSPO_H: D gets A's learner's
       self.updater.recompute_behavior_logp(self.a, on)  # log-probs too
     source = "dense" if c.rspo.dense_only else "outcome"
@@ -568,7 +568,8 @@ class RSPOTrainer:
     done, d, h = (str(self.state.loop - 1), self.buffer.directory,
                   self.history.directory)
     distributed.barrier("rspo_history_written")
-    d_from = _read(os.path.join(d, FROM_LOOP))
+    # Only the leader reads: it may be removing D while others would read.
+    d_from = _read(os.path.join(d, FROM_LOOP)) if self.leader else None
     if self.leader and d_from != done and (
         d_from is not None or replay.is_complete(h) or replay.list_shards(h)):
       _write(os.path.join(h, FROM_LOOP), done)
@@ -669,9 +670,13 @@ def _read(path: str) -> Optional[str]:
 
 
 def _write(path: str, text: str) -> None:
-  """``path`` := ``text`` atomically (a temporary, then a rename)."""
+  """``path`` := ``text`` atomically and durably (a temporary, fsynced, then
+  a rename): after a power loss the file holds ``text`` or is absent, never
+  empty (an empty ``_FROM_LOOP`` would read as a move cut short)."""
   with open(path + ".tmp", "w") as f:
     f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(path + ".tmp", path)
 
 

@@ -213,6 +213,28 @@ def test_save_load_gives_identical_scores(trained, tmp_path):
   np.testing.assert_array_equal(loaded.score(records), scorer.score(records))
 
 
+def test_save_killed_mid_write_keeps_the_previous_head(trained, tmp_path,
+                                                      monkeypatch):
+  """A PRM refresh killed while writing the head leaves the saved head
+  loadable (the write goes to a temporary that is renamed when whole);
+  writing in place left a torn file no resumed run could load."""
+  scorer, records, _, _ = trained
+  scorer.save(str(tmp_path))
+  want = scorer.score(records)
+
+  def torn_write(tensors, path, metadata=None):
+    with open(path, "wb") as f:
+      f.write(b"\x00" * 7)  # the first bytes, then the kill
+    raise KeyboardInterrupt("killed mid-write")
+
+  monkeypatch.setattr(prm, "save_file", torn_write)
+  with pytest.raises(KeyboardInterrupt):
+    scorer.save(str(tmp_path))
+  monkeypatch.undo()
+  loaded = prm.PRMScorer.load(str(tmp_path))
+  np.testing.assert_array_equal(loaded.score(records), want)
+
+
 def test_load_errors(tmp_path):
   with pytest.raises(ValueError, match="no PRM"):
     prm.PRMScorer.load(str(tmp_path))
