@@ -128,6 +128,18 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # (rspo_jax/weight_sync.py).
   c.rollout.export_dir = ""
   c.rollout.export_threads = 8
+  # disk: the HF export above, loaded by /update_weights_from_disk.
+  # distributed: no file; the learner (torch needed in its process) joins a
+  # torch.distributed group with the servers as rank 0 and broadcasts each
+  # tensor (/init_weights_update_group + /update_weights_from_distributed;
+  # rollout/distributed_sync.py). Backend "" = nccl on CUDA, else gloo; the
+  # servers must reach master_address:master_port ("" / 0: this host's
+  # address toward them / a free port); at most bucket_mb a request.
+  c.rollout.weight_sync = "disk"
+  c.rollout.weight_sync_backend = ""
+  c.rollout.weight_sync_master_address = ""
+  c.rollout.weight_sync_master_port = 0
+  c.rollout.weight_sync_bucket_mb = 512
   c.rollout.top_p = 1.0
   # colocated: B's stored collection finishes before A's phase starts.
   # decoupled: B's collection runs on its own engine (second half of the

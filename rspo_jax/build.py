@@ -347,15 +347,19 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
 
 
 def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
-                     threads: int = 8):
+                     threads: int = 8, push=None):
   """Pushes a learner's weights to the engine: in-process state for the JAX
-  engine (cast to its ``mcfg.inference_dtype`` weights); an HF directory
-  exported in the compute dtype for SGLang servers (``weight_sync.export_hf``:
+  engine (cast to its ``mcfg.inference_dtype`` weights); for SGLang servers
+  an HF directory exported in the compute dtype (``weight_sync.export_hf``:
   layer files written by ``threads`` threads into ``export_dir``'s slot
-  ``v{version % 2}``; the other slot is removed once the servers loaded it).
+  ``v{version % 2}``; the other slot is removed once the servers loaded it),
+  or with ``push`` (``rollout.weight_sync='distributed'``: a
+  ``distributed_sync.DistributedPush``) the same tensors, in the compute
+  dtype, broadcast to the servers one batch at a time, no file written.
   A sync whose weights the engine already has does nothing
   (``weight_sync.SyncedWeights``). ``sync.log`` (``weight_sync.SyncLog``)
-  counts exports and skips and keeps each sync's seconds (also logged)."""
+  counts exports, broadcasts and skips and keeps each sync's seconds (also
+  logged); ``sync.close()`` closes ``push``'s groups."""
   synced, sync_log = weight_sync.SyncedWeights(), weight_sync.SyncLog()
 
   def sync(engine, learner: Learner, version: int):
@@ -364,6 +368,16 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       return
     start = time.perf_counter()
     multihost = distributed.is_multihost()
+    if push is not None and not isinstance(engine, JaxEngine):
+      # One process (check_multihost): its first device holds each tensor
+      # whole for a DLPack hand-over under nccl; gloo sends host copies.
+      device = None if push.on_host else jax.local_devices()[0]
+      out = push(engine, weight_sync.hf_named_arrays(
+          learner.module(), mcfg, device=device), version)
+      synced.record(engine, learner)
+      sync_log.add(version=version, broadcast_s=out["seconds"],
+                   total_s=time.perf_counter() - start, bytes=out["bytes"])
+      return
     if isinstance(engine, JaxEngine):
       # Multi-host: every host's engine gets the whole weights (gathered,
       # cast first so half the bytes move under bfloat16 compute).
@@ -399,7 +413,31 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
                  total_s=time.perf_counter() - start, bytes=nbytes)
 
   sync.log = sync_log
+  sync.close = push.close if push is not None else lambda: None
   return sync
+
+
+WEIGHT_SYNCS = ("disk", "distributed")
+
+
+def make_weight_push(cfg):
+  """``rollout.weight_sync``: None for 'disk' (or the in-process engine),
+  a ``distributed_sync.DistributedPush`` for 'distributed' (ImportError
+  naming the fix when torch is not importable here)."""
+  how = cfg.rollout.get("weight_sync", "disk")
+  if how not in WEIGHT_SYNCS:
+    raise ConfigError(f"rollout.weight_sync={how!r}: one of {WEIGHT_SYNCS}")
+  if how == "disk" or cfg.rollout.engine != "sglang":
+    return None
+  from rspo_jax.rollout import distributed_sync  # pylint: disable=g-import-not-at-top
+
+  r = cfg.rollout
+  return distributed_sync.DistributedPush(
+      backend=r.get("weight_sync_backend", ""),
+      master_address=r.get("weight_sync_master_address", ""),
+      master_port=int(r.get("weight_sync_master_port", 0)),
+      bucket_bytes=int(float(r.get("weight_sync_bucket_mb", 512)) * 2**20),
+      timeout_s=float(r.get("server_timeout_s", 600.0)))
 
 
 def host_params(tree):
@@ -464,6 +502,7 @@ class Run:
       self.trainer.b_rollout[1].close()
       self.trainer.b_rollout[0].close()
     self.venv.close()
+    getattr(self.trainer.sync_engine, "close", lambda: None)()
     self.engine.close()
     self.trainer.metrics.close()
     self.trainer.ckpt.close()
@@ -480,10 +519,15 @@ def check_multihost(cfg) -> None:
   if cfg.rspo.dense_reward == "prm":
     raise ValueError(f"rspo.dense_reward='prm' with {n} processes: the PRM"
                      " runs in one process only; use 'oracle'")
+  if (cfg.rollout.engine == "sglang"
+      and cfg.rollout.get("weight_sync", "disk") == "distributed"):
+    raise ValueError(f"rollout.weight_sync='distributed' with {n} processes:"
+                     " the broadcast runs from one process only; use 'disk'")
 
 
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   check_multihost(cfg)
+  push = make_weight_push(cfg)  # before any work: needs torch if distributed
   compile_log = compile_cache.CompileLog()  # from the warm start on
   # rspo.dense_reward=package.module:function, resolved before any work.
   user_dense_fn = (registry.import_function(cfg.rspo.dense_reward,
@@ -533,7 +577,8 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
       sync_engine=make_sync_engine(
           mcfg, tok_dir, weight_sync.export_dir(
               cfg, workdir, multihost=distributed.is_multihost()),
-          threads=cfg.rollout.get("export_threads", 8)),
+          threads=cfg.rollout.get("export_threads", 8),
+          push=push),
       num_train_tasks=num_train_tasks(cfg),
       progress=progress,
   )

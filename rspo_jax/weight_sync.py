@@ -19,6 +19,8 @@ bfloat16 compute: half the bytes move), copies it to the host and writes it
 while the others do the same: host memory holds about ``threads`` layers,
 never the whole model. The directory alternates between two slots
 (``v0``/``v1``); the older is removed once the servers loaded the newer.
+``hf_named_arrays`` yields the same tensors one at a time, on the host or
+whole on one device, for the no-disk path (rollout/distributed_sync.py).
 
 Where: ``export_dir``: ``rollout.export_dir``, else a node-local
 ``/dev/shm/rspo_export_<hash of the workdir>`` when /dev/shm exists, the
@@ -85,16 +87,26 @@ def export_dir(cfg, workdir: str, *, multihost: bool = False) -> str:
 # ------------------------------------------------------------------ export
 
 
-def _param_groups(module, dtype) -> dict:
-  """file group -> [(HF name, device or host array in our layout)]: one
-  group a layer, 'embed' and 'head'. A scanned model's stacked parameters
-  are sliced per layer."""
+class _Layer:
+  """Layer ``i`` of a scanned model's stacked [L, ...] array, sliced only
+  when read (slicing every layer up front would copy the weights)."""
+
+  def __init__(self, stacked, i: int):
+    self.stacked, self.i = stacked, i
+
+  def get(self):
+    return self.stacked[self.i]
+
+
+def _param_groups(module, dtype) -> dict:  # pylint: disable=unused-argument
+  """file group -> [(HF name, device or host array in our layout, or a
+  ``_Layer`` of one)]: one group a layer, 'embed' and 'head'."""
   groups = defaultdict(list)
   for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
     if hf_io._is_stacked(path):  # pylint: disable=protected-access
       for i in range(var.value.shape[0]):
         q = hf_io._layer_path(path, i)  # pylint: disable=protected-access
-        groups[i].append((hf_io._hf_name(q), var.value[i]))  # pylint: disable=protected-access
+        groups[i].append((hf_io._hf_name(q), _Layer(var.value, i)))  # pylint: disable=protected-access
       continue
     name = hf_io._hf_name(path)  # pylint: disable=protected-access
     key = (path[1] if str(path[0]) == "layers"
@@ -110,21 +122,67 @@ def _host(x, dtype) -> np.ndarray:
   return np.asarray(x).astype(dtype, copy=False)
 
 
+def _on_device(x, dtype, device):
+  """``x`` cast to ``dtype`` on its devices, then whole on ``device``."""
+  x = jnp.asarray(x).astype(dtype)
+  if x.devices() != {device}:
+    x = jax.device_put(x, device)
+  return x
+
+
+def _hf_pairs(name: str, x, dtype, cfg, device=None) -> list:
+  """[(HF name, tensor)] of one parameter: cast to ``dtype``, in the HF
+  layout; numpy, or with ``device`` a jax.Array whole on that device. A
+  Qwen2 q/k/v weight without our bias is followed by its zero bias (HF
+  Qwen2 always has them: zeros are the exact equivalent)."""
+  if isinstance(x, _Layer):
+    x = x.get()
+  if device is None:
+    t = hf_io._to_hf(name, _host(x, dtype))  # pylint: disable=protected-access
+    zeros = np.zeros
+  else:
+    t = hf_io._to_hf(name, _on_device(x, dtype, device))  # pylint: disable=protected-access
+    zeros = lambda shape, dt: jax.device_put(jnp.zeros(shape, dt), device)
+  out = [(name, t)]
+  m = re.fullmatch(r"(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight",
+                   name)
+  if m and cfg.family == "qwen2" and not cfg.qkv_bias:
+    out.append((f"{m[1]}{m[2]}_proj.bias", zeros((t.shape[0],), dtype)))
+  return out
+
+
 def _write_group(path: str, fname: str, items, dtype, cfg) -> dict:
-  """Casts, fetches and writes one group; {HF name: shape} of its tensors."""
+  """Casts, fetches and writes one group; {HF name: bytes} of its tensors."""
   tensors = {}
   for name, x in items:
-    tensors[name] = hf_io._to_hf(name, _host(x, dtype))  # pylint: disable=protected-access
-  if cfg.family == "qwen2" and not cfg.qkv_bias:
-    # HF Qwen2 always has q/k/v biases: zeros are the exact equivalent.
-    for name in list(tensors):
-      m = re.fullmatch(r"(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight",
-                       name)
-      if m:
-        tensors[f"{m[1]}{m[2]}_proj.bias"] = np.zeros(
-            (tensors[name].shape[0],), dtype)
+    tensors.update(_hf_pairs(name, x, dtype, cfg))
   save_file(tensors, os.path.join(path, fname), metadata={"format": "pt"})
   return {k: int(v.nbytes) for k, v in tensors.items()}
+
+
+def _group_order(groups) -> list:
+  """Embedding, layers 0..L-1, then the final norm and head."""
+  return sorted(groups, key=lambda k: (
+      0 if k == "embed" else 2 if k == "head" else 1,
+      k if isinstance(k, int) else 0))
+
+
+def hf_named_arrays(module, cfg, *, dtype: Optional[str] = None,
+                    device=None):
+  """Yields (HF name, tensor) one tensor at a time: the tensors
+  ``export_hf`` writes (and ``hf_io.save_hf_model``), same names, dtype
+  (``hf_io.export_dtype(cfg, dtype)``) and layout, embedding first, then
+  layer by layer, then the final norm and head. numpy arrays; with
+  ``device`` (a jax.Device), jax.Arrays whole on that device, cast and
+  laid out there (a DLPack hand-over to torch copies nothing). Lazy: only
+  the tensor being yielded is materialised. One process only."""
+  if cfg.family == "llama" and cfg.qkv_bias:
+    raise ValueError("llama family with qkv_bias has no HF equivalent")
+  dt = jnp.dtype(hf_io.export_dtype(cfg, dtype))
+  groups = _param_groups(module, dt)
+  for k in _group_order(groups):
+    for name, x in groups[k]:
+      yield from _hf_pairs(name, x, dt, cfg, device)
 
 
 def export_hf(module, cfg, path: str, *, tokenizer_dir: Optional[str] = None,
@@ -141,9 +199,7 @@ def export_hf(module, cfg, path: str, *, tokenizer_dir: Optional[str] = None,
                                  and f.endswith(".safetensors")):
       os.remove(os.path.join(path, f))
   groups = _param_groups(module, dt)
-  order = sorted(groups, key=lambda k: (
-      0 if k == "embed" else 2 if k == "head" else 1,
-      k if isinstance(k, int) else 0))
+  order = _group_order(groups)
   n = len(order)
   names = {k: f"model-{i + 1:05d}-of-{n:05d}.safetensors"
            for i, k in enumerate(order)}
@@ -207,11 +263,14 @@ class SyncedWeights:
 
 class SyncLog:
   """Counts and seconds of a run's syncs: ``exports`` (directories
-  written), ``skipped``, and per sync a dict (version, skipped, export_s,
-  load_s, total_s, bytes) in ``history`` (the last 1000)."""
+  written), ``broadcasts`` (pushes over a torch.distributed group:
+  rollout.weight_sync='distributed'), ``skipped``, and per sync a dict
+  (version, skipped, export_s, load_s, broadcast_s, total_s, bytes) in
+  ``history`` (the last 1000)."""
 
   def __init__(self):
     self.exports = 0
+    self.broadcasts = 0
     self.skipped = 0
     self.history = []
 
@@ -221,6 +280,12 @@ class SyncLog:
       self.skipped += 1
       log.info("weight sync v%d skipped: the engine has these weights",
                entry["version"])
+      return
+    if entry.get("broadcast_s") is not None:
+      self.broadcasts += 1
+      log.info("weight sync v%d: %.2f s (broadcast %.2f s, %.1f MB)",
+               entry["version"], entry["total_s"], entry["broadcast_s"],
+               (entry.get("bytes") or 0) / 1e6)
       return
     if entry.get("export_s") is not None:
       self.exports += 1

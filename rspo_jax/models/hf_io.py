@@ -111,17 +111,20 @@ def _from_hf(name: str, t: np.ndarray, shape) -> np.ndarray:
   return t
 
 
-def _to_hf(name: str, a: np.ndarray) -> np.ndarray:
-  """Our layout -> HF tensor."""
+def _to_hf(name: str, a):
+  """Our layout -> HF tensor: numpy (C-contiguous) for numpy, a device
+  array for a jax.Array (the same reshapes and transposes, on device)."""
+  out = (np.ascontiguousarray if isinstance(a, np.ndarray)
+         else lambda x: x)
   if name.endswith("o_proj.weight"):
-    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
+    return out(a.reshape(-1, a.shape[-1]).T)
   if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
-    return np.ascontiguousarray(a.reshape(a.shape[0], -1).T)
+    return out(a.reshape(a.shape[0], -1).T)
   if name.endswith("_proj.bias"):
-    return np.ascontiguousarray(a.reshape(-1))
+    return out(a.reshape(-1))
   if name.endswith("_proj.weight") or name == "lm_head.weight":
-    return np.ascontiguousarray(a.T)
-  return np.ascontiguousarray(a)
+    return out(a.T)
+  return out(a)
 
 
 def _hf_shape(name: str, shape) -> tuple:

@@ -450,6 +450,23 @@ class SGLangClient(Engine):
     self._version = version
     self._synced = True
 
+  def weights_updated(self, version: int) -> None:
+    """Every server took weights ``version`` by another channel (a
+    torch.distributed broadcast, rollout/distributed_sync.py): checks that
+    each reports it in ``GET /model_info``, then takes ``version`` as
+    ``weight_version``. SGLangError naming a server that reports another."""
+    version = int(version)
+    for u in self._urls:
+      info = self._call(u, "GET", "/model_info", None)
+      got = info.get("weight_version") if isinstance(info, dict) else info
+      if str(got) != str(version):
+        raise SGLangError(f"{u}: after a weight update reports"
+                          f" weight_version {got!r}, expected {str(version)!r}")
+    with self._rr_lock:
+      self._down.clear()
+    self._version = version
+    self._synced = True
+
   def flush_cache(self) -> None:
     """Empties the prefix (radix) cache of every server not marked down."""
     for u in self._live_urls():
