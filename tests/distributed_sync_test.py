@@ -230,20 +230,6 @@ class _SGLangVenvGroup:
     self._log.close()
 
 
-def _logprobs(model, prompts, results):
-  """Our model's log pi(token) of each result's tokens."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from rspo_jax.models.transformer import token_logprobs
-
-  out = []
-  for p, r in zip(prompts, results):
-    tokens = jnp.asarray([list(p) + r.token_ids.tolist()], jnp.int32)
-    t = tokens.shape[1]
-    logits, _, _ = model(tokens, jnp.arange(t)[None], jnp.ones((1, t), bool))
-    out.append(np.asarray(token_logprobs(logits, tokens)[0, len(p):]))
-  return out
-
-
 def _learner(model):
   from rspo_jax import sharding  # pylint: disable=g-import-not-at-top
   from rspo_jax import train_step as ts
@@ -313,8 +299,8 @@ def test_distributed_sync_updates_the_real_sglang_server(
     assert client.weight_version == 11
     assert client.model_info()["weight_version"] == "11"
     res = client.generate(prompts, greedy)
-    for r, ours, old in zip(res, _logprobs(model, prompts, res),
-                            _logprobs(ck.model, prompts, res)):
+    for r, ours, old in zip(res, fx.our_logprobs(model, prompts, res),
+                            fx.our_logprobs(ck.model, prompts, res)):
       assert len(r.token_ids) >= 1
       np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
       assert np.max(np.abs(r.logprobs - old)) > 0.05  # the update took
@@ -325,7 +311,7 @@ def test_distributed_sync_updates_the_real_sglang_server(
     assert client.model_info()["weight_version"] == "13"
     res = client.generate(prompts, SamplingParams(temperature=0.4,
                                                   max_new_tokens=8))
-    for r, ours in zip(res, _logprobs(model2, prompts, res)):
+    for r, ours in zip(res, fx.our_logprobs(model2, prompts, res)):
       np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
     assert not export.exists()  # no file on the way
     assert [h["bytes"] for h in sync.log.history if "bytes" in h] == [

@@ -71,6 +71,22 @@ def scaled_model(cfg, seed: int, scale: float = WEIGHT_SCALE):
   return model
 
 
+def our_logprobs(model, prompts, results):
+  """Per result, our model's ``log pi(token)`` of its tokens given the
+  prompt and the tokens before (one unpadded forward of prompt + response)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rspo_jax.models.transformer import token_logprobs  # pylint: disable=g-import-not-at-top
+
+  out = []
+  for p, r in zip(prompts, results):
+    tokens = jnp.asarray([list(p) + r.token_ids.tolist()], jnp.int32)
+    t = tokens.shape[1]
+    logits, _, _ = model(tokens, jnp.arange(t)[None], jnp.ones((1, t), bool))
+    out.append(np.asarray(token_logprobs(logits, tokens)[0, len(p):]))
+  return out
+
+
 def perturbed_model(model, cfg, seed: int, amount: float = 0.5):
   """A copy of model with ``amount * scaled_model(seed)`` added to every
   parameter."""

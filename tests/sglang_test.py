@@ -9,12 +9,10 @@ import time
 import urllib.error
 import urllib.request
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rspo_jax.models import hf_io
-from rspo_jax.models.transformer import token_logprobs
 from rspo_jax.rollout import http_server
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 from rspo_jax.rollout.sglang_client import (
@@ -447,19 +445,6 @@ SERVER_KINDS = [
 ]
 
 
-def _our_logprobs(model, prompts, results):
-  """Per result, our model's ``log pi(token)`` of its tokens given the
-  prompt and the tokens before (one unpadded forward of prompt + response)."""
-
-  out = []
-  for p, r in zip(prompts, results):
-    tokens = jnp.asarray([list(p) + r.token_ids.tolist()], jnp.int32)
-    t = tokens.shape[1]
-    logits, _, _ = model(tokens, jnp.arange(t)[None], jnp.ones((1, t), bool))
-    out.append(np.asarray(token_logprobs(logits, tokens)[0, len(p):]))
-  return out
-
-
 def _generate_and_check(client, model, prompts):
   """Samples at T=1 and at T=0.7 / top_p=0.9; the server's log-probs must be
   our model's temperature-1 log-probs of the same tokens."""
@@ -468,7 +453,7 @@ def _generate_and_check(client, model, prompts):
                  SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12)):
     res = client.generate(prompts, params)
     assert len(res) == len(prompts)
-    for r, ours in zip(res, _our_logprobs(model, prompts, res)):
+    for r, ours in zip(res, _fixtures_module().our_logprobs(model, prompts, res)):
       assert 1 <= len(r.token_ids) <= 12
       assert r.finish_reason in ("stop", "length")
       np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
@@ -502,7 +487,7 @@ def test_server_logprobs_match_our_model_across_weight_update(
   results = _generate_and_check(client, new_model, prompts)
   # The update took effect: the old weights give those tokens other log-probs
   # (results hold both sampling settings' answers, one after the other).
-  old = _our_logprobs(ck.model, prompts * 2, results)
+  old = _fixtures_module().our_logprobs(ck.model, prompts * 2, results)
   diff = max(np.max(np.abs(r.logprobs - o)) for r, o in zip(results, old))
   assert diff > 0.05
   client.flush_cache()
@@ -571,7 +556,7 @@ def test_evaluation_at_temperature_0_4_through_the_run_engine(
              ("the quick brown fox", "put a clean mug in")]
   res = client.generate(prompts, SamplingParams(temperature=0.4,
                                                 max_new_tokens=12, seed=0))
-  for r, ours in zip(res, _our_logprobs(ck.model, prompts, res)):
+  for r, ours in zip(res, _fixtures_module().our_logprobs(ck.model, prompts, res)):
     assert 1 <= len(r.token_ids) <= 12
     np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
   venv = VectorEnv("toy", build.env_kwargs(cfg), 2, use_processes=False)
@@ -617,7 +602,7 @@ def test_streamed_export_loads_into_sglang_and_unchanged_syncs_skip(
                                               "click buy now on")]
   res = client.generate(prompts, SamplingParams(temperature=0.4,
                                                 max_new_tokens=8))
-  for r, ours in zip(res, _our_logprobs(model, prompts, res)):
+  for r, ours in zip(res, _fixtures_module().our_logprobs(model, prompts, res)):
     np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
   client.close()
 
