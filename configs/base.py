@@ -102,6 +102,13 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # recomputes old log-probs with the actor); False: the engine's values.
   c.rspo.recompute_behavior_logp = True
   c.rspo.dense_only = False  # train B alone on the dense reward (hacking)
+  # Cap on a replayed token's weight c = pi_old / pi_B (its gradient at
+  # r = c is c * A * grad log pi): 0 = off (the paper's objective);
+  # truncate = weight min(c, cap) (truncated IS); mask = tokens with
+  # c > cap contribute nothing (AReaL's behav_imp_weight_cap). Logged:
+  # centre_cap_frac_off. losses.centre_cap_factor, docs/method.md.
+  c.rspo.centre_cap = 0.0
+  c.rspo.centre_cap_mode = "truncate"  # truncate | mask
   c.rspo.prm_dir = ""  # trained PRM; "" = train one at start (<workdir>/prm)
   c.rspo.prm_backbone_dir = ""  # frozen f_pre; "" = the starting policy
   c.rspo.prm_train_groups = 16  # warm-start policy groups the PRM learns from
@@ -386,6 +393,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
       (c.rspo.k >= 1, "rspo.k", c.rspo.k, ">= 1"),
       (c.rspo.dense_noise_sigma >= 0, "rspo.dense_noise_sigma",
        c.rspo.dense_noise_sigma, ">= 0"),
+      # c = 1 where A and B agree: a cap below 1 would cut those (AReaL
+      # also documents its behav_imp_weight_cap as > 1).
+      (c.rspo.centre_cap == 0 or c.rspo.centre_cap >= 1, "rspo.centre_cap",
+       c.rspo.centre_cap, "0 (off) or >= 1"),
+      _one_of(c.rspo.centre_cap_mode, ("truncate", "mask"),
+              "rspo.centre_cap_mode"),
       _one_of(c.algo.clip_window, ("additive", "multiplicative"),
               "algo.clip_window"),
       _one_of(c.algo.kl_kind, ("k1", "k2", "k3"), "algo.kl_kind"),

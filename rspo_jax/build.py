@@ -140,6 +140,8 @@ def policy_loss_config(cfg, *, rspo: bool) -> ts.PolicyLossConfig:
       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
       window=a.clip_window, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
       entropy_coef=a.entropy_coef, agg=a.loss_agg,
+      centre_cap=cfg.rspo.centre_cap if rspo else 0.0,
+      centre_cap_mode=cfg.rspo.centre_cap_mode,
   )
 
 

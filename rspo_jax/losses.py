@@ -25,6 +25,7 @@ import jax.numpy as jnp
 AGG_MODES = ("token_mean", "seq_mean_token_mean")
 WINDOWS = ("additive", "multiplicative")
 KL_KINDS = ("k1", "k2", "k3")
+CENTRE_CAP_MODES = ("truncate", "mask")
 # Log-ratios are clamped before exp (as verl does) so one wild token cannot
 # overflow float32.
 LOG_RATIO_CLAMP = 20.0
@@ -197,6 +198,61 @@ def shifted_clip_objective(
           (is_clipped & (ratio > upper)).astype(jnp.float32), mask),
   }
   return objective, diag
+
+
+def centre_cap_factor(
+    centre: jax.Array, cap: float, mode: str = "truncate"
+) -> tuple[jax.Array, jax.Array]:
+  """Stop-gradient factor f that bounds a replayed token's weight c.
+
+  At r = c the shifted clip's gradient is c * A * grad log pi: weighted by
+  c = pi_old / pi_B, which is unbounded. With ``cap`` > 0 the token's clip
+  objective is multiplied by
+
+    truncate: f = min(1, cap / c)       -> gradient weight min(c, cap) * A
+              (truncated importance sampling, V-trace's rho-bar)
+    mask:     f = 1 if c <= cap else 0  -> the token contributes nothing
+              (AReaL's ``behav_imp_weight_cap``)
+
+  AReaL (inclusionAI/AReaL), areal/utils/functional.py ``ppo_actor_loss_fn``:
+  its decoupled loss is w * PPO-clip(pi_theta / pi_prox), w = pi_prox /
+  pi_behav (w is our c: pi_prox is our pi_old, pi_behav our pi_B; since
+  w > 0 the product is our multiplicative window). Tokens with
+  w > behav_imp_weight_cap get w = 0 (kept: w <= cap, as here) while the
+  loss is still divided by the count of the *original* loss mask; AReaL
+  documents the cap as > 1. Its later areal/utils/functional/functional.py
+  replaces the cap by ``apply_rejection_sampling`` with action 'mask' (the
+  same, and it keeps that denominator on purpose: otherwise "mask mode
+  would inflate per-token gradients by N_original / N_kept") or 'clamp'
+  (w clamped to the cap: our truncate, since f * c = min(c, cap)). So here
+  a masked token still counts in its source's normaliser (N_off, R_off) and
+  in the (1 - alpha, alpha) decision.
+
+  Args:
+    centre: [B, T] c (no gradient).
+    cap: the cap (> 0; :func:`mixed_objective` skips this when it is 0).
+    mode: one of ``CENTRE_CAP_MODES``.
+
+  Returns:
+    f [B, T] and over [B, T] (1.0 where c > cap, else 0).
+  """
+  check_centre_cap(cap, mode)
+  centre = jax.lax.stop_gradient(centre)
+  over = centre > cap
+  if mode == "truncate":
+    factor = jnp.where(over, cap / jnp.maximum(centre, cap), 1.0)
+  else:
+    factor = jnp.where(over, 0.0, 1.0)
+  return factor, over.astype(jnp.float32)
+
+
+def check_centre_cap(cap: float, mode: str) -> None:
+  """ValueError for a cap < 0 or a mode not in ``CENTRE_CAP_MODES``."""
+  if mode not in CENTRE_CAP_MODES:
+    raise ValueError(f"centre cap: unknown mode {mode!r};"
+                     f" expected {CENTRE_CAP_MODES}")
+  if not cap >= 0:
+    raise ValueError(f"centre cap: cap {cap!r} must be >= 0 (0 = off)")
 
 
 def kl_divergence(
@@ -431,6 +487,8 @@ def mixed_objective(
     entropy_coef: float,
     agg: str = "token_mean",
     totals: Optional[dict] = None,
+    centre_cap: float = 0.0,
+    centre_cap_mode: str = "truncate",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """RSPO's loss for agent A over a batch mixing on- and off-policy rows.
 
@@ -453,6 +511,14 @@ def mixed_objective(
   ``behavior_logp`` holds there), so J_on is plain PPO; off-policy rows use
   the shifted clip around c = pi_old / pi_B.
 
+  Centre cap (option, off by default: the paper has none): with
+  ``centre_cap`` > 0 the clip objective of each counted *replayed* token is
+  multiplied by :func:`centre_cap_factor`'s stop-gradient f (truncate:
+  min(1, cap / c); mask: 0 where c > cap), so its gradient weight at r = c is
+  min(c, cap) * A, or 0. Fresh rows (c = 1 by construction), the KL and
+  entropy terms, and every normaliser and weight are unchanged. With
+  ``centre_cap = 0`` the loss is exactly the uncapped one.
+
   Args:
     logp, old_logp, behavior_logp, ref_logp, advantages: [B, T].
     loss_mask: [B, T] float, 1 on counted response tokens.
@@ -465,6 +531,8 @@ def mixed_objective(
     entropy_coef: weight of the entropy bonus.
     agg: aggregation mode, see :func:`aggregate`.
     totals: the whole update's :func:`mixed_totals`, or None.
+    centre_cap: cap on c of replayed tokens; 0 = off (a static float).
+    centre_cap_mode: 'truncate' or 'mask', see :func:`centre_cap_factor`.
 
   Returns:
     loss (scalar) and metrics, each a token mean over the counted tokens of
@@ -472,7 +540,9 @@ def mixed_objective(
     of the clip objective alone, ``agg``), clip_frac_on/off (clipped branch
     active: zero gradient), clip_frac_{on,off}_low (r < lower, A < 0) and
     _high (r > upper, A > 0), kl_on/off, ratio_mean_on/off, approx_kl
-    (k3 to pi_old), entropy. With ``totals=None`` the metrics also hold this
+    (k3 to pi_old), entropy; with ``centre_cap`` > 0 also
+    centre_cap_frac_off (share of counted replayed tokens with c > cap: how
+    often the cap binds). With ``totals=None`` the metrics also hold this
     batch's totals (n_tokens_on/off, n_rows_on/off, w_on/off).
   """
   chex.assert_rank(
@@ -485,6 +555,7 @@ def mixed_objective(
   chex.assert_axis_dimension(is_offpolicy, 0, logp.shape[0])
   if entropy is not None:
     chex.assert_equal_shape([entropy, logp])
+  check_centre_cap(centre_cap, centre_cap_mode)
   own_totals = totals is None
   if own_totals:
     totals = mixed_totals(loss_mask, is_offpolicy, alpha=alpha)
@@ -504,6 +575,11 @@ def mixed_objective(
       clip_eps_high=clip_eps_high,
       window=window,
   )
+  if centre_cap:
+    factor, over = centre_cap_factor(diag["centre"], centre_cap,
+                                     centre_cap_mode)
+    obj = jnp.where(off_rows, obj * factor, obj)
+    over = _masked(over, mask_off)
   kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask), kl_kind)
   per_token = obj - kl_coef * kl
 
@@ -529,6 +605,9 @@ def mixed_objective(
     metrics[f"pg_loss_{src}"] = -aggregate(obj, m, agg, norm[src])
     for name, x in token_means:
       metrics[name.format(src)] = aggregate(x, m, "token_mean", n[src])
+  if centre_cap:
+    metrics["centre_cap_frac_off"] = aggregate(over, mask_off, "token_mean",
+                                               n["off"])
   metrics["approx_kl"] = _approx_kl(logp, old_logp, mask, n_all)
   if own_totals:
     metrics.update(totals)

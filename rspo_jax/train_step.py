@@ -98,6 +98,10 @@ class PolicyLossConfig:
   kl_kind: str = "k3"
   entropy_coef: float = 0.0
   agg: str = "token_mean"
+  # Cap on c = pi_old / pi_B of replayed tokens (losses.centre_cap_factor);
+  # 0 = off.
+  centre_cap: float = 0.0
+  centre_cap_mode: str = "truncate"
 
 
 def make_optimizer(
@@ -422,6 +426,8 @@ def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
         entropy_coef=cfg.entropy_coef,
         agg=cfg.agg,
         totals=totals,
+        centre_cap=cfg.centre_cap,
+        centre_cap_mode=cfg.centre_cap_mode,
     )
 
   return loss_fn

@@ -1,5 +1,7 @@
 """The embedded configs: CPU recipe vs paper scale, overrides."""
 
+import re
+
 import pytest
 
 from configs import alfworld_gigpo, webshop_grpo, webshop_ppo
@@ -59,3 +61,25 @@ def test_train_tasks_restricts_the_training_task_ids():
   with pytest.raises(ConfigError, match="env.train_tasks=3.*>= train"
                      ".batch_tasks = 4"):
     base.validate(webshop_grpo.get_config("env.train_tasks=3"))
+
+
+def test_centre_cap_keys_default_off_validated_and_threaded():
+  """rspo.centre_cap (0 = off) and rspo.centre_cap_mode reach A's loss
+  config; the baseline (rspo=0) never caps; bad values stop at start."""
+  from rspo_jax import build
+  from rspo_jax.errors import ConfigError
+
+  cfg = webshop_grpo.get_config()
+  assert cfg.rspo.centre_cap == 0.0 and cfg.rspo.centre_cap_mode == "truncate"
+  assert build.policy_loss_config(cfg, rspo=True).centre_cap == 0.0
+  cfg = webshop_grpo.get_config("rspo.centre_cap=2,rspo.centre_cap_mode=mask")
+  loss_cfg = build.policy_loss_config(cfg, rspo=True)
+  assert (loss_cfg.centre_cap, loss_cfg.centre_cap_mode) == (2.0, "mask")
+  assert build.policy_loss_config(cfg, rspo=False).centre_cap == 0.0
+  assert webshop_grpo.get_config("rspo.centre_cap=1").rspo.centre_cap == 1.0
+  for bad, wanted in (("rspo.centre_cap=-1", "rspo.centre_cap=-1.0"),
+                      ("rspo.centre_cap=0.5", "0 (off) or >= 1"),
+                      ("rspo.centre_cap_mode=clamp",
+                       "one of truncate, mask")):
+    with pytest.raises(ConfigError, match=re.escape(wanted)):
+      webshop_grpo.get_config(bad)

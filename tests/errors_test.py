@@ -51,7 +51,8 @@ def _free_port() -> int:
 @pytest.mark.parametrize("override, wanted", [
     ("rspo.alpah=0.1", ["unknown config key 'rspo.alpah'",
                         "(did you mean 'rspo.alpha'?)", "rspo.alpah=0.1",
-                        "known keys of rspo: alpha, copy_optimizer_state"]),
+                        "known keys of rspo: alpha, centre_cap,"
+                        " centre_cap_mode, copy_optimizer_state"]),
     ("rsop.alpha=0.1", ["'rsop.alpha'", "(did you mean 'rspo.alpha'?)",
                         "known top-level keys: algo, env,"]),
     ("rspo.k=abc", ["'rspo.k' expects type int, got 'abc'"]),

@@ -559,3 +559,152 @@ def test_value_loss_micro_batches_sum_to_the_batch():
     for k in m:
       np.testing.assert_allclose(sum(o[0][1][k] for o in outs), m[k],
                                  atol=1e-6, err_msg=k)
+
+
+# ------------------------------------------------------------- centre cap
+
+
+def _cap_case():
+  """Row 0 fresh (junk pi_B, ignored: c = 1), row 1 replayed with
+  c = pi_old / pi_B = [5, 0.5] and r = c (the first update); A = [3, 3]
+  on row 0, [2, -1] on row 1."""
+  old = np.array([[-1.0, -2.0], [-1.0, -2.0]])
+  beh = old - np.log([[9.0, 9.0], [5.0, 0.5]])
+  arrs = [jnp.asarray(x, jnp.float32) for x in (old, old, beh, old)]
+  adv = jnp.asarray([[3.0, 3.0], [2.0, -1.0]])
+  return arrs[:3], arrs[3], adv, jnp.ones((2, 2)), jnp.asarray([False, True])
+
+
+def _cap_run(cap, mode="truncate", alpha=0.25):
+  (logp, old, beh), ref, adv, mask, is_off = _cap_case()
+  f = lambda lp: losses.mixed_objective(
+      lp, old, beh, ref, adv, mask, is_off, None, alpha=alpha, clip_eps=0.2,
+      kl_coef=0.0, entropy_coef=0.0, centre_cap=cap, centre_cap_mode=mode)
+  (loss, m), g = jax.value_and_grad(f, has_aux=True)(logp)
+  return loss, m, np.asarray(g)
+
+
+def test_centre_cap_factor_by_hand():
+  """c = 5, cap = 2: truncate f = 2/5 (weight min(c, cap) = 2), mask f = 0;
+  c = 0.5 and c = 2 (not above the cap) f = 1."""
+  c = jnp.asarray([[5.0, 0.5, 2.0]])
+  f, over = losses.centre_cap_factor(c, 2.0, "truncate")
+  np.testing.assert_allclose(f[0], [0.4, 1.0, 1.0], rtol=1e-6)
+  np.testing.assert_array_equal(over[0], [1.0, 0.0, 0.0])
+  f, over = losses.centre_cap_factor(c, 2.0, "mask")
+  np.testing.assert_array_equal(f[0], [0.0, 1.0, 1.0])
+  np.testing.assert_array_equal(over[0], [1.0, 0.0, 0.0])
+
+
+def test_centre_cap_truncate_gradient_weight_is_cap_times_a():
+  """d (f * objective) / d logp at r = c = 5, cap 2 is 2 * A, by autodiff
+  and by a central difference; uncapped it is c * A = 5 * A."""
+  a = 2.0
+  beh = _row([-2.0])
+  old = beh + np.log(5.0)
+  adv, mask = _row([a]), jnp.ones((1, 1))
+
+  def capped(lp, cap):
+    obj, diag = losses.shifted_clip_objective(lp, old, beh, adv, mask)
+    if cap:
+      obj = obj * losses.centre_cap_factor(diag["centre"], cap)[0]
+    return jnp.sum(obj)
+
+  assert np.isclose(jax.grad(capped)(old, 2.0)[0, 0], 2.0 * a, rtol=1e-5)
+  assert np.isclose(jax.grad(capped)(old, 0.0)[0, 0], 5.0 * a, rtol=1e-5)
+  h = 1e-2  # r = 5 exp(+-h) stays inside the window [4.8, 5.2]
+  fd = (capped(old + h, 2.0) - capped(old - h, 2.0)) / (2 * h)
+  assert np.isclose(fd, 2.0 * a, rtol=1e-3)
+
+
+def test_centre_cap_in_mixed_objective_by_hand():
+  """N_on = N_off = 2, w = (0.75, 0.25); d loss / d logp of a token at r = c
+  with unclipped branch is -w * weight * A / N. Uncapped: row 1 weights
+  c = 5 and 0.5. cap 2, truncate: 2 and 0.5. mask: 0 and 0.5, N_off still 2
+  (AReaL divides by the original loss-mask count). Row 0 (fresh) and the
+  c = 0.5 token are untouched; centre_cap_frac_off = 1/2."""
+  _, m0, g0 = _cap_run(0.0)
+  assert "centre_cap_frac_off" not in m0
+  want_on = -0.75 * 1.0 * 3.0 / 2  # c = 1 on the fresh row
+  np.testing.assert_allclose(g0[0], [want_on, want_on], rtol=1e-6)
+  np.testing.assert_allclose(
+      g0[1], [-0.25 * 5 * 2 / 2, -0.25 * 0.5 * -1 / 2], rtol=1e-6)
+  for mode, weight in (("truncate", 2.0), ("mask", 0.0)):
+    loss, m, g = _cap_run(2.0, mode)
+    np.testing.assert_array_equal(g[0], g0[0])  # fresh row untouched
+    assert g[1, 1] == g0[1, 1]  # c = 0.5 untouched
+    np.testing.assert_allclose(g[1, 0], -0.25 * weight * 2.0 / 2,
+                               atol=1e-7, err_msg=mode)
+    j_off = (weight * 2.0 + 0.5 * -1.0) / 2  # / N_off = 2 in both modes
+    assert np.isclose(m["pg_loss_off"], -j_off, atol=ATOL), mode
+    assert np.isclose(loss, -(0.75 * 3.0 + 0.25 * j_off), atol=ATOL), mode
+    assert m["centre_cap_frac_off"] == 0.5
+    assert m["n_tokens_off"] == 2 and m["w_off"] == 0.25
+
+
+def test_centre_cap_never_touches_fresh_rows():
+  """Fresh rows have c = 1 by construction; even a cap below 1 (refused by
+  the config, allowed here) leaves them alone: only replayed rows are
+  capped, and only replayed tokens are counted by centre_cap_frac_off."""
+  _, _, g0 = _cap_run(0.0)
+  for mode in losses.CENTRE_CAP_MODES:
+    _, m, g = _cap_run(0.25, mode)
+    np.testing.assert_array_equal(g[0], g0[0])
+    assert m["centre_cap_frac_off"] == 1.0  # both replayed tokens: c > 0.25
+
+
+def test_centre_cap_zero_is_todays_loss_exactly():
+  arrs, mask, is_off, ent = _random_mixed_batch(seed=5)
+  kw = dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01)
+
+  def run(**cap):
+    f = lambda lp: losses.mixed_objective(lp, *arrs[1:], mask, is_off, ent,
+                                          **kw, **cap)
+    return jax.value_and_grad(f, has_aux=True)(arrs[0])
+
+  (l0, m0), g0 = run()
+  for mode in losses.CENTRE_CAP_MODES:
+    (l1, m1), g1 = run(centre_cap=0.0, centre_cap_mode=mode)
+    assert l1 == l0 and set(m1) == set(m0)
+    np.testing.assert_array_equal(g1, g0)
+    for k in m0:
+      np.testing.assert_array_equal(m1[k], m0[k], err_msg=k)
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_centre_cap_micro_batches_sum_to_the_batch(mode):
+  """With the cap on (binding on some replayed tokens), micro-batch
+  contributions still sum to the batch's loss, gradient and metrics."""
+  arrs, mask, is_off, ent = _random_mixed_batch(seed=1)
+  kw = dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01,
+            centre_cap=1.2, centre_cap_mode=mode)
+
+  def run(lp, rows, totals=None):
+    others = [a[rows] for a in arrs[1:]]
+    return losses.mixed_objective(lp[rows], *others, mask[rows],
+                                  is_off[rows], ent[rows], totals=totals,
+                                  **kw)
+
+  vg = lambda rows, t=None: jax.value_and_grad(
+      lambda lp: run(lp, rows, t), has_aux=True)(arrs[0])
+  (loss, metrics), grad = vg(np.arange(10))
+  assert 0 < metrics["centre_cap_frac_off"] < 1  # the cap binds on some
+  totals = losses.mixed_totals(mask, is_off, alpha=0.25)
+  outs = [vg(rows, totals) for rows in (np.array([0, 1, 2, 3]),
+                                        np.array([4, 5, 6]),
+                                        np.array([7, 8, 9]))]
+  np.testing.assert_allclose(sum(o[0][0] for o in outs), loss, atol=1e-6)
+  np.testing.assert_allclose(sum(o[1] for o in outs), grad, atol=1e-7)
+  for k in outs[0][0][1]:
+    np.testing.assert_allclose(sum(o[0][1][k] for o in outs), metrics[k],
+                               atol=1e-6, err_msg=k)
+
+
+def test_centre_cap_bad_values():
+  x = jnp.zeros((1, 2))
+  with pytest.raises(ValueError, match="must be >= 0"):
+    losses.mixed_objective(x, x, x, x, x, x, jnp.zeros(1, bool), None,
+                           alpha=0.25, clip_eps=0.2, kl_coef=0.0,
+                           entropy_coef=0.0, centre_cap=-1.0)
+  with pytest.raises(ValueError, match="unknown mode 'clamp'"):
+    losses.centre_cap_factor(x, 2.0, "clamp")
