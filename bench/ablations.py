@@ -79,12 +79,15 @@ def report_name(env: str, algo: str) -> str:
 
 
 def ablation_report(root: str, env: str = "webshop", algo: str = "grpo",
-                    out_dir: str = "docs/results", echo: bool = True) -> str:
-  """Writes the JSON/MD tables and the dense-only plot; returns the MD path."""
+                    out_dir: str = "docs/results", echo: bool = True,
+                    archive: str = "") -> str:
+  """Writes the JSON/MD tables and the dense-only plot of the finished runs
+  under root or in ``archive`` (bench/run_archive.py); returns the MD
+  path."""
   name = report_name(env, algo)
   rows = []
   for group, setting, variant, paper in ROWS:
-    runs = rp.finished_runs(root, env, algo, variant)
+    runs = rp.finished_runs(root, env, algo, variant, archive)
     repeats = [run_mean(w, REPEAT_METRIC) for _, w in runs]
     rows.append({
         "group": group, "setting": setting, "variant": variant,
@@ -92,7 +95,8 @@ def ablation_report(root: str, env: str = "webshop", algo: str = "grpo",
         **rp.cell_stats(runs),
         "repeated_states": rp.mean_std([r for r in repeats if r is not None]),
     })
-  dense_runs = [w for _, w in rp.finished_runs(root, env, algo, "dense_only")]
+  dense_runs = [w for _, w in rp.finished_runs(root, env, algo, "dense_only",
+                                               archive)]
   plot = None
   if dense_runs:
     plot = f"{name}_dense_only.png" if name != "ablations" else DENSE_PLOT

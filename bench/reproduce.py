@@ -71,6 +71,19 @@ rename) into ``--out`` (default docs/results):
                                 (phase 'A' rows) vs A's step and vs
                                 environment steps, baseline and RSPO
                                 overlaid, mean +- std band over seeds.
+
+Runs live under ``--root`` (runs/ is git-ignored: a fresh clone has none).
+``--archive DIR`` (e.g. docs/results/archive/study_allrows, committed) keeps
+each finished run's small files there -- run.json, every eval*.json with
+its per_task, metrics.jsonl's A/B/eval rows, command.txt; the warm start's
+done.json and evaluations; never checkpoints (bench/run_archive.py) --
+after each run or evaluation finishes and again before the reports
+(``--report_only --archive DIR`` archives what root holds). The reports,
+the curves and the skipping read root and archive, root winning: a run
+finished in the archive only is reported and skipped, not trained again,
+and so is its archived sampled evaluation. A run still to train re-creates
+the shared warm start by SFT under root (its checkpoint is not archived),
+taking the warm start's archived evaluations instead of recomputing them.
 """
 
 from __future__ import annotations
@@ -90,6 +103,8 @@ import time
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
+
+import run_archive as ra
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "launch", "train.py")
@@ -239,25 +254,32 @@ def sft_command(env: str, root: str, extra: str = "",
 
 def shared_warm_start(env: str, root: str, extra: str = "",
                       python: str = sys.executable, mesh: str = "",
-                      env_vars: Optional[dict] = None) -> dict:
+                      env_vars: Optional[dict] = None,
+                      archive: str = "") -> dict:
   """Behaviour-clones the env's starting policy once (launch/sft.py).
 
   Every run of the env then starts from ``<root>/warm_start_<env>/
   warm_start`` (``model.checkpoint_dir``), as the paper's runs all start
   from one instruct model: baseline and RSPO, every algorithm and seed
   differ only in RL. ``done.json`` marks it finished (a crashed SFT is
-  redone); one made with another config argument is refused.
+  redone); one made with another config argument is refused, and so is
+  another config than the one of ``archive``'s warm start (its archived
+  evaluations are of that one).
   """
   workdir = warm_start_workdir(root, env)
   policy = os.path.join(workdir, "warm_start")
   done, config = os.path.join(workdir, "done.json"), sft_config_arg(env, extra)
   out = {"run": f"warm_start_{env}", "workdir": workdir, "policy": policy}
-  if os.path.exists(done):
-    made = json.load(open(done)).get("config")
+  archived = os.path.join(archive, os.path.basename(workdir),
+                          "done.json") if archive else ""
+  for path, flag in ((done, "--root"), (archived, "--archive")):
+    made = (json.load(open(path)).get("config")
+            if path and os.path.exists(path) else config)
     if made != config:
       return {**out, "status": "failed", "error": (
-          f"{policy} was made with --config={made!r}, not {config!r};"
-          " use another --root")}
+          f"{os.path.dirname(path)} was made with --config={made!r}, not"
+          f" {config!r}; use another {flag}")}
+  if os.path.exists(done):
     return {**out, "status": "skipped"}
   os.makedirs(workdir, exist_ok=True)
   rc, wall_s = _run_logged(sft_command(env, root, extra, python, mesh),
@@ -273,14 +295,16 @@ def shared_warm_start(env: str, root: str, extra: str = "",
 def shared_start_eval(env: str, root: str, extra: str = "",
                       python: str = sys.executable,
                       env_vars: Optional[dict] = None, out_name: str = START,
-                      eval_flags: Sequence[str] = ()) -> dict:
+                      eval_flags: Sequence[str] = (),
+                      archive: str = "") -> dict:
   """Evaluates the shared warm start once (launch/eval.py, the runs' eval
   split, tasks, decoding and seed 0) into ``<root>/warm_start_<env>/
   eval_start.json``. Every run of the env copies it as its own
   ``eval_start.json`` (launch/train.py then skips its start evaluation):
   the same policy on the same tasks gives the same numbers. ``out_name``
   and ``eval_flags`` (e.g. the study's T = 0.4 evaluation) make another
-  evaluation of it."""
+  evaluation of it. One in ``archive`` is copied into root instead (skipped),
+  and a new one is archived."""
   workdir = warm_start_workdir(root, env)
   path = os.path.join(workdir, out_name)
   tag = "" if out_name == START else (
@@ -288,6 +312,8 @@ def shared_start_eval(env: str, root: str, extra: str = "",
   out = {"run": f"start_eval{tag}_{env}", "workdir": workdir, "eval": path}
   if os.path.exists(path):
     return {**out, "status": "skipped"}
+  if ra.restore(workdir, archive, out_name):
+    return {**out, "status": "skipped", "from_archive": archive}
   policy = os.path.join(workdir, "warm_start")
   config = f"{sft_config_arg(env, extra)},model.checkpoint_dir={policy}"
   tmp = path + ".tmp"
@@ -299,6 +325,8 @@ def shared_start_eval(env: str, root: str, extra: str = "",
     return {**out, "status": "failed",
             "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
   os.replace(tmp, path)
+  if archive:
+    ra.archive_run(workdir, archive)
   return {**out, "status": "done"}
 
 
@@ -326,11 +354,13 @@ def command(spec: RunSpec, root: str, extra: str = "",
 
 
 def _run_one(spec: RunSpec, root: str, extra: str, python: str,
-             mesh: str, env: dict) -> dict:
+             mesh: str, env: dict, archive: str = "") -> dict:
   workdir = os.path.join(root, spec.name)
   out = {"run": spec.name, "workdir": workdir}
   if is_finished(workdir):
     return {**out, "status": "skipped"}
+  if (found := ra.run_dir(root, archive, spec.name)) != workdir:
+    return {**out, "status": "skipped", "archived": found}
   config = spec.config_arg(extra)
   os.makedirs(workdir, exist_ok=True)
   meta_path = os.path.join(workdir, RUN_JSON)
@@ -351,6 +381,8 @@ def _run_one(spec: RunSpec, root: str, extra: str, python: str,
                            workdir, env)
   out.update(wall_s=wall_s, rc=rc)
   if rc == 0 and is_finished(workdir):
+    if archive:
+      ra.archive_run(workdir, archive)
     return {**out, "status": "done"}
   return {**out, "status": "failed",
           "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
@@ -358,11 +390,13 @@ def _run_one(spec: RunSpec, root: str, extra: str, python: str,
 
 def run_grid(specs: Iterable[RunSpec], root: str, extra: str = "",
              parallel: int = 1, python: str = sys.executable,
-             echo: bool = True, mesh: str = "") -> list[dict]:
+             echo: bool = True, mesh: str = "",
+             archive: str = "") -> list[dict]:
   """Runs the unfinished specs, ``parallel`` at a time; one dict per spec.
 
-  Status is 'skipped' (already finished), 'done' or 'failed' (with
-  'error'). A failed run does not stop the others.
+  Status is 'skipped' (already finished, under root or in ``archive``),
+  'done' (then archived) or 'failed' (with 'error'). A failed run does not
+  stop the others.
   """
   if parallel < 1:
     raise ValueError(f"--parallel must be >= 1, got {parallel}")
@@ -373,7 +407,8 @@ def run_grid(specs: Iterable[RunSpec], root: str, extra: str = "",
   results = {}
   with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
     futures = {
-        pool.submit(_run_one, s, root, extra, python, mesh, env): s.name
+        pool.submit(_run_one, s, root, extra, python, mesh, env,
+                    archive): s.name
         for s in specs
     }
     for f in concurrent.futures.as_completed(futures):
@@ -407,17 +442,18 @@ def write_text(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
-def finished_runs(root: str, env: str, algo: str,
-                  variant: str) -> list[tuple[int, str]]:
-  """(seed, workdir) of the finished runs of a cell, any seed, by seed."""
-  if not os.path.isdir(root):
-    return []
+def finished_runs(root: str, env: str, algo: str, variant: str,
+                  archive: str = "") -> list[tuple[int, str]]:
+  """(seed, workdir) of the finished runs of a cell, any seed, by seed:
+  under root, else in ``archive`` (bench/run_archive.py; root wins)."""
   pat = re.compile(re.escape(f"{env}_{algo}_{variant}_s") + r"(\d+)$")
+  names = {d for top in (root, archive) if top and os.path.isdir(top)
+           for d in os.listdir(top) if pat.match(d)}
   found = []
-  for d in os.listdir(root):
-    m = pat.match(d)
-    if m and is_finished(os.path.join(root, d)):
-      found.append((int(m.group(1)), os.path.join(root, d)))
+  for d in names:
+    wd = ra.run_dir(root, archive, d)
+    if is_finished(wd):
+      found.append((int(pat.match(d).group(1)), wd))
   return sorted(found)
 
 
@@ -488,13 +524,15 @@ def plot_atomic(groups: dict[str, list[str]], metric: str, x: str,
 
 
 def env_report(root: str, env: str, out_dir: str,
-               algos: Sequence[str] = ALGOS, echo: bool = True) -> dict:
-  """Writes <env>.json, <env>.md and the curves; returns the JSON object."""
+               algos: Sequence[str] = ALGOS, echo: bool = True,
+               archive: str = "") -> dict:
+  """Writes <env>.json, <env>.md and the curves of the finished runs under
+  root or in ``archive``; returns the JSON object."""
   cells, curves = [], {}
   for algo in algos:
     groups = {}
     for variant in MAIN_VARIANTS:
-      runs = finished_runs(root, env, algo, variant)
+      runs = finished_runs(root, env, algo, variant, archive)
       label = ALGO_LABELS[algo] if variant == "baseline" else (
           f"RSPO+{ALGO_LABELS[algo]}")
       cells.append({"algo": algo, "variant": variant, "label": label,
@@ -511,12 +549,18 @@ def env_report(root: str, env: str, out_dir: str,
   report = {
       "env": env, "root": os.path.abspath(root),
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
+      "archive": os.path.abspath(archive) if archive else None,
       "units": "percent; mean and std (ddof 0) over finished seeds",
       "cells": cells, "curves": curves,
   }
   write_json(os.path.join(out_dir, f"{env}.json"), report)
   write_text(os.path.join(out_dir, f"{env}.md"), env_markdown(report))
   return report
+
+
+def _archive_note(report: dict) -> str:
+  archive = report.get("archive")
+  return f" and in the archive `{archive}`" if archive else ""
 
 
 def env_markdown(report: dict) -> str:
@@ -526,7 +570,7 @@ def env_markdown(report: dict) -> str:
       "",
       f"Written by `python bench/reproduce.py --grid main --envs {env}`"
       f" ({report['generated']}) from the finished runs under"
-      f" `{report['root']}`.",
+      f" `{report['root']}`{_archive_note(report)}.",
       "",
       "Success rate and score (%) of agent A on the fixed evaluation split"
       " after training, mean ± std (ddof 0) over the n finished seeds;"
@@ -648,18 +692,30 @@ def trained_config(spec: RunSpec, root: str, extra: str = "") -> str:
 def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
                        python: str = sys.executable,
                        env_vars: Optional[dict] = None, tag: str = "t04",
-                       temperature: float = 0.4) -> dict:
+                       temperature: float = 0.4, archive: str = "") -> dict:
   """A finished run's final policy at ``temperature``, 3 seeds
   (launch/eval.py on its workdir's latest checkpoint) into
-  ``eval_final_<tag>.json``; skipped when that exists, or when the run is
-  unfinished."""
+  ``eval_final_<tag>.json``, then archived; skipped when that exists, or
+  when ``archive`` holds it for this run (copied into root when the run is
+  finished there: the same eval_final.json). A run finished in the archive
+  only has no checkpoint: without the archived file it is 'unavailable'
+  (its cell has no interval at this decoding). 'failed' when unfinished."""
   workdir = os.path.join(root, spec.name)
-  path = os.path.join(workdir, sampled_names(tag)[1])
+  name = sampled_names(tag)[1]
+  path = os.path.join(workdir, name)
   out = {"run": f"{spec.name}_{tag}", "workdir": workdir, "eval": path}
   if os.path.exists(path):
     return {**out, "status": "skipped"}
+  found = ra.run_dir(root, archive, spec.name)
+  if found != workdir:  # finished in the archive only
+    if os.path.isfile(os.path.join(found, name)):
+      return {**out, "status": "skipped", "archived": found}
+    return {**out, "status": "unavailable", "error": (
+        f"{found} has no {name} and {workdir} no checkpoint to evaluate")}
   if not is_finished(workdir):
     return {**out, "status": "failed", "error": "the run is unfinished"}
+  if ra.same_run(workdir, archive) and ra.restore(workdir, archive, name):
+    return {**out, "status": "skipped", "from_archive": archive}
   tmp = path + ".tmp"
   rc, wall_s = _run_logged(
       [python, EVAL_PY, f"--config={trained_config(spec, root, extra)}",
@@ -670,6 +726,8 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
     return {**out, "status": "failed",
             "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
   os.replace(tmp, path)
+  if archive:
+    ra.archive_run(workdir, archive)
   return {**out, "status": "done"}
 
 
@@ -710,8 +768,10 @@ def _paper_success(env: str, algo: str, variant: str) -> Optional[float]:
 
 def study_report(root: str, env: str, out_dir: str,
                  algos: Optional[Sequence[str]] = None, seed: int = 0,
-                 echo: bool = True, rl_extra: str = "") -> dict:
+                 echo: bool = True, rl_extra: str = "",
+                 archive: str = "") -> dict:
   """Writes study_<env>.{json,md} and its curves; returns the JSON object.
+  Runs and the warm start's evaluations: under root, else in ``archive``.
 
   Per cell and decoding (rspo_jax/intervals.py, 95 % bootstrap): the final
   success rate over training seeds x goals x sampling seeds, the paired
@@ -722,8 +782,8 @@ def study_report(root: str, env: str, out_dir: str,
   from rspo_jax import intervals  # noqa: PLC0415
 
   ws = warm_start_workdir(root, env)
-  starts = {name: _outcomes([os.path.join(ws, s)]) for name, s, _ in
-            DECODINGS}
+  starts = {name: _outcomes([ra.find_file(ws, archive, s)])
+            for name, s, _ in DECODINGS}
   start_ci = {name: (None if x is None else _pct(
       intervals.success_interval(x[0], seed=seed))) for name, x in
       starts.items()}
@@ -731,7 +791,7 @@ def study_report(root: str, env: str, out_dir: str,
   for algo in algos or tuple(study_cells(env)):
     groups, finals = {}, {}
     for variant in study_cells(env).get(algo, ()):
-      runs = finished_runs(root, env, algo, variant)
+      runs = finished_runs(root, env, algo, variant, archive)
       label = _study_label(algo, variant)
       groups[label] = [w for _, w in runs]
       cell = {"algo": algo, "variant": variant, "label": label,
@@ -773,6 +833,7 @@ def study_report(root: str, env: str, out_dir: str,
         curves.setdefault(algo, []).append(name)
   report = {
       "env": env, "root": os.path.abspath(root),
+      "archive": os.path.abspath(archive) if archive else None,
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
       "units": "percent (success) and points (differences); 95 % "
                "bootstrap intervals (rspo_jax/intervals.py)",
@@ -806,7 +867,8 @@ def study_markdown(report: dict) -> str:
       + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
          else "") + "`"
       f" ({report['generated']}) from the finished runs under"
-      f" `{report['root']}`. Overrides: `{report['overrides'] or '(none)'}`;"
+      f" `{report['root']}`{_archive_note(report)}. Overrides:"
+      f" `{report['overrides'] or '(none)'}`;"
       f" every cell names its dense reward: `{report['dense_reward']}` (the"
       " environment's privileged progress signal).",
       "",
@@ -849,7 +911,8 @@ def study_markdown(report: dict) -> str:
 
 def _run_study(specs: list[RunSpec], args, failed: list) -> None:
   """The study's extra evaluations: the warm start and every finished run
-  at each SAMPLED temperature, 3 seeds (each skipped once written)."""
+  at each SAMPLED temperature, 3 seeds (each skipped once written, under
+  root or in --archive)."""
   envs = dict.fromkeys(s.env for s in specs)
   results = []
   for _, tag, temperature in SAMPLED:
@@ -859,13 +922,14 @@ def _run_study(specs: list[RunSpec], args, failed: list) -> None:
         results.append(shared_start_eval(
             env, args.root, args.extra, args.python,
             out_name=sampled_names(tag)[0],
-            eval_flags=sampled_flags(temperature)))
+            eval_flags=sampled_flags(temperature), archive=args.archive))
         print(json.dumps(results[-1]), flush=True)
     for s in specs:
-      if is_finished(os.path.join(args.root, s.name)):
+      if is_finished(ra.run_dir(args.root, args.archive, s.name)):
         results.append(sampled_final_eval(s, args.root, args.extra,
                                           args.python, tag=tag,
-                                          temperature=temperature))
+                                          temperature=temperature,
+                                          archive=args.archive))
         print(json.dumps(results[-1]), flush=True)
   failed += [r for r in results if r["status"] == "failed"]
 
@@ -902,6 +966,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                  " runs/reproduce, --grid study: runs/study)")
   p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"),
                  help="report directory")
+  p.add_argument("--archive", default="",
+                 help="keep finished runs' small files here (e.g."
+                 " docs/results/archive/<study>, committed) and read runs"
+                 " from it too (bench/run_archive.py)")
   p.add_argument("--mesh", default="",
                  help="mesh config for every run (configs/mesh/*.py)")
   p.add_argument("--parallel", type=int, default=1)
@@ -920,7 +988,8 @@ def _start_from_shared_warm_starts(specs, args):
   """Makes (or, with --dry_run, names) each env's shared warm start for its
   unfinished runs. Returns the specs, now starting from it, and the runs
   not started because their env's warm start failed."""
-  todo = [s for s in specs if not is_finished(os.path.join(args.root, s.name))]
+  todo = [s for s in specs
+          if not is_finished(ra.run_dir(args.root, args.archive, s.name))]
   policies, failed = {}, []
   for env in dict.fromkeys(s.env for s in todo):
     if args.dry_run:
@@ -929,10 +998,12 @@ def _start_from_shared_warm_starts(specs, args):
       print(" ".join(sft_command(env, args.root, args.extra, args.python,
                                  args.mesh)))
       continue
-    r = shared_warm_start(env, args.root, args.extra, args.python, args.mesh)
+    r = shared_warm_start(env, args.root, args.extra, args.python, args.mesh,
+                          archive=args.archive)
     print(json.dumps(r), flush=True)
     if r["status"] != "failed":
-      r = shared_start_eval(env, args.root, args.extra, args.python)
+      r = shared_start_eval(env, args.root, args.extra, args.python,
+                            archive=args.archive)
       print(json.dumps(r), flush=True)
     if r["status"] == "failed":
       failed += [{"run": s.name, "status": "failed",
@@ -954,6 +1025,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.root = STUDY_ROOT if args.grid == "study" else os.path.join(
         ROOT, "runs", "reproduce")
   args.root = os.path.abspath(args.root)
+  args.archive = os.path.abspath(args.archive) if args.archive else ""
   if args.parallel < 1:
     print(f"reproduce.py: error: --parallel must be >= 1, got"
           f" {args.parallel}", file=sys.stderr)
@@ -990,28 +1062,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     specs, failed = _start_from_shared_warm_starts(specs, args)
   if args.dry_run:
     for s in specs:
-      if not is_finished(os.path.join(args.root, s.name)):
+      if not is_finished(ra.run_dir(args.root, args.archive, s.name)):
         print(" ".join(command(s, args.root, args.extra, args.python,
                                args.mesh)))
     return 0
   if not args.report_only:
     results = run_grid(specs, args.root, args.extra, args.parallel,
-                       args.python, mesh=args.mesh)
+                       args.python, mesh=args.mesh, archive=args.archive)
     failed += [r for r in results if r["status"] == "failed"]
     if args.grid == "study":
       _run_study(specs, args, failed)
+  if args.archive:
+    print(json.dumps({"archive": args.archive, "written": ra.archive_root(
+        args.root, args.archive)}), flush=True)
   if args.grid == "study":
     for env in dict.fromkeys(e for e, _ in pairs):
-      study_report(args.root, env, args.out, rl_extra=args.rl_extra)
+      study_report(args.root, env, args.out, rl_extra=args.rl_extra,
+                   archive=args.archive)
       print(json.dumps({"report": os.path.join(args.out,
                                                f"study_{env}.md")}))
   elif args.grid == "main":
     for env in dict.fromkeys(e for e, _ in pairs):
-      env_report(args.root, env, args.out)
+      env_report(args.root, env, args.out, archive=args.archive)
       print(json.dumps({"report": os.path.join(args.out, f"{env}.md")}))
   else:
     for env, algo in pairs:
-      path = ablations.ablation_report(args.root, env, algo, args.out)
+      path = ablations.ablation_report(args.root, env, algo, args.out,
+                                       archive=args.archive)
       print(json.dumps({"report": path}))
   if failed:
     print(f"reproduce.py: {len(failed)} run(s) failed: "

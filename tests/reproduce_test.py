@@ -3,6 +3,7 @@ runs, and the reports (numbers worked out by hand from synthetic runs)."""
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -542,3 +543,229 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
   assert rp.main(args) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   assert {l["status"] for l in lines if "status" in l} == {"skipped"}
+
+
+# --------------------------------------------------------------------------
+# The archive of finished runs (--archive, bench/run_archive.py)
+# --------------------------------------------------------------------------
+
+
+def files_under(d):
+  return sorted(os.path.relpath(os.path.join(p, n), str(d))
+                for p, _, names in os.walk(str(d)) for n in names)
+
+
+def study_run(root, name, wins, t04=None, t10=None):
+  """A finished study run: greedy (and sampled) evaluations with per_task."""
+  wd = fake_run(root, name, success=sum(wins) / len(wins), config="cfg")
+  write_eval(os.path.join(wd, "eval_final.json"), wins)
+  for tag, w in (("t04", t04), ("t10", t10)):
+    if w is not None:
+      write_eval(os.path.join(wd, f"eval_final_{tag}.json"), w,
+                 seeds=(0, 1, 2))
+  return wd
+
+
+def test_archive_copies_exactly_the_small_files(tmp_path):
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  wd = study_run(root, "webshop_grpo_rspo_s0", [1, 0], t04=[1, 1])
+  w = MetricsWriter(wd, tensorboard=False)  # rows the archive drops
+  w.write(2, "time", {"rollout": 1.0})
+  w.write(2, "compile", {"n": 3})
+  w.write(2, "B", {"rollout_success_rate": 0.5})
+  w.close()
+  for big in ("checkpoints/2/state.bin", "replay/loop_0/shard.bin",
+              "tb/events.out", "train.log", "tokenizer/vocab.json"):
+    os.makedirs(os.path.dirname(os.path.join(wd, big)), exist_ok=True)
+    open(os.path.join(wd, big), "w").write("x")
+  open(os.path.join(wd, "command.txt"), "w").write("python launch/train.py")
+  open(os.path.join(wd, "eval_final.json.tmp"), "w").write("{")
+  fake_run(root, "webshop_grpo_rspo_s200")  # unfinished: not archived
+  ws = root / "warm_start_webshop"
+  write_eval(ws / "eval_start.json", [0, 1])
+  (ws / "done.json").write_text(json.dumps({"config": "sft"}))
+  os.makedirs(ws / "warm_start")
+  (ws / "warm_start" / "params.bin").write_text("x")
+  MetricsWriter(str(ws), tensorboard=False).write(0, "sft", {"loss": 1.0})
+  written = rp.ra.archive_root(str(root), str(arch))
+  assert sorted(written) == ["warm_start_webshop", "webshop_grpo_rspo_s0"]
+  assert files_under(arch) == [
+      "warm_start_webshop/done.json", "warm_start_webshop/eval_start.json",
+      "webshop_grpo_rspo_s0/command.txt",
+      "webshop_grpo_rspo_s0/eval_final.json",
+      "webshop_grpo_rspo_s0/eval_final_t04.json",
+      "webshop_grpo_rspo_s0/eval_start.json",
+      "webshop_grpo_rspo_s0/metrics.jsonl", "webshop_grpo_rspo_s0/run.json"]
+  a = arch / "webshop_grpo_rspo_s0"
+  for n in ("run.json", "eval_final.json", "eval_final_t04.json"):
+    assert (a / n).read_bytes() == open(os.path.join(wd, n), "rb").read()
+  rows = read_metrics(str(a / "metrics.jsonl"))
+  assert [r["phase"] for r in rows] == ["eval", "A", "A", "B"]
+  assert rows == [r for r in read_metrics(os.path.join(wd, "metrics.jsonl"))
+                  if r["phase"] in ("A", "B", "eval")]
+  assert rp.ra.archive_root(str(root), str(arch)) == {}  # up to date
+  # Another training of the same run replaces the archived one whole.
+  os.remove(os.path.join(wd, "eval_final_t04.json"))
+  write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
+  rp.ra.archive_run(wd, str(arch))
+  assert not os.path.exists(a / "eval_final_t04.json")
+  assert (a / "eval_final.json").read_bytes() == open(
+      os.path.join(wd, "eval_final.json"), "rb").read()
+
+
+def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  specs = rp.main_grid(["toy"], ["grpo"], [0], ["baseline"])
+  fake_run(arch, specs[0].name, success=0.5, config="cfg-a")
+  fake_run(root, specs[0].name)  # started here, unfinished: the archive's
+  (res,) = rp.run_grid(specs, str(root), python="/nonexistent/python",
+                       echo=False, archive=str(arch))
+  assert res["status"] == "skipped"
+  assert res["archived"] == str(arch / specs[0].name)
+  assert not os.path.exists(root / specs[0].name / "train.log")
+  assert rp.finished_runs(str(root), "toy", "grpo", "baseline") == []
+  assert rp.finished_runs(str(root), "toy", "grpo", "baseline",
+                          str(arch)) == [(0, str(arch / specs[0].name))]
+  # Nothing to do: no warm start, no run command.
+  args = ["--envs", "toy", "--algos", "grpo", "--variants", "baseline",
+          "--seeds", "0", "--root", str(root), "--archive", str(arch)]
+  assert rp.main(args + ["--dry_run"]) == 0
+  assert capsys.readouterr().out == ""
+  # Reported with its numbers (and its curve, from the archived metrics).
+  out = tmp_path / "out"
+  assert rp.main(args + ["--out", str(out), "--python",
+                         "/nonexistent/python"]) == 0
+  (b,) = [c for c in json.loads((out / "toy.json").read_text())["cells"]
+          if c["n"]]
+  assert b["success"]["mean"] == 50.0 and b["configs"] == ["cfg-a"]
+  assert is_png(out / "toy_grpo_step.png")
+  assert str(arch) in (out / "toy.md").read_text()
+
+
+def test_root_overrides_the_archive(tmp_path):
+  root, arch, out = tmp_path / "runs", tmp_path / "archive", tmp_path / "o"
+  fake_run(arch, "webshop_grpo_baseline_s0", success=0.5)
+  fake_run(arch, "webshop_grpo_baseline_s200", success=0.3)
+  fake_run(root, "webshop_grpo_baseline_s0", success=0.9)
+  assert rp.finished_runs(str(root), "webshop", "grpo", "baseline",
+                          str(arch)) == [
+      (0, str(root / "webshop_grpo_baseline_s0")),
+      (200, str(arch / "webshop_grpo_baseline_s200"))]
+  report = rp.env_report(str(root), "webshop", str(out), echo=False,
+                         archive=str(arch))
+  b = report["cells"][0]
+  assert b["n"] == 2 and b["per_seed_success"] == [90.0, 30.0]
+  # The warm start's evaluations: root's file, else the archive's.
+  ws, aws = root / "warm_start_webshop", arch / "warm_start_webshop"
+  write_eval(aws / "eval_start.json", [0, 0])
+  write_eval(aws / "eval_start_t04.json", [1, 1], seeds=(0, 1, 2))
+  write_eval(ws / "eval_start.json", [1, 0])
+  report = rp.study_report(str(root), "webshop", str(out), echo=False,
+                           archive=str(arch))
+  assert report["start"]["greedy"]["mean"] == 50.0
+  assert report["start"]["T = 0.4, 3 seeds"]["mean"] == 100.0
+
+
+def test_report_from_the_archive_alone_equals_the_report_before(tmp_path):
+  """A later session: root wiped (a fresh clone), the archive committed."""
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  ws = root / "warm_start_webshop"
+  write_eval(ws / "eval_start.json", [0, 0, 0, 0])
+  write_eval(ws / "eval_start_t04.json", [0, 0, 1, 0], seeds=(0, 1, 2))
+  (ws / "done.json").write_text(json.dumps({"config": "sft"}))
+  study_run(root, "webshop_grpo_baseline_s0", [1, 0, 0, 0], t04=[1, 1, 0, 0])
+  study_run(root, "webshop_grpo_baseline_s200", [1, 0, 1, 0],
+            t04=[1, 0, 1, 1])
+  study_run(root, "webshop_grpo_rspo_s0", [1, 1, 0, 0], t04=[1, 1, 1, 0])
+  fake_run(root, "webshop_grpo_rspo_s200")  # unfinished
+  args = ["--grid", "study", "--root", str(root), "--archive", str(arch),
+          "--report_only"]
+  reports = []
+  for i in (1, 2):
+    out = tmp_path / f"out{i}"
+    assert rp.main(args + ["--out", str(out)]) == 0
+    reports.append(json.loads((out / "study_webshop.json").read_text()))
+    md = (out / "study_webshop.md").read_text().split("\n", 3)[3]
+    reports[-1]["md_body"] = md
+    if i == 1:
+      shutil.rmtree(root)
+  before, after = reports
+  assert before["cells"] == after["cells"]
+  assert before["start"] == after["start"] and before["curves"] == after[
+      "curves"]
+  assert before["md_body"] == after["md_body"]
+  cells = {(c["algo"], c["variant"]): c for c in after["cells"]}
+  assert cells["grpo", "baseline"]["n"] == 2 and cells["grpo", "rspo"]["n"] == 1
+  assert cells["grpo", "rspo"]["T = 0.4, 3 seeds"]["minus_baseline"] is not None
+  assert after["curves"] == {"grpo": ["study_webshop_grpo_step.png",
+                                      "study_webshop_grpo_env_steps.png"]}
+  assert no_tmp_files(arch / "webshop_grpo_rspo_s0")
+
+
+def test_study_with_an_archive_retrains_only_the_missing(tmp_path, capsys):
+  """Archived runs and their evaluations are skipped; a run still to train
+  re-creates the warm start (its checkpoint is not archived) and takes the
+  archived evaluations of it instead of recomputing them."""
+  root, arch, out = tmp_path / "runs", tmp_path / "archive", tmp_path / "o"
+  aws = arch / "warm_start_webshop"
+  for n in ("eval_start.json", "eval_start_t04.json"):
+    write_eval(aws / n, [0, 1])
+  sft = rp.sft_config_arg("webshop", rp.study_extra("webshop"))
+  (aws / "done.json").write_text(json.dumps({"config": sft}))
+  study_run(arch, "webshop_grpo_baseline_s0", [1, 1], t04=[1, 0], t10=[0, 0])
+  study_run(arch, "webshop_grpo_baseline_s200", [1, 0])  # no sampled evals
+  args = ["--grid", "study", "--algos", "grpo", "--variants", "baseline",
+          "--root", str(root), "--archive", str(arch), "--out", str(out),
+          "--python", "/bin/false"]
+  assert rp.main(args + ["--seeds", "0,200"]) == 0
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  by = {(l["run"], l["status"]) for l in lines if "run" in l}
+  assert by == {("webshop_grpo_baseline_s0", "skipped"),
+                ("webshop_grpo_baseline_s200", "skipped"),
+                ("webshop_grpo_baseline_s0_t04", "skipped"),
+                ("webshop_grpo_baseline_s0_t10", "skipped"),
+                ("webshop_grpo_baseline_s200_t04", "unavailable"),
+                ("webshop_grpo_baseline_s200_t10", "unavailable")}
+  assert not os.path.exists(root / "warm_start_webshop")  # no SFT
+  # Seed 400 is new: the warm start is behaviour-cloned again (/bin/true
+  # "succeeds"); its archived evaluations are copied, not recomputed.
+  assert rp.main(args[:-1] + ["/bin/true", "--seeds", "0,400"]) == 1
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  assert (lines[0]["run"], lines[0]["status"]) == ("warm_start_webshop",
+                                                   "done")
+  assert lines[1]["run"] == "start_eval_webshop"
+  assert (lines[1]["status"], lines[1]["from_archive"]) == ("skipped",
+                                                            str(arch))
+  ws = str(root / "warm_start_webshop")
+  assert open(os.path.join(ws, "eval_start.json")).read() == (
+      aws / "eval_start.json").read_text()
+  assert "eval.py" not in open(os.path.join(ws, "train.log")).read()
+  r = rp.shared_start_eval("webshop", str(root), python="/bin/false",
+                           out_name="eval_start_t04.json", archive=str(arch))
+  assert r["status"] == "skipped" and r["from_archive"] == str(arch)
+  r = rp.shared_start_eval("webshop", str(root), python="/bin/false",
+                           out_name="eval_start_t10.json", archive=str(arch))
+  assert r["status"] == "failed"  # not archived: computed (here: fails)
+  # A warm start of another config than the archived one is refused.
+  r = rp.shared_warm_start("webshop", str(tmp_path / "root2"), "other=1",
+                           python="/bin/false", archive=str(arch))
+  assert r["status"] == "failed" and "--archive" in r["error"]
+
+
+def test_sampled_eval_of_a_root_run_taken_from_its_archived_copy(tmp_path):
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  (spec,) = rp.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
+  wd = study_run(root, spec.name, [1, 0])
+  rp.ra.archive_run(wd, str(arch))
+  write_eval(arch / spec.name / "eval_final_t04.json", [1, 1],
+             seeds=(0, 1, 2))
+  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
+                            archive=str(arch))
+  assert r["status"] == "skipped" and r["from_archive"] == str(arch)
+  assert os.path.isfile(os.path.join(wd, "eval_final_t04.json"))
+  # Another training under root (another eval_final.json): evaluated.
+  os.remove(os.path.join(wd, "eval_final_t04.json"))
+  write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
+  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
+                            archive=str(arch))
+  assert r["status"] == "failed" and r["rc"] == 1
