@@ -40,7 +40,9 @@ Each run is ``python launch/train.py --config=configs/<env>_<algo>.py:
 and skipped; any other run is (re)started and launch/train.py resumes it
 from its checkpoints. The config
 argument is kept in ``<workdir>/run.json``; a workdir started with another
-one is refused (use another ``--root``). One run at a time, or ``--parallel
+one is refused (use another ``--root``), and so is a finished run (under
+root or in ``--archive``) trained with another (config_key: the run names
+do not hold ``--extra``/``--rl_extra``). One run at a time, or ``--parallel
 N`` subprocesses. One JSON line is printed per run.
 
 Every run of an env starts from one shared warm start, made first (once) by
@@ -175,6 +177,22 @@ def run_name(env: str, algo: str, variant: str, seed: int) -> str:
   return f"{env}_{algo}_{variant}_s{seed}"
 
 
+def config_key(config: str) -> str:
+  """A ``--config`` argument as a finished run's is compared with its
+  spec's: without the repository's directory (the part before
+  ``configs/``, so that a clone elsewhere matches) and without
+  ``model.checkpoint_dir`` (a spec names the shared warm start only while
+  some run still trains; the warm start's own config is checked by its
+  done.json)."""
+  path, _, overrides = config.partition(":")
+  i = path.rfind(f"{os.sep}configs{os.sep}")
+  repo = path[:i + 1] if i > 0 else ""
+  kept = [p for p in overrides.split(",")
+          if not p.startswith("model.checkpoint_dir=")]
+  key = f"{path}:{','.join(kept)}"
+  return key.replace(repo, "") if repo else key
+
+
 def _pick(kind: str, wanted: Optional[Sequence], known: Sequence,
           default: Sequence) -> list:
   if not wanted:
@@ -230,6 +248,12 @@ def is_finished(workdir: str) -> bool:
   return os.path.isfile(os.path.join(workdir, FINAL))
 
 
+def run_config(workdir: str) -> Optional[str]:
+  """The ``--config`` a run was started with (its run.json), if known."""
+  meta = os.path.join(workdir, RUN_JSON)
+  return json.load(open(meta)).get("config") if os.path.isfile(meta) else None
+
+
 # --------------------------------------------------------------------------
 # One warm start per environment
 # --------------------------------------------------------------------------
@@ -275,7 +299,7 @@ def shared_warm_start(env: str, root: str, extra: str = "",
   for path, flag in ((done, "--root"), (archived, "--archive")):
     made = (json.load(open(path)).get("config")
             if path and os.path.exists(path) else config)
-    if made != config:
+    if config_key(made) != config_key(config):
       return {**out, "status": "failed", "error": (
           f"{os.path.dirname(path)} was made with --config={made!r}, not"
           f" {config!r}; use another {flag}")}
@@ -357,11 +381,16 @@ def _run_one(spec: RunSpec, root: str, extra: str, python: str,
              mesh: str, env: dict, archive: str = "") -> dict:
   workdir = os.path.join(root, spec.name)
   out = {"run": spec.name, "workdir": workdir}
-  if is_finished(workdir):
-    return {**out, "status": "skipped"}
-  if (found := ra.run_dir(root, archive, spec.name)) != workdir:
-    return {**out, "status": "skipped", "archived": found}
   config = spec.config_arg(extra)
+  found = ra.run_dir(root, archive, spec.name)
+  if is_finished(found):  # under root, else in the archive
+    where = {} if found == workdir else {"archived": found}
+    trained = run_config(found)
+    if trained is not None and config_key(trained) != config_key(config):
+      return {**out, **where, "status": "failed", "error": (
+          f"{found} was trained with --config={trained!r}, not {config!r};"
+          f" use another {'--archive' if where else '--root'}")}
+    return {**out, **where, "status": "skipped"}
   os.makedirs(workdir, exist_ok=True)
   meta_path = os.path.join(workdir, RUN_JSON)
   if os.path.exists(meta_path):
@@ -683,10 +712,7 @@ def trained_config(spec: RunSpec, root: str, extra: str = "") -> str:
   already finished) lacks ``model.checkpoint_dir``, and launch/eval.py would
   first behaviour-clone a policy of its own (minutes; then overwritten by
   the checkpoint)."""
-  meta = os.path.join(root, spec.name, RUN_JSON)
-  if os.path.isfile(meta):
-    return json.load(open(meta))["config"]
-  return spec.config_arg(extra)
+  return run_config(os.path.join(root, spec.name)) or spec.config_arg(extra)
 
 
 def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
@@ -766,12 +792,28 @@ def _paper_success(env: str, algo: str, variant: str) -> Optional[float]:
   return {v: paper for _, _, v, paper in ablations.ROWS}.get(variant)
 
 
+def _other_config_seeds(env: str, algo: str, variant: str,
+                        configs: dict, rl_extra: str,
+                        extra: Optional[str]) -> list[int]:
+  """The seeds of ``configs`` ({seed: run.json's config}) trained with
+  another config (config_key) than the study grid's spec with ``rl_extra``
+  and ``extra`` (default study_extra(env)) gives."""
+  extra = study_extra(env) if extra is None else extra
+  spec = lambda seed: with_rl_extra(
+      RunSpec(env, algo, variant, seed, STUDY_VARIANTS[variant]), rl_extra)
+  return [s for s, c in configs.items() if c is not None
+          and config_key(c) != config_key(spec(s).config_arg(extra))]
+
+
 def study_report(root: str, env: str, out_dir: str,
                  algos: Optional[Sequence[str]] = None, seed: int = 0,
                  echo: bool = True, rl_extra: str = "",
-                 archive: str = "") -> dict:
+                 archive: str = "", extra: Optional[str] = None) -> dict:
   """Writes study_<env>.{json,md} and its curves; returns the JSON object.
   Runs and the warm start's evaluations: under root, else in ``archive``.
+  A cell's ``other_config_seeds``: its runs trained with another config
+  than this grid's with ``rl_extra`` and ``extra`` (_other_config_seeds;
+  run names do not hold the overrides), named in the markdown.
 
   Per cell and decoding (rspo_jax/intervals.py, 95 % bootstrap): the final
   success rate over training seeds x goals x sampling seeds, the paired
@@ -794,13 +836,14 @@ def study_report(root: str, env: str, out_dir: str,
       runs = finished_runs(root, env, algo, variant, archive)
       label = _study_label(algo, variant)
       groups[label] = [w for _, w in runs]
+      configs = {s: run_config(w) for s, w in runs}
       cell = {"algo": algo, "variant": variant, "label": label,
               "n": len(runs), "seeds": [s for s, _ in runs],
               "paper_success": _paper_success(env, algo, variant),
-              "paper_vs_baseline": None, "configs": sorted({
-                  json.load(open(os.path.join(w, RUN_JSON))).get("config")
-                  for _, w in runs
-                  if os.path.isfile(os.path.join(w, RUN_JSON))} - {None})}
+              "paper_vs_baseline": None,
+              "configs": sorted(set(configs.values()) - {None}),
+              "other_config_seeds": _other_config_seeds(
+                  env, algo, variant, configs, rl_extra, extra)}
       base_paper = _paper_success(env, algo, "baseline")
       if (variant != "baseline" and cell["paper_success"] is not None
           and base_paper is not None):
@@ -871,6 +914,15 @@ def study_markdown(report: dict) -> str:
       f" `{report['overrides'] or '(none)'}`;"
       f" every cell names its dense reward: `{report['dense_reward']}` (the"
       " environment's privileged progress signal).",
+  ]
+  other = [f"{c['label']} (seeds"
+           f" {', '.join(str(s) for s in c['other_config_seeds'])})"
+           for c in report["cells"] if c.get("other_config_seeds")]
+  if other:
+    lines += ["", "**Trained with other overrides than these** (their"
+              f" run.json; `configs` in study_{env}.json): "
+              + "; ".join(other) + "."]
+  lines += [
       "",
       "Success rate (%) of agent A on the held-out goals after training;"
       " *final − start*: points gained over the shared warm start on the"
@@ -1078,7 +1130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.grid == "study":
     for env in dict.fromkeys(e for e, _ in pairs):
       study_report(args.root, env, args.out, rl_extra=args.rl_extra,
-                   archive=args.archive)
+                   archive=args.archive, extra=args.extra)
       print(json.dumps({"report": os.path.join(args.out,
                                                f"study_{env}.md")}))
   elif args.grid == "main":

@@ -18,9 +18,11 @@ sessions that each start from a fresh clone (runs/ is git-ignored).
 
 Never checkpoints, replay shards, TensorBoard files, train.log or the
 tokenizer. Each file is written atomically (tmp + os.replace), and only
-when its bytes change. Files are added or replaced, never removed; except
-that a run archived from another training than the archived one (its
-eval_final.json differs) first has the archived run's files removed.
+when its bytes change, eval_final.json last (a copy cut short is not a
+finished run). Files are added or replaced, never removed; except that a
+finished run whose archived copy is of another training (its
+eval_final.json differs) or was cut short (has none) first has that copy's
+files removed, eval_final.json first.
 
 Reading (``run_dir``): a run is ``<root>/<name>`` when finished there --
 root wins -- else ``<archive>/<name>`` when finished there; such a run
@@ -108,9 +110,10 @@ def archive_run(workdir: str, archive: str) -> list[str]:
   """Copies a run's (or warm start's) small files into ``<archive>/<its
   name>``; returns the names written (none when all were up to date)."""
   dst = archived_dir(workdir, archive)
-  if (is_finished(workdir) and is_finished(dst)
+  if (is_finished(workdir) and os.path.isdir(dst)
       and not same_run(workdir, archive)):
-    for n in os.listdir(dst):  # another training's files
+    # Another training's files or a copy cut short, the finished mark first.
+    for n in sorted(os.listdir(dst), key=lambda n: n != FINAL):
       if os.path.isfile(os.path.join(dst, n)):
         os.remove(os.path.join(dst, n))
   files = {n: _read(os.path.join(workdir, n)) for n in kept_files(workdir)}
@@ -119,8 +122,9 @@ def archive_run(workdir: str, archive: str) -> list[str]:
     files[METRICS] = rows
   if files:
     os.makedirs(dst, exist_ok=True)
-  return [n for n, data in files.items()
-          if _write_atomic(os.path.join(dst, n), data)]
+  # The finished mark last: a copy cut short is not taken as finished.
+  return [n for n in sorted(files, key=lambda n: n == FINAL)
+          if _write_atomic(os.path.join(dst, n), files[n])]
 
 
 def archive_root(root: str, archive: str) -> dict[str, list[str]]:

@@ -555,9 +555,18 @@ def files_under(d):
                 for p, _, names in os.walk(str(d)) for n in names)
 
 
-def study_run(root, name, wins, t04=None, t10=None):
+def study_config(name, rl_extra=""):
+  """The --config the study grid gives the run ``name`` (no warm start)."""
+  env, algo, rest = name.split("_", 2)
+  variant, seed = rest.rsplit("_s", 1)
+  spec = rp.RunSpec(env, algo, variant, int(seed), rp.STUDY_VARIANTS[variant])
+  return rp.with_rl_extra(spec, rl_extra).config_arg(rp.study_extra(env))
+
+
+def study_run(root, name, wins, t04=None, t10=None, rl_extra=""):
   """A finished study run: greedy (and sampled) evaluations with per_task."""
-  wd = fake_run(root, name, success=sum(wins) / len(wins), config="cfg")
+  wd = fake_run(root, name, success=sum(wins) / len(wins),
+                config=study_config(name, rl_extra))
   write_eval(os.path.join(wd, "eval_final.json"), wins)
   for tag, w in (("t04", t04), ("t10", t10)):
     if w is not None:
@@ -616,7 +625,12 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
 def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
   root, arch = tmp_path / "runs", tmp_path / "archive"
   specs = rp.main_grid(["toy"], ["grpo"], [0], ["baseline"])
-  fake_run(arch, specs[0].name, success=0.5, config="cfg-a")
+  # Trained from an earlier session's shared warm start, in a clone
+  # elsewhere: the same config (config_key).
+  cfg_a = rp.from_warm_start(specs[0], "/old/clone/runs/warm_start_toy/"
+                             "warm_start").config_arg().replace(
+                                 rp.ROOT, "/old/clone")
+  fake_run(arch, specs[0].name, success=0.5, config=cfg_a)
   fake_run(root, specs[0].name)  # started here, unfinished: the archive's
   (res,) = rp.run_grid(specs, str(root), python="/nonexistent/python",
                        echo=False, archive=str(arch))
@@ -637,7 +651,7 @@ def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
                          "/nonexistent/python"]) == 0
   (b,) = [c for c in json.loads((out / "toy.json").read_text())["cells"]
           if c["n"]]
-  assert b["success"]["mean"] == 50.0 and b["configs"] == ["cfg-a"]
+  assert b["success"]["mean"] == 50.0 and b["configs"] == [cfg_a]
   assert is_png(out / "toy_grpo_step.png")
   assert str(arch) in (out / "toy.md").read_text()
 
@@ -769,3 +783,111 @@ def test_sampled_eval_of_a_root_run_taken_from_its_archived_copy(tmp_path):
   r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
                             archive=str(arch))
   assert r["status"] == "failed" and r["rc"] == 1
+
+
+def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
+  """Run names do not hold the overrides: a later session asking for an
+  archived run with another --rl_extra gets a failure naming --archive (not
+  the other recipe's run), and the report names the cells trained with
+  other overrides than its own. A clone elsewhere (another repository
+  directory in run.json and done.json) is the same config."""
+  root, arch, out = tmp_path / "runs", tmp_path / "archive", tmp_path / "o"
+  rl = "train.max_train_rows=0,train.micro_batch_rows=32"
+  aws = arch / "warm_start_webshop"
+  for n in ("eval_start.json", "eval_start_t04.json", "eval_start_t10.json"):
+    write_eval(aws / n, [0, 1])
+  sft = rp.sft_config_arg("webshop", rp.study_extra("webshop"))
+  (aws / "done.json").write_text(json.dumps(
+      {"config": sft.replace(rp.ROOT, "/old/clone")}))
+  for v in ("baseline", "rspo"):
+    wd = study_run(arch, f"webshop_gigpo_{v}_s0", [1, 0], t04=[1, 0],
+                   t10=[0, 0], rl_extra=rl)
+    meta = json.loads(open(os.path.join(wd, "run.json")).read())
+    meta["config"] = meta["config"].replace(rp.ROOT, "/old/clone")
+    open(os.path.join(wd, "run.json"), "w").write(json.dumps(meta))
+  args = ["--grid", "study", "--root", str(root), "--archive", str(arch),
+          "--out", str(out), "--seeds", "0", "--python", "/bin/true"]
+  # The same recipe: skipped, nothing made.
+  assert rp.main(args + ["--algos", "gigpo", "--rl_extra", rl]) == 0
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  assert {(l["run"], l["status"]) for l in lines if "run" in l} == {
+      (f"webshop_gigpo_{v}_s0{t}", "skipped")
+      for v in ("baseline", "rspo") for t in ("", "_t04", "_t10")}
+  assert not os.path.exists(root / "warm_start_webshop")
+  md = (out / "study_webshop.md").read_text()
+  assert "other overrides" not in md
+  # Another recipe: refused, named, not trained, no warm start made.
+  other = rl + ",rspo.centre_cap=2"
+  assert rp.main(args + ["--algos", "gigpo", "--rl_extra", other]) == 1
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  failed = [l for l in lines if l.get("status") == "failed"]
+  assert sorted(l["run"] for l in failed) == [
+      "webshop_gigpo_baseline_s0", "webshop_gigpo_rspo_s0"]
+  assert all("--archive" in l["error"] and "centre_cap" in l["error"]
+             for l in failed)
+  assert not os.path.exists(root / "warm_start_webshop")
+  assert not os.path.exists(root / "webshop_gigpo_rspo_s0")
+  # New cells with that recipe: the warm start is re-created (the archived
+  # one's config, from a clone elsewhere), the report holds all cells and
+  # names the archived ones as trained with other overrides.
+  assert rp.main(args + ["--algos", "grpo", "--variants", "baseline,rspo",
+                         "--rl_extra", other]) == 1  # /bin/true trains none
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  assert (lines[0]["run"], lines[0]["status"]) == ("warm_start_webshop",
+                                                   "done")
+  assert lines[1]["from_archive"] == str(arch)
+  report = json.loads((out / "study_webshop.json").read_text())
+  cells = {(c["algo"], c["variant"]): c for c in report["cells"]}
+  assert cells["gigpo", "rspo"]["n"] == 1
+  assert cells["gigpo", "rspo"]["other_config_seeds"] == [0]
+  assert cells["grpo", "rspo"]["other_config_seeds"] == []
+  md = (out / "study_webshop.md").read_text()
+  assert "other overrides than these" in md and "RSPO+GiGPO (seeds 0)" in md
+  # A finished run under root of another config is refused too.
+  study_run(root, "webshop_grpo_baseline_s200", [1, 0])
+  (spec,) = [rp.with_rl_extra(s, other) for s in rp.study_grid(
+      ["webshop"], ["grpo"], [200], ["baseline"])]
+  (res,) = rp.run_grid([spec], str(root), rp.study_extra("webshop"),
+                       python="/nonexistent/python", echo=False,
+                       archive=str(arch))
+  assert res["status"] == "failed" and "--root" in res["error"]
+
+
+def test_archive_copy_cut_short_is_not_a_finished_run(tmp_path, monkeypatch):
+  """eval_final.json (the finished mark) is written last and removed first:
+  an interrupted copy is redone whole, never read as a finished run
+  missing its run.json or metrics."""
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  wd = study_run(root, "webshop_grpo_rspo_s0", [1, 0], t04=[1, 1])
+  dst = arch / "webshop_grpo_rspo_s0"
+  write_atomic = rp.ra._write_atomic
+
+  def cut_at(name):
+    def write(path, data):
+      if os.path.basename(path) == name:
+        raise KeyboardInterrupt
+      return write_atomic(path, data)
+    monkeypatch.setattr(rp.ra, "_write_atomic", write)
+
+  cut_at("run.json")
+  with pytest.raises(KeyboardInterrupt):
+    rp.ra.archive_run(wd, str(arch))
+  assert not rp.ra.is_finished(str(dst))
+  assert rp.finished_runs(str(tmp_path / "none"), "webshop", "grpo", "rspo",
+                          str(arch)) == []
+  monkeypatch.setattr(rp.ra, "_write_atomic", write_atomic)
+  rp.ra.archive_run(wd, str(arch))
+  assert set(files_under(dst)) >= {"eval_final.json", "run.json",
+                                   "metrics.jsonl", "eval_final_t04.json"}
+  # Another training, cut short while replacing: not finished either, and
+  # the next copy leaves none of the old training's files.
+  os.remove(os.path.join(wd, "eval_final_t04.json"))
+  write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
+  cut_at("metrics.jsonl")
+  with pytest.raises(KeyboardInterrupt):
+    rp.ra.archive_run(wd, str(arch))
+  assert not rp.ra.is_finished(str(dst))
+  monkeypatch.setattr(rp.ra, "_write_atomic", write_atomic)
+  rp.ra.archive_run(wd, str(arch))
+  assert rp.ra.same_run(wd, str(arch))
+  assert not os.path.exists(dst / "eval_final_t04.json")
