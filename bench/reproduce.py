@@ -288,7 +288,8 @@ def shared_warm_start(env: str, root: str, extra: str = "",
   differ only in RL. ``done.json`` marks it finished (a crashed SFT is
   redone); one made with another config argument is refused, and so is
   another config than the one of ``archive``'s warm start (its archived
-  evaluations are of that one).
+  evaluations are of that one). An archived policy is copied back instead
+  of behaviour-cloning again (run_archive.restore_policy).
   """
   workdir = warm_start_workdir(root, env)
   policy = os.path.join(workdir, "warm_start")
@@ -305,6 +306,8 @@ def shared_warm_start(env: str, root: str, extra: str = "",
           f" {config!r}; use another {flag}")}
   if os.path.exists(done):
     return {**out, "status": "skipped"}
+  if ra.restore_policy(workdir, archive):
+    return {**out, "status": "skipped", "from_archive": archive}
   os.makedirs(workdir, exist_ok=True)
   rc, wall_s = _run_logged(sft_command(env, root, extra, python, mesh),
                            workdir, env_vars)

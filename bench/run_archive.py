@@ -14,10 +14,13 @@ sessions that each start from a fresh clone (runs/ is git-ignored).
   <archive>/warm_start_<env>/  the shared warm start: done.json (the config
                                it was behaviour-cloned with), its
                                eval_start*.json, command.txt (its metrics
-                               hold 'sft' rows only: not kept)
+                               hold 'sft' rows only: not kept), and
+      warm_start/              its policy (the HF directory runs start
+                               from) when under MAX_POLICY_BYTES (the CPU
+                               studies' nano policies: ~2.5 MB)
 
 Never checkpoints, replay shards, TensorBoard files, train.log or the
-tokenizer. Each file is written atomically (tmp + os.replace), and only
+tokenizer, apart from the warm start's small policy. Each file is written atomically (tmp + os.replace), and only
 when its bytes change, eval_final.json last (a copy cut short is not a
 finished run). Files are added or replaced, never removed; except that a
 finished run whose archived copy is of another training (its
@@ -26,10 +29,14 @@ files removed, eval_final.json first.
 
 Reading (``run_dir``): a run is ``<root>/<name>`` when finished there --
 root wins -- else ``<archive>/<name>`` when finished there; such a run
-counts as finished (skipped, not trained again). The warm start's
-checkpoint is not archived: a run still to train re-creates it under root
-by SFT, and ``restore`` copies the archived evaluations of it into root
-instead of computing them again.
+counts as finished (skipped, not trained again). A run still to train
+needs the warm start under root: ``restore_policy`` copies the archived
+policy back (behaviour cloning is not reproducible bit for bit across
+machines and sessions: a re-made warm start of the WebShop study scored
+24.6 % greedy where the archived one scored 28.5 %, so new runs must start
+from the very policy the archived runs started from), else it is re-made by
+SFT; ``restore`` copies the archived evaluations of it into root instead of
+computing them again.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ KEPT_FILES = ("run.json", "command.txt", "done.json")
 KEPT_PATTERN = "eval*.json"
 KEPT_PHASES = ("A", "B", "B_collect", "eval")
 WARM_START = "warm_start_"  # prefix of a shared warm start's directory
+POLICY = "warm_start"  # the warm start's policy, inside that directory
+POLICY_WEIGHTS = "model.safetensors"  # written last: a complete policy
+MAX_POLICY_BYTES = 32 << 20  # larger policies (paper scale) are not kept
 
 
 def is_finished(workdir: str) -> bool:
@@ -122,9 +132,53 @@ def archive_run(workdir: str, archive: str) -> list[str]:
     files[METRICS] = rows
   if files:
     os.makedirs(dst, exist_ok=True)
+  written = _copy_policy(workdir, dst)
   # The finished mark last: a copy cut short is not taken as finished.
-  return [n for n in sorted(files, key=lambda n: n == FINAL)
-          if _write_atomic(os.path.join(dst, n), files[n])]
+  return written + [n for n in sorted(files, key=lambda n: n == FINAL)
+                    if _write_atomic(os.path.join(dst, n), files[n])]
+
+
+def _policy_files(policy: str) -> list[str]:
+  """The files of a policy directory, its weights last."""
+  return sorted((n for n in os.listdir(policy)
+                 if os.path.isfile(os.path.join(policy, n))),
+                key=lambda n: n == POLICY_WEIGHTS)
+
+
+def _copy_policy(workdir: str, dst: str) -> list[str]:
+  """Copies ``<workdir>/warm_start/`` (a warm start's policy) into
+  ``<dst>/warm_start/`` when it is complete (has its weights) and under
+  MAX_POLICY_BYTES, weights last; the names written."""
+  src = os.path.join(workdir, POLICY)
+  if not (os.path.basename(os.path.normpath(workdir)).startswith(WARM_START)
+          and os.path.isfile(os.path.join(src, POLICY_WEIGHTS))):
+    return []
+  names = _policy_files(src)
+  if sum(os.path.getsize(os.path.join(src, n)) for n in names) > (
+      MAX_POLICY_BYTES):
+    return []
+  os.makedirs(os.path.join(dst, POLICY), exist_ok=True)
+  return [f"{POLICY}/{n}" for n in names if _write_atomic(
+      os.path.join(dst, POLICY, n), _read(os.path.join(src, n)))]
+
+
+def restore_policy(workdir: str, archive: Optional[str]) -> bool:
+  """Copies an archived warm start (its policy, then done.json) into
+  ``workdir`` when the archive has a complete one; True when it did."""
+  if not archive:
+    return False
+  src = archived_dir(workdir, archive)
+  policy = os.path.join(src, POLICY)
+  if not (os.path.isfile(os.path.join(policy, POLICY_WEIGHTS))
+          and os.path.isfile(os.path.join(src, "done.json"))):
+    return False
+  os.makedirs(os.path.join(workdir, POLICY), exist_ok=True)
+  for n in _policy_files(policy):
+    _write_atomic(os.path.join(workdir, POLICY, n),
+                  _read(os.path.join(policy, n)))
+  _write_atomic(os.path.join(workdir, "done.json"),
+                _read(os.path.join(src, "done.json")))
+  return True
 
 
 def archive_root(root: str, archive: str) -> dict[str, list[str]]:

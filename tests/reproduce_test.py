@@ -891,3 +891,38 @@ def test_archive_copy_cut_short_is_not_a_finished_run(tmp_path, monkeypatch):
   rp.ra.archive_run(wd, str(arch))
   assert rp.ra.same_run(wd, str(arch))
   assert not os.path.exists(dst / "eval_final_t04.json")
+
+
+def test_archived_warm_start_policy_is_restored_not_cloned_again(
+    tmp_path, monkeypatch):
+  """Behaviour cloning is not reproducible across sessions (the WebShop
+  study's re-made warm start scored 24.6 % where the archived one scored
+  28.5 %): a small policy is archived and a fresh root gets that very policy
+  back instead of a new SFT (python=/bin/false: an SFT would fail)."""
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  ws = root / "warm_start_webshop"
+  sft = rp.sft_config_arg("webshop", rp.study_extra("webshop"))
+  os.makedirs(ws / "warm_start")
+  (ws / "done.json").write_text(json.dumps({"config": sft}))
+  (ws / "warm_start" / "config.json").write_text("{}")
+  (ws / "warm_start" / "model.safetensors").write_bytes(b"w" * 100)
+  written = rp.ra.archive_root(str(root), str(arch))
+  assert written["warm_start_webshop"][-3:] == [
+      "warm_start/config.json", "warm_start/model.safetensors", "done.json"]
+  fresh = tmp_path / "fresh"
+  r = rp.shared_warm_start("webshop", str(fresh), rp.study_extra("webshop"),
+                           python="/bin/false", archive=str(arch))
+  assert r["status"] == "skipped" and r["from_archive"] == str(arch)
+  got = fresh / "warm_start_webshop"
+  assert files_under(got) == ["done.json", "warm_start/config.json",
+                              "warm_start/model.safetensors"]
+  assert (got / "warm_start" / "model.safetensors").read_bytes() == b"w" * 100
+  # A policy over the size limit (paper scale) is not archived: re-made.
+  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 99)
+  arch2 = tmp_path / "archive2"
+  rp.ra.archive_root(str(root), str(arch2))
+  assert files_under(arch2) == ["warm_start_webshop/done.json"]
+  r = rp.shared_warm_start("webshop", str(tmp_path / "fresh2"),
+                           rp.study_extra("webshop"), python="/bin/false",
+                           archive=str(arch2))
+  assert r["status"] == "failed"  # an SFT was started (and failed)
