@@ -354,7 +354,9 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
   engine (cast to its ``mcfg.inference_dtype`` weights); for SGLang servers
   an HF directory exported in the compute dtype (``weight_sync.export_hf``:
   layer files written by ``threads`` threads into ``export_dir``'s slot
-  ``v{version % 2}``; the other slot is removed once the servers loaded it),
+  ``v{version % 2}``; the other slot is removed once the servers loaded it;
+  multi-host, ``weight_sync.export_hf_multihost``: each host writes its
+  share of the layer files, no host gathers the whole model),
   or with ``push`` (``rollout.weight_sync='distributed'``: a
   ``distributed_sync.DistributedPush``) the same tensors, in the compute
   dtype, broadcast to the servers one batch at a time, no file written.
@@ -382,7 +384,9 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       return
     if isinstance(engine, JaxEngine):
       # Multi-host: every host's engine gets the whole weights (gathered,
-      # cast first so half the bytes move under bfloat16 compute).
+      # cast first so half the bytes move under bfloat16 compute): each
+      # host's in-process engine needs them all, so this full gather stays
+      # (the SGLang export below shares the files out instead).
       params = learner.params
       if multihost:
         params = host_params(cast_floating(params, mcfg.inference_dtype))
@@ -392,14 +396,12 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       return
     path = os.path.join(export_dir, f"v{version % 2}")
     nbytes = 0
-    if multihost:  # one export, by the leader; every host's client loads it
-      params = cast_floating(learner.params, models.export_dtype(mcfg))
-      module = nnx.merge(learner.graphdef, host_params(params),
-                         host_params(learner.frozen))
-      if distributed.is_leader():
-        nbytes = weight_sync.export_hf(module, mcfg, path, threads=threads,
-                                       tokenizer_dir=tokenizer_dir)
-      distributed.barrier(f"rspo_export_{version}")
+    if multihost:
+      # One directory, its layer files written by their owning hosts (no
+      # host holds the model; weight_sync.export_hf_multihost); it returns
+      # when the directory is complete, then every host's client loads it.
+      nbytes = weight_sync.export_hf_multihost(
+          learner.module(), mcfg, path, tokenizer_dir=tokenizer_dir)
     else:
       nbytes = weight_sync.export_hf(learner.module(), mcfg, path,
                                      tokenizer_dir=tokenizer_dir,

@@ -22,6 +22,22 @@ never the whole model. The directory alternates between two slots
 ``hf_named_arrays`` yields the same tensors one at a time, on the host or
 whole on one device, for the no-disk path (rollout/distributed_sync.py).
 
+Multi-host (``export_hf_multihost``, every process calls it): the same
+directory, its files shared out over the processes,
+
+  owner(file group i) = i % P,
+
+all processes gather each group's tensors together, one tensor at a time
+(cast on device first, then all-gathered), and only the owner keeps them
+and writes the group's file (a writer thread, so the hosts write at the
+same time); the leader writes the index and json files after a barrier,
+from sizes every process computes from shapes. No host ever holds the
+model: at most one group it owns plus one tensor in flight. A tensor
+sharded across hosts still reaches every host once (an all-gather; JAX has
+no gather to one process that worked here), so the network carries what a
+full gather does; one replicated across hosts (a data axis over hosts) is
+read by its owner from its own devices, and nothing moves.
+
 Where: ``export_dir``: ``rollout.export_dir``, else a node-local
 ``/dev/shm/rspo_export_<hash of the workdir>`` when /dev/shm exists, the
 run is one process and every server is on this host (it is removed at
@@ -36,10 +52,12 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import socket
+import threading
 import time
 import urllib.parse
 import weakref
@@ -52,6 +70,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from rspo_jax import distributed
 from rspo_jax.models import hf_io
 
 log = logging.getLogger(__name__)
@@ -144,11 +163,20 @@ def _hf_pairs(name: str, x, dtype, cfg, device=None) -> list:
     t = hf_io._to_hf(name, _on_device(x, dtype, device))  # pylint: disable=protected-access
     zeros = lambda shape, dt: jax.device_put(jnp.zeros(shape, dt), device)
   out = [(name, t)]
+  bias = _zero_bias_name(name, cfg)
+  if bias:
+    out.append((bias, zeros((t.shape[0],), dtype)))
+  return out
+
+
+def _zero_bias_name(name: str, cfg) -> str:
+  """The zero bias HF Qwen2 needs after q/k/v weight ``name`` when our
+  model has none; "" otherwise."""
   m = re.fullmatch(r"(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight",
                    name)
   if m and cfg.family == "qwen2" and not cfg.qkv_bias:
-    out.append((f"{m[1]}{m[2]}_proj.bias", zeros((t.shape[0],), dtype)))
-  return out
+    return f"{m[1]}{m[2]}_proj.bias"
+  return ""
 
 
 def _write_group(path: str, fname: str, items, dtype, cfg) -> dict:
@@ -194,19 +222,37 @@ def export_hf(module, cfg, path: str, *, tokenizer_dir: Optional[str] = None,
   dtype_name = hf_io.export_dtype(cfg, dtype)
   dt = jnp.dtype(dtype_name)
   os.makedirs(path, exist_ok=True)
-  for f in os.listdir(path):  # stale weights of an earlier export
-    if f == hf_io.SAFE_INDEX or (f.startswith("model")
-                                 and f.endswith(".safetensors")):
-      os.remove(os.path.join(path, f))
+  _remove_stale(path)  # stale weights of an earlier export
   groups = _param_groups(module, dt)
   order = _group_order(groups)
-  n = len(order)
-  names = {k: f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-           for i, k in enumerate(order)}
+  names = _file_names(order)
   with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
     written = {k: pool.submit(_write_group, path, names[k], groups[k], dt,
                               cfg) for k in order}
     sizes = {k: f.result() for k, f in written.items()}
+  return _write_meta(path, cfg, dtype_name, order, names, sizes,
+                     tokenizer_dir)
+
+
+def _file_names(order) -> dict:
+  """file group -> its safetensors file name, numbered in ``order``."""
+  n = len(order)
+  return {k: f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+          for i, k in enumerate(order)}
+
+
+def _remove_stale(path: str) -> None:
+  """Removes an earlier export's weights and index from ``path``."""
+  for f in os.listdir(path):
+    if f == hf_io.SAFE_INDEX or (f.startswith("model")
+                                 and f.endswith(".safetensors")):
+      os.remove(os.path.join(path, f))
+
+
+def _write_meta(path, cfg, dtype_name, order, names, sizes,
+                tokenizer_dir) -> int:
+  """The index (from ``sizes``: group -> {HF name: bytes}), config.json,
+  generation_config.json and the tokenizer's files; returns the bytes."""
   weight_map = {t: names[k] for k in order for t in sizes[k]}
   total = sum(b for k in order for b in sizes[k].values())
   _write_json(os.path.join(path, hf_io.SAFE_INDEX),
@@ -229,6 +275,196 @@ def _write_json(path: str, obj) -> None:
   with open(path, "w") as f:
     json.dump(obj, f, indent=2, sort_keys=True)
     f.write("\n")
+
+
+# ------------------------------------------------------- multi-host export
+
+
+class GatherMeter:
+  """What one process's ``export_hf_multihost`` brought to its host:
+  ``peak`` (bytes of gathered tensors held at once), ``received`` (bytes
+  gathered in all) and ``written`` (the files it wrote, in order)."""
+
+  def __init__(self):
+    self.held = self.peak = self.received = 0
+    self.written = []
+    self._lock = threading.Lock()
+
+  def hold(self, nbytes: int) -> None:
+    with self._lock:
+      self.held += nbytes
+      self.received += nbytes
+      self.peak = max(self.peak, self.held)
+
+  def drop(self, nbytes: int) -> None:
+    with self._lock:
+      self.held -= nbytes
+
+
+def _group_sizes(items, dtype, cfg) -> dict:
+  """{HF name: bytes} of one group's tensors, as ``_write_group`` returns
+  them, from shapes alone (every process knows them, no data is read)."""
+  out = {}
+  for name, x in items:
+    shape = x.stacked.shape[1:] if isinstance(x, _Layer) else np.shape(x)
+    hf = jax.eval_shape(lambda a, n=name: hf_io._to_hf(n, a),  # pylint: disable=protected-access
+                        jax.ShapeDtypeStruct(shape, dtype))
+    out[name] = math.prod(hf.shape) * dtype.itemsize
+    bias = _zero_bias_name(name, cfg)
+    if bias:
+      out[bias] = hf.shape[0] * dtype.itemsize
+  return out
+
+
+def _on_every_host(x: jax.Array) -> bool:
+  """Each process's devices hold all of ``x`` (replicated across hosts,
+  e.g. sharded only within them): from the sharding alone, so every
+  process gets the same answer."""
+  if x.is_fully_addressable or x.is_fully_replicated:
+    return True
+  blocks = defaultdict(set)  # process -> the index blocks its devices hold
+  for d, index in x.sharding.devices_indices_map(x.shape).items():
+    blocks[d.process_index].add(_block(index, x.shape))
+  every = set().union(*blocks.values())
+  return all(b == every for b in blocks.values())
+
+
+def _block(index, shape) -> tuple:
+  return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+def _from_own_shards(x: jax.Array) -> np.ndarray:
+  """``x`` whole as numpy from this process's shards (``_on_every_host``)."""
+  if x.is_fully_addressable or x.is_fully_replicated:
+    return np.asarray(x)
+  out = np.empty(x.shape, x.dtype)
+  done = set()
+  for shard in x.addressable_shards:
+    key = _block(shard.index, x.shape)
+    if key not in done:
+      done.add(key)
+      out[shard.index] = np.asarray(shard.data)
+  return out
+
+
+def _gather(x, dtype, keep: bool, meter: GatherMeter):
+  """One parameter cast to ``dtype`` on its devices (half the bytes move
+  under bfloat16), then whole as numpy on this host when ``keep``, else
+  None. Every process calls it for every parameter, in the same order. A
+  parameter every host holds whole on its devices is read from this
+  host's shards by the keeper alone (nothing moves); one sharded across
+  processes is all-gathered (``distributed.global_to_host``), so a host
+  that does not keep it receives it too and drops it at once."""
+  if isinstance(x, _Layer):
+    x = x.get()
+  moved = False
+  if isinstance(x, jax.Array):
+    x = x.astype(dtype)
+    if not _on_every_host(x):
+      x, moved = distributed.global_to_host(x), True  # every process
+    elif keep:
+      x = _from_own_shards(x)
+  if not (keep or moved):
+    return None
+  out = np.asarray(x).astype(dtype, copy=False)
+  meter.hold(out.nbytes)
+  if not keep:
+    meter.drop(out.nbytes)
+    return None
+  return out
+
+
+def export_hf_multihost(module, cfg, path: str, *,
+                        tokenizer_dir: Optional[str] = None,
+                        dtype: Optional[str] = None,
+                        meter: Optional[GatherMeter] = None) -> int:
+  """``export_hf`` in a multi-process job: every process calls it with the
+  same (globally sharded) ``module``; the directory is the one
+  ``export_hf`` writes in one process, file for file and byte for byte.
+
+    owner(group i of _group_order) = i % P    (P = jax.process_count())
+
+  All processes walk the groups in order and take part in the gather of
+  each group's tensors, one tensor at a time (``_gather``: cast on device
+  first, then ``process_allgather``); only the owner keeps them, and its
+  writer thread writes the group's file while the process goes on to the
+  next groups, so the writes of all hosts overlap; before its next group
+  an owner waits for its previous write. A host thus holds at most one
+  group it owns plus one tensor in flight (``meter.peak``), never the
+  model, and writes only its own files. A tensor sharded across processes
+  reaches every host once (an all-gather: the network carries what a full
+  gather did); one every host holds whole on its devices (replicated
+  across hosts) is read by its owner from its own shards, nothing moves.
+
+  The leader removes stale weights first (barrier) and, after every
+  process's files are written (barrier), writes the index (from sizes
+  every process computes from shapes: ``_group_sizes``), config.json,
+  generation_config.json and the tokenizer's files; a last barrier returns
+  when the directory is complete. ``path`` must be one directory every
+  host sees. Returns the weights' bytes.
+
+  Not used: JAX's one gather that reaches the owner alone, a cross-host
+  ``jax.device_put`` of each remote shard (experimental; needs
+  ``jax_cross_host_transfer_socket_address`` set before the backend
+  starts). On 2 CPU processes here (JAX 0.10.2) one transfer was right,
+  but shard-by-shard gathers to an owner returned wrong blocks in each of
+  3 runs and hung in 2 (a 3-process run hung too)."""
+  if cfg.family == "llama" and cfg.qkv_bias:
+    raise ValueError("llama family with qkv_bias has no HF equivalent")
+  meter = GatherMeter() if meter is None else meter
+  dtype_name = hf_io.export_dtype(cfg, dtype)
+  dt = jnp.dtype(dtype_name)
+  count, me = jax.process_count(), jax.process_index()
+  os.makedirs(path, exist_ok=True)
+  if me == 0:
+    _remove_stale(path)
+  distributed.barrier("rspo_export_clean")
+  groups = _param_groups(module, dt)
+  order = _group_order(groups)
+  names = _file_names(order)
+  sizes = {k: _group_sizes(groups[k], dt, cfg) for k in order}
+
+  def write(k, items):
+    """``_write_group`` of an owned group's gathered arrays, each let go
+    once laid out for HF (the group is not held twice)."""
+    nbytes = sum(x.nbytes for _, x in items)
+    try:
+      tensors = {}
+      for j, (name, x) in enumerate(items):
+        items[j] = None
+        tensors.update(_hf_pairs(name, x, dt, cfg))
+      save_file(tensors, os.path.join(path, names[k]),
+                metadata={"format": "pt"})
+    finally:
+      meter.drop(nbytes)
+    got = {t: int(v.nbytes) for t, v in tensors.items()}
+    if got != sizes[k]:
+      raise RuntimeError(f"{names[k]}: wrote {got}, the index says "
+                         f"{sizes[k]}")
+    meter.written.append(names[k])
+
+  pending = None
+  with concurrent.futures.ThreadPoolExecutor(1) as writer:
+    for i, k in enumerate(order):
+      mine = i % count == me
+      if mine and pending is not None:
+        pending.result()  # one owned group held at a time
+      items = [(name, _gather(x, dt, mine, meter)) for name, x in groups[k]]
+      if mine:
+        pending = writer.submit(write, k, items)
+      del items
+    if pending is not None:
+      pending.result()
+  log.info("export: process %d wrote %d of %d files; host peak %.1f MB, "
+           "received %.1f MB", me, len(meter.written), len(order),
+           meter.peak / 1e6, meter.received / 1e6)
+  distributed.barrier("rspo_export_written")
+  total = sum(b for k in order for b in sizes[k].values())
+  if me == 0:
+    total = _write_meta(path, cfg, dtype_name, order, names, sizes,
+                        tokenizer_dir)
+  distributed.barrier("rspo_export_complete")
+  return total
 
 
 # ------------------------------------------------------------------- skips

@@ -405,7 +405,9 @@ def _free_port() -> int:
 
 
 def _launch(out_dir: str, num_processes: int = 2, timeout: float = 600,
-            role: str = "worker"):
+            role: str = "worker", script: str = __file__):
+  """Runs ``python script role out_dir process_id num_processes port`` as
+  ``num_processes`` workers; each must exit 0."""
   port = _free_port()
   env = dict(os.environ)
   env.update(
@@ -417,7 +419,7 @@ def _launch(out_dir: str, num_processes: int = 2, timeout: float = 600,
     env.pop(k, None)
   procs = [
       subprocess.Popen(
-          [sys.executable, os.path.abspath(__file__), role, out_dir,
+          [sys.executable, os.path.abspath(script), role, out_dir,
            str(i), str(num_processes), str(port)],
           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
           text=True,
