@@ -20,6 +20,10 @@ from train_step_test import RULES, make_batch, policy_learner, tiny_cfg
     (32, 4, 8, 4),  # bound below one row a device: calls of 8 rows
     (12, 5, 8, 3),  # rows that do not split over the devices: 3 calls of 4
     (8, 3, 1, 4),  # one device: 4 calls of 2 rows
+    (643, 32, 1, 21),  # a prime: 21 calls of 31 rows (8 padding), not 643
+    (623, 32, 1, 20),  # 7 x 89: 20 padded calls of 32, not 89 calls of 7
+    (640, 32, 1, 20),  # divides: 20 calls of 32, no padding
+    (44, 12, 4, 4),  # 11 a device (prime): 4 calls of 12 (4 padding)
 ])
 def test_apply_chunks_by_hand(rows, max_rows, ways, expected):
   assert learner_lib.apply_chunks(rows, max_rows, ways) == expected
@@ -45,6 +49,24 @@ def test_chunked_apply_equals_one_pass(mesh_shape):
   # One compiled forward per (window, chunks), shared with copies.
   assert set(parts._applies) == {(16, 4)}
   assert parts.copy()._applies is parts._applies
+
+
+@pytest.mark.parametrize("mesh_shape,rows,max_rows", [
+    ((1, 1, 1), 13, 4), ((2, 2, 2), 44, 12)], ids=str)
+def test_padded_chunks_equal_one_pass(mesh_shape, rows, max_rows):
+  """Rows with no good divisor (13: a prime; 44 over 4 ways: 11 a device)
+  run as 4 padded calls (chunk_rows 4, 12); the zero rows' outputs are
+  dropped and the rest equal one pass."""
+  batch = make_batch(rows=rows)
+  whole = policy_learner(mesh_shape)
+  parts = policy_learner(mesh_shape, micro_batch_rows=max_rows)
+  assert parts.apply_chunks(rows) == 4
+  ways = learner_lib._row_ways(parts.mesh, parts.rules)  # pylint: disable=protected-access
+  assert learner_lib.chunk_rows(rows, 4, ways) * 4 > rows
+  want, got = whole.apply(batch), parts.apply(batch)
+  assert got.shape == want.shape == (rows, 32)
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  assert np.all(np.isfinite(got))
 
 
 def test_chunked_value_apply_equals_one_pass():
