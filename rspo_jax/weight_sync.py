@@ -68,12 +68,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors.numpy import save_file
 
 from rspo_jax import distributed
 from rspo_jax.models import hf_io
 
 log = logging.getLogger(__name__)
+save_safetensors = hf_io.save_safetensors  # every export file's one writer
 
 SHM = "/dev/shm"
 
@@ -184,7 +184,8 @@ def _write_group(path: str, fname: str, items, dtype, cfg) -> dict:
   tensors = {}
   for name, x in items:
     tensors.update(_hf_pairs(name, x, dtype, cfg))
-  save_file(tensors, os.path.join(path, fname), metadata={"format": "pt"})
+  save_safetensors(tensors, os.path.join(path, fname),
+                   metadata={"format": "pt"})
   return {k: int(v.nbytes) for k, v in tensors.items()}
 
 
@@ -433,8 +434,8 @@ def export_hf_multihost(module, cfg, path: str, *,
       for j, (name, x) in enumerate(items):
         items[j] = None
         tensors.update(_hf_pairs(name, x, dt, cfg))
-      save_file(tensors, os.path.join(path, names[k]),
-                metadata={"format": "pt"})
+      save_safetensors(tensors, os.path.join(path, names[k]),
+                       metadata={"format": "pt"})
     finally:
       meter.drop(nbytes)
     got = {t: int(v.nbytes) for t, v in tensors.items()}

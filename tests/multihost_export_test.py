@@ -13,7 +13,7 @@ devices, gloo). Each builds the same small learner and exports it twice:
     owners read their shards and nothing moves.
 
 Each worker records every safetensors file it writes (a hook around
-``save_file``: the file's inode and mtime right after the write) and runs
+``save_safetensors``: the file's inode and mtime right after the write) and runs
 with its own umask (0o022 / 0o077), so the mode of the files written with
 ``open`` (index, json, tokenizer) says which process created them. The
 test compares each directory, file for file and byte for byte, with a
@@ -86,7 +86,7 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
   # Every safetensors file this process writes, as the filesystem has it
   # right after the write: (path, inode, mtime). safetensors 0.8 writes a
   # new file (a new inode) each time, so a later write would show.
-  created, save_file = [], weight_sync.save_file
+  created, save_file = [], weight_sync.save_safetensors
 
   def save_and_record(tensors, filename, **kw):
     save_file(tensors, filename, **kw)
@@ -94,7 +94,7 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
     created.append((os.path.relpath(filename, out_dir), st.st_ino,
                     st.st_mtime_ns))
 
-  weight_sync.save_file = save_and_record
+  weight_sync.save_safetensors = save_and_record
   result = {"created": created}
   for case in CASES:
     cfg, learner = make_learner(case)

@@ -78,6 +78,15 @@ def test_streamed_export_writes_what_save_hf_model_writes(tmp_path,
     # One file a layer, plus the embedding's and the head's.
     index = json.load(open(os.path.join(out, hf_io.SAFE_INDEX)))
     assert len(set(index["weight_map"].values())) == cfg.num_layers + 2
+    # Readable as open() would make them (safetensors alone makes 0o600:
+    # servers running as another user could not load a shared export).
+    mask = os.umask(0)
+    os.umask(mask)
+    for d in (ref, out):
+      for f in os.listdir(d):
+        if f.endswith(".safetensors"):
+          assert os.stat(os.path.join(d, f)).st_mode & 0o777 == (
+              0o666 & ~mask), f
 
 
 @pytest.fixture

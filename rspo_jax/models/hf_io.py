@@ -53,6 +53,26 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
+
+
+def _process_umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+_UMASK = _process_umask()  # read once: os.umask is process-wide, not thread-safe
+
+
+def save_safetensors(tensors: dict, path: str,
+                     metadata: Optional[dict] = None) -> None:
+  """safetensors' ``save_file``, then the mode ``open()`` would have given
+  (0o666 & ~umask): safetensors creates its files 0o600, which SGLang
+  servers running as another user cannot read from a shared directory."""
+  save_file(tensors, path, metadata=metadata)
+  os.chmod(path, 0o666 & ~_UMASK)
+
+
 _ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
 _MLP = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 _NORMS = {
@@ -390,12 +410,12 @@ def save_hf_model(
   meta = {"format": "pt"}
   groups = _shard_groups(tensors, max_shard_bytes)
   if len(groups) == 1:
-    save_file(tensors, os.path.join(path, SAFE_SINGLE), metadata=meta)
+    save_safetensors(tensors, os.path.join(path, SAFE_SINGLE), metadata=meta)
   else:
     weight_map, n = {}, len(groups)
     for i, names in enumerate(groups):
       fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-      save_file(
+      save_safetensors(
           {k: tensors[k] for k in names},
           os.path.join(path, fname),
           metadata=meta,
