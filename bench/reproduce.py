@@ -77,15 +77,20 @@ rename) into ``--out`` (default docs/results):
 Runs live under ``--root`` (runs/ is git-ignored: a fresh clone has none).
 ``--archive DIR`` (e.g. docs/results/archive/study_allrows, committed) keeps
 each finished run's small files there -- run.json, every eval*.json with
-its per_task, metrics.jsonl's A/B/eval rows, command.txt; the warm start's
-done.json and evaluations; never checkpoints (bench/run_archive.py) --
-after each run or evaluation finishes and again before the reports
-(``--report_only --archive DIR`` archives what root holds). The reports,
-the curves and the skipping read root and archive, root winning: a run
-finished in the archive only is reported and skipped, not trained again,
-and so is its archived sampled evaluation. A run still to train re-creates
-the shared warm start by SFT under root (its checkpoint is not archived),
-taking the warm start's archived evaluations instead of recomputing them.
+its per_task, metrics.jsonl's A/B/eval rows, command.txt, its final policy
+A as an HF directory (final_policy/, exported from its latest checkpoint
+by launch/export.py with --python); the warm start's done.json,
+evaluations and policy; policies only up to 32 MiB, never checkpoints
+(bench/run_archive.py) -- after each run or evaluation finishes and again
+before the reports (``--report_only --archive DIR`` archives what root
+holds). The reports, the curves and the skipping read root and archive,
+root winning: a run finished in the archive only is reported and skipped,
+not trained again, and so is its archived sampled evaluation; one it lacks
+is made of its archived final_policy/ (``model.checkpoint_dir``, an empty
+--workdir), else it is 'unavailable'. A run still to train starts from the
+archived warm start's policy, copied back under root (re-made by SFT only
+when none is archived), taking its archived evaluations instead of
+recomputing them.
 """
 
 from __future__ import annotations
@@ -414,7 +419,7 @@ def _run_one(spec: RunSpec, root: str, extra: str, python: str,
   out.update(wall_s=wall_s, rc=rc)
   if rc == 0 and is_finished(workdir):
     if archive:
-      ra.archive_run(workdir, archive)
+      ra.archive_run(workdir, archive, python)
     return {**out, "status": "done"}
   return {**out, "status": "failed",
           "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
@@ -718,6 +723,20 @@ def trained_config(spec: RunSpec, root: str, extra: str = "") -> str:
   return run_config(os.path.join(root, spec.name)) or spec.config_arg(extra)
 
 
+def with_policy(config: str, policy: str) -> str:
+  """``config`` (``file.py:k=v,...``) starting from the HF directory
+  ``policy``: its ``model.checkpoint_dir`` overrides replaced by one naming
+  ``policy`` (the run's tokenizer is in it too); a config file of another
+  clone (run.json holds absolute paths) taken from this one."""
+  path, _, overrides = config.partition(":")
+  i = path.rfind(f"{os.sep}configs{os.sep}")
+  if i >= 0 and not os.path.isfile(path):
+    path = ROOT + path[i:]
+  kept = [p for p in overrides.split(",")
+          if p and not p.startswith("model.checkpoint_dir=")]
+  return f"{path}:" + ",".join(kept + [f"model.checkpoint_dir={policy}"])
+
+
 def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
                        python: str = sys.executable,
                        env_vars: Optional[dict] = None, tag: str = "t04",
@@ -727,8 +746,11 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
   ``eval_final_<tag>.json``, then archived; skipped when that exists, or
   when ``archive`` holds it for this run (copied into root when the run is
   finished there: the same eval_final.json). A run finished in the archive
-  only has no checkpoint: without the archived file it is 'unavailable'
-  (its cell has no interval at this decoding). 'failed' when unfinished."""
+  only has no checkpoint: its archived ``final_policy/`` is evaluated
+  instead (``archived_policy_eval``); without one (a policy over
+  MAX_POLICY_BYTES, or archived before final policies were kept) it is
+  'unavailable' (its cell has no interval at this decoding). 'failed' when
+  unfinished."""
   workdir = os.path.join(root, spec.name)
   name = sampled_names(tag)[1]
   path = os.path.join(workdir, name)
@@ -739,8 +761,13 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
   if found != workdir:  # finished in the archive only
     if os.path.isfile(os.path.join(found, name)):
       return {**out, "status": "skipped", "archived": found}
+    if ra.final_policy(found):
+      return archived_policy_eval(spec, root, found, extra, python, env_vars,
+                                  tag, temperature)
     return {**out, "status": "unavailable", "error": (
-        f"{found} has no {name} and {workdir} no checkpoint to evaluate")}
+        f"{found} has no {name} nor {ra.FINAL_POLICY}/ (over"
+        f" {ra.MAX_POLICY_BYTES} bytes, or archived before final policies"
+        f" were kept), and {workdir} no checkpoint to evaluate")}
   if not is_finished(workdir):
     return {**out, "status": "failed", "error": "the run is unfinished"}
   if ra.same_run(workdir, archive) and ra.restore(workdir, archive, name):
@@ -756,7 +783,48 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
             "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
   os.replace(tmp, path)
   if archive:
-    ra.archive_run(workdir, archive)
+    ra.archive_run(workdir, archive, python)
+  return {**out, "status": "done"}
+
+
+def archived_policy_eval(spec: RunSpec, root: str, found: str,
+                         extra: str = "", python: str = sys.executable,
+                         env_vars: Optional[dict] = None, tag: str = "t04",
+                         temperature: float = 0.4) -> dict:
+  """``sampled_final_eval`` of a run finished in the archive only (``found``
+  = ``<archive>/<name>``): launch/eval.py with ``--config=<its trained
+  config>,model.checkpoint_dir=<found>/final_policy`` and a fresh, empty
+  ``--workdir`` (``<root>/<name>.final_policy_eval_<tag>``: no checkpoint
+  there, so the policy evaluated is the archived one; its train.log is kept
+  when the evaluation fails, the directory removed when it succeeds). The
+  file is written into ``found`` (``ra.archive_file``), with ``a_steps``
+  from the export's export.json and ``policy``: 'final_policy'."""
+  name = sampled_names(tag)[1]
+  policy = ra.final_policy(found)
+  scratch = os.path.join(root, f"{spec.name}.final_policy_eval_{tag}")
+  out = {"run": f"{spec.name}_{tag}", "workdir": scratch,
+         "eval": os.path.join(found, name), "archived": found,
+         "evaluated": f"the archived final policy {policy}"}
+  if os.path.isdir(scratch):  # an earlier attempt's: start empty
+    shutil.rmtree(scratch)
+  os.makedirs(scratch)
+  config = with_policy(run_config(found) or spec.config_arg(extra), policy)
+  tmp = os.path.join(scratch, name)
+  rc, wall_s = _run_logged(
+      [python, EVAL_PY, f"--config={config}", f"--workdir={scratch}",
+       f"--out={tmp}", *sampled_flags(temperature)], scratch, env_vars)
+  out.update(wall_s=wall_s, rc=rc)
+  if rc != 0 or not os.path.exists(tmp):
+    return {**out, "status": "failed",
+            "error": f"exit code {rc}; see {os.path.join(scratch, LOG)}"}
+  result = json.load(open(tmp))
+  export = os.path.join(policy, "export.json")
+  if os.path.isfile(export):  # launch/eval.py saw no checkpoint: 0 steps
+    result["a_steps"] = json.load(open(export)).get("a_steps")
+  result["policy"] = ra.FINAL_POLICY
+  write_json(tmp, result)
+  ra.archive_file(tmp, found)
+  shutil.rmtree(scratch)
   return {**out, "status": "done"}
 
 
@@ -1129,7 +1197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       _run_study(specs, args, failed)
   if args.archive:
     print(json.dumps({"archive": args.archive, "written": ra.archive_root(
-        args.root, args.archive)}), flush=True)
+        args.root, args.archive, args.python)}), flush=True)
   if args.grid == "study":
     for env in dict.fromkeys(e for e, _ in pairs):
       study_report(args.root, env, args.out, rl_extra=args.rl_extra,

@@ -11,6 +11,13 @@ sessions that each start from a fresh clone (runs/ is git-ignored).
                                dropped: the 'time', 'B_time' and 'compile'
                                rows (seconds per phase, compile counts)
       command.txt              when present
+      final_policy/            its final policy A (the deliverable; the
+                               critic and optimizer state are not kept) as
+                               an HF directory: config.json,
+                               model.safetensors (float32 masters),
+                               tokenizer files, export.json (checkpoint
+                               step, A's steps), when its files take at
+                               most MAX_POLICY_BYTES (CPU studies: ~2.6 MB)
   <archive>/warm_start_<env>/  the shared warm start: done.json (the config
                                it was behaviour-cloned with), its
                                eval_start*.json, command.txt (its metrics
@@ -20,23 +27,35 @@ sessions that each start from a fresh clone (runs/ is git-ignored).
                                studies' nano policies: ~2.5 MB)
 
 Never checkpoints, replay shards, TensorBoard files, train.log or the
-tokenizer, apart from the warm start's small policy. Each file is written atomically (tmp + os.replace), and only
-when its bytes change, eval_final.json last (a copy cut short is not a
-finished run). Files are added or replaced, never removed; except that a
-finished run whose archived copy is of another training (its
-eval_final.json differs) or was cut short (has none) first has that copy's
-files removed, eval_final.json first.
+tokenizer, apart from the two small policies. The final policy is exported
+from the run's latest checkpoint (the one launch/eval.py --workdir
+evaluates) by ``python launch/export.py`` (rspo_jax/policy_export.py; a
+subprocess of the --python interpreter, so this module imports no JAX)
+into a temporary directory, with the run's run.json config, once: a
+complete final_policy/ of the same training is not exported again, and a
+run without checkpoint or run.json has none. Each file is written
+atomically (tmp + os.replace), and only when its bytes change; a policy's
+model.safetensors last (a policy without it is incomplete: ignored, redone),
+eval_final.json last of all (a copy cut short is not a finished run). Files
+are added or replaced, never removed; except that a finished run whose
+archived copy is of another training (its eval_final.json differs) or was
+cut short (has none) first has that copy's files removed, eval_final.json
+first, then final_policy/ (weights first).
 
 Reading (``run_dir``): a run is ``<root>/<name>`` when finished there --
 root wins -- else ``<archive>/<name>`` when finished there; such a run
-counts as finished (skipped, not trained again). A run still to train
-needs the warm start under root: ``restore_policy`` copies the archived
-policy back (behaviour cloning is not reproducible bit for bit across
-machines and sessions: a re-made warm start of the WebShop study scored
-24.6 % greedy where the archived one scored 28.5 %, so new runs must start
-from the very policy the archived runs started from), else it is re-made by
-SFT; ``restore`` copies the archived evaluations of it into root instead of
-computing them again.
+counts as finished (skipped, not trained again). An evaluation it lacks
+(bench/reproduce.py ``sampled_final_eval``) is made of its archived
+final_policy/ (``model.checkpoint_dir``; on the WebShop study's GiGPO
+baseline its per-goal outcomes equal the checkpoint's, greedy and T = 0.4 x
+3 seeds on 8 goals) and the file added here (``archive_file``). A run still
+to train needs the warm start under root: ``restore_policy`` copies the
+archived policy back (behaviour cloning is not reproducible bit for bit
+across machines and sessions: a re-made warm start of the WebShop study
+scored 24.6 % greedy where the archived one scored 28.5 %, so new runs must
+start from the very policy the archived runs started from), else it is
+re-made by SFT; ``restore`` copies the archived evaluations of it into root
+instead of computing them again.
 """
 
 from __future__ import annotations
@@ -44,6 +63,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from typing import Optional
 
 FINAL = "eval_final.json"  # a finished run's mark (bench/reproduce.py)
@@ -55,6 +78,9 @@ WARM_START = "warm_start_"  # prefix of a shared warm start's directory
 POLICY = "warm_start"  # the warm start's policy, inside that directory
 POLICY_WEIGHTS = "model.safetensors"  # written last: a complete policy
 MAX_POLICY_BYTES = 32 << 20  # larger policies (paper scale) are not kept
+FINAL_POLICY = "final_policy"  # a finished run's policy A, in its directory
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPORT_PY = os.path.join(ROOT, "launch", "export.py")
 
 
 def is_finished(workdir: str) -> bool:
@@ -116,14 +142,21 @@ def same_run(workdir: str, archive: Optional[str]) -> bool:
       os.path.join(workdir, FINAL)) == _read(os.path.join(dst, FINAL)))
 
 
-def archive_run(workdir: str, archive: str) -> list[str]:
+def archive_run(workdir: str, archive: str,
+                python: str = sys.executable) -> list[str]:
   """Copies a run's (or warm start's) small files into ``<archive>/<its
-  name>``; returns the names written (none when all were up to date)."""
+  name>``, and a finished run's final policy (``archive_final_policy``,
+  exported with ``python``); returns the names written (none when all were
+  up to date)."""
   dst = archived_dir(workdir, archive)
   if (is_finished(workdir) and os.path.isdir(dst)
       and not same_run(workdir, archive)):
-    # Another training's files or a copy cut short, the finished mark first.
-    for n in sorted(os.listdir(dst), key=lambda n: n != FINAL):
+    # Another training's files or a copy cut short: the finished mark first,
+    # then its final policy (weights first), then the rest.
+    if os.path.isfile(os.path.join(dst, FINAL)):
+      os.remove(os.path.join(dst, FINAL))
+    _remove_policy(os.path.join(dst, FINAL_POLICY))
+    for n in sorted(os.listdir(dst)):
       if os.path.isfile(os.path.join(dst, n)):
         os.remove(os.path.join(dst, n))
   files = {n: _read(os.path.join(workdir, n)) for n in kept_files(workdir)}
@@ -132,7 +165,8 @@ def archive_run(workdir: str, archive: str) -> list[str]:
     files[METRICS] = rows
   if files:
     os.makedirs(dst, exist_ok=True)
-  written = _copy_policy(workdir, dst)
+  written = _copy_policy(workdir, dst) + archive_final_policy(
+      workdir, dst, python)
   # The finished mark last: a copy cut short is not taken as finished.
   return written + [n for n in sorted(files, key=lambda n: n == FINAL)
                     if _write_atomic(os.path.join(dst, n), files[n])]
@@ -147,19 +181,102 @@ def _policy_files(policy: str) -> list[str]:
 
 def _copy_policy(workdir: str, dst: str) -> list[str]:
   """Copies ``<workdir>/warm_start/`` (a warm start's policy) into
-  ``<dst>/warm_start/`` when it is complete (has its weights) and under
-  MAX_POLICY_BYTES, weights last; the names written."""
+  ``<dst>/warm_start/`` (``_copy_policy_dir``); the names written."""
   src = os.path.join(workdir, POLICY)
-  if not (os.path.basename(os.path.normpath(workdir)).startswith(WARM_START)
-          and os.path.isfile(os.path.join(src, POLICY_WEIGHTS))):
+  if not os.path.basename(os.path.normpath(workdir)).startswith(WARM_START):
+    return []
+  return _copy_policy_dir(src, os.path.join(dst, POLICY), POLICY)
+
+
+def _copy_policy_dir(src: str, dst: str, label: str) -> list[str]:
+  """Copies the policy directory ``src`` into ``dst`` when it is complete
+  (has its weights) and its files take at most MAX_POLICY_BYTES, weights
+  last; the names written, as ``<label>/<name>``."""
+  if not os.path.isfile(os.path.join(src, POLICY_WEIGHTS)):
     return []
   names = _policy_files(src)
   if sum(os.path.getsize(os.path.join(src, n)) for n in names) > (
       MAX_POLICY_BYTES):
     return []
-  os.makedirs(os.path.join(dst, POLICY), exist_ok=True)
-  return [f"{POLICY}/{n}" for n in names if _write_atomic(
-      os.path.join(dst, POLICY, n), _read(os.path.join(src, n)))]
+  os.makedirs(dst, exist_ok=True)
+  return [f"{label}/{n}" for n in names if _write_atomic(
+      os.path.join(dst, n), _read(os.path.join(src, n)))]
+
+
+def _remove_policy(policy: str) -> None:
+  """Removes a policy directory, its weights first (then it is no longer
+  complete)."""
+  if os.path.isdir(policy):
+    for n in reversed(_policy_files(policy)):
+      os.remove(os.path.join(policy, n))
+    shutil.rmtree(policy)
+
+
+def final_policy(run: str) -> Optional[str]:
+  """``<run>/final_policy`` when it holds a complete policy, else None."""
+  path = os.path.join(run, FINAL_POLICY)
+  return path if os.path.isfile(os.path.join(path, POLICY_WEIGHTS)) else None
+
+
+def has_checkpoint(workdir: str) -> bool:
+  ckpts = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ckpts) and any(n.isdigit() for n in os.listdir(ckpts))
+
+
+def export_policy(workdir: str, config: str, out: str,
+                  python: str = sys.executable) -> dict:
+  """``python launch/export.py`` of ``workdir``'s latest policy A into
+  ``out`` (rspo_jax/policy_export.py; params over MAX_POLICY_BYTES are not
+  exported); its JSON line, or {'exported': False, 'reason': <its output's
+  tail>} when it failed."""
+  proc = subprocess.run(
+      [python, EXPORT_PY, f"--config={config}", f"--workdir={workdir}",
+       f"--out={out}", f"--max_bytes={MAX_POLICY_BYTES}"],
+      cwd=ROOT, capture_output=True, text=True)
+  lines = proc.stdout.strip().splitlines()
+  if proc.returncode == 0 and lines:
+    try:
+      return json.loads(lines[-1])
+    except ValueError:
+      pass
+  tail = (proc.stdout + proc.stderr).strip()[-2000:]
+  return {"exported": False,
+          "reason": f"exit code {proc.returncode}: {tail}"}
+
+
+def archive_final_policy(workdir: str, dst: str,
+                         python: str = sys.executable) -> list[str]:
+  """A finished run's final policy A into ``<dst>/final_policy/``: exported
+  from the run's latest checkpoint (``export_policy``, the run's run.json
+  config) into a temporary directory, then copied (``_copy_policy_dir``:
+  at most MAX_POLICY_BYTES, weights last). Nothing is done when ``dst``
+  already holds a complete one (archive_run removed it first if it was of
+  another training), or the run has no checkpoint or run.json. A failed
+  export is reported on stderr; the names written."""
+  meta = os.path.join(workdir, "run.json")
+  if not (is_finished(workdir) and has_checkpoint(workdir)
+          and os.path.isfile(meta)) or final_policy(dst):
+    return []
+  config = json.loads(_read(meta)).get("config")
+  if not config:
+    return []
+  with tempfile.TemporaryDirectory(prefix="final_policy_") as tmp:
+    out = os.path.join(tmp, FINAL_POLICY)
+    info = export_policy(workdir, config, out, python)
+    if not info.get("exported"):
+      if "bytes" not in info:  # a failure, not a policy over the limit
+        print(json.dumps({"final_policy": workdir, "not_archived":
+                          info.get("reason")}), file=sys.stderr, flush=True)
+      return []
+    os.makedirs(dst, exist_ok=True)
+    return _copy_policy_dir(out, os.path.join(dst, FINAL_POLICY),
+                            FINAL_POLICY)
+
+
+def archive_file(src: str, run: str) -> bool:
+  """Copies the file ``src`` into the archived run directory ``run`` (an
+  evaluation of its archived final policy); False when it held it."""
+  return _write_atomic(os.path.join(run, os.path.basename(src)), _read(src))
 
 
 def restore_policy(workdir: str, archive: Optional[str]) -> bool:
@@ -181,16 +298,18 @@ def restore_policy(workdir: str, archive: Optional[str]) -> bool:
   return True
 
 
-def archive_root(root: str, archive: str) -> dict[str, list[str]]:
-  """Archives every finished run and every warm start under ``root``;
-  {directory name: names written} of those that changed."""
+def archive_root(root: str, archive: str,
+                 python: str = sys.executable) -> dict[str, list[str]]:
+  """Archives every finished run and every warm start under ``root``
+  (final policies exported with ``python``); {directory name: names
+  written} of those that changed."""
   if not os.path.isdir(root):
     return {}
   changed = {}
   for name in sorted(os.listdir(root)):
     wd = os.path.join(root, name)
     if os.path.isdir(wd) and (is_finished(wd) or name.startswith(WARM_START)):
-      written = archive_run(wd, archive)
+      written = archive_run(wd, archive, python)
       if written:
         changed[name] = written
   return changed

@@ -19,6 +19,14 @@ import reproduce as rp  # noqa: E402
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(autouse=True)
+def no_policy_export(monkeypatch):
+  """No test starts launch/export.py (JAX): a fake run's checkpoint is not
+  one; test_final_policy_* put in a fake exporter."""
+  monkeypatch.setattr(rp.ra, "export_policy", lambda *a, **k: {
+      "exported": False, "reason": "no export in these tests"})
+
+
 def fake_run(root, name, success=None, score=0.0, start=0.1,
              repeats=(1.0, 3.0), config=None):
   """A run dir as launch/train.py leaves it; unfinished when success=None."""
@@ -926,3 +934,98 @@ def test_archived_warm_start_policy_is_restored_not_cloned_again(
                            rp.study_extra("webshop"), python="/bin/false",
                            archive=str(arch2))
   assert r["status"] == "failed"  # an SFT was started (and failed)
+
+
+def fake_export(calls):
+  """An exporter writing a 100-byte 'policy' (the real one, launch/export.py,
+  is checked on a real run: its evaluation equals the checkpoint's)."""
+  def export(workdir, config, out, python=sys.executable):
+    calls.append((workdir, config))
+    os.makedirs(out)
+    for n, data in (("config.json", b"{}"), ("tokenizer.json", b"{}"),
+                    ("export.json", b'{"a_steps": 30}'),
+                    ("model.safetensors", b"w" * 100)):
+      with open(os.path.join(out, n), "wb") as f:
+        f.write(data)
+    return {"exported": True, "bytes": 100, "step": 60, "a_steps": 30}
+  return export
+
+
+def fake_eval_python(tmp_path):
+  """A --python whose launch/eval.py records its argv and writes --out."""
+  fake = tmp_path / "fake_python"
+  fake.write_text(
+      f"#!{sys.executable}\nimport json, sys\n"
+      "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--out=')]\n"
+      f"json.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n"
+      "json.dump({'success_rate': 0.5, 'a_steps': 0, 'per_task': [{'seed': 0,"
+      " 'task_id': 0, 'won': 1, 'score': 1.0}]}, open(out[0], 'w'))\n")
+  fake.chmod(0o755)
+  return str(fake)
+
+
+def test_final_policy_archived_and_evaluated_after_root_is_gone(
+    tmp_path, monkeypatch):
+  """A finished run's policy A is archived (final_policy/, weights last,
+  exported once); a later session without root evaluates it for a sampled
+  evaluation the run missed (the trained config, model.checkpoint_dir
+  replaced by the archived policy, an empty --workdir) and archives the
+  file; over MAX_POLICY_BYTES nothing is kept and the evaluation stays
+  'unavailable'."""
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  (spec,) = rp.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
+  wd = study_run(root, spec.name, [1, 0])
+  trained = (study_config(spec.name).replace(rp.ROOT, "/old/clone")
+             + ",model.checkpoint_dir=/old/clone/runs/ws/warm_start")
+  with open(os.path.join(wd, "run.json"), "w") as f:
+    json.dump({"config": trained}, f)
+  os.makedirs(os.path.join(wd, "checkpoints", "60"))
+  calls = []
+  monkeypatch.setattr(rp.ra, "export_policy", fake_export(calls))
+  written = rp.ra.archive_root(str(root), str(arch))[spec.name]
+  policy = arch / spec.name / "final_policy"
+  assert sorted(written[:3]) == [f"final_policy/{n}" for n in (
+      "config.json", "export.json", "tokenizer.json")]
+  assert written[3] == "final_policy/model.safetensors"  # weights last
+  assert written[-1] == "eval_final.json" and calls == [(wd, trained)]
+  assert rp.ra.final_policy(str(arch / spec.name)) == str(policy)
+  assert rp.ra.archive_root(str(root), str(arch)) == {}  # not exported again
+  assert len(calls) == 1
+  # A later session: root is gone; the T = 0.4 evaluation was never made.
+  shutil.rmtree(root)
+  python = fake_eval_python(tmp_path)
+  r = rp.sampled_final_eval(spec, str(root), python=python,
+                            archive=str(arch))
+  assert r["status"] == "done" and str(policy) in r["evaluated"]
+  argv = json.load(open(tmp_path / "argv.json"))
+  config = [a for a in argv if a.startswith("--config=")][0]
+  assert config == "--config=" + study_config(spec.name) + (
+      f",model.checkpoint_dir={policy}")
+  scratch = os.path.join(str(root), f"{spec.name}.final_policy_eval_t04")
+  assert f"--workdir={scratch}" in argv and not os.path.exists(scratch)
+  assert not os.path.exists(root / spec.name)  # no run dir made
+  got = json.load(open(arch / spec.name / "eval_final_t04.json"))
+  assert got["a_steps"] == 30 and got["policy"] == "final_policy"
+  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
+                            archive=str(arch))
+  assert r["status"] == "skipped" and r["archived"] == str(arch / spec.name)
+  # Over the size limit: not archived, no evaluation possible.
+  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 99)
+  wd = study_run(root, spec.name, [1, 0])
+  os.makedirs(os.path.join(wd, "checkpoints", "60"))
+  arch2 = tmp_path / "archive2"
+  rp.ra.archive_root(str(root), str(arch2))
+  assert not os.path.exists(arch2 / spec.name / "final_policy")
+  shutil.rmtree(root)
+  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
+                            archive=str(arch2))
+  assert r["status"] == "unavailable" and "final_policy" in r["error"]
+  # Another training of the run: its archived policy is replaced.
+  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 32 << 20)
+  wd = study_run(root, spec.name, [0, 0])
+  os.makedirs(os.path.join(wd, "checkpoints", "60"))
+  n = len(calls)
+  rp.ra.archive_run(wd, str(arch))
+  assert len(calls) == n + 1 and rp.ra.same_run(wd, str(arch))
+  assert not os.path.exists(arch / spec.name / "eval_final_t04.json")
+  assert (policy / "model.safetensors").read_bytes() == b"w" * 100
