@@ -213,7 +213,7 @@ def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
   """The log-prob pass (pi_old on the masters; pi_ref with
   ``param_dtype=cfg.inference_dtype``), in ``n_chunks`` calls inside one
   program as ``Learner.apply`` runs it (``learner.chunked``)."""
-  from rspo_jax.learner import chunked
+  from rspo_jax.learner import _row_ways, chunk_rows, chunked
 
   if param_dtype:
     cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
@@ -224,8 +224,9 @@ def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
   x = sds((rows, length), jnp.int32, rows_sharding(mesh, 2, rules))
   if n_chunks > 1:
     fn = chunked(fn, n_chunks, mesh, param_sh, rules)
-  return _compiled("logprob", fn.lower(params, x, x, x, x),
-                   -(-rows // n_chunks), length, params)
+  per = chunk_rows(rows, n_chunks, _row_ways(mesh, rules))  # padded calls
+  return _compiled("logprob", fn.lower(params, x, x, x, x), per, length,
+                   params)
 
 
 def _engine_inputs(mesh, cfg, rules):

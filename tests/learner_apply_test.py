@@ -24,9 +24,25 @@ from train_step_test import RULES, make_batch, policy_learner, tiny_cfg
     (623, 32, 1, 20),  # 7 x 89: 20 padded calls of 32, not 89 calls of 7
     (640, 32, 1, 20),  # divides: 20 calls of 32, no padding
     (44, 12, 4, 4),  # 11 a device (prime): 4 calls of 12 (4 padding)
+    (148, 30, 4, 6),  # 37 a device: 6 calls of 28 (<= 30), not 5 of 32
 ])
 def test_apply_chunks_by_hand(rows, max_rows, ways, expected):
   assert learner_lib.apply_chunks(rows, max_rows, ways) == expected
+
+
+@pytest.mark.parametrize("ways", [1, 2, 4, 8])
+def test_padded_calls_keep_the_row_bound(ways):
+  """Every call of every batch that splits over the devices holds whole
+  rows a device and at most max(max_rows, ways) rows, the padding less
+  than a call: padded calls rounded up to whole rows a device once went
+  over max_rows (148 rows over 4 devices, max_rows 30: calls of 32)."""
+  for rows in range(ways, 300, ways):
+    for max_rows in range(1, rows + 1):
+      n = learner_lib.apply_chunks(rows, max_rows, ways)
+      per = learner_lib.chunk_rows(rows, n, ways)
+      assert per <= max(max_rows, ways) and per % ways == 0, (
+          rows, max_rows, n, per)
+      assert (n - 1) * per < rows <= n * per, (rows, max_rows, n, per)
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (2, 2, 2)], ids=str)
@@ -81,3 +97,16 @@ def test_chunked_value_apply_equals_one_pass():
   want, got = critic(0).apply(batch), critic(4).apply(batch)
   assert got.shape == (16, 32)
   np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_compiled_logprob_counts_a_padded_calls_rows():
+  """rspo_jax/hlo.py's compiled log-prob pass reports the rows one call
+  computes (its activation bounds are per call): 44 rows over 4 devices in
+  4 calls are calls of 12 rows (whole rows a device), not ceil(44 / 4) =
+  11, which does not split over the devices and made the bound count every
+  row on every device."""
+  from rspo_jax import hlo
+
+  c = hlo.compile_logprob(sharding.make_mesh((1, 4, 1)), tiny_cfg(), 44, 32,
+                          n_chunks=4, rules=RULES)
+  assert c.rows == learner_lib.chunk_rows(44, 4, 4) == 12
