@@ -41,10 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from rspo_jax import batching, models
 from rspo_jax import sharding as shd
+from rspo_jax.models.hf_io import save_safetensors
 from rspo_jax.types import StepRecord, group_trajectories
 
 HEAD_FILE = "head.safetensors"
@@ -420,10 +421,12 @@ class PRMScorer:
   def save(self, prm_dir: str) -> None:
     os.makedirs(prm_dir, exist_ok=True)
     # A temporary, then a rename: a kill mid-write (a PRM refresh) leaves
-    # the previous head, never a torn file the resumed run cannot load.
+    # the previous head, never a torn file the resumed run cannot load. The
+    # mode of prm_config.json (safetensors alone makes 0o600: a PRM in a
+    # shared directory another user could not load).
     head_tmp = os.path.join(prm_dir, HEAD_FILE + ".tmp")
-    save_file(head_tensors(self.head_state), head_tmp,
-              metadata={"format": FORMAT})
+    save_safetensors(head_tensors(self.head_state), head_tmp,
+                     metadata={"format": FORMAT})
     os.replace(head_tmp, os.path.join(prm_dir, HEAD_FILE))
     cfg = {
         "format": FORMAT,

@@ -6,6 +6,7 @@ tests/conftest.py gives the session 8 CPU devices.
 import json
 import os
 import shutil
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -247,3 +248,19 @@ def test_create_sharded_model_equals_create_model(qwen_model):
   # 2 KV heads on a tensor axis of 2 shard; the per-head bias too.
   assert sharded.layers[0].attn.k_bias.value.sharding.spec[0] == "tensor"
   _assert_same_params(model, sharded)
+
+
+def test_save_safetensors_gives_the_umask_at_the_write(tmp_path):
+  """save_safetensors' files get 0o666 & ~umask with the umask the process
+  has when it writes them (safetensors alone makes 0o600), not the one it
+  had when hf_io was imported: a process that sets 0o077 afterwards keeps
+  its weights private (it got 0o644), one with 0o002 shares them."""
+  old = os.umask(0o077)
+  try:
+    for mask in (0o077, 0o002, 0o022):
+      os.umask(mask)
+      path = str(tmp_path / f"w{mask:o}.safetensors")
+      hf_io.save_safetensors({"w": np.zeros(2, np.float32)}, path)
+      assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~mask, oct(mask)
+  finally:
+    os.umask(old)

@@ -251,7 +251,7 @@ def test_two_processes_write_their_own_groups(tmp_path):
         owner = 0 if f in own[0] else 1
         assert by[owner] == [[f"{case}/{f}", st.st_ino, st.st_mtime_ns]]
         assert by[1 - owner] == [], (case, f)
-      else:  # the leader's (its umask; safetensors files are always 0o600)
+      else:  # the leader's (its umask)
         assert stat.S_IMODE(st.st_mode) == 0o666 & ~UMASKS[0], (case, f)
 
   # build.make_sync_engine's multi-host export: slot v1 of version 3, in the

@@ -12,6 +12,7 @@ leave only an attention-diluted trace of the action to read.
 import dataclasses
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -203,7 +204,14 @@ def test_bad_training_inputs_raise(trained):
 
 def test_save_load_gives_identical_scores(trained, tmp_path):
   scorer, records, _, _ = trained
-  scorer.save(str(tmp_path))
+  old = os.umask(0o022)
+  try:
+    scorer.save(str(tmp_path))
+  finally:
+    os.umask(old)
+  # Both files readable as open() makes them (the head was 0o600).
+  for name in (prm.HEAD_FILE, prm.CONFIG_FILE):
+    assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o644, name
   with open(tmp_path / prm.CONFIG_FILE) as f:
     cfg = json.load(f)
   assert cfg["hidden_size"] == 32 and cfg["head_hidden"] == 32
@@ -227,7 +235,7 @@ def test_save_killed_mid_write_keeps_the_previous_head(trained, tmp_path,
       f.write(b"\x00" * 7)  # the first bytes, then the kill
     raise KeyboardInterrupt("killed mid-write")
 
-  monkeypatch.setattr(prm, "save_file", torn_write)
+  monkeypatch.setattr(prm, "save_safetensors", torn_write)
   with pytest.raises(KeyboardInterrupt):
     scorer.save(str(tmp_path))
   monkeypatch.undo()

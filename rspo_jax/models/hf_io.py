@@ -64,13 +64,30 @@ def _process_umask() -> int:
 _UMASK = _process_umask()  # read once: os.umask is process-wide, not thread-safe
 
 
+def current_umask() -> int:
+  """The process's umask now, from /proc/self/status's ``Umask:`` line
+  (Linux >= 4.7; reading it changes nothing, where os.umask would set it
+  for every thread while writer threads create files); without one, the
+  umask at import. A umask set after import (``os.umask(0o077)`` before an
+  export) is the one files get."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError, IndexError):
+    pass
+  return _UMASK
+
+
 def save_safetensors(tensors: dict, path: str,
                      metadata: Optional[dict] = None) -> None:
   """safetensors' ``save_file``, then the mode ``open()`` would have given
-  (0o666 & ~umask): safetensors creates its files 0o600, which SGLang
-  servers running as another user cannot read from a shared directory."""
+  (0o666 & ~umask, ``current_umask``): safetensors creates its files 0o600,
+  which SGLang servers running as another user cannot read from a shared
+  directory."""
   save_file(tensors, path, metadata=metadata)
-  os.chmod(path, 0o666 & ~_UMASK)
+  os.chmod(path, 0o666 & ~current_umask())
 
 
 _ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
