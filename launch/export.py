@@ -44,6 +44,7 @@ def main(argv):
 
 
 def cli():
+  """The ``rspo-export`` console script."""
   from rspo_launch import run_absl
 
   run_absl(main, __name__)

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 
 
@@ -24,8 +25,23 @@ SOURCES = ("pyproject.toml", "README.md", "rspo_jax", "third_party_envs",
            "configs", "launch")
 PACKAGES = {"rspo_jax": "rspo_jax", "third_party_envs": "third_party_envs",
             "configs": "configs", "launch": "rspo_launch"}
-SCRIPTS = ("rspo-train", "rspo-eval", "rspo-sft", "rspo-train-prm",
-           "rspo-serve-rollout", "rspo-plot")
+SCRIPTS = ("rspo-train", "rspo-eval", "rspo-export", "rspo-sft",
+           "rspo-train-prm", "rspo-serve-rollout", "rspo-plot")
+
+
+def test_every_launch_cli_is_a_console_script():
+  """Each launch/*.py with a ``cli()`` (run_absl's entry point) is one of
+  pyproject.toml's console scripts, and SCRIPTS names them all (cheap: no
+  wheel built). launch/export.py had a cli() and no script."""
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    scripts = tomllib.load(f)["project"]["scripts"]
+  targets = set(scripts.values())
+  for path in sorted(glob.glob(os.path.join(ROOT, "launch", "*.py"))):
+    with open(path) as f:
+      if "\ndef cli():" in f.read():
+        module = os.path.splitext(os.path.basename(path))[0]
+        assert f"rspo_launch.{module}:cli" in targets, module
+  assert sorted(SCRIPTS) == sorted(scripts)
 
 
 def _run(cmd, **kw):
