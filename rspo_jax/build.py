@@ -8,7 +8,7 @@ tokenizer and the warm start (on its own devices) while the others wait at
 a barrier, then every process loads them; the learners live on the global
 mesh, and each process's rollout engine on a mesh of its *local* devices,
 fed with the learner's weights gathered to the host
-(``learner.to_host``). The PRM dense reward and decoupled placement are
+(``distributed.global_to_host``). The PRM dense reward and decoupled placement are
 refused with more than one process.
 """
 
@@ -31,7 +31,7 @@ from flax import nnx
 from rspo_jax import compile_cache, distributed, models, sharding
 from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
-from rspo_jax.learner import Learner, to_host
+from rspo_jax.learner import Learner
 from rspo_jax.models import transformer as tfm
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
@@ -447,7 +447,7 @@ def make_weight_push(cfg):
 def host_params(tree):
   """A tree of (possibly multi-host) arrays as numpy on this host; every
   process must call it (an all-gather per sharded leaf)."""
-  return jax.tree.map(to_host, tree)
+  return distributed.global_to_host(tree)
 
 
 def engine_module(module, mcfg):

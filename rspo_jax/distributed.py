@@ -356,9 +356,16 @@ def pad_rows_and_length(tree: Any, rows: int, length: int) -> Any:
 
 
 def global_to_host(tree: Any) -> Any:
-  """Global arrays -> full numpy arrays on every process (an all-gather;
-  meant for metrics, checksums and small exports)."""
-  return multihost_utils.process_allgather(tree, tiled=True)
+  """Global arrays -> full numpy arrays on every process: an all-gather of
+  each leaf that spans processes (every process must call it), a plain copy
+  of one this process holds whole (addressable or fully replicated)."""
+
+  def one(x):
+    if getattr(x, "is_fully_addressable", True) or x.is_fully_replicated:
+      return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+  return jax.tree.map(one, tree)
 
 
 def barrier(name: str) -> None:

@@ -34,15 +34,6 @@ from rspo_jax.types import Batch
 _INPUTS = ("tokens", "positions", "attention_mask")
 
 
-def to_host(x) -> np.ndarray:
-  """A (possibly multi-host) global array as one numpy array on every host."""
-  if getattr(x, "is_fully_addressable", True) or x.is_fully_replicated:
-    return np.asarray(x)
-  from jax.experimental import multihost_utils
-
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
 def _row_ways(mesh: Mesh, rules) -> int:
   """D: the devices a batch's rows split over (``'batch'``'s mesh axes)."""
   spec = shd.logical_to_mesh_spec(("batch",), rules)[0]
@@ -216,7 +207,9 @@ class Learner:
     arrays = [getattr(batch, k) for k in keys]
     n_chunks = self.apply_chunks(len(arrays[0]))
     out = self._apply_fn(self._window(batch), n_chunks)(params, *arrays)
-    return distributed.host_local_rows(out) if host_rows else to_host(out)
+    if host_rows:
+      return distributed.host_local_rows(out)
+    return distributed.global_to_host(out)
 
   def n_micro(self, rows: int) -> int:
     """Micro-batches of at most ``micro_batch_rows`` rows: ceil(rows / m)

@@ -401,7 +401,11 @@ def export_hf_multihost(module, cfg, path: str, *,
   process's files are written (barrier), writes the index (from sizes
   every process computes from shapes: ``_group_sizes``), config.json,
   generation_config.json and the tokenizer's files; a last barrier returns
-  when the directory is complete. ``path`` must be one directory every
+  when the directory is complete. The two last barriers fail on every
+  process when a write failed on one (``_raise_if_any_failed``): a host
+  whose write raised still takes part in the remaining gathers, writes
+  nothing more, and raises its error at the barrier; the others raise a
+  RuntimeError naming it. ``path`` must be one directory every
   host sees. Returns the weights' bytes.
 
   Not used: JAX's one gather that reaches the owner alone, a cross-host
@@ -444,28 +448,51 @@ def export_hf_multihost(module, cfg, path: str, *,
                          f"{sizes[k]}")
     meter.written.append(names[k])
 
+  error = None  # this process's first failed write
   pending = None
   with concurrent.futures.ThreadPoolExecutor(1) as writer:
     for i, k in enumerate(order):
       mine = i % count == me
       if mine and pending is not None:
-        pending.result()  # one owned group held at a time
-      items = [(name, _gather(x, dt, mine, meter)) for name, x in groups[k]]
-      if mine:
+        error = error or pending.exception()  # one owned group at a time
+        pending = None
+      keep = mine and error is None  # after a failure: gather, write nothing
+      items = [(name, _gather(x, dt, keep, meter)) for name, x in groups[k]]
+      if keep:
         pending = writer.submit(write, k, items)
       del items
     if pending is not None:
-      pending.result()
+      error = error or pending.exception()
   log.info("export: process %d wrote %d of %d files; host peak %.1f MB, "
            "received %.1f MB", me, len(meter.written), len(order),
            meter.peak / 1e6, meter.received / 1e6)
-  distributed.barrier("rspo_export_written")
+  _raise_if_any_failed(error, "writing its weight files")
   total = sum(b for k in order for b in sizes[k].values())
+  error = None
   if me == 0:
-    total = _write_meta(path, cfg, dtype_name, order, names, sizes,
-                        tokenizer_dir)
-  distributed.barrier("rspo_export_complete")
+    try:
+      total = _write_meta(path, cfg, dtype_name, order, names, sizes,
+                          tokenizer_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+  _raise_if_any_failed(error, "writing the index, configs and tokenizer")
   return total
+
+
+def _raise_if_any_failed(error: Optional[BaseException], what: str) -> None:
+  """A barrier that fails on every process when one failed: each process
+  says whether ``error`` is set (``distributed.global_max``), so a host
+  whose write raised does not leave the others waiting at the next
+  collective. Raises ``error`` itself where it happened, a RuntimeError
+  naming the failed processes elsewhere."""
+  flags = np.zeros(jax.process_count(), np.int32)
+  flags[jax.process_index()] = error is not None
+  failed = np.flatnonzero(distributed.global_max(flags)).tolist()
+  if error is not None:
+    raise error
+  if failed:
+    raise RuntimeError(f"export: process(es) {failed} failed {what}; see"
+                       " their logs")
 
 
 # ------------------------------------------------------------------- skips

@@ -133,6 +133,51 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
   distributed.shutdown()
 
 
+def failing_export_worker(out_dir: str, process_id: int, num_processes: int,
+                          port: int):
+  """Two exports that fail on one process: process 1's second weight file
+  write raises, then the leader's index write does. Each worker records
+  what its ``export_hf_multihost`` raised (a hang fails the test's
+  timeout)."""
+  import jax
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  from rspo_jax import distributed, weight_sync
+
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
+                                process_id)
+  save_file, write_meta, writes = (weight_sync.save_safetensors,
+                                   weight_sync._write_meta, [])  # pylint: disable=protected-access
+
+  def save_or_fail(tensors, filename, **kw):
+    writes.append(filename)
+    if process_id == 1 and len(writes) == 2:
+      raise OSError(28, "No space left on device", filename)
+    save_file(tensors, filename, **kw)
+
+  def meta_fails(*a, **kw):
+    raise OSError(13, "Permission denied", "model.safetensors.index.json")
+
+  weight_sync.save_safetensors = save_or_fail
+  cfg, learner = make_learner("gather")
+  result = {}
+  for name in ("weights", "meta"):
+    if name == "meta":
+      weight_sync.save_safetensors = save_file
+      weight_sync._write_meta = meta_fails if process_id == 0 else write_meta  # pylint: disable=protected-access
+    try:
+      weight_sync.export_hf_multihost(learner.module(), cfg,
+                                      os.path.join(out_dir, name))
+      result[name] = None
+    except Exception as e:  # pylint: disable=broad-except
+      result[name] = [type(e).__name__, str(e)]
+  result["writes"] = len(writes)
+  with open(os.path.join(out_dir, f"failed{process_id}.json"), "w") as f:
+    json.dump(result, f)
+  distributed.barrier("done")
+  distributed.shutdown()
+
+
 def _covers(x) -> bool:
   """This process's shards cover all of ``x``."""
   blocks = {tuple(s.indices(n)[:2] for s, n in zip(sh.index, x.shape))
@@ -265,8 +310,38 @@ def test_two_processes_write_their_own_groups(tmp_path):
                          "exports": 1}
 
 
+@pytest.mark.slow
+def test_a_failed_write_on_one_host_fails_the_export_on_every_host(
+    tmp_path):
+  """A weight file that one host cannot write, or an index the leader
+  cannot write, ends ``export_hf_multihost`` with an error on every host
+  (the failing one's own error, a RuntimeError naming it on the others)
+  instead of leaving the others blocked at the next collective; the failed
+  host wrote nothing after its failure but kept taking part in the
+  gathers."""
+  import multihost_test
+
+  multihost_test._launch(str(tmp_path), role="failing_export_worker",  # pylint: disable=protected-access
+                         script=__file__, timeout=300)
+  res = [json.load(open(tmp_path / f"failed{p}.json")) for p in (0, 1)]
+  assert res[1]["weights"][0] == "OSError", res[1]
+  assert "No space left" in res[1]["weights"][1]
+  assert res[0]["weights"][0] == "RuntimeError", res[0]
+  assert "process(es) [1] failed writing its weight files" in (
+      res[0]["weights"][1])
+  assert res[0]["meta"][0] == "PermissionError"
+  assert "index" in res[0]["meta"][1]
+  assert res[1]["meta"][0] == "RuntimeError", res[1]
+  assert "process(es) [0] failed writing the index" in res[1]["meta"][1]
+  # 'gather' has 5 groups: process 1 owns groups 1 and 3 and stopped at
+  # its second, process 0 wrote its three (the 'meta' export is not
+  # counted).
+  assert res[1]["writes"] == 2 and res[0]["writes"] == 3
+
+
 if __name__ == "__main__":
-  roles = {"export_worker": export_worker}
+  roles = {"export_worker": export_worker,
+           "failing_export_worker": failing_export_worker}
   if len(sys.argv) == 6 and sys.argv[1] in roles:
     roles[sys.argv[1]](sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
                        int(sys.argv[5]))
