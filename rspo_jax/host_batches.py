@@ -16,11 +16,16 @@ rows with tokens, sorted by real length, go through ``learner.apply`` in
 chunks of about g rows, each cut to ``batching.length_bucket`` of its
 longest row instead of the batch's length T (right padding: a position's
 output depends on the positions before it only), and the results are put
-back in place; 0 past each chunk's length and on padding rows. Attention costs ~rows x T^2: about 2x faster old and
-reference log-prob passes on the nano WebShop loop.
+back in place; 0 past each chunk's length and on padding rows. Attention
+costs ~rows x T^2: about 2x faster old and reference log-prob passes on the
+nano WebShop loop. A chunk is padded to a multiple of
+``lcm(8, devices its rows split over)`` rows, not to the training batch's
+``micro_batch_rows`` (a 16-row chunk padded to 32 did twice the work).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import numpy as np
@@ -98,10 +103,11 @@ class HostBatches:
     order = np.argsort(lengths, kind="stable")
     order = order[lengths[order] > 0]  # padding rows stay 0
     n_chunks = max(1, -(-len(order) // self.apply_group_rows))
+    multiple = math.lcm(8, learner.row_ways)
     out = None
     for idx in np.array_split(order, n_chunks):
       t = min(width, batching.length_bucket(max(int(lengths[idx].max()), 1)))
-      n = batching.round_up(len(idx), self.row_multiple)
+      n = batching.round_up(len(idx), multiple)
       part = Batch(*(
           _take(np.asarray(x), idx, n, None if x.ndim == 1 else t)
           for x in batch))

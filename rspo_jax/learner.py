@@ -165,6 +165,11 @@ class Learner:
   def step(self) -> int:
     return int(self.state.step)
 
+  @property
+  def row_ways(self) -> int:
+    """The devices a batch's rows split over (its row count's divisor)."""
+    return _row_ways(self.mesh, self.rules)
+
   def module(self) -> nnx.Module:
     return nnx.merge(self.graphdef, self.state.params, self.frozen)
 
@@ -188,8 +193,7 @@ class Learner:
   def apply_chunks(self, rows: int) -> int:
     """Calls of the forward one ``apply`` of ``rows`` rows makes
     (``apply_chunks``, module function)."""
-    return apply_chunks(rows, self.micro_batch_rows, _row_ways(self.mesh,
-                                                              self.rules))
+    return apply_chunks(rows, self.micro_batch_rows, self.row_ways)
 
   def apply(self, batch: Batch, params=None, *,
             host_rows: bool = False) -> np.ndarray:

@@ -56,3 +56,30 @@ def test_apply_by_length_equals_one_pass_on_the_loss_mask():
   np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)
   np.testing.assert_array_equal(got[37:], 0.0)
   assert np.all(np.isfinite(got[mask])) and np.any(got[mask] != 0)
+
+
+def test_apply_chunks_are_not_padded_to_the_micro_batch():
+  """With ``micro_batch_rows = 32`` (training batches padded to 32 rows)
+  the by-length chunks of 16 rows run as 16 rows, not 32 (the training
+  batch's multiple doubled the forward's work), and still equal one pass."""
+  learner = Learner(
+      models.create_model(tiny_cfg(), seed=0), ts.make_optimizer(1e-3),
+      ts.make_policy_loss(ts.PolicyLossConfig()),
+      mesh=sharding.make_mesh((-1, 1, 1)), rules=RULES, micro_batch_rows=32)
+  cfg = SimpleNamespace(train=SimpleNamespace(micro_batch_rows=32),
+                        rollout=CFG.rollout)
+  recs = records(n=37, seed=1)
+  grouped = host_batches.HostBatches(cfg, False, apply_group_rows=16)
+  whole = host_batches.HostBatches(cfg, False, apply_group_rows=0)
+  batch = whole.build(recs, np.ones(len(recs)), np.zeros(len(recs), bool))
+  assert batch.tokens.shape[0] == 48  # batching.length_bucket(37, 32)
+  calls = []
+  apply = learner.apply
+  learner.apply = lambda b, params=None: calls.append(b.tokens.shape) or (
+      apply(b, params=params))
+  got = grouped.apply(learner, batch)
+  # 37 rows with tokens: 3 chunks of 12-13 rows, each padded to 16.
+  assert [r for r, _ in calls] == [16, 16, 16]
+  want = whole.apply(learner, batch)
+  mask = batch.loss_mask > 0
+  np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)
