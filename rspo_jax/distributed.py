@@ -358,7 +358,9 @@ def pad_rows_and_length(tree: Any, rows: int, length: int) -> Any:
 def global_to_host(tree: Any) -> Any:
   """Global arrays -> full numpy arrays on every process: an all-gather of
   each leaf that spans processes (every process must call it), a plain copy
-  of one this process holds whole (addressable or fully replicated)."""
+  of one this process holds whole (addressable or fully replicated). Not
+  ``process_allgather(tree)``: a numpy or Python leaf, or an array of this
+  process alone, is returned as it is, not stacked over processes."""
 
   def one(x):
     if getattr(x, "is_fully_addressable", True) or x.is_fully_replicated:
