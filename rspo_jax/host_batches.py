@@ -20,10 +20,8 @@ back in place; 0 past each chunk's length and on padding rows. Attention
 costs ~rows x T^2: about 2x faster old and reference log-prob passes on the
 nano WebShop loop. A chunk is padded to a multiple of
 ``lcm(8, devices its rows split over)`` rows, not to the training batch's
-``micro_batch_rows`` (a row count every device count divides; with
-``micro_batch_rows = 32`` a 16-row chunk ran as 32 rows, yet on this
-2-core CPU the passes took about as long: 32.9 vs 30.9 s an A step,
-docs/performance.md).
+``micro_batch_rows`` (with ``micro_batch_rows = 32`` a 16-row chunk ran
+as 32 rows; a row count every device count along the batch divides).
 """
 
 from __future__ import annotations
