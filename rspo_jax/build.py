@@ -8,8 +8,8 @@ tokenizer and the warm start (on its own devices) while the others wait at
 a barrier, then every process loads them; the learners live on the global
 mesh, and each process's rollout engine on a mesh of its *local* devices,
 fed with the learner's weights gathered to the host
-(``distributed.global_to_host``). The PRM dense reward and decoupled placement are
-refused with more than one process.
+(``distributed.global_to_host``). The PRM dense reward and decoupled
+placement are refused with more than one process.
 """
 
 from __future__ import annotations
@@ -389,7 +389,8 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       # (the SGLang export below shares the files out instead).
       params = learner.params
       if multihost:
-        params = host_params(cast_floating(params, mcfg.inference_dtype))
+        params = distributed.global_to_host(
+            cast_floating(params, mcfg.inference_dtype))
       engine.update_weights(engine_params(params, mcfg), version)
       synced.record(engine, learner)
       sync_log.add(version=version, total_s=time.perf_counter() - start)
@@ -444,12 +445,6 @@ def make_weight_push(cfg):
       timeout_s=float(r.get("server_timeout_s", 600.0)))
 
 
-def host_params(tree):
-  """A tree of (possibly multi-host) arrays as numpy on this host; every
-  process must call it (an all-gather per sharded leaf)."""
-  return distributed.global_to_host(tree)
-
-
 def engine_module(module, mcfg):
   """What ``make_engine`` takes: the module itself with one process; with
   several, its (graphdef, params, rest) gathered to numpy (params cast to
@@ -459,7 +454,8 @@ def engine_module(module, mcfg):
     return module
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params = cast_floating(params, mcfg.inference_dtype)
-  return graphdef, host_params(params), host_params(rest)
+  return (graphdef, distributed.global_to_host(params),
+          distributed.global_to_host(rest))
 
 
 def collect_config(cfg, split: str) -> CollectConfig:

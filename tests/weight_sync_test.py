@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from rspo_jax import build, sharding, train_step as ts, weight_sync
+from rspo_jax import build, distributed, sharding, train_step as ts
+from rspo_jax import weight_sync
 from rspo_jax.learner import Learner
 from rspo_jax.models import hf_io
 from rspo_jax.models.config import get_model_config
@@ -106,8 +107,9 @@ def server():
 
 def _logprobs(learner, prompts, results):
   """The learner's log pi of each result's tokens (one unsharded forward)."""
-  module = nnx.merge(learner.graphdef, build.host_params(learner.params),
-                     build.host_params(learner.frozen))
+  module = nnx.merge(learner.graphdef,
+                     distributed.global_to_host(learner.params),
+                     distributed.global_to_host(learner.frozen))
   out = []
   for p, r in zip(prompts, results):
     tokens = jnp.asarray([list(p) + r.token_ids.tolist()], jnp.int32)
