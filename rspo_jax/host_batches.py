@@ -1,11 +1,16 @@
 """Step records -> the learner's batches, on one process or many.
 
-With one process a batch is the host's rows, padded to a multiple of
-``max(8, train.micro_batch_rows)`` rows. With ``P > 1`` processes (every
-host calls these together, in the same order):
+With one process a batch is the host's rows, padded to
+``batching.length_bucket(rows, max(8, train.micro_batch_rows))`` rows and
+then to a multiple of D, the devices the learner's batch rows split over
+(``Learner.row_ways``; a sharded input's rows must divide evenly: 8 rows
+on a 6- or 16-way mesh would not). With ``P > 1`` processes (every host
+calls these together, in the same order):
 
   * ``build`` pads each host's block to the row count and length every
-    host agrees on (a cross-host max); a host without rows feeds padding;
+    host agrees on (a cross-host max), rounded up to a multiple of
+    D / gcd(D, P) so that the P blocks together divide over D; a host
+    without rows feeds padding;
   * ``to_global`` assembles the blocks into global arrays sharded like the
     learner's batch (``distributed.host_local_to_global``);
   * ``apply`` runs ``learner.apply`` on the global batch and returns this
@@ -47,9 +52,13 @@ CPU_APPLY_GROUP_ROWS = 16
 class HostBatches:
   """Builds, globalises and applies batches for one training job."""
 
-  def __init__(self, cfg, multihost: bool, apply_group_rows=None):
+  def __init__(self, cfg, multihost: bool, apply_group_rows=None,
+               row_ways: int = 1):
     self.multihost = multihost
     self.row_multiple = max(8, cfg.train.micro_batch_rows or 0)
+    # Host rows a multiple of this: the P hosts' blocks divide over D ways.
+    procs = jax.process_count() if multihost else 1
+    self.host_row_ways = row_ways // math.gcd(row_ways, procs)
     self.max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
     if apply_group_rows is None:  # see the module docstring
       on_cpu = jax.default_backend() == "cpu"
@@ -67,11 +76,15 @@ class HostBatches:
           max_len=self.max_len,
       )
     if not self.multihost:
+      rows, length = batch.tokens.shape
+    else:
+      shape = batch.tokens.shape if batch is not None else (0, 0)
+      rows, length = (int(v) for v in distributed.global_max(np.array(shape)))
+      if batch is None:
+        batch = empty_batch(self.row_multiple, length)
+    rows = batching.round_up(rows, self.host_row_ways)
+    if batch.tokens.shape == (rows, length):
       return batch
-    shape = batch.tokens.shape if batch is not None else (0, 0)
-    rows, length = (int(v) for v in distributed.global_max(np.array(shape)))
-    if batch is None:
-      batch = empty_batch(self.row_multiple, length)
     return distributed.pad_rows_and_length(batch, rows, length)
 
   def to_global(self, learner: Learner, batch: Batch):

@@ -3,9 +3,11 @@ over the whole batch wherever the loss reads it."""
 
 from types import SimpleNamespace
 
+import jax
 import numpy as np
 
 from rspo_jax import host_batches, models, sharding, train_step as ts
+from rspo_jax import warm_start
 from rspo_jax.learner import Learner
 from rspo_jax.types import StepRecord
 from train_step_test import RULES, tiny_cfg
@@ -83,3 +85,41 @@ def test_apply_chunks_are_not_padded_to_the_micro_batch():
   want = whole.apply(learner, batch)
   mask = batch.loss_mask > 0
   np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)
+
+
+def test_batches_divide_over_a_mesh_whose_row_ways_do_not_divide_8():
+  """A 6-way data mesh: 5 records bucket to 8 rows, which 6 devices cannot
+  split (jax raises IndivisibleError on the sharded input), so ``build``
+  pads them to 12 (zero-mask rows); the step's loss, gradient norm and
+  log-probs equal those of one device on the same rows."""
+  def learner(mesh):
+    return Learner(
+        models.create_model(tiny_cfg(), seed=0), ts.make_optimizer(1e-3),
+        ts.make_policy_loss(ts.PolicyLossConfig()), mesh=mesh, rules=RULES)
+
+  six = learner(sharding.make_mesh((6, 1, 1)))
+  one = learner(sharding.make_mesh((1, 1, 1)))
+  assert six.row_ways == 6
+  recs = records(n=5, seed=2)
+  adv = np.linspace(-1.0, 1.0, 5)
+  off = np.zeros(5, bool)
+  batch = host_batches.HostBatches(CFG, False, row_ways=6).build(
+      recs, adv, off)
+  assert batch.tokens.shape[0] == 12
+  np.testing.assert_array_equal(batch.loss_mask[5:], 0)
+  ref = host_batches.HostBatches(CFG, False).build(recs, adv, off)
+  assert ref.tokens.shape[0] == 8
+  mask = ref.loss_mask > 0
+  np.testing.assert_allclose(six.apply(batch)[:8][mask], one.apply(ref)[mask],
+                             atol=1e-5)
+  rng = jax.random.key(0)
+  got, want = six.train(batch, rng), one.train(ref, rng)
+  for k in ("loss", "grad_norm"):
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+  # Behaviour cloning's batches (warm_start.train_sft) divide over 6 too.
+  sft = Learner(models.create_model(tiny_cfg(), seed=0),
+                ts.make_optimizer(1e-3), ts.make_sft_loss(0.0),
+                mesh=sharding.make_mesh((6, 1, 1)), rules=RULES)
+  curve = warm_start.train_sft(sft, recs, steps=1, batch_rows=5, seed=0,
+                               progress=False)
+  assert len(curve) == 1 and np.isfinite(curve[0])
