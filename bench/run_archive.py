@@ -18,6 +18,9 @@ sessions that each start from a fresh clone (runs/ is git-ignored).
                                tokenizer files, export.json (checkpoint
                                step, A's steps), when its files take at
                                most MAX_POLICY_BYTES (CPU studies: ~2.6 MB)
+      final_policy_too_large.json  else {bytes, max_bytes}: the policy is
+                               not exported again on later passes (unless
+                               MAX_POLICY_BYTES grows past its bytes)
   <archive>/warm_start_<env>/  the shared warm start: done.json (the config
                                it was behaviour-cloned with), its
                                eval_start*.json, command.txt (its metrics
@@ -79,6 +82,7 @@ POLICY = "warm_start"  # the warm start's policy, inside that directory
 POLICY_WEIGHTS = "model.safetensors"  # written last: a complete policy
 MAX_POLICY_BYTES = 32 << 20  # larger policies (paper scale) are not kept
 FINAL_POLICY = "final_policy"  # a finished run's policy A, in its directory
+TOO_LARGE = "final_policy_too_large.json"  # {bytes, max_bytes}: not kept
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT_PY = os.path.join(ROOT, "launch", "export.py")
 
@@ -255,7 +259,7 @@ def archive_final_policy(workdir: str, dst: str,
   export is reported on stderr; the names written."""
   meta = os.path.join(workdir, "run.json")
   if not (is_finished(workdir) and has_checkpoint(workdir)
-          and os.path.isfile(meta)) or final_policy(dst):
+          and os.path.isfile(meta)) or final_policy(dst) or too_large(dst):
     return []
   config = json.loads(_read(meta)).get("config")
   if not config:
@@ -267,10 +271,34 @@ def archive_final_policy(workdir: str, dst: str,
       if "bytes" not in info:  # a failure, not a policy over the limit
         print(json.dumps({"final_policy": workdir, "not_archived":
                           info.get("reason")}), file=sys.stderr, flush=True)
-      return []
+        return []
+      return _mark_too_large(dst, info["bytes"])
     os.makedirs(dst, exist_ok=True)
-    return _copy_policy_dir(out, os.path.join(dst, FINAL_POLICY),
-                            FINAL_POLICY)
+    written = _copy_policy_dir(out, os.path.join(dst, FINAL_POLICY),
+                               FINAL_POLICY)
+    if not final_policy(dst):  # its files were over the limit
+      return _mark_too_large(dst, _dir_bytes(out))
+    return written
+
+
+def too_large(dst: str) -> bool:
+  """``<dst>/TOO_LARGE`` says the run's final policy took more bytes than
+  MAX_POLICY_BYTES allows now: not exported again on every archive pass
+  (a subprocess loading a checkpoint; paper scale) unless the limit grew."""
+  path = os.path.join(dst, TOO_LARGE)
+  return (os.path.isfile(path)
+          and json.loads(_read(path))["bytes"] > MAX_POLICY_BYTES)
+
+
+def _mark_too_large(dst: str, size: int) -> list[str]:
+  os.makedirs(dst, exist_ok=True)
+  data = json.dumps({"bytes": int(size), "max_bytes": MAX_POLICY_BYTES})
+  return [TOO_LARGE] if _write_atomic(os.path.join(dst, TOO_LARGE),
+                                      data.encode()) else []
+
+
+def _dir_bytes(path: str) -> int:
+  return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
 
 
 def archive_file(src: str, run: str) -> bool:

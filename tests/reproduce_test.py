@@ -1014,8 +1014,22 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   wd = study_run(root, spec.name, [1, 0])
   os.makedirs(os.path.join(wd, "checkpoints", "60"))
   arch2 = tmp_path / "archive2"
+  n = len(calls)
   rp.ra.archive_root(str(root), str(arch2))
   assert not os.path.exists(arch2 / spec.name / "final_policy")
+  assert json.load(open(arch2 / spec.name / rp.ra.TOO_LARGE)) == {
+      "bytes": 119, "max_bytes": 99}  # the exported files' bytes
+  rp.ra.archive_root(str(root), str(arch2))
+  assert len(calls) == n + 1  # exported once, not on every pass
+  # launch/export.py itself declines params over --max_bytes: marked too.
+  arch3 = tmp_path / "archive3"
+  monkeypatch.setattr(rp.ra, "export_policy", lambda *a, **k: calls.append(
+      a) or {"exported": False, "bytes": 5000, "reason": "> max_bytes"})
+  rp.ra.archive_root(str(root), str(arch3))
+  rp.ra.archive_root(str(root), str(arch3))
+  assert len(calls) == n + 2
+  assert json.load(open(arch3 / spec.name / rp.ra.TOO_LARGE))["bytes"] == 5000
+  monkeypatch.setattr(rp.ra, "export_policy", fake_export(calls))
   shutil.rmtree(root)
   r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
                             archive=str(arch2))
