@@ -28,7 +28,7 @@ from configs import scales
 from rspo_jax import sharding
 from rspo_jax.errors import ConfigError, did_you_mean
 from third_party_envs import registry
-from rspo_jax.models.config import LOCAL_TOKENIZER_PRESETS
+from rspo_jax.models.config import ATTENTION, LOCAL_TOKENIZER_PRESETS
 
 # The from-scratch presets (a locally trained tokenizer; CPU recipe).
 CPU_PRESETS = LOCAL_TOKENIZER_PRESETS
@@ -52,6 +52,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.model.tokenizer_vocab = 2048  # vocab of the locally trained tokenizer
   # Preset field overrides, e.g. "num_layers=1;hidden_size=64" (tests).
   c.model.overrides = ""
+  # The learner's attention kernel (docs/scale_out.md "Attention kernels"):
+  # auto = splash on TPU, cuDNN on GPU where it applies, XLA otherwise.
+  c.model.attention = "auto"
 
   # ---------------------------------------------------------------- env
   # scales.py: max_steps (turns), history_length (past obs/action pairs in
@@ -430,6 +433,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
       (len(tuple(c.mesh.shape)) == 3, "mesh.shape", c.mesh.shape,
        "(data, fsdp, tensor)"),
       _one_of(c.model.preset, CPU_PRESETS + PAPER_PRESETS, "model.preset"),
+      _one_of(c.model.attention, ATTENTION, "model.attention"),
   ]
   for ok, key, value, *accepts in checks:  # accepts: [what[, did you mean]]
     if not ok:

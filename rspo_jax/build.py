@@ -119,7 +119,7 @@ def model_numerics(cfg) -> dict:
   return {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
           "remat": bool(cfg.model.remat),
           "scan_layers": bool(cfg.model.get("scan_layers", False)),
-          "attention": cfg.model.get("attention", "auto"),
+          "attention": cfg.model.attention,
           "logical_axis_rules": cfg.logical_axis_rules}
 
 

@@ -83,3 +83,19 @@ def test_centre_cap_keys_default_off_validated_and_threaded():
                        "one of truncate, mask")):
     with pytest.raises(ConfigError, match=re.escape(wanted)):
       webshop_grpo.get_config(bad)
+
+
+def test_attention_kernel_is_a_config_key_that_reaches_the_model():
+  """model.attention (auto | xla | cudnn | splash | plain) is settable as
+  docs/scale_out.md says, reaches the model config, and a bad value stops
+  at start naming the choices."""
+  from rspo_jax import build
+  from rspo_jax.errors import ConfigError
+
+  assert webshop_grpo.get_config().model.attention == "auto"
+  cfg = webshop_grpo.get_config("model.attention=xla")
+  assert build.model_numerics(cfg)["attention"] == "xla"
+  with pytest.raises(ConfigError, match=re.escape(
+      "model.attention='splsh' (did you mean 'splash'?); wants one of auto,"
+      " xla, cudnn, splash, plain")):
+    webshop_grpo.get_config("model.attention=splsh")
