@@ -401,8 +401,9 @@ def export_hf_multihost(module, cfg, path: str, *,
   process's files are written (barrier), writes the index (from sizes
   every process computes from shapes: ``_group_sizes``), config.json,
   generation_config.json and the tokenizer's files; a last barrier returns
-  when the directory is complete. The two last barriers fail on every
-  process when a write failed on one (``_raise_if_any_failed``): a host
+  when the directory is complete. The three barriers fail on every
+  process when one failed before it (``_raise_if_any_failed``; the
+  directory not made or its stale weights not removed, a write): a host
   whose write raised still takes part in the remaining gathers, writes
   nothing more, and raises its error at the barrier; the others raise a
   RuntimeError naming it. ``path`` must be one directory every
@@ -420,10 +421,14 @@ def export_hf_multihost(module, cfg, path: str, *,
   dtype_name = hf_io.export_dtype(cfg, dtype)
   dt = jnp.dtype(dtype_name)
   count, me = jax.process_count(), jax.process_index()
-  os.makedirs(path, exist_ok=True)
-  if me == 0:
-    _remove_stale(path)
-  distributed.barrier("rspo_export_clean")
+  error = None
+  try:
+    os.makedirs(path, exist_ok=True)
+    if me == 0:
+      _remove_stale(path)
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  _raise_if_any_failed(error, "preparing the directory")
   groups = _param_groups(module, dt)
   order = _group_order(groups)
   names = _file_names(order)

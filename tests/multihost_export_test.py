@@ -135,9 +135,10 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
 
 def failing_export_worker(out_dir: str, process_id: int, num_processes: int,
                           port: int):
-  """Two exports that fail on one process: process 1's first weight file
+  """Three exports that fail on one process: process 1's first weight file
   write raises (it still owns a later group), then the leader's index
-  write does. Each worker records what its ``export_hf_multihost`` raised
+  write does, then the leader's removal of stale weights (before any
+  gather). Each worker records what its ``export_hf_multihost`` raised
   (a hang fails the test's timeout)."""
   import jax
 
@@ -157,13 +158,18 @@ def failing_export_worker(out_dir: str, process_id: int, num_processes: int,
   def meta_fails(*a, **kw):
     raise OSError(13, "Permission denied", "model.safetensors.index.json")
 
+  def stale_fails(*a, **kw):
+    raise OSError(30, "Read-only file system", "model-00001-of-00005")
+
   weight_sync.save_safetensors = save_or_fail
   cfg, learner = make_learner("gather")
   result = {}
-  for name in ("weights", "meta"):
+  for name in ("weights", "meta", "stale"):
     if name == "meta":
       weight_sync.save_safetensors = save_file
       weight_sync._write_meta = meta_fails  # the leader's alone calls it  # pylint: disable=protected-access
+    if name == "stale":
+      weight_sync._remove_stale = stale_fails  # the leader's alone too  # pylint: disable=protected-access
     try:
       weight_sync.export_hf_multihost(learner.module(), cfg,
                                       os.path.join(out_dir, name))
@@ -312,8 +318,9 @@ def test_two_processes_write_their_own_groups(tmp_path):
 @pytest.mark.slow
 def test_a_failed_write_on_one_host_fails_the_export_on_every_host(
     tmp_path):
-  """A weight file that one host cannot write, or an index the leader
-  cannot write, ends ``export_hf_multihost`` with an error on every host
+  """A weight file that one host cannot write, an index the leader cannot
+  write, or stale weights the leader cannot remove, ends
+  ``export_hf_multihost`` with an error on every host
   (the failing one's own error, a RuntimeError naming it on the others)
   instead of leaving the others blocked at the next collective; the failed
   host wrote nothing after its failure but kept taking part in the
@@ -332,6 +339,10 @@ def test_a_failed_write_on_one_host_fails_the_export_on_every_host(
   assert "index" in res[0]["meta"][1]
   assert res[1]["meta"][0] == "RuntimeError", res[1]
   assert "process(es) [0] failed writing the index" in res[1]["meta"][1]
+  assert res[0]["stale"][0] == "OSError" and "Read-only" in res[0]["stale"][1]
+  assert res[1]["stale"][0] == "RuntimeError", res[1]
+  assert "process(es) [0] failed preparing the directory" in (
+      res[1]["stale"][1])
   # 'gather' has 5 groups: process 1 owns groups 1 and 3, its write of 1
   # failed and it took part in group 3's gathers without writing it;
   # process 0 wrote its three (the 'meta' export is not counted).
