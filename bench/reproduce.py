@@ -726,14 +726,16 @@ def trained_config(spec: RunSpec, root: str, extra: str = "") -> str:
 def with_policy(config: str, policy: str) -> str:
   """``config`` (``file.py:k=v,...``) starting from the HF directory
   ``policy``: its ``model.checkpoint_dir`` overrides replaced by one naming
-  ``policy`` (the run's tokenizer is in it too); a config file of another
-  clone (run.json holds absolute paths) taken from this one."""
+  ``policy``, its ``model.tokenizer_dir`` ones dropped (the exported
+  policy holds the run's tokenizer; the trained path may be another
+  clone's); a config file of another clone (run.json holds absolute
+  paths) taken from this one."""
   path, _, overrides = config.partition(":")
   i = path.rfind(f"{os.sep}configs{os.sep}")
   if i >= 0 and not os.path.isfile(path):
     path = ROOT + path[i:]
-  kept = [p for p in overrides.split(",")
-          if p and not p.startswith("model.checkpoint_dir=")]
+  kept = [p for p in overrides.split(",") if p and not p.startswith(
+      ("model.checkpoint_dir=", "model.tokenizer_dir="))]
   return f"{path}:" + ",".join(kept + [f"model.checkpoint_dir={policy}"])
 
 

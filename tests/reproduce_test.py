@@ -1043,3 +1043,16 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   assert len(calls) == n + 1 and rp.ra.same_run(wd, str(arch))
   assert not os.path.exists(arch / spec.name / "eval_final_t04.json")
   assert (policy / "model.safetensors").read_bytes() == b"w" * 100
+
+
+def test_with_policy_points_the_trained_config_at_the_archived_policy():
+  """The trained config, from another clone, evaluated from an exported
+  policy: this clone's config file, the policy as checkpoint, no stale
+  tokenizer path (the policy holds its tokenizer), other overrides kept."""
+  trained = ("/old/clone/configs/webshop_gigpo.py:rspo=1,seed=200,"
+             "model.checkpoint_dir=/old/clone/runs/ws/warm_start,"
+             "model.tokenizer_dir=/old/clone/runs/ws/tokenizer,train.lr=0.001")
+  assert rp.with_policy(trained, "/arch/final_policy") == (
+      os.path.join(ROOT, "configs", "webshop_gigpo.py")
+      + ":rspo=1,seed=200,train.lr=0.001,"
+      "model.checkpoint_dir=/arch/final_policy")
