@@ -199,8 +199,7 @@ def _copy_policy_dir(src: str, dst: str, label: str) -> list[str]:
   if not os.path.isfile(os.path.join(src, POLICY_WEIGHTS)):
     return []
   names = _policy_files(src)
-  if sum(os.path.getsize(os.path.join(src, n)) for n in names) > (
-      MAX_POLICY_BYTES):
+  if _policy_bytes(src) > MAX_POLICY_BYTES:
     return []
   os.makedirs(dst, exist_ok=True)
   return [f"{label}/{n}" for n in names if _write_atomic(
@@ -273,12 +272,12 @@ def archive_final_policy(workdir: str, dst: str,
                           info.get("reason")}), file=sys.stderr, flush=True)
         return []
       return _mark_too_large(dst, info["bytes"])
+    size = _policy_bytes(out)
+    if size > MAX_POLICY_BYTES:  # its files over the limit, not its params
+      return _mark_too_large(dst, size)
     os.makedirs(dst, exist_ok=True)
-    written = _copy_policy_dir(out, os.path.join(dst, FINAL_POLICY),
-                               FINAL_POLICY)
-    if not final_policy(dst):  # its files were over the limit
-      return _mark_too_large(dst, _dir_bytes(out))
-    return written
+    return _copy_policy_dir(out, os.path.join(dst, FINAL_POLICY),
+                            FINAL_POLICY)
 
 
 def too_large(dst: str) -> bool:
@@ -297,8 +296,10 @@ def _mark_too_large(dst: str, size: int) -> list[str]:
                                       data.encode()) else []
 
 
-def _dir_bytes(path: str) -> int:
-  return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+def _policy_bytes(policy: str) -> int:
+  """The bytes of a policy directory's files."""
+  return sum(os.path.getsize(os.path.join(policy, n))
+             for n in _policy_files(policy))
 
 
 def archive_file(src: str, run: str) -> bool:

@@ -41,9 +41,14 @@ def records_to_batch(
     step_values: Optional[Sequence[float]] = None,
     length_multiple: int = 64,
     row_multiple: int = 8,
+    row_ways: int = 1,
     max_len: Optional[int] = None,
 ) -> Batch:
   """One row per step record: prompt then response tokens, right-padded.
+
+  Rows: ``round_up(length_bucket(n, row_multiple), row_ways)``; ``row_ways``
+  is the devices a batch's rows split over (a sharded input's rows must
+  divide evenly: a bucket of 8 or 24 rows does not split over 6 or 16).
 
   Per-step scalars (advantage, return, value) are broadcast to every response
   token of the row. ``behavior_logp`` holds the records' stored behaviour
@@ -65,7 +70,7 @@ def records_to_batch(
   t = length_bucket(longest, length_multiple)
   if max_len is not None:
     t = min(t, max_len)
-  b = length_bucket(n, row_multiple)
+  b = round_up(length_bucket(n, row_multiple), row_ways)
   tokens = np.zeros((b, t), np.int32)
   attn = np.zeros((b, t), np.int32)
   loss_mask = np.zeros((b, t), np.float32)

@@ -3,13 +3,13 @@
 With one process a batch is the host's rows, padded to
 ``batching.length_bucket(rows, max(8, train.micro_batch_rows))`` rows and
 then to a multiple of D, the devices the learner's batch rows split over
-(``Learner.row_ways``; a sharded input's rows must divide evenly: 8 rows
-on a 6- or 16-way mesh would not). With ``P > 1`` processes (every host
-calls these together, in the same order):
+(``Learner.row_ways``; ``batching.records_to_batch``'s ``row_ways``).
+With ``P > 1`` processes (every host calls these together, in the same
+order):
 
   * ``build`` pads each host's block to the row count and length every
-    host agrees on (a cross-host max), rounded up to a multiple of
-    D / gcd(D, P) so that the P blocks together divide over D; a host
+    host agrees on (a cross-host max of blocks that are each a multiple of
+    D / gcd(D, P), so the P blocks together divide over D); a host
     without rows feeds padding;
   * ``to_global`` assembles the blocks into global arrays sharded like the
     learner's batch (``distributed.host_local_to_global``);
@@ -73,18 +73,14 @@ class HostBatches:
       batch = batching.records_to_batch(
           records, adv, is_offpolicy=off_flags, step_returns=returns,
           step_values=values, row_multiple=self.row_multiple,
-          max_len=self.max_len,
+          row_ways=self.host_row_ways, max_len=self.max_len,
       )
     if not self.multihost:
-      rows, length = batch.tokens.shape
-    else:
-      shape = batch.tokens.shape if batch is not None else (0, 0)
-      rows, length = (int(v) for v in distributed.global_max(np.array(shape)))
-      if batch is None:
-        batch = empty_batch(self.row_multiple, length)
-    rows = batching.round_up(rows, self.host_row_ways)
-    if batch.tokens.shape == (rows, length):
       return batch
+    shape = batch.tokens.shape if batch is not None else (0, 0)
+    rows, length = (int(v) for v in distributed.global_max(np.array(shape)))
+    if batch is None:
+      batch = empty_batch(self.row_multiple, length)
     return distributed.pad_rows_and_length(batch, rows, length)
 
   def to_global(self, learner: Learner, batch: Batch):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from typing import Iterable, Optional
 
 import jax
@@ -131,7 +130,7 @@ def train_sft(
                       replace=False)
     batch = batching.records_to_batch(
         [records[i] for i in rows], ones[rows], max_len=max_len,
-        row_multiple=math.lcm(8, learner.row_ways),  # rows divide over D
+        row_ways=learner.row_ways,
     )
     m = learner.train(batch, jax.random.key(seed + step))
     curve.append(m["nll"])

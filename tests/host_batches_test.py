@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import jax
 import numpy as np
 
-from rspo_jax import host_batches, models, sharding, train_step as ts
+from rspo_jax import batching, host_batches, models, sharding, train_step as ts
 from rspo_jax import warm_start
 from rspo_jax.learner import Learner
 from rspo_jax.types import StepRecord
@@ -116,6 +116,11 @@ def test_batches_divide_over_a_mesh_whose_row_ways_do_not_divide_8():
   got, want = six.train(batch, rng), one.train(ref, rng)
   for k in ("loss", "grad_norm"):
     np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+  # A bucket that is not a multiple of its own minimum: 20 rows bucket to
+  # 24 with row_multiple 16, which 16 devices cannot split: 32.
+  assert batching.length_bucket(20, 16) == 24
+  assert batching.records_to_batch(records(n=20), np.zeros(20), row_multiple=16,
+                                   row_ways=16).tokens.shape[0] == 32
   # Behaviour cloning's batches (warm_start.train_sft) divide over 6 too.
   sft = Learner(models.create_model(tiny_cfg(), seed=0),
                 ts.make_optimizer(1e-3), ts.make_sft_loss(0.0),
