@@ -130,8 +130,10 @@ class RSPOTrainer:
     self.num_train_tasks = num_train_tasks
     self.process_index = jax.process_index()
     self.multihost = jax.process_count() > 1
+    # policy=None: a collect-only trainer (rows are never batched for A).
+    row_ways = policy.row_ways if policy is not None else 1
     self.batches = host_batches.HostBatches(cfg, self.multihost,
-                                              row_ways=policy.row_ways)
+                                              row_ways=row_ways)
     # Wall seconds by phase, written as one "time" record per A step.
     self.timer = timing.PhaseTimer(count_compiles=True)
     self.updater = update.StepUpdater(cfg, self.batches, self._host_rng,
