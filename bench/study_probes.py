@@ -168,6 +168,44 @@ def pooled_markdown(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def rspo_summary(workdir: str) -> dict | None:
+  """One row of the RSPO table (module docstring); None for a baseline."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  collect = read_metrics(path, "B_collect")
+  if not collect:
+    return None
+  a = read_metrics(path, "A")
+  replaying = [r for r in a if r.get("n_rows_off", 0) > 0]
+  mean = lambda rows, key: float(np.nanmean(
+      [r.get(key, np.nan) for r in rows])) if rows else np.nan
+  ratio = [r["ratio_mean_off"] for r in replaying if "ratio_mean_off" in r]
+  return {
+      "run": "/".join(os.path.normpath(workdir).split(os.sep)[-2:]),
+      "b_collect": mean(collect, "rollout_success_rate"),
+      "a_own": mean(a, "rollout_success_rate"),
+      "replaying": len(replaying),
+      "replay_success": mean(replaying, "replay_success_frac"),
+      "replay_signal": mean(replaying, "replay_nonzero_adv_frac"),
+      "ratio": (min(ratio), max(ratio)) if ratio else (np.nan, np.nan),
+      "clip_off": mean(replaying, "clip_frac_off"),
+  }
+
+
+def rspo_markdown(rows: list[dict]) -> str:
+  lines = ["| run | B collect | A own | replaying A steps | replayed won |"
+           " replayed signal | ratio off min / max | clip off |",
+           "|---|---:|---:|---:|---:|---:|---|---:|"]
+  for r in rows:
+    lines.append(
+        f"| {r['run']} | {_cell(r['b_collect'], '{:.3f}')} |"
+        f" {_cell(r['a_own'], '{:.3f}')} | {r['replaying']} |"
+        f" {_cell(r['replay_success'], '{:.2f}')} |"
+        f" {_cell(r['replay_signal'], '{:.2f}')} |"
+        f" {_cell(r['ratio'][0])} / {_cell(r['ratio'][1])} |"
+        f" {_cell(r['clip_off'], '{:.4f}')} |")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(__doc__)
@@ -177,6 +215,9 @@ def main(argv: list[str]) -> int:
   rows = pooled(dirs)
   if rows:
     print("\n" + pooled_markdown(rows), end="")
+  rspo = [r for r in map(rspo_summary, dirs) if r is not None]
+  if rspo:
+    print("\n" + rspo_markdown(rspo), end="")
   return 0
 
 
