@@ -276,8 +276,11 @@ def archive_final_policy(workdir: str, dst: str,
     if size > MAX_POLICY_BYTES:  # its files over the limit, not its params
       return _mark_too_large(dst, size)
     os.makedirs(dst, exist_ok=True)
-    return _copy_policy_dir(out, os.path.join(dst, FINAL_POLICY),
-                            FINAL_POLICY)
+    copied = _copy_policy_dir(out, os.path.join(dst, FINAL_POLICY),
+                              FINAL_POLICY)
+    if os.path.exists(os.path.join(dst, TOO_LARGE)):  # the limit grew
+      os.remove(os.path.join(dst, TOO_LARGE))
+    return copied
 
 
 def too_large(dst: str) -> bool:

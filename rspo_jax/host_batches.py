@@ -113,6 +113,8 @@ class HostBatches:
     lengths = np.asarray(batch.attention_mask).sum(axis=1)
     order = np.argsort(lengths, kind="stable")
     order = order[lengths[order] > 0]  # padding rows stay 0
+    if not len(order):
+      return learner.apply(batch, params=params)
     n_chunks = max(1, -(-len(order) // self.apply_group_rows))
     multiple = math.lcm(8, learner.row_ways)
     out = None
@@ -126,7 +128,7 @@ class HostBatches:
       if out is None:
         out = np.zeros((rows, width), got.dtype)
       out[idx, :t] = got[:len(idx)]
-    return out if out is not None else learner.apply(batch, params=params)
+    return out
 
 
 def _take(x: np.ndarray, idx: np.ndarray, rows: int, width) -> np.ndarray:

@@ -252,12 +252,9 @@ def _remove_stale(path: str) -> None:
 
 def _write_meta(path, cfg, dtype_name, order, names, sizes,
                 tokenizer_dir) -> int:
-  """The index (from ``sizes``: group -> {HF name: bytes}), config.json,
-  generation_config.json and the tokenizer's files; returns the bytes."""
-  weight_map = {t: names[k] for k in order for t in sizes[k]}
-  total = sum(b for k in order for b in sizes[k].values())
-  _write_json(os.path.join(path, hf_io.SAFE_INDEX),
-              {"metadata": {"total_size": total}, "weight_map": weight_map})
+  """config.json, generation_config.json, the tokenizer's files and, last
+  (a directory with an index is complete), the index from ``sizes``
+  (group -> {HF name: bytes}); returns the bytes."""
   hf_cfg = cfg.to_hf_dict()
   hf_cfg["torch_dtype"] = hf_cfg["dtype"] = dtype_name
   _write_json(os.path.join(path, "config.json"), hf_cfg)
@@ -269,6 +266,10 @@ def _write_meta(path, cfg, dtype_name, order, names, sizes,
   _write_json(os.path.join(path, "generation_config.json"), gen)
   if tokenizer_dir is not None:
     hf_io.copy_tokenizer_files(tokenizer_dir, path)
+  weight_map = {t: names[k] for k in order for t in sizes[k]}
+  total = sum(b for k in order for b in sizes[k].values())
+  _write_json(os.path.join(path, hf_io.SAFE_INDEX),
+              {"metadata": {"total_size": total}, "weight_map": weight_map})
   return total
 
 

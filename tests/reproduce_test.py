@@ -1030,6 +1030,13 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   assert len(calls) == n + 2
   assert json.load(open(arch3 / spec.name / rp.ra.TOO_LARGE))["bytes"] == 5000
   monkeypatch.setattr(rp.ra, "export_policy", fake_export(calls))
+  # The limit grew past it: exported on the next pass, the mark removed.
+  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 6000)
+  rp.ra.archive_root(str(root), str(arch3))
+  assert len(calls) == n + 3
+  assert (arch3 / spec.name / "final_policy" / "model.safetensors").exists()
+  assert not os.path.exists(arch3 / spec.name / rp.ra.TOO_LARGE)
+  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 99)
   shutil.rmtree(root)
   r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
                             archive=str(arch2))
