@@ -289,6 +289,7 @@ def episodes(cache_dir):
   return out
 
 
+@pytest.mark.slow
 def test_search_wins_short_tasks_mostly_within_max_steps(episodes):
   """Measured on train tasks 0..31 (16 of each CPU type): every one won
   within 50 steps; within the CPU recipe's 20, 14 of 16 pick_and_place

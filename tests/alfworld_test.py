@@ -324,6 +324,7 @@ def _engine_transcripts(games, seed=0, turns=10):
   return out
 
 
+@pytest.mark.slow
 def test_speedups_preserve_every_engine_output(env):
   """Three task types, a won walkthrough and random play, a game loaded
   twice on one engine and once on another, resets with and without a

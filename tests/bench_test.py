@@ -177,6 +177,7 @@ def test_paper_flops_by_hand():
       blocks + 2 * 2048 * 256 * 128 + causal)
 
 
+@pytest.mark.slow
 def test_device_check_smoke(tmp_path):
   """bench/device_check.sh --smoke: bench/device.py --paper on tiny shapes
   and 8 CPU devices into one JSON file -- the learner step on all devices
@@ -246,6 +247,7 @@ def test_eval_failures_sorts_alfworld_endings():
       "step_limit")
 
 
+@pytest.mark.slow
 def test_loop_bench_smoke_prints_phases(tmp_path):
   """bench/loop.py end to end on the toy world, the working tree only,
   micro-sized: one JSON line per side, then the summary."""

@@ -18,6 +18,8 @@ import sysconfig
 import tomllib
 import zipfile
 
+import pytest
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the wheel is built from: pyproject.toml's packages and its readme.
@@ -79,6 +81,7 @@ def _fresh_venv(path) -> str:
   return str(path / "bin")
 
 
+@pytest.mark.slow
 def test_wheel_in_a_fresh_venv_runs_the_console_scripts(tmp_path):
   wheel = _build_wheel(tmp_path)
   # Every module of the checkout's packages is in the wheel.

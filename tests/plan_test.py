@@ -496,6 +496,7 @@ def estimate(case) -> dict:
                             case["new"])
 
 
+@pytest.mark.slow
 def test_estimate_within_25_percent_of_compiled_memory():
   """Each program's estimated peak bytes per device within 25 % of XLA's
   buffer assignment (arguments + outputs - aliased + temporaries) of the

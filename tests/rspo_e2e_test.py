@@ -16,6 +16,9 @@ import pytest
 from configs import toy_grpo
 from rspo_jax import build, replay
 
+# End-to-end RSPO loops and the train CLI: CI's slow stage (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = ("model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
          "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"

@@ -16,6 +16,9 @@ from rspo_jax import build, replay
 from rspo_jax.replay import replayed
 from rspo_jax.types import POLICY_B
 
+# Whole RSPO loops on the toy task: CI's slow stage (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 
 def spy_updates(t):
   """Records (on, off, off_adv) of every ``t.update`` call."""

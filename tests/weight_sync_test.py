@@ -119,6 +119,7 @@ def _logprobs(learner, prompts, results):
   return out
 
 
+@pytest.mark.slow
 def test_sync_with_unchanged_weights_costs_no_export(server, tmp_path):
   cfg, learner = _learner()
   export = str(tmp_path / "export")
