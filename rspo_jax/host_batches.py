@@ -115,7 +115,7 @@ class HostBatches:
     order = order[lengths[order] > 0]  # padding rows stay 0
     if not len(order):
       return learner.apply(batch, params=params)
-    n_chunks = max(1, -(-len(order) // self.apply_group_rows))
+    n_chunks = -(-len(order) // self.apply_group_rows)  # order is not empty
     multiple = math.lcm(8, learner.row_ways)
     out = None
     for idx in np.array_split(order, n_chunks):
