@@ -18,8 +18,8 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
   study      the CPU study (docs/results.md, "CPU study recipe"): one env
              (default WebShop) at STUDY_OVERRIDES (the paper's batch shape
              16 x 8, 30 A steps = 10 RSPO loops, 256 held-out goals),
-             GRPO {baseline, rspo, sample_variance, sample_random} and
-             GiGPO {baseline, rspo}, each naming its dense reward
+             GRPO and GiGPO x {baseline, rspo, sample_variance,
+             sample_random}, each naming its dense reward
              (rspo.dense_reward=oracle), seeds {0, 200, 400}; ``--envs
              alfworld``: 16 x 8, 30 A steps, 140 valid_seen tasks, GRPO
              {baseline, rspo} (STUDY_ENV_CELLS); root
@@ -666,7 +666,7 @@ STUDY_VARIANTS = {
     "sample_variance": f"rspo=1,rspo.sampling=variance,{DENSE}",
     "sample_random": f"rspo=1,rspo.sampling=random,{DENSE}",
 }
-STUDY_CELLS = {"grpo": tuple(STUDY_VARIANTS), "gigpo": ("baseline", "rspo")}
+STUDY_CELLS = {algo: tuple(STUDY_VARIANTS) for algo in STUDY_ALGOS}
 # Envs whose study has other cells (algo -> variants) than STUDY_CELLS.
 STUDY_ENV_CELLS = {"alfworld": {"grpo": ("baseline", "rspo")}}
 # Sampled evaluations beside greedy, 3 sampling seeds each: the paper's
@@ -695,8 +695,8 @@ def study_cells(env: str) -> dict:
 
 
 def study_grid(envs=None, algos=None, seeds=None, variants=None):
-  """The env's study_cells (WebShop: GRPO x 4 variants and GiGPO x
-  {baseline, rspo}; ALFWorld: GRPO x {baseline, rspo}) x seeds, filtered;
+  """The env's study_cells (WebShop: GRPO and GiGPO x 4 variants, the
+  replay-sampling ablation in each; ALFWorld: GRPO x {baseline, rspo}) x seeds, filtered;
   ValueError for an env without a study recipe (STUDY_OVERRIDES)."""
   specs = make_grid(STUDY_VARIANTS, envs, algos, seeds, variants,
                     default_envs=STUDY_ENVS, default_algos=STUDY_ALGOS)

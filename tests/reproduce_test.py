@@ -370,10 +370,10 @@ def write_eval(path, wins, seeds=(0,)):
 
 def test_study_grid_cells_and_overrides():
   specs = rp.study_grid()
-  assert len(specs) == (4 + 2) * 3 and {s.env for s in specs} == {"webshop"}
+  assert len(specs) == (4 + 4) * 3 and {s.env for s in specs} == {"webshop"}
   assert {(s.algo, s.variant) for s in specs} == {
-      ("grpo", "baseline"), ("grpo", "rspo"), ("grpo", "sample_variance"),
-      ("grpo", "sample_random"), ("gigpo", "baseline"), ("gigpo", "rspo")}
+      (algo, variant) for algo in ("grpo", "gigpo") for variant in (
+          "baseline", "rspo", "sample_variance", "sample_random")}
   assert all("rspo.dense_reward=oracle" in s.overrides for s in specs)
   by = {(s.algo, s.variant): s for s in rp.study_grid(seeds=[0])}
   path, arg = by["grpo", "sample_random"].config_arg(
