@@ -181,8 +181,8 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # Orbax checkpoint every N A steps (and after B's collection, at each
   # loop's end and at the run's end); written in the background.
   c.train.checkpoint_every = 1
-  # JAX's persistent compilation cache: "" = <workdir>/compile_cache,
-  # "none" = off (rspo_jax/compile_cache.py).
+  # JAX's persistent compilation cache: "" = $JAX_COMPILATION_CACHE_DIR if
+  # set, else <workdir>/compile_cache; "none" = off (rspo_jax/compile_cache.py).
   c.train.compile_cache_dir = ""
   c.train.log_every = 1
   c.train.max_bad_steps = 5  # consecutive NaN/Inf steps before stopping

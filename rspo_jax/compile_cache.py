@@ -1,8 +1,9 @@
 """Compile time of a run: JAX's persistent compilation cache, and compile
 seconds per jitted function in the metrics.
 
-    directory = cache_dir(cfg, workdir)   # train.compile_cache_dir, or
-    enable(directory)                      # <workdir>/compile_cache
+    directory = cache_dir(cfg, workdir)   # train.compile_cache_dir, else
+    enable(directory)                      # $JAX_COMPILATION_CACHE_DIR, else
+                                           # <workdir>/compile_cache
 
 A later process of the run (a restart, an evaluation) reads each program it
 compiled before from the directory instead of compiling it again, when its
@@ -39,11 +40,14 @@ NONE = "none"  # train.compile_cache_dir value that turns the cache off
 
 
 def cache_dir(cfg, workdir: str) -> Optional[str]:
-  """``train.compile_cache_dir``; "" = ``<workdir>/compile_cache``,
-  "none" = no persistent cache (None)."""
+  """``train.compile_cache_dir``; "" = JAX's own
+  ``JAX_COMPILATION_CACHE_DIR`` when the environment sets it (one cache
+  shared by many runs: a sweep, the test suite), else
+  ``<workdir>/compile_cache``; "none" = no persistent cache (None)."""
   path = str(cfg.train.get("compile_cache_dir", "") or "")
   if path.lower() == NONE:
     return None
+  path = path or os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
   return os.path.abspath(path or os.path.join(workdir, "compile_cache"))
 
 

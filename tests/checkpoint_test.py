@@ -11,7 +11,8 @@ run saves after B's phase (1), after A step 2 (5) and after A step 3, the
 loop's end (6) -- not after A step 1. A copy killed in A step 2 (before
 that step's save) restarts from checkpoint 1, redoes steps 1 and 2 and
 ends like the uninterrupted run, to float32 rounding. The restart reads
-its compiled programs back from <workdir>/compile_cache. A copy sent
+its compiled programs back from the persistent cache (<workdir>/compile_cache,
+or the test session's $JAX_COMPILATION_CACHE_DIR: tests/conftest.py). A copy sent
 SIGTERM in A step 1 (preemption.py) checkpoints that step, exits with 143
 and resumes after it.
 """
@@ -27,11 +28,12 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from rspo_e2e_test import MICRO
-from rspo_jax import checkpoint, faults
+from rspo_jax import checkpoint, compile_cache, faults
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.metrics import read_metrics
 
@@ -196,7 +198,8 @@ def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
   steps = 4 if case == "rspo_h" else 3
   base, base_log = baseline(case)
   assert saves_logged(base_log) == saved
-  assert os.listdir(os.path.join(base, "compile_cache"))
+  assert os.listdir(compile_cache.cache_dir(
+      ml_collections.ConfigDict({"train": {}}), base))
   want_rows = a_rows(base)
   assert sorted(want_rows) == list(range(1, steps + 1))
   assert want_rows[steps]["rows_off"] > 0  # replayed in the last loop

@@ -55,9 +55,12 @@ def run_process(cache: str) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_cache_dir_defaults_to_the_workdir():
+def test_cache_dir_defaults_to_the_environment_then_the_workdir(monkeypatch):
   cfg = ml_collections.ConfigDict({"train": {"compile_cache_dir": ""}})
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   assert compile_cache.cache_dir(cfg, "/runs/x") == "/runs/x/compile_cache"
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/shared/env")
+  assert compile_cache.cache_dir(cfg, "/runs/x") == "/shared/env"
   cfg.train.compile_cache_dir = "/shared/xla"
   assert compile_cache.cache_dir(cfg, "/runs/x") == "/shared/xla"
   cfg.train.compile_cache_dir = "none"
