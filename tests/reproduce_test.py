@@ -815,8 +815,9 @@ def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
     open(os.path.join(wd, "run.json"), "w").write(json.dumps(meta))
   args = ["--grid", "study", "--root", str(root), "--archive", str(arch),
           "--out", str(out), "--seeds", "0", "--python", "/bin/true"]
+  gigpo = ["--algos", "gigpo", "--variants", "baseline,rspo"]
   # The same recipe: skipped, nothing made.
-  assert rp.main(args + ["--algos", "gigpo", "--rl_extra", rl]) == 0
+  assert rp.main(args + gigpo + ["--rl_extra", rl]) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   assert {(l["run"], l["status"]) for l in lines if "run" in l} == {
       (f"webshop_gigpo_{v}_s0{t}", "skipped")
@@ -826,7 +827,7 @@ def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
   assert "other overrides" not in md
   # Another recipe: refused, named, not trained, no warm start made.
   other = rl + ",rspo.centre_cap=2"
-  assert rp.main(args + ["--algos", "gigpo", "--rl_extra", other]) == 1
+  assert rp.main(args + gigpo + ["--rl_extra", other]) == 1
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   failed = [l for l in lines if l.get("status") == "failed"]
   assert sorted(l["run"] for l in failed) == [
