@@ -12,9 +12,9 @@ loop's end (6) -- not after A step 1. A copy killed in A step 2 (before
 that step's save) restarts from checkpoint 1, redoes steps 1 and 2 and
 ends like the uninterrupted run, to float32 rounding. The restart reads
 its compiled programs back from the persistent cache (<workdir>/compile_cache,
-or the test session's $JAX_COMPILATION_CACHE_DIR: tests/conftest.py). A copy sent
-SIGTERM in A step 1 (preemption.py) checkpoints that step, exits with 143
-and resumes after it.
+or the test session's $JAX_COMPILATION_CACHE_DIR: tests/conftest.py). A
+copy sent SIGTERM in A step 1 (preemption.py) checkpoints that step, exits
+with 143 and resumes after it.
 """
 
 import glob
