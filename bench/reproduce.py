@@ -697,7 +697,8 @@ def study_cells(env: str) -> dict:
 def study_grid(envs=None, algos=None, seeds=None, variants=None):
   """The env's study_cells (WebShop: GRPO and GiGPO x 4 variants, the
   replay-sampling ablation in each; ALFWorld: GRPO x {baseline, rspo}) x
-  seeds, filtered; ValueError for an env without a study recipe (STUDY_OVERRIDES)."""
+  seeds, filtered; ValueError for an env without a study recipe
+  (STUDY_OVERRIDES)."""
   specs = make_grid(STUDY_VARIANTS, envs, algos, seeds, variants,
                     default_envs=STUDY_ENVS, default_algos=STUDY_ALGOS)
   for env in dict.fromkeys(s.env for s in specs):
