@@ -6,10 +6,11 @@ on first use), reference policy, critic, engine, environments, trainer.
 Multi-host (after ``distributed.initialize``): the leader trains the local
 tokenizer and the warm start (on its own devices) while the others wait at
 a barrier, then every process loads them; the learners live on the global
-mesh, and each process's rollout engine on a mesh of its *local* devices,
-fed with the learner's weights gathered to the host
-(``distributed.global_to_host``). The PRM dense reward and decoupled
-placement are refused with more than one process.
+mesh, and each process's rollout engine on a mesh of its *local* devices
+(``distributed.host_mesh``), fed with the learner's weights resharded
+device to device onto it (``distributed.to_host_mesh``: no host copy). The
+leader fits the PRM on its own devices; decoupled placement is refused with
+more than one process.
 """
 
 from __future__ import annotations
@@ -242,16 +243,6 @@ def engine_params(params, mcfg):
   return _unrolled_inference_params(params, mcfg.inference_dtype)
 
 
-def local_mesh(cfg):
-  """A mesh of this process's own devices: the config's tensor axis when it
-  fits, FSDP over the rest (the rollout engine's mesh in multi-host)."""
-  devices = jax.local_devices()
-  tensor = int(cfg.mesh.shape[2])
-  if tensor < 1 or len(devices) % tensor:
-    tensor = 1
-  return sharding.make_mesh((1, -1, tensor), devices=devices)
-
-
 def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
                         metrics: Optional[MetricsWriter] = None,
                         progress: bool = True):
@@ -391,15 +382,16 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
                    total_s=time.perf_counter() - start, bytes=out["bytes"])
       return
     if isinstance(engine, JaxEngine):
-      # Multi-host: every host's engine gets the whole weights (gathered,
-      # cast first so half the bytes move under bfloat16 compute): each
-      # host's in-process engine needs them all, so this full gather stays
-      # (the SGLang export below shares the files out instead).
-      params = learner.params
+      # Multi-host: every host's engine gets the whole weights (split over
+      # 'tensor' as the learner's), cast first so half the bytes move
+      # under bfloat16 compute, then resharded device to device onto its
+      # host mesh (no host copy; the SGLang export below shares the files
+      # out instead).
+      params = engine_params(learner.params, mcfg)
       if multihost:
-        params = distributed.global_to_host(
-            cast_floating(params, mcfg.inference_dtype))
-      engine.update_weights(engine_params(params, mcfg), version)
+        params = distributed.to_host_mesh(
+            cast_floating(params, mcfg.inference_dtype), learner.mesh)
+      engine.update_weights(params, version)
       synced.record(engine, learner)
       sync_log.add(version=version, total_s=time.perf_counter() - start)
       return
@@ -453,17 +445,16 @@ def make_weight_push(cfg):
       timeout_s=float(r.get("server_timeout_s", 600.0)))
 
 
-def engine_module(module, mcfg):
+def engine_module(module, mcfg, mesh):
   """What ``make_engine`` takes: the module itself with one process; with
-  several, its (graphdef, params, rest) gathered to numpy (params cast to
-  ``mcfg.inference_dtype`` first) so each host can place them on its own
-  devices."""
+  several, its (graphdef, params, rest) on this host's engine mesh (params
+  cast to ``mcfg.inference_dtype`` first; ``distributed.to_host_mesh``:
+  resharded device to device from ``mesh``, the learner's)."""
   if not distributed.is_multihost():
     return module
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params = cast_floating(params, mcfg.inference_dtype)
-  return (graphdef, distributed.global_to_host(params),
-          distributed.global_to_host(rest))
+  return (graphdef, *distributed.to_host_mesh((params, rest), mesh))
 
 
 def collect_config(cfg, split: str) -> CollectConfig:
@@ -568,8 +559,9 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
                      rules=cfg.logical_axis_rules, kind="value",
                      micro_batch_rows=cfg.train.micro_batch_rows)
   # Multi-host: each host generates on its own devices.
-  engine_mesh = local_mesh(cfg) if distributed.is_multihost() else mesh
-  engine = make_engine(cfg, mcfg, engine_module(policy.module(), mcfg),
+  engine_mesh = (distributed.host_mesh(mesh) if distributed.is_multihost()
+                 else mesh)
+  engine = make_engine(cfg, mcfg, engine_module(policy.module(), mcfg, mesh),
                        tokenizer, engine_mesh)
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))
@@ -669,9 +661,10 @@ def make_prm_refresh(cfg, workdir, backbone_dir, tok_dir, mesh):
 
 def prm_mesh(cfg, mesh):
   """The PRM's mesh: the run's with one process; else this process's own
-  devices (``local_mesh``, as the engine's), so that one host fits the
-  head alone and every host scores without cross-host collectives."""
-  return local_mesh(cfg) if distributed.is_multihost() else mesh
+  devices (``distributed.host_mesh``, as the engine's), so that one host
+  fits the head alone and every host scores without cross-host
+  collectives."""
+  return distributed.host_mesh(mesh) if distributed.is_multihost() else mesh
 
 
 def gather_records(records: list) -> list:

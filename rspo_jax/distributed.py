@@ -34,7 +34,7 @@ from typing import Any, Mapping, Optional, Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
 
@@ -368,6 +368,86 @@ def global_to_host(tree: Any) -> Any:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
   return jax.tree.map(one, tree)
+
+
+def host_mesh(mesh: Mesh) -> Mesh:
+  """This process's devices of ``mesh`` as a ('data', 'fsdp', 'tensor')
+  mesh of their own, (1, n / T, T), for the rollout engine:
+
+    T = mesh's 'tensor' size  when every tensor group of ``mesh`` (devices
+                              differing only in their 'tensor' index) lies
+                              on one process,
+        1                     otherwise;
+
+  the devices in ``mesh``'s order, each at its own tensor index (device
+  (0, i, t) holds tensor block t in ``mesh`` too), so a weight split over
+  'tensor' on ``mesh`` already has on every device the block it has here
+  (``to_host_mesh`` moves nothing for it). One process: the same devices,
+  so the engine decodes on the learner's devices."""
+  devices = np.asarray(mesh.devices)
+  groups = devices.reshape(-1, devices.shape[-1])  # one row a tensor group
+  procs = np.vectorize(lambda d: d.process_index)(groups)
+  me = jax.process_index()
+  if (procs == procs[:, :1]).all():
+    mine = groups[procs[:, 0] == me]
+  else:  # a tensor group spans hosts: whole weights on every device
+    mine = devices.reshape(-1)[procs.reshape(-1) == me].reshape(-1, 1)
+  if mine.size == 0:
+    raise ValueError(f"process {me} has no device in the mesh {mesh.shape}")
+  return Mesh(mine.reshape((1,) + mine.shape), mesh.axis_names,
+              axis_types=mesh.axis_types)
+
+
+def _host_spec(spec, tensor: bool):
+  """``spec`` without 'data' and 'fsdp' (and 'tensor' unless ``tensor``):
+  whole over the engine's row axes."""
+  drop = {"data", "fsdp"} | (set() if tensor else {"tensor"})
+
+  def keep(axes):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    names = tuple(a for a in names if a not in drop)
+    return names[0] if len(names) == 1 else (names or None)
+
+  return PartitionSpec(*(keep(a) for a in spec))
+
+
+def to_host_mesh(tree: Any, mesh: Mesh) -> Any:
+  """Global arrays on ``mesh`` -> arrays of this process alone on
+  ``host_mesh(mesh)``, whole over its ('data', 'fsdp') axes and split over
+  'tensor' as on ``mesh`` (when ``host_mesh`` keeps the tensor axis), the
+  engine's layout; every process must call it, with the same tree.
+
+    1. one jitted copy on ``mesh`` into that layout: XLA all-gathers each
+       weight over the row axes device to device (NCCL / ICI / gloo), in
+       the arrays' own dtype (cast them first);
+    2. each process wraps its own devices' blocks as arrays on its host
+       mesh (``make_array_from_single_device_arrays``: no copy).
+
+  No host memory holds a weight (``global_to_host`` did: a full
+  ``process_allgather`` of every leaf to numpy on every host, then a copy
+  back onto the devices). Numpy and Python leaves are returned as they
+  are. A weight already in that layout may come back in its own buffers
+  (jit forwards it): a caller that keeps the result while the learner
+  donates its buffers copies it (``JaxEngine`` does)."""
+  local = host_mesh(mesh)
+  tensor = local.shape["tensor"] > 1
+
+  def target(x):
+    spec = x.sharding.spec if isinstance(x.sharding, NamedSharding) else ()
+    return NamedSharding(mesh, _host_spec(spec, tensor))
+
+  leaves, treedef = jax.tree.flatten(tree)
+  arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+  moved = jax.jit(lambda xs: xs,
+                  out_shardings=[target(leaves[i]) for i in arrays])(
+                      [leaves[i] for i in arrays])
+  order = list(local.devices.flat)
+  for i, x in zip(arrays, moved):
+    blocks = {s.device: s.data for s in x.addressable_shards}
+    sharding = NamedSharding(local, x.sharding.spec)
+    leaves[i] = jax.make_array_from_single_device_arrays(
+        x.shape, sharding, [blocks[d] for d in order])
+  return jax.tree.unflatten(treedef, leaves)
 
 
 def barrier(name: str) -> None:

@@ -387,7 +387,7 @@ def engine_shapes(cfg, layout) -> dict:
     chunk = max(je.CPU_PREFILL_CHUNK,
                 -(-(prompt - 1) // je.MAX_PREFILL_BLOCKS))
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
-  if layout["hosts"] > 1:  # build.local_mesh
+  if layout["hosts"] > 1:  # distributed.host_mesh
     per, t = layout["devices_per_host"], mesh[2]
     t = t if per % t == 0 else 1
     mesh = [1, per // t, t]

@@ -205,13 +205,88 @@ def permuted_worker(out_dir: str, process_id: int, num_processes: int,
   losses = train_two_steps(learner)
   after = batches.apply(learner, local)
   params = flat_params(learner.params)
+  engine = engine_on_host_meshes(learner)
   np.savez(os.path.join(out_dir, f"permuted{process_id}.npz"), rows=rows,
            before=before, after=after, everyone=everyone,
-           losses=np.asarray(losses), chunks=learner.apply_chunks(ROWS))
+           losses=np.asarray(losses), chunks=learner.apply_chunks(ROWS),
+           **engine)
   if distributed.is_leader():
     np.savez(os.path.join(out_dir, "params.npz"), **params)
   distributed.barrier("done")
   distributed.shutdown()
+
+
+# Tensor groups (0, 4), (1, 5), ... span the two hosts.
+ACROSS_HOSTS = (0, 4, 1, 5, 2, 6, 3, 7)
+PROMPTS = ([5, 6, 7, 8], [9, 10], [11, 12, 13], [5, 6, 7, 8])
+
+
+def engine_on_host_meshes(learner) -> dict:
+  """The learner's bf16 weights moved onto this host's engine mesh
+  (``distributed.to_host_mesh``) with ``global_to_host`` disabled (no
+  host copy): from the learner's mesh (tensor groups within hosts: split
+  over 'tensor' as there) and from a (1, 4, 2) mesh over ACROSS_HOSTS
+  (whole on every device). Returns each layout's facts, the weights, and
+  greedy tokens of a ``JaxEngine`` on the host mesh fed them."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from jax.sharding import NamedSharding
+
+  from rspo_jax import build, distributed, sharding
+  from rspo_jax.rollout import engine as eng
+  from rspo_jax.rollout.jax_engine import JaxEngine
+
+  graphdef, _, rest = nnx.split(learner.module(), nnx.Param, ...)
+  bf16 = build.cast_floating(learner.params, jnp.bfloat16)
+  host_tree = distributed.global_to_host(bf16)
+  host = flat_params(host_tree)
+  across = sharding.make_mesh((1, 4, 2),
+                              [jax.devices()[i] for i in ACROSS_HOSTS])
+  on_across = jax.tree.map(  # the learner's specs, on ACROSS_HOSTS
+      lambda x, h: jax.make_array_from_callback(
+          x.shape, NamedSharding(across, x.sharding.spec),
+          lambda i, h=h: h[i]), bf16, host_tree)
+  real, out = distributed.global_to_host, {}
+
+  def refuse(tree):
+    raise AssertionError("global_to_host called: a host copy")
+
+  distributed.global_to_host = refuse
+  try:
+    for name, mesh, params in (("learner", learner.mesh, bf16),
+                               ("across", across, on_across)):
+      moved = distributed.to_host_mesh(params, mesh)
+      local = distributed.host_mesh(mesh)
+      leaves = jax.tree_util.tree_leaves_with_path(moved)
+      out[f"{name}_mesh"] = np.asarray(local.devices.shape)
+      out[f"{name}_local"] = np.asarray([
+          x.is_fully_addressable
+          and x.sharding.mesh.devices.shape == local.devices.shape
+          and set(x.devices()) == set(local.devices.flat)
+          and not {"data", "fsdp"} & set(jax.tree.leaves(tuple(
+              x.sharding.spec)))
+          and np.array_equal(np.asarray(x), host[jax.tree_util.keystr(k)])
+          for k, x in leaves])
+      out[f"{name}_split"] = np.asarray(
+          sum("tensor" in jax.tree.leaves(tuple(x.sharding.spec))
+              for _, x in leaves))
+      engine = JaxEngine((graphdef, moved, rest), learner.module().cfg,
+                         mesh=local, pad_id=0, eos_ids=[1])
+      res = engine.generate(list(PROMPTS), eng.SamplingParams(
+          max_new_tokens=6, temperature=0.0, seed=0))
+      out[f"{name}_tokens"] = padded_tokens(res)
+  finally:
+    distributed.global_to_host = real
+  return out
+
+
+def padded_tokens(results, length: int = 6) -> np.ndarray:
+  """[rows, length] generated ids, -1 after a row's last."""
+  out = np.full((len(results), length), -1)
+  for i, r in enumerate(results):
+    out[i, :len(r.token_ids)] = r.token_ids
+  return out
 
 
 # --------------------------------------------------------------------------
@@ -233,6 +308,38 @@ def test_initialize_is_a_no_op_without_a_multi_process_job():
       environ={"RSPO_NUM_PROCESSES": "1", "SLURM_NTASKS": "4"}) is False
   assert not jax.distributed.is_initialized()
   assert distributed.is_leader()
+
+
+def test_host_mesh_keeps_each_device_at_its_tensor_index():
+  """One process: the host mesh is the mesh's devices as (1, 4, 2), each
+  at its tensor index on the learner's (2, 2, 2) PERMUTED mesh, and
+  ``to_host_mesh`` gives the same values, whole over the rows, split over
+  'tensor' only, each device holding the block it holds for the
+  learner."""
+  import jax
+
+  from rspo_jax import distributed
+
+  learner = make_learner(PERMUTED)
+  mesh = learner.mesh
+  local = distributed.host_mesh(mesh)
+  assert local.devices.shape == (1, 4, 2)
+  tensor_index = {d: t for (_, _, t), d in np.ndenumerate(mesh.devices)}
+  for (_, _, t), d in np.ndenumerate(local.devices):
+    assert tensor_index[d] == t
+  moved = distributed.to_host_mesh(learner.params, mesh)
+  split = 0
+  for x, y in zip(jax.tree.leaves(learner.params), jax.tree.leaves(moved)):
+    spec = jax.tree.leaves(tuple(y.sharding.spec))
+    assert y.sharding.mesh.devices.shape == (1, 4, 2)
+    assert not {"data", "fsdp"} & set(spec)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+    if "tensor" in spec:
+      split += 1
+      for shard in y.addressable_shards:  # the block the learner's has
+        np.testing.assert_array_equal(
+            np.asarray(shard.data), np.asarray(x)[shard.index])
+  assert split > 0
 
 
 def test_initialize_names_bad_settings():
@@ -504,6 +611,33 @@ def test_two_processes_on_a_permuted_mesh(tmp_path):
       learner.params)
   for k in single:
     np.testing.assert_allclose(multi[k], single[k], atol=1e-5, err_msg=k)
+
+  # The engine's weights reach each host's devices with no host copy: whole
+  # over the rows (split over 'tensor' when the learner's tensor groups lie
+  # within hosts), equal to the learner's bf16 weights, and an engine
+  # there decodes what one fed the same weights from the host does.
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from rspo_jax import build
+  from rspo_jax.rollout import engine as eng
+  from rspo_jax.rollout.jax_engine import JaxEngine
+
+  module = learner.module()
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  reference = JaxEngine((graphdef, build.cast_floating(params, jnp.bfloat16),
+                         rest), module.cfg, pad_id=0, eos_ids=[1])
+  want = padded_tokens(reference.generate(
+      list(PROMPTS), eng.SamplingParams(max_new_tokens=6, temperature=0.0,
+                                        seed=0)))
+  for g in got:
+    np.testing.assert_array_equal(g["learner_mesh"], [1, 2, 2])
+    np.testing.assert_array_equal(g["across_mesh"], [1, 4, 1])
+    assert g["learner_local"].all() and g["across_local"].all()
+    assert g["learner_split"] > 0 and g["across_split"] == 0
+    np.testing.assert_array_equal(g["learner_tokens"], want)
+    np.testing.assert_array_equal(g["across_tokens"], want)
 
 
 # --------------------------------------------------------------------------
