@@ -170,6 +170,11 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # as soon as its environment step returns (False: rollout/unbarriered.py;
   # measured slower on the CPU server, docs/performance.md).
   c.rollout.turn_barriers = True
+  # The in-process engine's tensor parallelism: 0 = the learner mesh's
+  # tensor axis; T > 0: weights split over T devices, rows over the rest
+  # (e.g. an FSDP-only learner with a 7B engine split in 2 on 16 GB chips;
+  # build.make_engine_mesh).
+  c.rollout.engine_tensor = 0
   c.rollout.b_server_urls = ""  # SGLang servers for B (decoupled, sglang)
   c.rollout.decoupled_timeout_s = 1800.0
 
@@ -432,6 +437,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        "rollout.turn_barriers", c.rollout.turn_barriers,
        "True with rollout.engine='jax' (one batched decode a turn; False"
        " is for SGLang servers)"),
+      (c.rollout.engine_tensor >= 0, "rollout.engine_tensor",
+       c.rollout.engine_tensor, ">= 0 (0: the learner mesh's tensor axis)"),
       # PPO has no groups (the paper's PPO: 128 tasks x 1 episode).
       (c.train.group_size >= (1 if c.algo.name == "ppo" else 2),
        "train.group_size", c.train.group_size,

@@ -390,7 +390,8 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       params = engine_params(learner.params, mcfg)
       if multihost:
         params = distributed.to_host_mesh(
-            cast_floating(params, mcfg.inference_dtype), learner.mesh)
+            cast_floating(params, mcfg.inference_dtype), learner.mesh,
+            engine.param_shardings)
       engine.update_weights(params, version)
       synced.record(engine, learner)
       sync_log.add(version=version, total_s=time.perf_counter() - start)
@@ -445,16 +446,38 @@ def make_weight_push(cfg):
       timeout_s=float(r.get("server_timeout_s", 600.0)))
 
 
-def engine_module(module, mcfg, mesh):
+def engine_module(module, mcfg, mesh, engine_mesh, rules):
   """What ``make_engine`` takes: the module itself with one process; with
-  several, its (graphdef, params, rest) on this host's engine mesh (params
-  cast to ``mcfg.inference_dtype`` first; ``distributed.to_host_mesh``:
-  resharded device to device from ``mesh``, the learner's)."""
+  several, its (graphdef, params, rest) on this host's ``engine_mesh``
+  (params cast to ``mcfg.inference_dtype`` first, laid out as the engine
+  lays them out; ``distributed.to_host_mesh``: resharded device to device
+  from ``mesh``, the learner's)."""
   if not distributed.is_multihost():
     return module
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params = cast_floating(params, mcfg.inference_dtype)
-  return (graphdef, *distributed.to_host_mesh((params, rest), mesh))
+  weights = sharding.state_shardings(engine_mesh, params,
+                                     sharding.inference_rules(rules))
+  return (graphdef, distributed.to_host_mesh(params, mesh, weights),
+          distributed.to_host_mesh(rest, mesh))
+
+
+def make_engine_mesh(cfg, mesh):
+  """The in-process engine's mesh: with one process the learner's, or,
+  with ``rollout.engine_tensor`` = T > 0 different from the learner's
+  tensor axis, (1, n / T, T) over the learner's devices; with several,
+  this host's devices of the learner's mesh (``distributed.host_mesh``,
+  its tensor axis T when set). Rows split over ('data', 'fsdp'), weights
+  over 'tensor' only (``sharding.inference_rules``)."""
+  tensor = int(cfg.rollout.get("engine_tensor", 0))
+  try:
+    if distributed.is_multihost():
+      return distributed.host_mesh(mesh, tensor)
+    if tensor in (0, mesh.shape["tensor"]):
+      return mesh
+    return sharding.make_mesh((1, -1, tensor), list(mesh.devices.flat))
+  except ValueError as e:
+    raise ConfigError(f"rollout.engine_tensor={tensor}: {e}") from e
 
 
 def collect_config(cfg, split: str) -> CollectConfig:
@@ -559,9 +582,10 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
                      rules=cfg.logical_axis_rules, kind="value",
                      micro_batch_rows=cfg.train.micro_batch_rows)
   # Multi-host: each host generates on its own devices.
-  engine_mesh = (distributed.host_mesh(mesh) if distributed.is_multihost()
-                 else mesh)
-  engine = make_engine(cfg, mcfg, engine_module(policy.module(), mcfg, mesh),
+  engine_mesh = make_engine_mesh(cfg, mesh)
+  engine = make_engine(cfg, mcfg,
+                       engine_module(policy.module(), mcfg, mesh, engine_mesh,
+                                     cfg.logical_axis_rules),
                        tokenizer, engine_mesh)
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))

@@ -370,28 +370,38 @@ def global_to_host(tree: Any) -> Any:
   return jax.tree.map(one, tree)
 
 
-def host_mesh(mesh: Mesh) -> Mesh:
+def host_mesh(mesh: Mesh, tensor: int = 0) -> Mesh:
   """This process's devices of ``mesh`` as a ('data', 'fsdp', 'tensor')
-  mesh of their own, (1, n / T, T), for the rollout engine:
+  mesh of their own, (1, n / T, T), for the rollout engine, in ``mesh``'s
+  order. ``tensor`` = 0 (the default):
 
     T = mesh's 'tensor' size  when every tensor group of ``mesh`` (devices
                               differing only in their 'tensor' index) lies
-                              on one process,
+                              on one process, each device at its own
+                              tensor index (device (0, i, t) holds tensor
+                              block t in ``mesh`` too, so ``to_host_mesh``
+                              moves no tensor block),
         1                     otherwise;
 
-  the devices in ``mesh``'s order, each at its own tensor index (device
-  (0, i, t) holds tensor block t in ``mesh`` too), so a weight split over
-  'tensor' on ``mesh`` already has on every device the block it has here
-  (``to_host_mesh`` moves nothing for it). One process: the same devices,
-  so the engine decodes on the learner's devices."""
+  ``tensor`` > 0: T = ``tensor`` (the engine's own tensor parallelism;
+  ValueError when it does not divide this process's devices). One process
+  and T = mesh's: the same devices and layout as ``mesh``'s rows."""
   devices = np.asarray(mesh.devices)
-  groups = devices.reshape(-1, devices.shape[-1])  # one row a tensor group
-  procs = np.vectorize(lambda d: d.process_index)(groups)
   me = jax.process_index()
-  if (procs == procs[:, :1]).all():
-    mine = groups[procs[:, 0] == me]
-  else:  # a tensor group spans hosts: whole weights on every device
-    mine = devices.reshape(-1)[procs.reshape(-1) == me].reshape(-1, 1)
+  on_me = np.vectorize(lambda d: d.process_index == me)(devices)
+  if tensor:
+    mine = devices[on_me]
+    if mine.size % tensor:
+      raise ValueError(f"engine tensor axis {tensor} does not divide the"
+                       f" {mine.size} devices of process {me}")
+    mine = mine.reshape(-1, tensor)
+  else:
+    groups = devices.reshape(-1, devices.shape[-1])  # a row a tensor group
+    mine_groups = on_me.reshape(groups.shape)
+    if (mine_groups == mine_groups[:, :1]).all():
+      mine = groups[mine_groups[:, 0]]
+    else:  # a tensor group spans hosts: whole weights on every device
+      mine = devices[on_me].reshape(-1, 1)
   if mine.size == 0:
     raise ValueError(f"process {me} has no device in the mesh {mesh.shape}")
   return Mesh(mine.reshape((1,) + mine.shape), mesh.axis_names,
@@ -411,43 +421,83 @@ def _host_spec(spec, tensor: bool):
   return PartitionSpec(*(keep(a) for a in spec))
 
 
-def to_host_mesh(tree: Any, mesh: Mesh) -> Any:
-  """Global arrays on ``mesh`` -> arrays of this process alone on
-  ``host_mesh(mesh)``, whole over its ('data', 'fsdp') axes and split over
-  'tensor' as on ``mesh`` (when ``host_mesh`` keeps the tensor axis), the
-  engine's layout; every process must call it, with the same tree.
+def _keeps_tensor_blocks(mesh: Mesh, local: Mesh) -> bool:
+  """Whether both meshes have one 'tensor' size and every device of
+  ``local`` sits at the tensor index it has in ``mesh``."""
+  if local.shape["tensor"] != mesh.shape["tensor"]:
+    return False
+  where = {d: t for (*_, t), d in np.ndenumerate(mesh.devices)}
+  return all(where.get(d) == t for (*_, t), d in np.ndenumerate(local.devices))
 
-    1. one jitted copy on ``mesh`` into that layout: XLA all-gathers each
-       weight over the row axes device to device (NCCL / ICI / gloo), in
-       the arrays' own dtype (cast them first);
-    2. each process wraps its own devices' blocks as arrays on its host
+
+def to_host_mesh(tree: Any, mesh: Mesh, shardings: Any = None) -> Any:
+  """Global arrays on ``mesh`` -> arrays of this process alone with
+  ``shardings`` (a matching tree of NamedShardings over this process's
+  devices, whole over 'data' and 'fsdp': the engine's weights, e.g.
+  ``JaxEngine.param_shardings``); default: on ``host_mesh(mesh)``, each
+  array's spec on ``mesh`` without 'data' and 'fsdp' (and 'tensor' where
+  the host mesh has none). Every process calls it, with the same tree;
+  cast the arrays first (they move in their own dtype).
+
+    1. one jitted copy on ``mesh`` into the target's spec: XLA all-gathers
+       each weight over the row axes device to device (NCCL / ICI / gloo)
+       and keeps a 'tensor' split whose blocks already lie where the target
+       wants them (``host_mesh``'s default layout);
+    2. each process wraps its own devices' blocks as arrays on the target's
        mesh (``make_array_from_single_device_arrays``: no copy).
+
+  A weight the target splits over 'tensor' otherwise (the engine's own
+  tensor size or device order: ``rollout.engine_tensor``) goes leaf by
+  leaf: whole on every device, wrapped, then split by ``device_put``
+  between this host's devices (one whole leaf at a time beside the
+  result).
 
   No host memory holds a weight (``global_to_host`` did: a full
   ``process_allgather`` of every leaf to numpy on every host, then a copy
   back onto the devices). Numpy and Python leaves are returned as they
-  are. A weight already in that layout may come back in its own buffers
-  (jit forwards it): a caller that keeps the result while the learner
-  donates its buffers copies it (``JaxEngine`` does)."""
-  local = host_mesh(mesh)
-  tensor = local.shape["tensor"] > 1
-
-  def target(x):
-    spec = x.sharding.spec if isinstance(x.sharding, NamedSharding) else ()
-    return NamedSharding(mesh, _host_spec(spec, tensor))
-
+  are. A weight already in the target layout may come back in its own
+  buffers (jit forwards it): a caller that keeps the result while the
+  learner donates its buffers copies it (``JaxEngine`` does)."""
   leaves, treedef = jax.tree.flatten(tree)
   arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
-  moved = jax.jit(lambda xs: xs,
-                  out_shardings=[target(leaves[i]) for i in arrays])(
-                      [leaves[i] for i in arrays])
-  order = list(local.devices.flat)
-  for i, x in zip(arrays, moved):
+  if shardings is None:
+    local = host_mesh(mesh)
+    keep = local.shape["tensor"] > 1
+    targets = [NamedSharding(local, _host_spec(_spec(leaves[i]), keep))
+               for i in arrays]
+  else:
+    flat = jax.tree.leaves(shardings,
+                           is_leaf=lambda x: isinstance(x, NamedSharding))
+    targets = [flat[i] for i in arrays]
+  # One answer on every process: each runs the same jitted copies.
+  aligned = all(allgather_objects(all(
+      _keeps_tensor_blocks(mesh, m) for m in {t.mesh for t in targets})))
+  fast = [k for k, t in enumerate(targets)
+          if aligned or "tensor" not in jax.tree.leaves(tuple(t.spec))]
+
+  def wrap(x, target):
     blocks = {s.device: s.data for s in x.addressable_shards}
-    sharding = NamedSharding(local, x.sharding.spec)
-    leaves[i] = jax.make_array_from_single_device_arrays(
-        x.shape, sharding, [blocks[d] for d in order])
+    return jax.make_array_from_single_device_arrays(
+        x.shape, target, [blocks[d] for d in target.mesh.devices.flat])
+
+  moved = jax.jit(lambda xs: xs, out_shardings=[
+      NamedSharding(mesh, targets[k].spec) for k in fast])(
+          [leaves[arrays[k]] for k in fast])
+  for k, x in zip(fast, moved):
+    leaves[arrays[k]] = wrap(x, targets[k])
+  for k in sorted(set(range(len(arrays))) - set(fast)):
+    t = targets[k]
+    whole = jax.jit(lambda x: x, out_shardings=NamedSharding(
+        mesh, PartitionSpec()))(leaves[arrays[k]])
+    leaves[arrays[k]] = jax.device_put(
+        wrap(whole, NamedSharding(t.mesh, PartitionSpec())), t)
+    del whole
   return jax.tree.unflatten(treedef, leaves)
+
+
+def _spec(x) -> PartitionSpec:
+  return (x.sharding.spec if isinstance(x.sharding, NamedSharding)
+          else PartitionSpec())
 
 
 def barrier(name: str) -> None:

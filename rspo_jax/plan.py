@@ -387,10 +387,13 @@ def engine_shapes(cfg, layout) -> dict:
     chunk = max(je.CPU_PREFILL_CHUNK,
                 -(-(prompt - 1) // je.MAX_PREFILL_BLOCKS))
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
+  own = int(cfg.rollout.get("engine_tensor", 0))  # build.make_engine_mesh
   if layout["hosts"] > 1:  # distributed.host_mesh
-    per, t = layout["devices_per_host"], mesh[2]
+    per, t = layout["devices_per_host"], own or mesh[2]
     t = t if per % t == 0 else 1
     mesh = [1, per // t, t]
+  elif own and own != mesh[2]:
+    mesh = [1, math.prod(mesh) // own, own]
   return dict(rows=rows, prompt=prompt, new=new, chunk=chunk, mesh=mesh,
               calls_per_turn=-(-episodes // rows))
 

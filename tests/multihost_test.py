@@ -225,8 +225,10 @@ def engine_on_host_meshes(learner) -> dict:
   """The learner's bf16 weights moved onto this host's engine mesh
   (``distributed.to_host_mesh``) with ``global_to_host`` disabled (no
   host copy): from the learner's mesh (tensor groups within hosts: split
-  over 'tensor' as there) and from a (1, 4, 2) mesh over ACROSS_HOSTS
-  (whole on every device). Returns each layout's facts, the weights, and
+  over 'tensor' as there), from a (1, 4, 2) mesh over ACROSS_HOSTS (whole
+  on every device), and from that mesh onto an engine mesh with its own
+  tensor axis of 2 (``rollout.engine_tensor``: tensor blocks elsewhere than
+  on the learner's; the leaf-by-leaf path). Returns each layout's facts, the weights, and
   greedy tokens of a ``JaxEngine`` on the host mesh fed them."""
   import jax
   import jax.numpy as jnp
@@ -254,10 +256,14 @@ def engine_on_host_meshes(learner) -> dict:
 
   distributed.global_to_host = refuse
   try:
-    for name, mesh, params in (("learner", learner.mesh, bf16),
-                               ("across", across, on_across)):
-      moved = distributed.to_host_mesh(params, mesh)
-      local = distributed.host_mesh(mesh)
+    tp = distributed.host_mesh(across, tensor=2)  # not across's blocks
+    for name, mesh, params, local, shardings in (
+        ("learner", learner.mesh, bf16, distributed.host_mesh(learner.mesh),
+         None),
+        ("across", across, on_across, distributed.host_mesh(across), None),
+        ("across_tp", across, on_across, tp, sharding.state_shardings(
+            tp, bf16, sharding.inference_rules(sharding.DEFAULT_RULES)))):
+      moved = distributed.to_host_mesh(params, mesh, shardings)
       leaves = jax.tree_util.tree_leaves_with_path(moved)
       out[f"{name}_mesh"] = np.asarray(local.devices.shape)
       out[f"{name}_local"] = np.asarray([
@@ -634,10 +640,13 @@ def test_two_processes_on_a_permuted_mesh(tmp_path):
   for g in got:
     np.testing.assert_array_equal(g["learner_mesh"], [1, 2, 2])
     np.testing.assert_array_equal(g["across_mesh"], [1, 4, 1])
+    np.testing.assert_array_equal(g["across_tp_mesh"], [1, 2, 2])
     assert g["learner_local"].all() and g["across_local"].all()
+    assert g["across_tp_local"].all()
     assert g["learner_split"] > 0 and g["across_split"] == 0
-    np.testing.assert_array_equal(g["learner_tokens"], want)
-    np.testing.assert_array_equal(g["across_tokens"], want)
+    assert g["across_tp_split"] > 0
+    for name in ("learner", "across", "across_tp"):
+      np.testing.assert_array_equal(g[f"{name}_tokens"], want)
 
 
 # --------------------------------------------------------------------------

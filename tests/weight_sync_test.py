@@ -174,6 +174,44 @@ def test_in_process_engine_sync_skips_unchanged_weights():
   assert sync.log.exports == 0  # the in-process engine never exports
 
 
+def test_engine_with_its_own_tensor_axis_decodes_as_the_learners_layout():
+  """rollout.engine_tensor = 2 under an FSDP-only (1, 8, 1) learner: the
+  engine's mesh is (1, 4, 2) over the same devices, its weights split over
+  'tensor' (whole over the 4 row shards), and after a sync of trained
+  weights it decodes the tokens and log-probs of an engine on the
+  learner's mesh fed the same sync."""
+  cfg, learner = _learner(num_heads=4, num_kv_heads=2)
+  assert learner.mesh.devices.shape == (1, 8, 1)
+  run = ml_collections.ConfigDict({"rollout": {"engine_tensor": 2}})
+  mesh = build.make_engine_mesh(run, learner.mesh)
+  assert mesh.devices.shape == (1, 4, 2)
+  assert set(mesh.devices.flat) == set(learner.mesh.devices.flat)
+  run.rollout.engine_tensor = 0
+  assert build.make_engine_mesh(run, learner.mesh) is learner.mesh
+  run.rollout.engine_tensor = 3
+  with pytest.raises(build.ConfigError, match="engine_tensor=3"):
+    build.make_engine_mesh(run, learner.mesh)
+
+  engines = [JaxEngine(build.inference_model(learner.module(), cfg),
+                       build.engine_config(cfg), mesh=m, pad_id=0,
+                       eos_ids=(1,), batch_buckets=(8,))
+             for m in (learner.mesh, mesh)]
+  _changed(learner)
+  sync = build.make_sync_engine(cfg, None, "/nonexistent")
+  prompts = [[3, 4, 5], [6], [7, 8], [9, 10, 11, 12]] * 2
+  params = SamplingParams(max_new_tokens=6, temperature=0.0, seed=0)
+  out = []
+  for e in engines:
+    sync(e, learner, 1)
+    out.append(e.generate(prompts, params))
+  emb = engines[1]._params["embedding"].get_value()
+  assert emb.sharding.mesh.devices.shape == (1, 4, 2)
+  assert emb.sharding.spec[0] == "tensor"
+  for a, b in zip(*out):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def _rollout_cfg(**kw):
   c = ml_collections.ConfigDict({"rollout": dict(
       server_urls="", b_server_urls="", export_dir="")})

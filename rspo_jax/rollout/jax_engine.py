@@ -208,6 +208,16 @@ class JaxEngine(Engine):
     return self._version
 
   @property
+  def mesh(self) -> Optional[Mesh]:
+    return self._mesh
+
+  @property
+  def param_shardings(self):
+    """The weights' NamedShardings (an nnx.State like the params; None
+    without a mesh): whole over ('data', 'fsdp'), split over 'tensor'."""
+    return self._param_sh
+
+  @property
   def num_compilations(self) -> int:
     """Distinct (function, shape bucket) pairs this engine has run.
 
