@@ -410,6 +410,14 @@ def test_tpu_v5e_16_plan_does_not_fit_7b_with_rspo():
   assert mem["attention"] == ("fused" if "splash" in ATTENTION
                               else "materialised scores")
   assert p["mem_fraction"]["value"] == 1.0 and not p["fits"]
+  # The engine split over a host's 4 chips (rollout.engine_tensor=4):
+  # 2 bytes/param over 4 instead of whole on each chip.
+  split = paper_7b(tpu_v5e_16.get_config())
+  split.rollout.engine_tensor = 4
+  mem4 = plan.make_plan(split, "w", {})["memory_per_device"]
+  assert mem4["engine_weights_GB"] == round(2 * P_7B / 4 / GB, 2)
+  assert mem4["resident_GB"] == round(
+      (2 * 12 + 2) * P_7B / 16 / GB + 2 * 2 * P_7B / 4 / GB, 2)
   assert p["warnings"][0] == (
       f"estimated {mem['total_GB']:.1f} GB a device exceeds the 16.0 GB JAX"
       " may use (1 of the 16 GB of mesh.device_memory_gb, tpu: no"
