@@ -477,19 +477,20 @@ def row_token_gae_advantages(row_rewards, token_values):
   return adv, r.astype(np.float32)
 
 
-def whiten_token_rows(rows) -> list:
+def whiten_token_rows(rows, *, sum_fn=None) -> list:
   """verl's ``masked_whiten`` over every token of ``rows`` (S arrays of
   per-token values, each token counted once: :func:`whiten` of their
-  concatenation), split back into the rows."""
+  concatenation, ``sum_fn`` as there), split back into the rows."""
   sizes = [np.size(x) for x in rows]
   flat = (np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in rows])
           if rows else np.zeros(0))
-  y = whiten(flat)
+  y = whiten(flat, sum_fn=sum_fn)
   return [part.reshape(np.shape(x)) for part, x in
           zip(np.split(y, np.cumsum(sizes)[:-1]), rows)]
 
 
-def whiten(values, token_counts=None, *, eps: float = 1e-8) -> np.ndarray:
+def whiten(values, token_counts=None, *, eps: float = 1e-8,
+           sum_fn=None) -> np.ndarray:
   """verl's ``masked_whiten`` of per-row values broadcast to their tokens.
 
     N    = sum_s n_s
@@ -506,6 +507,11 @@ def whiten(values, token_counts=None, *, eps: float = 1e-8) -> np.ndarray:
     values: [S] per-row values x_s.
     token_counts: [S] response tokens per row n_s (>= 0), or None.
     eps: added to the variance.
+    sum_fn: the sums over s go through it (array -> array): with
+      ``distributed.global_sum`` every process whitens its rows with the
+      statistics of all processes' rows, verl's whole-batch whitening
+      (every process calls it, twice, even with no rows); None: this
+      call's rows only.
 
   Returns:
     [S] float32.
@@ -516,11 +522,14 @@ def whiten(values, token_counts=None, *, eps: float = 1e-8) -> np.ndarray:
   _check_len(len(x), token_counts=n)
   if (n < 0).any():
     raise ValueError("token_counts must be >= 0")
-  total = n.sum()
+  sums = (lambda v: v) if sum_fn is None else (
+      lambda v: np.asarray(sum_fn(v), np.float64))
+  total, weighted = sums(np.array([n.sum(), (n * x).sum()]))
+  mean = weighted / (total + 1e-8)
+  squares = sums(np.array([(n * (x - mean) ** 2).sum()]))[0]
   if total < 2:
     return np.zeros(len(x), np.float32)
-  mean = (n * x).sum() / (total + 1e-8)
-  var = (n * (x - mean) ** 2).sum() / (total + 1e-8) * total / (total - 1)
+  var = squares / (total + 1e-8) * total / (total - 1)
   return ((x - mean) / np.sqrt(var + eps)).astype(np.float32)
 
 

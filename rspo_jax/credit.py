@@ -90,6 +90,7 @@ def compute_advantages(
     values: Optional[Sequence] = None,
     *,
     token_counts: Optional[Sequence[int]] = None,
+    sum_fn=None,
 ) -> tuple:
   """Per-step advantages (and PPO returns) of ``records``.
 
@@ -106,6 +107,9 @@ def compute_advantages(
     token_counts: [S] response tokens per row (the tokens a scalar value
       or a trajectory-mode advantage is counted on by PPO's whitening);
       default ``len(record.response_ids)``.
+    sum_fn: PPO's whitening sums go through it (``adv_lib.whiten``):
+      ``distributed.global_sum`` whitens over every host's rows, as verl
+      over its whole batch.
 
   Returns:
     (advantages, returns float32 [S] for PPO else None). Advantages: float32
@@ -124,7 +128,7 @@ def compute_advantages(
   name = algo_cfg.name
   if name == "ppo":
     return _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg,
-                mode, values, token_counts)
+                mode, values, token_counts, sum_fn)
   if name not in ("grpo", "gigpo"):
     raise ValueError(f"unknown algorithm {name!r}")
   if mode == "trajectory":
@@ -162,8 +166,16 @@ def _trajectory_credit(records, rewards, step_traj, traj_group, step_idx,
   )
 
 
+def join_ppo_whitening(algo_cfg, sum_fn) -> None:
+  """What a process with no rows calls instead of ``compute_advantages``
+  under PPO when its peers whiten through ``sum_fn`` (a collective): the
+  same two sums, of nothing."""
+  if algo_cfg.name == "ppo" and algo_cfg.get("gae_whiten", True):
+    adv_lib.whiten(np.zeros(0), sum_fn=sum_fn)
+
+
 def _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg, mode,
-         values, token_counts):
+         values, token_counts, sum_fn=None):
   """PPO credit; returns are never whitened (the critic's targets).
 
   verl_agent: A_{t,j} = s_t - V_{t,j} on each response token j, ret_t =
@@ -197,11 +209,12 @@ def _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg, mode,
                     else np.asarray(v, np.float64)
                     for v, n in zip(values, token_counts)]
     adv, returns = adv_lib.row_token_gae_advantages(scores, token_values)
-    return (adv_lib.whiten_token_rows(adv) if whiten else adv), returns
+    return (adv_lib.whiten_token_rows(adv, sum_fn=sum_fn) if whiten
+            else adv), returns
   first = np.array([np.ravel(v)[0] if np.size(v) else 0.0 for v in values],
                    np.float64)  # V(s_t): before the row's first token
   adv, returns = adv_lib.gae_step_advantages(
       rewards, first, step_traj, step_idx, gamma=gamma, lam=lam)
   if whiten:
-    adv = adv_lib.whiten(adv, token_counts)
+    adv = adv_lib.whiten(adv, token_counts, sum_fn=sum_fn)
   return adv, returns

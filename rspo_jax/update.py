@@ -177,7 +177,10 @@ class StepUpdater:
         values = batching.before_response_tokens(
             vb, self.batches.apply(critic, vb), len(records))
     empty = np.zeros(0, np.float32)
+    # PPO whitens over every host's rows (verl: the whole batch).
+    sum_fn = distributed.global_sum if distributed.is_multihost() else None
     if not records:  # multi-host: this host's share was empty
+      credit.join_ppo_whitening(self.cfg.algo, sum_fn)
       return empty, Rows([], is_off, empty,
                          None if critic is None else empty, values,
                          None if critic is None else [])
@@ -189,7 +192,7 @@ class StepUpdater:
     )
     if off_adv is None:  # fresh rows only, or PPO: one credit over all rows
       adv, returns = credit.compute_advantages(
-          records, rewards, self.cfg.algo, values=values)
+          records, rewards, self.cfg.algo, values=values, sum_fn=sum_fn)
     else:
       if len(off_adv) != len(off):
         raise ValueError(f"{len(off_adv)} advantages for {len(off)} rows")

@@ -305,6 +305,53 @@ def test_whiten_token_rows_is_masked_whiten_over_tokens():
   assert [g.shape for g in got] == [(2,), (1,), (0,), (1,)]
 
 
+def _hosts_whiten(parts, fn):
+  """``fn(part, sum_fn)`` on one thread per part, ``sum_fn`` an all-reduce
+  between the threads (as ``distributed.global_sum`` between processes);
+  the results in part order."""
+  import threading
+
+  n = len(parts)
+  slots, out = [None] * n, [None] * n
+  barrier = threading.Barrier(n)
+
+  def host(i):
+    def sum_fn(x):
+      slots[i] = np.asarray(x)
+      barrier.wait()
+      total = sum(slots)
+      barrier.wait()  # every host has read this round's slots
+      return total
+    out[i] = fn(parts[i], sum_fn)
+
+  threads = [threading.Thread(target=host, args=(i,)) for i in range(n)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return out
+
+
+def test_whitening_over_hosts_equals_the_whole_batch():
+  """Each host whitens its own rows with the statistics of all hosts'
+  rows (verl whitens the whole batch); a host with no rows joins."""
+  rows = [np.array([6.0, 5.0]), np.array([3.9]), np.array([2.0, -1.0, 0.0])]
+  whole = adv_lib.whiten_token_rows(rows)
+  parts = [rows[:2], [], rows[2:]]
+  got = _hosts_whiten(parts, lambda p, f: adv_lib.whiten_token_rows(
+      p, sum_fn=f))
+  np.testing.assert_allclose(np.concatenate([np.concatenate(g) for g in got
+                                             if g]),
+                             np.concatenate(whole), rtol=RTOL)
+  x, n = np.array([2.0, -1.0, 0.5, 4.0]), np.array([3, 1, 2, 0])
+  got = _hosts_whiten([(x[:1], n[:1]), (x[1:], n[1:])],
+                      lambda p, f: adv_lib.whiten(*p, sum_fn=f))
+  np.testing.assert_allclose(np.concatenate(got), adv_lib.whiten(x, n),
+                             rtol=RTOL)
+  # Per host alone (no sum_fn) the first host's one row would be ~0.
+  assert abs(adv_lib.whiten(x[:1], n[:1])[0]) < 1e-3 < abs(got[0][0])
+
+
 def test_whiten_equals_token_level_masked_whiten():
   # Rows (1, 3) with 1 and 3 tokens: tokens (1, 3, 3, 3), mean 2.5,
   # biased variance 3/4, unbiased 1 -> (-1.5, 0.5).

@@ -865,6 +865,57 @@ def prm_worker(out_dir: str, process_id: int, num_processes: int,
   distributed.shutdown()
 
 
+def ppo_worker(out_dir: str, process_id: int, num_processes: int,
+               port: int):
+  """The micro toy run as the PPO baseline (no RSPO, 2 A steps): each
+  host's per-token advantages of every step, as credit returns them."""
+  import jax
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  from rspo_jax import build, credit, distributed
+
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
+                                process_id)
+  from configs import toy_grpo
+
+  advantages, compute = [], credit.compute_advantages
+
+  def spy(*a, **kw):
+    adv, returns = compute(*a, **kw)
+    advantages.append(np.concatenate(adv).tolist() if adv else [])
+    return adv, returns
+
+  credit.compute_advantages = spy  # update.py reads it at each call
+  run = build.build_run(toy_grpo.get_config(
+      RSPO_OVERRIDES + ",algo.name=ppo,rspo=0"),
+      os.path.join(out_dir, "run"), progress=False)
+  try:
+    run.trainer.run()
+    with open(os.path.join(out_dir, f"ppo{process_id}.json"), "w") as f:
+      json.dump({"advantages": advantages,
+                 "a_steps": run.trainer.state.a_steps}, f)
+  finally:
+    run.close()
+  distributed.barrier("ppo_done")
+  distributed.shutdown()
+
+
+@pytest.mark.slow
+def test_ppo_whitens_over_both_processes(tmp_path):
+  """PPO on 2 processes: each step's advantages, whitened with the
+  statistics of both hosts' tokens (verl whitens its whole batch), have
+  mean 0 and unbiased std 1 over the two hosts together."""
+  _launch(str(tmp_path), role="ppo_worker")
+  res = [json.load(open(tmp_path / f"ppo{p}.json")) for p in (0, 1)]
+  assert res[0]["a_steps"] == res[1]["a_steps"] >= 1
+  assert len(res[0]["advantages"]) == len(res[1]["advantages"]) >= 1
+  for a, b in zip(res[0]["advantages"], res[1]["advantages"]):
+    both = np.asarray(a + b)
+    assert len(a) and len(b)
+    assert abs(both.mean()) < 1e-4
+    assert abs(both.std(ddof=1) - 1.0) < 1e-3
+
+
 @pytest.mark.slow
 def test_prm_dense_reward_on_two_processes(tmp_path):
   """rspo.dense_reward=prm on 2 processes x 4 CPU devices: the leader alone
@@ -900,7 +951,8 @@ def test_prm_dense_reward_on_two_processes(tmp_path):
 
 if __name__ == "__main__":
   roles = {"worker": worker, "rspo_worker": rspo_worker,
-           "permuted_worker": permuted_worker, "prm_worker": prm_worker}
+           "permuted_worker": permuted_worker, "prm_worker": prm_worker,
+           "ppo_worker": ppo_worker}
   if len(sys.argv) == 6 and sys.argv[1] in roles:
     fn = roles[sys.argv[1]]
     fn(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
