@@ -86,7 +86,9 @@ def main(argv):
       run.trainer.metrics.write(0, "eval", start)
       distributed.barrier("rspo_eval_start")
     start = json.load(open(start_eval_path))
-    if not missing and not resumed:  # given (bench/reproduce.py's shared)
+    if not (missing or resumed or _has_start_row(workdir)):
+      # given (bench/reproduce.py's shared evaluation); a restart before
+      # the first checkpoint finds its own row already written
       run.trainer.metrics.write(0, "eval", start)
     logging.info("start of RL: success %.3f, score %.3f (resumed: %s)",
                  start["success_rate"], start["score"], resumed)
@@ -102,6 +104,15 @@ def main(argv):
       print(json.dumps({"start": start, "final": final}, indent=1))
   finally:
     run.close()
+
+
+def _has_start_row(workdir) -> bool:
+  """Whether metrics.jsonl already has the start evaluation (step 0)."""
+  from rspo_jax.metrics import read_metrics
+
+  path = os.path.join(workdir, "metrics.jsonl")
+  return os.path.exists(path) and any(
+      r["step"] == 0 for r in read_metrics(path, "eval"))
 
 
 def _write_json(path, obj):

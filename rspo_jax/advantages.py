@@ -510,8 +510,9 @@ def whiten(values, token_counts=None, *, eps: float = 1e-8,
     sum_fn: the sums over s go through it (array -> array): with
       ``distributed.global_sum`` every process whitens its rows with the
       statistics of all processes' rows, verl's whole-batch whitening
-      (every process calls it, twice, even with no rows); None: this
-      call's rows only.
+      (every process calls it, twice, even with no rows; its sums travel
+      in float32 with JAX's default x64 off); None: this call's rows
+      only.
 
   Returns:
     [S] float32.

@@ -383,10 +383,10 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       return
     if isinstance(engine, JaxEngine):
       # Multi-host: every host's engine gets the whole weights (split over
-      # 'tensor' as the learner's), cast first so half the bytes move
-      # under bfloat16 compute, then resharded device to device onto its
-      # host mesh (no host copy; the SGLang export below shares the files
-      # out instead).
+      # the engine's 'tensor' axis), cast first so half the bytes move
+      # under bfloat16 compute, resharded device to device onto its host
+      # mesh (no host copy; the SGLang export below shares the files out
+      # instead).
       params = engine_params(learner.params, mcfg)
       if multihost:
         params = distributed.to_host_mesh(
@@ -456,10 +456,11 @@ def engine_module(module, mcfg, mesh, engine_mesh, rules):
     return module
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params = cast_floating(params, mcfg.inference_dtype)
-  weights = sharding.state_shardings(engine_mesh, params,
-                                     sharding.inference_rules(rules))
-  return (graphdef, distributed.to_host_mesh(params, mesh, weights),
-          distributed.to_host_mesh(rest, mesh))
+  rules = sharding.inference_rules(rules)
+  return (graphdef, *(
+      distributed.to_host_mesh(
+          x, mesh, sharding.state_shardings(engine_mesh, x, rules))
+      for x in (params, rest)))
 
 
 def make_engine_mesh(cfg, mesh):
@@ -470,14 +471,15 @@ def make_engine_mesh(cfg, mesh):
   its tensor axis T when set). Rows split over ('data', 'fsdp'), weights
   over 'tensor' only (``sharding.inference_rules``)."""
   tensor = int(cfg.rollout.get("engine_tensor", 0))
-  try:
-    if distributed.is_multihost():
-      return distributed.host_mesh(mesh, tensor)
-    if tensor in (0, mesh.shape["tensor"]):
-      return mesh
-    return sharding.make_mesh((1, -1, tensor), list(mesh.devices.flat))
-  except ValueError as e:
-    raise ConfigError(f"rollout.engine_tensor={tensor}: {e}") from e
+  n = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+  if tensor and n % tensor:
+    raise ConfigError(f"rollout.engine_tensor={tensor} does not divide the"
+                      f" {n} devices of this process")
+  if distributed.is_multihost():
+    return distributed.host_mesh(mesh, tensor)
+  if tensor in (0, mesh.shape["tensor"]):
+    return mesh
+  return sharding.make_mesh((1, -1, tensor), list(mesh.devices.flat))
 
 
 def collect_config(cfg, split: str) -> CollectConfig:
@@ -582,11 +584,12 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
                      rules=cfg.logical_axis_rules, kind="value",
                      micro_batch_rows=cfg.train.micro_batch_rows)
   # Multi-host: each host generates on its own devices.
-  engine_mesh = make_engine_mesh(cfg, mesh)
-  engine = make_engine(cfg, mcfg,
-                       engine_module(policy.module(), mcfg, mesh, engine_mesh,
-                                     cfg.logical_axis_rules),
-                       tokenizer, engine_mesh)
+  engine_mesh = module = None
+  if cfg.rollout.engine == "jax":  # SGLang servers hold their own weights
+    engine_mesh = make_engine_mesh(cfg, mesh)
+    module = engine_module(policy.module(), mcfg, mesh, engine_mesh,
+                           cfg.logical_axis_rules)
+  engine = make_engine(cfg, mcfg, module, tokenizer, engine_mesh)
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))
   venv = VectorEnv(cfg.env.name, env_kwargs(cfg), n_envs,
@@ -685,8 +688,8 @@ def make_prm_refresh(cfg, workdir, backbone_dir, tok_dir, mesh):
 
 def prm_mesh(cfg, mesh):
   """The PRM's mesh: the run's with one process; else this process's own
-  devices (``distributed.host_mesh``, as the engine's), so that one host
-  fits the head alone and every host scores without cross-host
+  devices (``distributed.host_mesh`` of the learner's mesh), so that one
+  host fits the head alone and every host scores without cross-host
   collectives."""
   return distributed.host_mesh(mesh) if distributed.is_multihost() else mesh
 

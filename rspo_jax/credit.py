@@ -170,7 +170,8 @@ def join_ppo_whitening(algo_cfg, sum_fn) -> None:
   """What a process with no rows calls instead of ``compute_advantages``
   under PPO when its peers whiten through ``sum_fn`` (a collective): the
   same two sums, of nothing."""
-  if algo_cfg.name == "ppo" and algo_cfg.get("gae_whiten", True):
+  if (sum_fn is not None and algo_cfg.name == "ppo"
+      and algo_cfg.get("gae_whiten", True)):
     adv_lib.whiten(np.zeros(0), sum_fn=sum_fn)
 
 

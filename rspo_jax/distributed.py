@@ -388,22 +388,22 @@ def host_mesh(mesh: Mesh, tensor: int = 0) -> Mesh:
   and T = mesh's: the same devices and layout as ``mesh``'s rows."""
   devices = np.asarray(mesh.devices)
   me = jax.process_index()
-  on_me = np.vectorize(lambda d: d.process_index == me)(devices)
+  procs = np.vectorize(lambda d: d.process_index)(devices)
+  mine = devices[procs == me]
+  if mine.size == 0:
+    raise ValueError(f"process {me} has no device in the mesh {mesh.shape}")
   if tensor:
-    mine = devices[on_me]
     if mine.size % tensor:
       raise ValueError(f"engine tensor axis {tensor} does not divide the"
                        f" {mine.size} devices of process {me}")
     mine = mine.reshape(-1, tensor)
   else:
-    groups = devices.reshape(-1, devices.shape[-1])  # a row a tensor group
-    mine_groups = on_me.reshape(groups.shape)
-    if (mine_groups == mine_groups[:, :1]).all():
-      mine = groups[mine_groups[:, 0]]
+    groups = procs.reshape(-1, procs.shape[-1])  # a row a tensor group
+    # The same answer on every process: every group, not only its own.
+    if (groups == groups[:, :1]).all():
+      mine = devices.reshape(groups.shape)[groups[:, 0] == me]
     else:  # a tensor group spans hosts: whole weights on every device
-      mine = devices[on_me].reshape(-1, 1)
-  if mine.size == 0:
-    raise ValueError(f"process {me} has no device in the mesh {mesh.shape}")
+      mine = mine.reshape(-1, 1)
   return Mesh(mine.reshape((1,) + mine.shape), mesh.axis_names,
               axis_types=mesh.axis_types)
 
@@ -466,9 +466,11 @@ def to_host_mesh(tree: Any, mesh: Mesh, shardings: Any = None) -> Any:
     targets = [NamedSharding(local, _host_spec(_spec(leaves[i]), keep))
                for i in arrays]
   else:
-    flat = jax.tree.leaves(shardings,
-                           is_leaf=lambda x: isinstance(x, NamedSharding))
+    flat = treedef.flatten_up_to(shardings)  # raises on another structure
     targets = [flat[i] for i in arrays]
+  for t in targets:
+    if {"data", "fsdp"} & set(jax.tree.leaves(tuple(t.spec))):
+      raise ValueError(f"engine weights split over a row axis: {t.spec}")
   # One answer on every process: each runs the same jitted copies.
   aligned = all(allgather_objects(all(
       _keeps_tensor_blocks(mesh, m) for m in {t.mesh for t in targets})))
@@ -480,19 +482,24 @@ def to_host_mesh(tree: Any, mesh: Mesh, shardings: Any = None) -> Any:
     return jax.make_array_from_single_device_arrays(
         x.shape, target, [blocks[d] for d in target.mesh.devices.flat])
 
-  moved = jax.jit(lambda xs: xs, out_shardings=[
+  moved = jax.jit(_identity, out_shardings=[
       NamedSharding(mesh, targets[k].spec) for k in fast])(
           [leaves[arrays[k]] for k in fast])
   for k, x in zip(fast, moved):
     leaves[arrays[k]] = wrap(x, targets[k])
   for k in sorted(set(range(len(arrays))) - set(fast)):
     t = targets[k]
-    whole = jax.jit(lambda x: x, out_shardings=NamedSharding(
+    whole = jax.jit(_identity, out_shardings=NamedSharding(
         mesh, PartitionSpec()))(leaves[arrays[k]])
     leaves[arrays[k]] = jax.device_put(
         wrap(whole, NamedSharding(t.mesh, PartitionSpec())), t)
     del whole
   return jax.tree.unflatten(treedef, leaves)
+
+
+def _identity(x):
+  """One function object: jit's caches keep its compiled copies."""
+  return x
 
 
 def _spec(x) -> PartitionSpec:

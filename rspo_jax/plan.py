@@ -388,12 +388,15 @@ def engine_shapes(cfg, layout) -> dict:
                 -(-(prompt - 1) // je.MAX_PREFILL_BLOCKS))
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
   own = int(cfg.rollout.get("engine_tensor", 0))  # build.make_engine_mesh
+  per = layout["devices_per_host"] if layout["hosts"] > 1 else math.prod(mesh)
+  if own and per % own:
+    raise ValueError(f"rollout.engine_tensor={own} does not divide the"
+                     f" {per} devices of a host")
   if layout["hosts"] > 1:  # distributed.host_mesh
-    per, t = layout["devices_per_host"], own or mesh[2]
-    t = t if per % t == 0 else 1
+    t = own or (1 if "tensor" in layout["cross_host_axes"] else mesh[2])
     mesh = [1, per // t, t]
   elif own and own != mesh[2]:
-    mesh = [1, math.prod(mesh) // own, own]
+    mesh = [1, per // own, own]
   return dict(rows=rows, prompt=prompt, new=new, chunk=chunk, mesh=mesh,
               calls_per_turn=-(-episodes // rows))
 

@@ -178,7 +178,7 @@ class StepUpdater:
             vb, self.batches.apply(critic, vb), len(records))
     empty = np.zeros(0, np.float32)
     # PPO whitens over every host's rows (verl: the whole batch).
-    sum_fn = distributed.global_sum if distributed.is_multihost() else None
+    sum_fn = self._sum if self.multihost else None
     if not records:  # multi-host: this host's share was empty
       credit.join_ppo_whitening(self.cfg.algo, sum_fn)
       return empty, Rows([], is_off, empty,

@@ -313,3 +313,26 @@ def test_ppo_trajectory_mode_gae_across_steps_by_hand():
                         np.array([8.0])],
                 credit_mode="trajectory", gae_whiten=False)
   np.testing.assert_allclose(adv, [5.9, 3.9, 2.0], rtol=RTOL)
+
+
+def test_a_host_without_rows_joins_ppos_whitening_sums():
+  """Multi-host PPO whitens through a collective sum: a host whose share
+  of the step was empty makes the same two calls (of zeros) as one with
+  rows, so its peers do not wait; nothing without a sum_fn, for GRPO or
+  with whitening off."""
+  calls = []
+
+  def sum_fn(x):
+    calls.append(np.asarray(x).tolist())
+    return x
+
+  credit.join_ppo_whitening(_cfg("ppo"), sum_fn)
+  assert calls == [[0.0, 0.0], [0.0]]
+  recs = _records()
+  credit.compute_advantages(recs, np.zeros(len(recs)), _cfg("ppo"),
+                            values=[0.0] * len(recs), sum_fn=sum_fn)
+  assert len(calls) == 4  # a host with rows: the same two sums
+  for cfg, fn in ((_cfg("ppo"), None), (_cfg("grpo"), sum_fn),
+                  (_cfg("ppo", gae_whiten=False), sum_fn)):
+    credit.join_ppo_whitening(cfg, fn)
+  assert len(calls) == 4

@@ -208,10 +208,6 @@ class JaxEngine(Engine):
     return self._version
 
   @property
-  def mesh(self) -> Optional[Mesh]:
-    return self._mesh
-
-  @property
   def param_shardings(self):
     """The weights' NamedShardings (an nnx.State like the params; None
     without a mesh): whole over ('data', 'fsdp'), split over 'tensor'."""
