@@ -418,6 +418,9 @@ def test_tpu_v5e_16_plan_does_not_fit_7b_with_rspo():
   assert mem4["engine_weights_GB"] == round(2 * P_7B / 4 / GB, 2)
   assert mem4["resident_GB"] == round(
       (2 * 12 + 2) * P_7B / 16 / GB + 2 * 2 * P_7B / 4 / GB, 2)
+  split.rollout.engine_tensor = 3  # the build refuses it too
+  with pytest.raises(ValueError, match="engine_tensor=3 does not divide"):
+    plan.make_plan(split, "w", {})
   assert p["warnings"][0] == (
       f"estimated {mem['total_GB']:.1f} GB a device exceeds the 16.0 GB JAX"
       " may use (1 of the 16 GB of mesh.device_memory_gb, tpu: no"
