@@ -32,11 +32,17 @@ all processes gather each group's tensors together, one tensor at a time
 and writes the group's file (a writer thread, so the hosts write at the
 same time); the leader writes the index and json files after a barrier,
 from sizes every process computes from shapes. No host ever holds the
-model: at most one group it owns plus one tensor in flight. A tensor
-sharded across hosts still reaches every host once (an all-gather; JAX has
-no gather to one process that worked here), so the network carries what a
-full gather does; one replicated across hosts (a data axis over hosts) is
-read by its owner from its own devices, and nothing moves.
+model: at most one group it owns plus one tensor in flight. The layers go
+in blocks of P consecutive groups (owned by processes 0..P-1 in some
+order) when the parameters' mesh lists the devices process by process:
+their j-th tensors are stacked into [P, ...] and resharded in one jitted
+copy so that row p lands on process p's devices (``_exchange``): each host
+receives its own layer's tensor alone, 1/P of what an all-gather sends it.
+Other tensors sharded across hosts (embedding, head, the layers left over
+when P does not divide L, any tensor under a device order that interleaves
+processes) still reach every host once (an all-gather; JAX has no gather
+to one process that worked here); one replicated across hosts (a data axis
+over hosts) is read by its owner from its own devices, and nothing moves.
 
 Where: ``export_dir``: ``rollout.export_dir``, else a node-local
 ``/dev/shm/rspo_export_<hash of the workdir>`` when /dev/shm exists, the
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import hashlib
 import json
 import logging
@@ -68,6 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rspo_jax import distributed
 from rspo_jax.models import hf_io
@@ -285,10 +293,12 @@ def _write_json(path: str, obj) -> None:
 class GatherMeter:
   """What one process's ``export_hf_multihost`` brought to its host:
   ``peak`` (bytes of gathered tensors held at once), ``received`` (bytes
-  gathered in all) and ``written`` (the files it wrote, in order)."""
+  gathered in all), ``exchanged`` (tensors it received alone, through a
+  block exchange: ``_exchange``) and ``written`` (the files it wrote, in
+  order)."""
 
   def __init__(self):
-    self.held = self.peak = self.received = 0
+    self.held = self.peak = self.received = self.exchanged = 0
     self.written = []
     self._lock = threading.Lock()
 
@@ -456,14 +466,24 @@ def export_hf_multihost(module, cfg, path: str, *,
 
   error = None  # this process's first failed write
   pending = None
+  mesh = _exchange_mesh(groups)
+  blocks = _exchange_blocks(order, groups, count) if mesh else {}
   with concurrent.futures.ThreadPoolExecutor(1) as writer:
     for i, k in enumerate(order):
-      mine = i % count == me
+      block = blocks.get(i)
+      if block is None and any(i in b for b in blocks.values()):
+        continue  # exchanged with its block
+      mine = i % count == me or block is not None
       if mine and pending is not None:
         error = error or pending.exception()  # one owned group at a time
         pending = None
       keep = mine and error is None  # after a failure: gather, write nothing
-      items = [(name, _gather(x, dt, keep, meter)) for name, x in groups[k]]
+      if block is None:
+        items = [(name, _gather(x, dt, keep, meter))
+                 for name, x in groups[k]]
+      else:  # each process receives its own group of the block
+        k = order[block[me]]
+        items = _exchange(block, order, groups, dt, mesh, keep, meter)
       if keep:
         pending = writer.submit(write, k, items)
       del items
@@ -483,6 +503,93 @@ def export_hf_multihost(module, cfg, path: str, *,
       error = e
   _raise_if_any_failed(error, "writing the index, configs and tokenizer")
   return total
+
+
+def _exchange_mesh(groups) -> Optional[Mesh]:
+  """A ('procs', 'local') mesh over the parameters' devices in their mesh's
+  order, row p = process p's devices: the same device assignment, so one
+  jitted copy reshards onto it. None with one process, parameters on
+  several meshes, or devices not in process blocks (e.g. a TPU ring
+  order)."""
+  count = jax.process_count()
+  meshes = {x.sharding.mesh for items in groups.values() for _, x in items
+            for x in [x.stacked if isinstance(x, _Layer) else x]
+            if isinstance(x, jax.Array)
+            and isinstance(x.sharding, NamedSharding)}
+  if count == 1 or len(meshes) != 1:
+    return None
+  rows = np.asarray(next(iter(meshes)).devices).reshape(count, -1)
+  procs = np.vectorize(lambda d: d.process_index)(rows)
+  if not (procs == np.arange(count)[:, None]).all():
+    return None
+  return Mesh(rows, ("procs", "local"))
+
+
+def _exchange_blocks(order, groups, count) -> dict:
+  """{i: [i', ...]}: runs of ``count`` consecutive groups from index i
+  whose tensors match in names (up to the layer number), shapes and dtypes
+  -- the layers -- listed by owner (entry p is the group process p owns:
+  ``i' % count == p``). Every process gets the same answer (shapes
+  only)."""
+
+  def signature(k):
+    return tuple((re.sub(r"\.\d+\.", ".#.", name),
+                  tuple(x.stacked.shape[1:] if isinstance(x, _Layer)
+                        else np.shape(x)),
+                  str((x.stacked if isinstance(x, _Layer) else x).dtype))
+                 for name, x in groups[k])
+
+  out, i = {}, 0
+  while i + count <= len(order):
+    run = range(i, i + count)
+    if (all(isinstance(order[j], int) for j in run)
+        and len({signature(order[j]) for j in run}) == 1):
+      out[i] = sorted(run, key=lambda j: j % count)
+      i += count
+    else:
+      i += 1
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _stack_to_owners(dtype, sharding):
+  """jitted [x_0, ..., x_{P-1}] -> one [P, ...] array in ``dtype``, row p
+  on process p (``sharding``: 'procs' over rows)."""
+  return jax.jit(lambda xs: jnp.stack([x.astype(dtype) for x in xs]),
+                 out_shardings=sharding)
+
+
+def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
+              meter: GatherMeter):
+  """Process p's group of ``block`` (``_exchange_blocks``), gathered
+  together with the others' groups, tensor position by position: the P
+  groups' j-th tensors stacked and resharded so row p lands on process
+  p's devices (one jitted copy; each host receives its own tensor, where
+  an all-gather sent every host all P). Tensors every host holds whole
+  are read from its own shards (``_gather``), nothing moves. Returns
+  [(name, numpy array)] of this process's group (None arrays unless
+  ``keep``)."""
+  me = jax.process_index()
+  sharding = NamedSharding(mesh, PartitionSpec("procs"))
+  mine = groups[order[block[me]]]
+  out = []
+  for j, (name, _) in enumerate(mine):
+    xs = [groups[order[b]][j][1] for b in block]
+    xs = [x.get() if isinstance(x, _Layer) else x for x in xs]
+    if all(_on_every_host(x) for x in xs):
+      out.append((name, _gather(xs[me], dtype, keep, meter)))
+      continue
+    rows = _stack_to_owners(jnp.dtype(dtype), sharding)(xs)
+    shard = next(s for s in rows.addressable_shards
+                 if s.index[0].indices(len(xs))[0] == me)
+    x = None
+    if keep:
+      x = np.asarray(shard.data)[0]
+      meter.hold(x.nbytes)
+      meter.exchanged += 1
+    del rows, shard
+    out.append((name, x))
+  return out
 
 
 def _raise_if_any_failed(error: Optional[BaseException], what: str) -> None:

@@ -105,6 +105,7 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
         tokenizer_dir=tokenizer_dir, dtype="bfloat16", meter=meter)
     result[case] = {
         "total": total, "peak": meter.peak, "received": meter.received,
+        "exchanged": meter.exchanged,
         "held_after": meter.held, "written": meter.written,
         # Parameters whose shards are spread over both processes.
         "spanning": sum(not x.is_fully_addressable for x in leaves),
@@ -288,10 +289,17 @@ def test_two_processes_write_their_own_groups(tmp_path):
       assert r["peak"] <= max(mine) + largest_tensor < total, (case, p)
       if case == "gather":  # sharded over hosts: the others' too
         assert r["spanning"] and r["partial"], r
-        assert sum(mine) < r["received"] <= total - zeros, (case, p)
+        # ... but not the other's layer of the exchanged block (layers 0
+        # and 1, files 1 and 2: each host gets its own alone).
+        other = groups[files[2 - p]]
+        assert sum(mine) < r["received"] <= (
+            total - zeros - (other[0] - other[2])), (case, p)
+        # its layer's 7 matrices (its 2 norms are whole on every host)
+        assert r["exchanged"] == 7
       else:
         assert r["spanning"] and not r["partial"], r
         assert r["received"] == sum(mine)  # its own groups only
+        assert r["exchanged"] == 0  # read from its own shards
         assert r["peak"] <= max(mine)
     for f in want:  # who created which file
       st = os.stat(os.path.join(out, f))
