@@ -35,8 +35,9 @@ from sizes every process computes from shapes. No host ever holds the
 model: at most one group it owns plus one tensor in flight. The layers go
 in blocks of P consecutive groups (owned by processes 0..P-1 in some
 order) when the parameters' mesh lists the devices process by process:
-their j-th tensors are stacked into [P, ...] and resharded in one jitted
-copy so that row p lands on process p's devices (``_exchange``): each host
+their j-th tensors are stacked into [P, ...] in their own layout, then
+resharded so that row p lands on process p's devices (``_exchange``,
+``stack_to_owners``: an all-to-all and a collective-permute): each host
 receives its own layer's tensor alone, 1/P of what an all-gather sends it.
 Other tensors sharded across hosts (embedding, head, the layers left over
 when P does not divide L, any tensor under a device order that interleaves
@@ -552,11 +553,33 @@ def _exchange_blocks(order, groups, count) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _stack_to_owners(dtype, sharding):
-  """jitted [x_0, ..., x_{P-1}] -> one [P, ...] array in ``dtype``, row p
-  on process p (``sharding``: 'procs' over rows)."""
+def _stacker(dtype, sharding):
+  """jitted [x_0, ..., x_{P-1}] -> [P, ...] in ``dtype``, laid out as the
+  x's (``sharding``: theirs with the new axis whole): no communication."""
   return jax.jit(lambda xs: jnp.stack([x.astype(dtype) for x in xs]),
                  out_shardings=sharding)
+
+
+def _identity(x):
+  return x
+
+
+def stack_to_owners(xs, dtype, mesh: Mesh) -> jax.Array:
+  """[x_0, ..., x_{P-1}] (one shape and sharding) -> a [P, ...] array whose
+  row p lies on process p's devices of ``mesh`` (``_exchange_mesh``),
+  split over them along its first axis where that divides. Two jitted
+  copies: the stack, in the x's own layout (nothing moves), then the
+  reshard, which XLA lowers to an all-to-all and a collective-permute,
+  each device receiving its share of its own row only (one stacked jit
+  all-gathered every row first, 'involuntary full rematerialization';
+  ``tests/multihost_export_test.py`` checks the HLO)."""
+  src = xs[0].sharding
+  stacked = _stacker(jnp.dtype(dtype), NamedSharding(
+      src.mesh, PartitionSpec(None, *src.spec)))(xs)
+  local = mesh.shape["local"]
+  split = stacked.ndim > 1 and stacked.shape[1] % local == 0
+  return jax.jit(_identity, out_shardings=NamedSharding(
+      mesh, PartitionSpec("procs", "local" if split else None)))(stacked)
 
 
 def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
@@ -570,24 +593,24 @@ def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
   [(name, numpy array)] of this process's group (None arrays unless
   ``keep``)."""
   me = jax.process_index()
-  sharding = NamedSharding(mesh, PartitionSpec("procs"))
   mine = groups[order[block[me]]]
   out = []
   for j, (name, _) in enumerate(mine):
     xs = [groups[order[b]][j][1] for b in block]
     xs = [x.get() if isinstance(x, _Layer) else x for x in xs]
-    if all(_on_every_host(x) for x in xs):
+    if all(_on_every_host(x) for x in xs) or not all(
+        isinstance(x.sharding, NamedSharding) for x in xs):
       out.append((name, _gather(xs[me], dtype, keep, meter)))
       continue
-    rows = _stack_to_owners(jnp.dtype(dtype), sharding)(xs)
-    shard = next(s for s in rows.addressable_shards
-                 if s.index[0].indices(len(xs))[0] == me)
+    rows = stack_to_owners(xs, dtype, mesh)
     x = None
-    if keep:
-      x = np.asarray(shard.data)[0]
+    if keep:  # this host's row, from its own devices' blocks
+      x = np.empty(rows.shape[1:], rows.dtype)
+      for shard in rows.addressable_shards:
+        x[shard.index[1:]] = np.asarray(shard.data)[0]
       meter.hold(x.nbytes)
       meter.exchanged += 1
-    del rows, shard
+    del rows
     out.append((name, x))
   return out
 

@@ -220,6 +220,54 @@ def _group_bytes(path: str, cfg) -> dict:
   return out
 
 
+def test_stack_to_owners_sends_each_host_its_own_row_only():
+  """The layer exchange on 8 devices, as 2 hosts x 4 (one process here):
+  two [256, 512] weights FSDP x tensor over a (1, 4, 2) mesh go to rows
+  of a [2, 256, 512] array, row p on 'host' p's 4 devices, split over
+  them. The compiled reshard moves each device's share of its own row
+  only: no all-gather, at most 2 x 256 x 512 / 4 elements received per
+  device (the stack in one jit all-gathered both rows: 4x that)."""
+  import re
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  from rspo_jax import sharding, weight_sync
+
+  learner = sharding.make_mesh((1, 4, 2))
+  mesh = Mesh(np.asarray(learner.devices).reshape(2, 4), ("procs", "local"))
+  values = [np.arange(256 * 512, dtype=np.float32).reshape(256, 512) + i
+            for i in range(2)]
+  xs = [jax.device_put(v, NamedSharding(learner, P("fsdp", "tensor")))
+        for v in values]
+  rows = weight_sync.stack_to_owners(xs, jnp.bfloat16, mesh)
+  assert rows.sharding.spec == P("procs", "local")
+  for p in range(2):
+    for d in mesh.devices[p]:
+      (shard,) = [s for s in rows.addressable_shards if s.device == d]
+      assert shard.index[0] == slice(p, p + 1)
+  np.testing.assert_array_equal(
+      np.asarray(rows, np.float32),
+      np.stack(values).astype(jnp.bfloat16).astype(np.float32))
+
+  stacked = jax.jit(lambda xs: jnp.stack(xs), out_shardings=NamedSharding(
+      learner, P(None, "fsdp", "tensor")))(xs)
+  hlo = jax.jit(lambda x: x, out_shardings=rows.sharding).lower(
+      stacked).compile().as_text()
+  received = 0
+  for line in hlo.splitlines():
+    m = re.search(r"= (.*?) (all-gather|all-to-all|collective-permute)\(",
+                  line)
+    if m:
+      assert m.group(2) != "all-gather", line
+      received += sum(np.prod([int(d) for d in dims.split(",") if d])
+                      for dims in re.findall(r"\w+\[([\d,]*)\]",
+                                             m.group(1)))
+  assert 0 < received <= 2 * 256 * 512 // 4
+
+
 def test_multihost_export_in_one_process_is_export_hf(tmp_path):
   """One process: ``export_hf_multihost`` writes ``export_hf``'s bytes
   and, owning every group, never holds more than one group."""
