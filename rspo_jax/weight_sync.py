@@ -28,7 +28,7 @@ directory, its files shared out over the processes,
   owner(file group i) = i % P,
 
 all processes gather each group's tensors together, one tensor at a time
-(cast on device first, then all-gathered), and only the owner keeps them
+(cast on device first, then moved), and only the owner keeps them
 and writes the group's file (a writer thread, so the hosts write at the
 same time); the leader writes the index and json files after a barrier,
 from sizes every process computes from shapes. No host ever holds the
@@ -404,7 +404,9 @@ def export_hf_multihost(module, cfg, path: str, *,
   next groups, so the writes of all hosts overlap; before its next group
   an owner waits for its previous write. A host thus holds at most one
   group it owns plus one tensor in flight (``meter.peak``), never the
-  model, and writes only its own files. A tensor sharded across processes
+  model, and writes only its own files. Layers go in blocks of P groups
+  (``_exchange_blocks``), each host receiving only its own layer's
+  tensors (``stack_to_owners``); another tensor sharded across processes
   reaches every host once (an all-gather: the network carries what a full
   gather did); one every host holds whole on its devices (replicated
   across hosts) is read by its owner from its own shards, nothing moves.
@@ -519,7 +521,10 @@ def _exchange_mesh(groups) -> Optional[Mesh]:
             and isinstance(x.sharding, NamedSharding)}
   if count == 1 or len(meshes) != 1:
     return None
-  rows = np.asarray(next(iter(meshes)).devices).reshape(count, -1)
+  devices = np.asarray(next(iter(meshes)).devices)
+  if devices.size % count:
+    return None
+  rows = devices.reshape(count, -1)
   procs = np.vectorize(lambda d: d.process_index)(rows)
   if not (procs == np.arange(count)[:, None]).all():
     return None
@@ -587,9 +592,11 @@ def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
   """Process p's group of ``block`` (``_exchange_blocks``), gathered
   together with the others' groups, tensor position by position: the P
   groups' j-th tensors stacked and resharded so row p lands on process
-  p's devices (one jitted copy; each host receives its own tensor, where
-  an all-gather sent every host all P). Tensors every host holds whole
-  are read from its own shards (``_gather``), nothing moves. Returns
+  p's devices (``stack_to_owners``; each host receives its own tensor,
+  where an all-gather sent every host all P). Tensors every host holds
+  whole are read from its own shards (``_gather``), nothing moves; others
+  that cannot be stacked (host arrays, shardings without a mesh) are
+  gathered by every process, each keeping its own, as before. Returns
   [(name, numpy array)] of this process's group (None arrays unless
   ``keep``)."""
   me = jax.process_index()
@@ -598,16 +605,24 @@ def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
   for j, (name, _) in enumerate(mine):
     xs = [groups[order[b]][j][1] for b in block]
     xs = [x.get() if isinstance(x, _Layer) else x for x in xs]
-    if all(_on_every_host(x) for x in xs) or not all(
-        isinstance(x.sharding, NamedSharding) for x in xs):
-      out.append((name, _gather(xs[me], dtype, keep, meter)))
+    if all(not isinstance(x, jax.Array) or _on_every_host(x) for x in xs):
+      out.append((name, _gather(xs[me], dtype, keep, meter)))  # no moves
+      continue
+    if not all(isinstance(x, jax.Array)
+               and isinstance(x.sharding, NamedSharding) for x in xs):
+      got = None  # every process takes part in every gather
+      for p, x in enumerate(xs):
+        r = _gather(x, dtype, keep and p == me, meter)
+        got = r if p == me else got
+      out.append((name, got))
       continue
     rows = stack_to_owners(xs, dtype, mesh)
     x = None
     if keep:  # this host's row, from its own devices' blocks
       x = np.empty(rows.shape[1:], rows.dtype)
       for shard in rows.addressable_shards:
-        x[shard.index[1:]] = np.asarray(shard.data)[0]
+        if shard.replica_id == 0:
+          x[shard.index[1:]] = np.asarray(shard.data)[0]
       meter.hold(x.nbytes)
       meter.exchanged += 1
     del rows
