@@ -482,23 +482,27 @@ def to_host_mesh(tree: Any, mesh: Mesh, shardings: Any = None) -> Any:
     return jax.make_array_from_single_device_arrays(
         x.shape, target, [blocks[d] for d in target.mesh.devices.flat])
 
-  moved = jax.jit(_identity, out_shardings=[
-      NamedSharding(mesh, targets[k].spec) for k in fast])(
-          [leaves[arrays[k]] for k in fast])
+  moved = reshard([leaves[arrays[k]] for k in fast],
+                  [NamedSharding(mesh, targets[k].spec) for k in fast])
   for k, x in zip(fast, moved):
     leaves[arrays[k]] = wrap(x, targets[k])
   for k in sorted(set(range(len(arrays))) - set(fast)):
     t = targets[k]
-    whole = jax.jit(_identity, out_shardings=NamedSharding(
-        mesh, PartitionSpec()))(leaves[arrays[k]])
+    whole = reshard(leaves[arrays[k]], NamedSharding(mesh, PartitionSpec()))
     leaves[arrays[k]] = jax.device_put(
         wrap(whole, NamedSharding(t.mesh, PartitionSpec())), t)
     del whole
   return jax.tree.unflatten(treedef, leaves)
 
 
+def reshard(tree: Any, shardings: Any) -> Any:
+  """``tree`` copied to ``shardings`` by one jitted identity (device to
+  device; every process calls it for arrays spanning processes). One
+  function object, so jit's caches keep its compiled copies."""
+  return jax.jit(_identity, out_shardings=shardings)(tree)
+
+
 def _identity(x):
-  """One function object: jit's caches keep its compiled copies."""
   return x
 
 

@@ -471,10 +471,11 @@ def export_hf_multihost(module, cfg, path: str, *,
   pending = None
   mesh = _exchange_mesh(groups)
   blocks = _exchange_blocks(order, groups, count) if mesh else {}
+  in_blocks = {j for b in blocks.values() for j in b}
   with concurrent.futures.ThreadPoolExecutor(1) as writer:
     for i, k in enumerate(order):
       block = blocks.get(i)
-      if block is None and any(i in b for b in blocks.values()):
+      if block is None and i in in_blocks:
         continue  # exchanged with its block
       mine = i % count == me or block is not None
       if mine and pending is not None:
@@ -565,10 +566,6 @@ def _stacker(dtype, sharding):
                  out_shardings=sharding)
 
 
-def _identity(x):
-  return x
-
-
 def stack_to_owners(xs, dtype, mesh: Mesh) -> jax.Array:
   """[x_0, ..., x_{P-1}] (one shape and sharding) -> a [P, ...] array whose
   row p lies on process p's devices of ``mesh`` (``_exchange_mesh``),
@@ -583,8 +580,8 @@ def stack_to_owners(xs, dtype, mesh: Mesh) -> jax.Array:
       src.mesh, PartitionSpec(None, *src.spec)))(xs)
   local = mesh.shape["local"]
   split = stacked.ndim > 1 and stacked.shape[1] % local == 0
-  return jax.jit(_identity, out_shardings=NamedSharding(
-      mesh, PartitionSpec("procs", "local" if split else None)))(stacked)
+  return distributed.reshard(stacked, NamedSharding(
+      mesh, PartitionSpec("procs", "local" if split else None)))
 
 
 def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
