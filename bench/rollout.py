@@ -5,15 +5,23 @@
 
 Episodes come in groups of 8 sharing a task (GRPO/GiGPO), a random policy
 of the environment config's preset (WebShop, ALFWorld: nano, 0.63 M
-parameters; vocab from a tokenizer trained here on expert episodes)
+parameters; vocab from a tokenizer trained here on expert episodes), or
+with ``--model_path`` a given policy (e.g. a run's behaviour-cloned
+``warm_start``, whose replies end at ``</action>`` after varying lengths),
 answers at temperature 1, and the environments step in worker processes.
 Reported: generated tokens/s (generation time only), environment steps/s
 (environment time only), the wall time of the whole collection, episodes/s
-(episodes / wall) and the generation seconds. With ``--sglang_url`` the
+(episodes / wall), the generation seconds and the decode steps on the
+critical path with and without turn barriers (``decode_paths``). With ``--sglang_url`` the
 same collection also runs against that server (serving a model of the same
 shape and tokenizer, e.g. ``launch/serve_rollout.py
 --model_path=<--export_dir>``), turn by turn (``collect``) and, as engine
 ``sglang_unbarriered``, without turn barriers (``collect_unbarriered``).
+
+  python bench/rollout.py --server_steps --sglang_url URL [--batches 1,8,128]
+
+times that server's decode step per number of rows running (does an idle
+row cost a step, as on a GPU, or nothing, as on this CPU server?).
 
   python bench/rollout.py --sync [--presets tiny,small-25m]
 
@@ -44,19 +52,35 @@ def main(argv=None):
   p.add_argument("--max_new_tokens", type=int, default=32)
   p.add_argument("--sglang_url", default="")
   p.add_argument("--export_dir", default="", help="write the bench model here")
+  p.add_argument("--model_path", default="",
+                 help="an HF policy directory (with its tokenizer) instead of"
+                 " random weights, e.g. a run's warm_start")
   p.add_argument("--workers", type=int, default=2)
   p.add_argument("--sync", action="store_true",
                  help="time weight syncs instead of collections")
   p.add_argument("--presets", default="tiny,small-25m")
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--repeats", type=int, default=3,
+                 help="timed runs: collections (engines take turns, median"
+                 " reported), syncs and server steps (best of)")
+  p.add_argument("--server_steps", action="store_true",
+                 help="time the --sglang_url server's decode step per batch"
+                 " size instead of collections")
+  p.add_argument("--prompt_tokens", type=int, default=300)
+  p.add_argument("--server_log", default="",
+                 help="the --sglang_url server's log: count its prefill"
+                 " forwards ('Prefill batch' lines) per collection")
   args = p.parse_args(argv)
   if args.sync:
     return bench_sync(args)
+  if args.server_steps:
+    if not args.sglang_url:
+      p.error("--server_steps needs --sglang_url")
+    return bench_server_steps(args)
 
   from configs import base
   from rspo_jax import build, models, sharding
-  from rspo_jax.rollout.collect import collect
-  from rspo_jax.rollout.unbarriered import collect_unbarriered
+  import numpy as np
+
   from rspo_jax.rollout.engine import SamplingParams
   from third_party_envs import registry
   from third_party_envs.vector import VectorEnv
@@ -68,13 +92,19 @@ def main(argv=None):
       print(json.dumps({"env": env_name, "skipped": str(e)}))
       continue
     cfg = base.make_config(env_name, "grpo")
-    work = args.export_dir or tempfile.mkdtemp(prefix=f"bench_{env_name}_")
-    tokenizer, tok_dir = build.make_tokenizer(cfg, work)
-    mcfg = build.model_config(cfg, tokenizer)
-    module = models.create_model(mcfg, seed=0)
-    models.save_hf_model(module, mcfg, os.path.join(work, "model"),
-                         tokenizer_dir=tok_dir)
     mesh = sharding.make_mesh((-1, 1, 1))
+    if args.model_path:
+      with cfg.unlocked():
+        cfg.model.checkpoint_dir = args.model_path
+      tokenizer, _ = build.make_tokenizer(cfg, "")
+      mcfg, module = build.load_policy(cfg, args.model_path, mesh)
+    else:
+      work = args.export_dir or tempfile.mkdtemp(prefix=f"bench_{env_name}_")
+      tokenizer, tok_dir = build.make_tokenizer(cfg, work)
+      mcfg = build.model_config(cfg, tokenizer)
+      module = models.create_model(mcfg, seed=0)
+      models.save_hf_model(module, mcfg, os.path.join(work, "model"),
+                           tokenizer_dir=tok_dir)
     engines = {"jax": build.make_engine(cfg, mcfg, module, tokenizer, mesh)}
     if args.sglang_url:
       from rspo_jax.rollout.sglang_client import SGLangClient
@@ -89,28 +119,129 @@ def main(argv=None):
     for batch in [int(b) for b in args.batches.split(",")]:
       venv = VectorEnv(env_name, {}, batch, num_workers=args.workers)
       try:
-        for name, engine in engines.items():
-          play = (collect_unbarriered if name.endswith("_unbarriered")
-                  else collect)
-          tasks = list(range(batch // GROUP))
-          play(engine, venv, tokenizer, tasks, GROUP, sampling, ccfg,
-               seed=1)  # warm-up: compiles every bucket
-          t0 = time.perf_counter()
-          _, stats = play(engine, venv, tokenizer, tasks, GROUP, sampling,
-                          ccfg, seed=2)
-          wall = time.perf_counter() - t0
+        tasks = list(range(batch // GROUP))
+        for name, engine in engines.items():  # warm-up: compiles every bucket
+          _play(name)(engine, venv, tokenizer, tasks, GROUP, sampling, ccfg,
+                      seed=1)
+        walls = {name: [] for name in engines}
+        for rep in range(args.repeats):  # engines take turns: drift is shared
+          for name, engine in engines.items():
+            prefills = _prefill_forwards(args.server_log, name)
+            t0 = time.perf_counter()
+            records, stats = _play(name)(engine, venv, tokenizer, tasks,
+                                         GROUP, sampling, ccfg, seed=2 + rep)
+            wall = time.perf_counter() - t0
+            walls[name].append(wall)
+            paths = decode_paths(records)
+            if prefills is not None:
+              time.sleep(0.5)  # the server logs after it answers
+              paths["server_prefill_forwards"] = (
+                  _prefill_forwards(args.server_log, name) - prefills)
+            print(json.dumps({
+                "env": env_name, "engine": name, "batch": batch,
+                "repeat": rep, "group": GROUP, "params": mcfg.num_params(),
+                "gen_tokens_per_s": round(stats["gen_tokens_per_s"], 1),
+                "env_steps_per_s": round(stats["env_steps_per_s"], 1),
+                "gen_tokens": stats["gen_tokens"],
+                "env_steps": stats["env_steps"], "wall_s": round(wall, 2),
+                "episodes_per_s": round(batch / wall, 2),
+                "generation_s": round(stats.get("generation_s", 0.0), 2),
+                **paths,
+            }), flush=True)
+        for name, w in walls.items():
           print(json.dumps({
               "env": env_name, "engine": name, "batch": batch,
-              "group": GROUP, "params": mcfg.num_params(),
-              "gen_tokens_per_s": round(stats["gen_tokens_per_s"], 1),
-              "env_steps_per_s": round(stats["env_steps_per_s"], 1),
-              "gen_tokens": stats["gen_tokens"],
-              "env_steps": stats["env_steps"], "wall_s": round(wall, 2),
-              "episodes_per_s": round(batch / wall, 2),
-              "generation_s": round(stats.get("generation_s", 0.0), 2),
+              "summary": True, "walls_s": [round(x, 2) for x in w],
+              "median_wall_s": round(float(np.median(w)), 2),
+              "median_episodes_per_s": round(batch / float(np.median(w)), 2),
           }), flush=True)
       finally:
         venv.close()
+
+
+def _play(engine_name: str):
+  from rspo_jax.rollout.collect import collect
+  from rspo_jax.rollout.unbarriered import collect_unbarriered
+
+  return (collect_unbarriered if engine_name.endswith("_unbarriered")
+          else collect)
+
+
+def _prefill_forwards(server_log: str, engine_name: str):
+  """'Prefill batch' lines in an SGLang server's log so far (None: no log
+  given, or an engine that is not the server)."""
+  if not server_log or not engine_name.startswith("sglang"):
+    return None
+  with open(server_log, errors="replace") as f:
+    return f.read().count("Prefill batch")
+
+
+def decode_paths(records) -> dict:
+  """Decode steps on a collection's critical path, with and without turn
+  barriers, from its records (``len(response_ids)`` = reply tokens l_{i,t}
+  of episode i at turn t):
+
+    barriered_steps = sum_t max_i l_{i,t}   (turn t + 1 waits for turn t's
+                                             longest reply)
+    free_steps      = max_i sum_t l_{i,t}   (each episode goes on alone)
+
+  When a decode step costs the same whatever the number of rows running
+  (a GPU decoding a few hundred rows: memory-bound on the weights),
+  ``barrier_bound = barriered_steps / free_steps`` bounds what dropping the
+  barriers can save (prefill and environment time aside). When a step's
+  cost grows with the rows running (this CPU server, ``--server_steps``),
+  the rows that finished early cost nothing while they wait, and there is
+  little to save."""
+  turns, episodes = {}, {}
+  for r in records:
+    n = len(r.response_ids)
+    turns[r.step_idx] = max(turns.get(r.step_idx, 0), n)
+    episodes[r.traj_id] = episodes.get(r.traj_id, 0) + n
+  barriered, free = sum(turns.values()), max(episodes.values(), default=0)
+  return {"barriered_steps": barriered, "free_steps": free,
+          "barrier_bound": round(barriered / free, 3) if free else None}
+
+
+def bench_server_steps(args):
+  """One JSON line per batch size: the SGLang server's seconds a decode step
+  (``ignore_eos`` generations of 1 and 1 + 64 tokens, the difference / 64),
+  per step and per row-step. Flat per step: barriers leave rows idle that
+  cost a step each; proportional to the rows: idle rows cost nothing."""
+  import urllib.request
+
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  info = json.loads(urllib.request.urlopen(
+      args.sglang_url + "/get_model_info", timeout=60).read())
+  config = os.path.join(info.get("model_path", ""), "config.json")
+  vocab = 256  # a model directory this machine cannot read: small ids
+  if os.path.isfile(config):
+    with open(config) as f:
+      vocab = json.load(f)["vocab_size"]
+
+  def seconds(rows, new_tokens):
+    body = json.dumps({
+        "input_ids": [rng.integers(3, vocab, args.prompt_tokens).tolist()
+                      for _ in range(rows)],
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 1.0,
+                            "ignore_eos": True}}).encode()
+    req = urllib.request.Request(args.sglang_url + "/generate", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    urllib.request.urlopen(req, timeout=600).read()
+    return time.perf_counter() - t0
+
+  for rows in [int(b) for b in args.batches.split(",")]:
+    seconds(rows, 1)  # warm-up
+    first = min(seconds(rows, 1) for _ in range(args.repeats))
+    whole = min(seconds(rows, 65) for _ in range(args.repeats))
+    step = max(whole - first, 0.0) / 64
+    print(json.dumps({
+        "server": args.sglang_url, "rows": rows,
+        "prompt_tokens": args.prompt_tokens,
+        "decode_step_ms": round(step * 1e3, 2),
+        "row_step_ms": round(step * 1e3 / rows, 3)}), flush=True)
 
 
 def bench_sync(args):

@@ -273,3 +273,22 @@ def test_loop_bench_smoke_prints_phases(tmp_path):
                                                  rel=0.02)
   assert side["bc_step_s"] > 0 and side["evaluation_s"] > 0
   assert "speedup" not in summary
+
+
+def test_decode_paths_by_hand():
+  """Two episodes: replies of 3 then 5 tokens, and 4 then 1.
+  With barriers: max(3, 4) + max(5, 1) = 9 decode steps; without: the
+  longer episode, max(3 + 5, 4 + 1) = 8; bound 9 / 8."""
+  from rspo_jax.types import StepRecord  # pylint: disable=g-import-not-at-top
+
+  def rec(traj, step, n):
+    return StepRecord(task_id=0, group_id=0, traj_id=traj, step_idx=step,
+                      prompt_ids=np.zeros(2, np.int32),
+                      response_ids=np.zeros(n, np.int32),
+                      behavior_logp=np.zeros(n, np.float32))
+
+  paths = _load("rollout").decode_paths(
+      [rec(0, 0, 3), rec(0, 1, 5), rec(1, 0, 4), rec(1, 1, 1)])
+  assert paths == {"barriered_steps": 9, "free_steps": 8,
+                   "barrier_bound": 1.125}
+  assert _load("rollout").decode_paths([])["barrier_bound"] is None
