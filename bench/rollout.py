@@ -12,9 +12,9 @@ answers at temperature 1, and the environments step in worker processes.
 Reported: generated tokens/s (generation time only), environment steps/s
 (environment time only), the wall time of the whole collection, episodes/s
 (episodes / wall), the generation seconds and the decode steps on the
-critical path with and without turn barriers (``decode_paths``). With ``--sglang_url`` the
-same collection also runs against that server (serving a model of the same
-shape and tokenizer, e.g. ``launch/serve_rollout.py
+critical path with and without turn barriers (``decode_paths``). With
+``--sglang_url`` the same collection also runs against that server (serving
+a model of the same shape and tokenizer, e.g. ``launch/serve_rollout.py
 --model_path=<--export_dir>``), turn by turn (``collect``) and, as engine
 ``sglang_unbarriered``, without turn barriers (``collect_unbarriered``).
 

@@ -168,7 +168,8 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # The training collections (A's, colocated B's) turn by turn, one batched
   # request a turn (True), or, with SGLang, each episode's next request sent
   # as soon as its environment step returns (False: rollout/unbarriered.py;
-  # slower on the CPU server, whose idle rows cost nothing: docs/performance.md).
+  # slower on the CPU server, whose idle rows cost nothing; docs/
+  # performance.md).
   c.rollout.turn_barriers = True
   # The in-process engine's tensor parallelism: 0 = the learner mesh's
   # tensor axis; T > 0: weights split over T devices, rows over the rest
