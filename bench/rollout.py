@@ -11,8 +11,9 @@ with ``--model_path`` a given policy (e.g. a run's behaviour-cloned
 answers at temperature 1, and the environments step in worker processes.
 Reported: generated tokens/s (generation time only), environment steps/s
 (environment time only), the wall time of the whole collection, episodes/s
-(episodes / wall), the generation seconds and the decode steps on the
-critical path with and without turn barriers (``decode_paths``). With
+(episodes / wall), the generation seconds, the decode steps on the
+critical path with and without turn barriers (``decode_paths``) and the
+prompt tokens a group shares at later turns (``group_prefixes``). With
 ``--sglang_url`` the same collection also runs against that server (serving
 a model of the same shape and tokenizer, e.g. ``launch/serve_rollout.py
 --model_path=<--export_dir>``), turn by turn (``collect``) and, as engine
@@ -40,6 +41,8 @@ import os
 import tempfile
 import time
 
+import numpy as np
+
 
 GROUP = 8
 
@@ -50,6 +53,8 @@ def main(argv=None):
   p.add_argument("--batches", default="16,128")
   p.add_argument("--max_steps", type=int, default=4)
   p.add_argument("--max_new_tokens", type=int, default=32)
+  p.add_argument("--max_prompt_tokens", type=int, default=0,
+                 help="0 = the environment config's (WebShop: 768)")
   p.add_argument("--sglang_url", default="")
   p.add_argument("--export_dir", default="", help="write the bench model here")
   p.add_argument("--model_path", default="",
@@ -66,6 +71,9 @@ def main(argv=None):
                  help="time the --sglang_url server's decode step per batch"
                  " size instead of collections")
   p.add_argument("--prompt_tokens", type=int, default=300)
+  p.add_argument("--prefill_share", action="store_true",
+                 help="also time the in-process engine on the collection's"
+                 " prompts with 1 new token (prefill) against the whole")
   p.add_argument("--server_log", default="",
                  help="the --sglang_url server's log: count its prefill"
                  " forwards ('Prefill batch' lines) per collection")
@@ -79,8 +87,6 @@ def main(argv=None):
 
   from configs import base
   from rspo_jax import build, models, sharding
-  import numpy as np
-
   from rspo_jax.rollout.engine import SamplingParams
   from third_party_envs import registry
   from third_party_envs.vector import VectorEnv
@@ -112,7 +118,9 @@ def main(argv=None):
       engines["sglang"] = SGLangClient(args.sglang_url)
       engines["sglang_unbarriered"] = engines["sglang"]
     ccfg = build.collect_config(cfg, "train")
-    ccfg = type(ccfg)(**{**ccfg.__dict__, "max_steps": args.max_steps})
+    ccfg = type(ccfg)(**{**ccfg.__dict__, "max_steps": args.max_steps,
+                         "max_prompt_tokens": (args.max_prompt_tokens
+                                               or ccfg.max_prompt_tokens)})
     sampling = SamplingParams(temperature=1.0,
                               max_new_tokens=args.max_new_tokens,
                               stop_strings=("</action>",))
@@ -132,7 +140,10 @@ def main(argv=None):
                                          GROUP, sampling, ccfg, seed=2 + rep)
             wall = time.perf_counter() - t0
             walls[name].append(wall)
-            paths = decode_paths(records)
+            paths = {**decode_paths(records), **group_prefixes(records)}
+            if args.prefill_share and name == "jax":
+              paths["prefill_share"] = prefill_share(engine, records,
+                                                     sampling)
             if prefills is not None:
               time.sleep(0.5)  # the server logs after it answers
               paths["server_prefill_forwards"] = (
@@ -202,14 +213,59 @@ def decode_paths(records) -> dict:
           "barrier_bound": round(barriered / free, 3) if free else None}
 
 
+def group_prefixes(records) -> dict:
+  """How much a group's prompts share at turns t > 0 (turn 0's are
+  identical and prefilled once already): per (group, turn) the longest
+  common prefix LCP of its n prompts, and
+
+    group_prefix_share = sum (n - 1) LCP / sum of all prompt tokens
+
+  the prefill tokens that prefilling each group's prefix once would save."""
+  prompts = {}
+  total = 0
+  for r in records:
+    total += len(r.prompt_ids)
+    if r.step_idx > 0:
+      prompts.setdefault((r.group_id, r.step_idx), []).append(r.prompt_ids)
+  saved, lcps = 0, []
+  for ps in prompts.values():
+    if len(ps) < 2:
+      continue
+    width = min(len(p) for p in ps)
+    same = np.all(np.stack([p[:width] for p in ps]) == ps[0][:width], axis=0)
+    lcp = int(width if same.all() else np.argmin(same))
+    lcps.append(lcp)
+    saved += lcp * (len(ps) - 1)
+  return {"group_prefix_share": round(saved / total, 3) if total else None,
+          "median_group_lcp": float(np.median(lcps)) if lcps else None}
+
+
+def prefill_share(engine, records, sampling) -> float:
+  """Seconds generating each turn's recorded prompts with 1 new token (the
+  prefill, and one step) over seconds with ``sampling``'s (whole
+  generation); compiled first, one timed pass each."""
+  from rspo_jax.rollout.engine import SamplingParams
+
+  turns = {}
+  for r in records:
+    turns.setdefault(r.step_idx, []).append(r.prompt_ids.tolist())
+  one = SamplingParams(temperature=1.0, max_new_tokens=1)
+  seconds = [0.0, 0.0]
+  for timed in (False, True):  # compile, then time
+    for k, params in enumerate((one, sampling)):
+      for prompts in turns.values():
+        t0 = time.perf_counter()
+        engine.generate(prompts, params)
+        seconds[k] += (time.perf_counter() - t0) * timed
+  return round(seconds[0] / seconds[1], 3)
+
+
 def bench_server_steps(args):
   """One JSON line per batch size: the SGLang server's seconds a decode step
   (``ignore_eos`` generations of 1 and 1 + 64 tokens, the difference / 64),
   per step and per row-step. Flat per step: barriers leave rows idle that
   cost a step each; proportional to the rows: idle rows cost nothing."""
   import urllib.request
-
-  import numpy as np
 
   rng = np.random.default_rng(0)
   info = json.loads(urllib.request.urlopen(

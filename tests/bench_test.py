@@ -292,3 +292,23 @@ def test_decode_paths_by_hand():
   assert paths == {"barriered_steps": 9, "free_steps": 8,
                    "barrier_bound": 1.125}
   assert _load("rollout").decode_paths([])["barrier_bound"] is None
+
+
+def test_group_prefixes_by_hand():
+  """Group 0 at turn 1: [1 2 3 4] and [1 2 9] share 2 tokens (one prompt's
+  worth saved: 2); turn 0 is not counted (identical prompts are shared
+  already); group 1 has one prompt at turn 1. 2 of 4 + 3 + 2 + 2 + 3
+  = 14 prompt tokens."""
+  from rspo_jax.types import StepRecord  # pylint: disable=g-import-not-at-top
+
+  def rec(group, traj, step, ids):
+    return StepRecord(task_id=group, group_id=group, traj_id=traj,
+                      step_idx=step, prompt_ids=np.asarray(ids, np.int32),
+                      response_ids=np.zeros(1, np.int32),
+                      behavior_logp=np.zeros(1, np.float32))
+
+  out = _load("rollout").group_prefixes([
+      rec(0, 0, 1, [1, 2, 3, 4]), rec(0, 1, 1, [1, 2, 9]),
+      rec(0, 0, 0, [1, 2]), rec(0, 1, 0, [1, 2]), rec(1, 2, 1, [5, 6, 7])])
+  assert out == {"group_prefix_share": round(2 / 14, 3),
+                 "median_group_lcp": 2.0}
