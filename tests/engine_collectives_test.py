@@ -17,8 +17,9 @@ gather and no activation exchange. Counted in the optimised HLO of the
     (2 L of [rows / (data fsdp), 1, D]), plus a few [rows]-sized exchanges of
     the vocabulary-split logits for sampling (a bound, not a count: XLA's
     choice);
-  * no all-gather of a parameter's shape, but with a tensor axis the
-    embedding table's, once per call, outside the loop.
+  * no all-gather of a parameter's shape: with a tensor axis the embedding
+    is looked up vocabulary-parallel (one more all-reduce of [rows, 1, D] a
+    token) instead of gathering the table once per call.
 
 With the learner's FSDP rules for its activations, as before, the engine
 ran 3 collectives per token on (1, 8, 1) (the condition, the rows' token
@@ -165,22 +166,25 @@ def test_data_parallel_decode_has_one_collective_per_token(mesh_shape):
 
 def test_tensor_parallel_decode_all_reduces_two_per_layer():
   """(1, 4, 2): per token, the 2 L all-reduces of [rows_local, 1, D]
-  partial sums, a few exchanges of [rows_local, k] sampling statistics
-  (none of the logits' width V / 2) and the loop condition; per call at
-  most one parameter gather, the embedding table's (the lookup takes it
-  whole; 'vocab' is split over 'tensor'), outside the loop."""
+  partial sums and one more of the vocabulary-parallel embedding lookup
+  (each 'tensor' shard looks up the tokens in its half of the table), a
+  few exchanges of [rows_local, k] sampling statistics (none of the logits'
+  width V / 2) and the loop condition; no gather of any parameter, the
+  embedding table included, in the decode program or the prefill's."""
   per_token, everywhere = per_token_and_all(decode_hlo((1, 4, 2)))
   rows_local = ROWS // 4
   layer = [(op, s) for op, s in per_token
            if op == "all-reduce" and dims(s) == [rows_local, 1,
                                                  CFG.hidden_size]]
-  assert len(layer) == 2 * CFG.num_layers, per_token
+  assert len(layer) == 2 * CFG.num_layers + 1, per_token
   rest = [(op, s) for op, s in per_token if (op, s) not in layer]
   assert ("all-reduce", "pred[]") in rest
   assert len(rest) <= 8, rest
   for _, shape in rest:
     assert np.prod(dims(shape)) < rows_local * CFG.vocab_size // 2, rest
   whole = param_shapes()
-  gathered = [tuple(dims(s)) for op, s in everywhere
-              if op == "all-gather" and tuple(dims(s)) in whole]
-  assert gathered in ([], [(CFG.vocab_size, CFG.hidden_size)]), gathered
+  prefill = collectives(engine_hlo((1, 4, 2), "_prefill"))
+  for op, s in everywhere + prefill:
+    assert not (op == "all-gather" and tuple(dims(s)) in whole), (op, s)
+    # Nothing the table's size moves at all (V x D / 2 = 64 k elements).
+    assert np.prod(dims(s)) < CFG.vocab_size * CFG.hidden_size // 2, (op, s)

@@ -7,6 +7,7 @@ HF parity uses checkpoints made by scripts/make_reference_checkpoints.py
 import dataclasses
 import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -478,3 +479,44 @@ def test_tokenizer_train_chat_template_and_checks(tmp_path):
     models.load_tokenizer(str(tmp_path / "missing"))
   with pytest.raises(ValueError, match="vocab_size"):
     models.train_tokenizer(texts, 100, str(tmp_path / "small"))
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (1, 1, 8), (2, 1, 4)],
+                         ids=str)
+def test_vocab_parallel_embedding_equals_the_gathered_lookup(mesh_shape):
+  """The engine's rules (weights split over 'tensor' only): the table's
+  rows lie split over 'tensor' and each shard looks up the tokens it owns.
+  Same vectors bit for bit as ``table[tokens]`` (ids in every shard, the
+  first and last row of each), the same gradient (repeated tokens summed),
+  and no collective that moves the table: the only one is the all-reduce
+  of the [B, T, D] rows."""
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from rspo_jax import sharding as shd
+
+  mesh = shd.make_mesh(mesh_shape)
+  rules = shd.inference_rules(shd.DEFAULT_RULES)
+  shard = shd.ActivationSharding(mesh, rules)
+  v, d = 64, 16
+  table = jax.random.normal(jax.random.key(0), (v, d), jnp.float32)
+  table = jax.device_put(table, NamedSharding(mesh, P("tensor", None)))
+  tokens = np.asarray([[0, 7, 8, 15], [16, 31, 32, 63], [7, 7, 48, 1],
+                       [63, 62, 0, 40]], np.int32)
+
+  def embed(t, ids):
+    return tf._vocab_parallel_take(t, ids, shard, ("tensor",), ("data",
+                                                                "fsdp"))
+
+  fn = jax.jit(embed)
+  out = fn(table, tokens)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(table)[tokens])
+  weights = jax.random.normal(jax.random.key(1), (4, 4, d))
+  grad = jax.grad(lambda t: jnp.sum(embed(t, tokens) * weights))(table)
+  want = np.zeros((v, d), np.float32)
+  np.add.at(want, tokens, np.asarray(weights))
+  np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-6, atol=1e-6)
+  hlo = fn.lower(table, tokens).compile().as_text()
+  moved = re.findall(r"= \w+\[([\d,]*)\]\S* (all-gather|all-to-all|"
+                     r"all-reduce|collective-permute)(?:-start)?\(", hlo)
+  assert [op for _, op in moved] == ["all-reduce"], moved
+  rows = np.prod([int(x) for x in moved[0][0].split(",")])
+  assert rows == tokens.size * d // (mesh.shape["data"] * mesh.shape["fsdp"])
