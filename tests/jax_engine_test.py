@@ -1,6 +1,7 @@
 """Tests of rollout/sampling.py and rollout/jax_engine.py on a tiny model."""
 
 import dataclasses
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -314,6 +315,41 @@ def test_engine_owns_its_buffers(model, engine):
   for leaf in jax.tree.leaves(nnx.state(donor)) + jax.tree.leaves(params):
     leaf.delete()
   for a, b in zip(ref, eng.generate(PROMPTS, greedy)):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (1, 4, 2)], ids=str)
+def test_update_weights_frees_the_old_weights_before_placing_the_new(
+    model, monkeypatch, mesh_shape):
+  """A sync holds one engine copy at a time: every old weight is freed
+  before the first new one is placed (before: old, given and placed copies
+  at once, up to 3x the engine's weights a device). After a refused update
+  the old weights still serve."""
+  mesh = None if mesh_shape is None else shd.make_mesh(mesh_shape)
+  eng = make_engine(model, mesh=mesh)
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+  wrong = nnx.state(make_model(seed=1), nnx.Param)
+  wrong["embedding"].set_value(jnp.zeros((CFG.vocab_size + 1, 64)))
+  with pytest.raises(ValueError, match="embedding has shape"):
+    eng.update_weights(wrong, version=4)
+  ref = eng.generate(PROMPTS, greedy)
+  for a, b in zip(ref, make_engine(model).generate(PROMPTS, greedy)):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+
+  old = [weakref.ref(x) for x in jax.tree.leaves(eng._params)]  # pylint: disable=protected-access
+  seen = []
+  place = jax_engine._own_copy  # pylint: disable=protected-access
+
+  def spy(new, dtype, sharding):
+    seen.append(all(ref() is None for ref in old))
+    return place(new, dtype, sharding)
+
+  monkeypatch.setattr(jax_engine, "_own_copy", spy)
+  other = make_model(seed=1)
+  eng.update_weights(nnx.state(other, nnx.Param), version=5)
+  assert len(seen) == len(old) and all(seen)
+  for a, b in zip(eng.generate(PROMPTS, greedy),
+                  make_engine(other).generate(PROMPTS, greedy)):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
 
 

@@ -232,7 +232,14 @@ class JaxEngine(Engine):
     """Replaces the weights: an nnx.State of params, a Transformer, a
     ``(graphdef, params[, rest])`` tuple, or a HF safetensors directory.
 
-    Raises ValueError when the new params differ in structure or shapes.
+    The engine's old weights are freed before the new ones are placed, so
+    a sync holds the engine's weights and its new copy, not also the old
+    one. The engine keeps its own copy of arrays it is given (the trainer
+    donates its param buffers to each train step, which would delete them
+    under the engine); arrays its dtype cast made are its own already.
+
+    Raises ValueError when the new params differ in structure or shapes
+    (the old weights are kept then).
     """
     if isinstance(params_or_path, (str, os.PathLike)):
       from rspo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
@@ -246,11 +253,18 @@ class JaxEngine(Engine):
     else:
       _, params, _ = self._split(params_or_path)
     _check_same_shapes(self._params, params)
+    dtypes = jax.tree.map(lambda old: old.dtype, self._params)
+    # The engine's are the only references: dropping them frees the old
+    # weights now. (Not ``Array.delete()``: a copy placed from one device
+    # onto a replicated mesh sharding may share that device's buffer with
+    # the caller's array.)
+    self._params = None
     # Keep the engine's dtypes (e.g. float32 trainer params -> bf16 engine).
-    params = jax.tree.map(
-        lambda new, old: new.astype(old.dtype), params, self._params
-    )
-    self._params = self._place(params, self._param_sh)
+    if self._param_sh is None:
+      self._params = jax.tree.map(
+          lambda new, dtype: _own_copy(new, dtype, None), params, dtypes)
+    else:
+      self._params = jax.tree.map(_own_copy, params, dtypes, self._param_sh)
     self._version = int(version)
 
   def _split(self, model):
@@ -279,6 +293,10 @@ class JaxEngine(Engine):
       self, prompts: Sequence[Sequence[int]], params: SamplingParams
   ) -> list[GenerationResult]:
     """One result per prompt, in order (see the module docstring)."""
+    if self._params is None:
+      raise RuntimeError(
+          "the engine has no weights: an update_weights call failed after"
+          " freeing the old ones; call update_weights again")
     self._check_params(params)
     rows = [self._check_prompt(p, i) for i, p in enumerate(prompts)]
     if not rows:
@@ -521,6 +539,13 @@ class JaxEngine(Engine):
 # shares the compiled code.
 
 _TRACES = [0]
+
+
+def _own_copy(new, dtype, sharding):
+  """``new`` as ``dtype`` on ``sharding`` (None: the default device) in an
+  array no one else holds: copied unless the cast made a new one."""
+  cast = new.astype(dtype)
+  return jax.device_put(cast, sharding, may_alias=cast is not new)
 
 
 def trace_count() -> int:
@@ -837,15 +862,28 @@ def _snapshot(state):
 
 
 def _check_same_shapes(old, new) -> None:
-  old_flat = dict(nnx.to_flat_state(old))
-  new_flat = dict(nnx.to_flat_state(new))
+  """Raises ValueError unless ``new`` has ``old``'s parameter names and
+  shapes. (jax's key paths, not ``nnx.to_flat_state``: its flat states
+  form reference cycles that keep the old weights alive until a garbage
+  collection, where ``update_weights`` frees them at once.)"""
+  old_flat, new_flat = _shapes_by_name(old), _shapes_by_name(new)
   if set(old_flat) != set(new_flat):
     missing = sorted(set(old_flat) ^ set(new_flat), key=str)[:3]
     raise ValueError(f"update_weights: parameter names differ, e.g. {missing}")
-  for path, var in old_flat.items():
-    a, b = jnp.shape(var.get_value()), jnp.shape(new_flat[path].get_value())
-    if a != b:
+  for name, shape in old_flat.items():
+    if new_flat[name] != shape:
       raise ValueError(
-          f"update_weights: parameter {'/'.join(map(str, path))} has shape"
-          f" {b}, expected {a}"
+          f"update_weights: parameter {name} has shape {new_flat[name]},"
+          f" expected {shape}"
       )
+
+
+def _shapes_by_name(state) -> dict:
+  """{'layers/0/attn/q': shape, ...} of an nnx.State's arrays."""
+  def name(path):
+    keys = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
+            for k in path]
+    return "/".join(str(k) for k in keys if k != "value")
+
+  return {name(path): tuple(jnp.shape(x))
+          for path, x in jax.tree_util.tree_flatten_with_path(state)[0]}
