@@ -13,7 +13,10 @@ Reported: generated tokens/s (generation time only), environment steps/s
 (environment time only), the wall time of the whole collection, episodes/s
 (episodes / wall), the generation seconds, the decode steps on the
 critical path with and without turn barriers (``decode_paths``) and the
-prompt tokens a group shares at later turns (``group_prefixes``). With
+prompt tokens a group shares at later turns (``group_prefixes``), and the
+prompt columns the in-process engine prefilled (``--shared_prefix`` adds
+the engine with shared prefix blocks, ``--length_group_rows 0`` one chunk a
+turn, as on accelerators). With
 ``--sglang_url`` the same collection also runs against that server (serving
 a model of the same shape and tokenizer, e.g. ``launch/serve_rollout.py
 --model_path=<--export_dir>``), turn by turn (``collect``) and, as engine
@@ -74,12 +77,27 @@ def main(argv=None):
   p.add_argument("--prefill_share", action="store_true",
                  help="also time the in-process engine on the collection's"
                  " prompts with 1 new token (prefill) against the whole")
+  p.add_argument("--shared_prefix", action="store_true",
+                 help="also run the in-process engine with shared prefix"
+                 " blocks (engine 'jax_shared_prefix'; 'jax' is the"
+                 " default, without), and report the prompt columns each"
+                 " prefilled")
+  p.add_argument("--length_group_rows", type=int, default=-1,
+                 help="the in-process engine's length_group_rows (-1: its"
+                 " default, 8 on CPU; 0: one chunk per turn, as on GPUs)")
+  p.add_argument("--shared_heads", default="",
+                 help="comma-separated head lengths: time the in-process"
+                 " engine's prefill (1 new token) of 16 groups x 8 prompts of"
+                 " ~--prompt_tokens random tokens whose group shares its first"
+                 " N, with and without shared prefix blocks (one chunk)")
   p.add_argument("--server_log", default="",
                  help="the --sglang_url server's log: count its prefill"
                  " forwards ('Prefill batch' lines) per collection")
   args = p.parse_args(argv)
   if args.sync:
     return bench_sync(args)
+  if args.shared_heads:
+    return bench_shared_heads(args)
   if args.server_steps:
     if not args.sglang_url:
       p.error("--server_steps needs --sglang_url")
@@ -112,6 +130,14 @@ def main(argv=None):
       models.save_hf_model(module, mcfg, os.path.join(work, "model"),
                            tokenizer_dir=tok_dir)
     engines = {"jax": build.make_engine(cfg, mcfg, module, tokenizer, mesh)}
+    if args.shared_prefix:
+      with cfg.unlocked():
+        cfg.rollout.shared_prefix_prefill = True
+      engines["jax_shared_prefix"] = build.make_engine(cfg, mcfg, module,
+                                                       tokenizer, mesh)
+    if args.length_group_rows >= 0:
+      for name in engines:
+        engines[name]._group_rows = args.length_group_rows  # bench knob
     if args.sglang_url:
       from rspo_jax.rollout.sglang_client import SGLangClient
 
@@ -135,12 +161,17 @@ def main(argv=None):
         for rep in range(args.repeats):  # engines take turns: drift is shared
           for name, engine in engines.items():
             prefills = _prefill_forwards(args.server_log, name)
+            columns = getattr(engine, "prefill_columns", None)
             t0 = time.perf_counter()
             records, stats = _play(name)(engine, venv, tokenizer, tasks,
                                          GROUP, sampling, ccfg, seed=2 + rep)
             wall = time.perf_counter() - t0
             walls[name].append(wall)
             paths = {**decode_paths(records), **group_prefixes(records)}
+            if columns is not None:
+              done, without = np.subtract(engine.prefill_columns, columns)
+              paths["prefill_columns"] = int(done)
+              paths["prefill_columns_saved"] = round(1 - done / without, 3)
             if args.prefill_share and name == "jax":
               paths["prefill_share"] = prefill_share(engine, records,
                                                      sampling)
@@ -165,6 +196,8 @@ def main(argv=None):
               "summary": True, "walls_s": [round(x, 2) for x in w],
               "median_wall_s": round(float(np.median(w)), 2),
               "median_episodes_per_s": round(batch / float(np.median(w)), 2),
+              "compiled_shapes": getattr(engines[name], "num_compilations",
+                                         None),
           }), flush=True)
       finally:
         venv.close()
@@ -258,6 +291,58 @@ def prefill_share(engine, records, sampling) -> float:
         engine.generate(prompts, params)
         seconds[k] += (time.perf_counter() - t0) * timed
   return round(seconds[0] / seconds[1], 3)
+
+
+def bench_shared_heads(args):
+  """Prefill seconds (best of ``--repeats``, 1 new token) and prompt
+  columns of 128 prompts in 16 groups of 8 sharing their first N tokens
+  (random tokens, lengths ``--prompt_tokens`` +- 40), the in-process engine
+  with and without shared prefix blocks, one chunk (as on accelerators);
+  ``--model_path`` or the WebShop preset's random nano policy."""
+  from configs import base
+  from rspo_jax import build, models, sharding
+  from rspo_jax.rollout.engine import SamplingParams
+  from rspo_jax.rollout.jax_engine import JaxEngine
+
+  cfg = base.make_config("webshop", "grpo")
+  mesh = sharding.make_mesh((-1, 1, 1))
+  if args.model_path:
+    mcfg, module = build.load_policy(cfg, args.model_path, mesh)
+  else:
+    tokenizer, _ = build.make_tokenizer(cfg, tempfile.mkdtemp())
+    mcfg = build.model_config(cfg, tokenizer)
+    module = models.create_model(mcfg, seed=0)
+  engines = {shared: JaxEngine(
+      build.inference_model(module, mcfg), build.engine_config(mcfg),
+      pad_id=0, eos_ids=[1], length_group_rows=0,
+      shared_prefix_prefill=shared) for shared in (True, False)}
+  rng = np.random.default_rng(0)
+  one = SamplingParams(temperature=1.0, max_new_tokens=1, seed=0)
+  for head in [int(h) for h in args.shared_heads.split(",")]:
+    prompts = []
+    for _ in range(16):
+      shared = rng.integers(5, mcfg.vocab_size, head).tolist()
+      prompts += [shared + rng.integers(
+          5, mcfg.vocab_size,
+          args.prompt_tokens - head + int(rng.integers(-40, 40))).tolist()
+          for _ in range(GROUP)]
+    out = {"shared_head": head, "prompt_tokens": args.prompt_tokens}
+    for shared, engine in engines.items():
+      engine.generate(prompts, one)  # compile
+      before = engine.prefill_columns
+      best = min(_seconds(lambda e=engine: e.generate(prompts, one))
+                 for _ in range(args.repeats))
+      done = (engine.prefill_columns[0] - before[0]) // args.repeats
+      key = "shared_prefix" if shared else "plain"
+      out |= {f"{key}_s": round(best, 3), f"{key}_columns": int(done)}
+    out["speedup"] = round(out["plain_s"] / out["shared_prefix_s"], 3)
+    print(json.dumps(out), flush=True)
+
+
+def _seconds(fn) -> float:
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0
 
 
 def bench_server_steps(args):

@@ -176,6 +176,12 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # (e.g. an FSDP-only learner with a 7B engine split in 2 on 16 GB chips;
   # build.make_engine_mesh).
   c.rollout.engine_tensor = 0
+  # The in-process engine prefills the leading prompt blocks that different
+  # prompts of a generation chunk share once (rollout/jax_engine.py, step
+  # 2). Off: WebShop's groups share ~120 tokens at later turns, 4-8 % of
+  # the prefill's columns and no measurable time here; it pays with long
+  # shared heads (256 of 700 tokens: ~1.3x prefill; docs/performance.md).
+  c.rollout.shared_prefix_prefill = False
   c.rollout.b_server_urls = ""  # SGLang servers for B (decoupled, sglang)
   c.rollout.decoupled_timeout_s = 1800.0
 

@@ -343,6 +343,8 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
       inference_model(module, mcfg), engine_config(mcfg), mesh=mesh,
       rules=cfg.logical_axis_rules, pad_id=pad, eos_ids=sorted(set(eos)),
       decode_fn=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+      shared_prefix_prefill=bool(cfg.rollout.get("shared_prefix_prefill",
+                                                 False)),
       seed=cfg.seed,
   )
 

@@ -96,13 +96,14 @@ def _shape_of(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
-def engine_hlo(mesh_shape, fn: str = "_decode") -> str:
+def engine_hlo(mesh_shape, fn: str = "_decode", prompts=PROMPTS,
+               **engine_kw) -> str:
   """Optimised HLO of the engine's ``fn`` (``_decode``, ``_prefill``) as a
-  ``generate`` call on ``mesh_shape`` runs it."""
+  ``generate`` call of ``prompts`` on ``mesh_shape`` runs it."""
   model = Transformer(CFG, rngs=nnx.Rngs(0))
+  kw = dict(batch_buckets=(ROWS,), prompt_buckets=(16,), length_group_rows=0)
   engine = JaxEngine(model, CFG, mesh=shd.make_mesh(mesh_shape), pad_id=0,
-                     eos_ids=(1,), batch_buckets=(ROWS,), prompt_buckets=(16,),
-                     length_group_rows=0)
+                     eos_ids=(1,), **(kw | engine_kw))
   seen = []
   run = getattr(jax_engine, fn)
 
@@ -112,11 +113,13 @@ def engine_hlo(mesh_shape, fn: str = "_decode") -> str:
 
   setattr(jax_engine, fn, spy)
   try:
-    engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=4,
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=4,
                                             seed=0))
   finally:
     setattr(jax_engine, fn, run)
   (args, kw), = seen
+  if fn == "_prefill":  # its 7th argument: the shared prefix blocks or None
+    engine_hlo.shared_prefix = len(args) > 6 and args[6] is not None
   return run.lower(*args, **kw).compile().as_text()
 
 
@@ -162,6 +165,15 @@ def test_data_parallel_decode_has_one_collective_per_token(mesh_shape):
   # The prefill (unique prompts, then each row shard's own decode rows):
   # none at all.
   assert collectives(engine_hlo(mesh_shape, "_prefill")) == []
+  # With shared prefix blocks (4 groups of 4 rows, 8 common tokens): the
+  # prefixes reach their prompts, and those their rows, on each device.
+  grouped = [[3 + g] * 8 + [100 + r] * (1 + r % 3)
+             for g in range(4) for r in range(4)]
+  prefill = engine_hlo(mesh_shape, "_prefill", grouped, prefill_chunk=4,
+                       batch_buckets=(1, 2, 4, ROWS),
+                       shared_prefix_prefill=True)
+  assert engine_hlo.shared_prefix
+  assert collectives(prefill) == []
 
 
 def test_tensor_parallel_decode_all_reduces_two_per_layer():

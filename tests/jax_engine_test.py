@@ -236,6 +236,98 @@ def test_prefix_sharing_equals_no_sharing(model, engine):
   assert shared[0].token_ids.tolist() != shared[2].token_ids.tolist()
 
 
+def test_prefix_width_by_hand():
+  """cost(W) = shards * bucket(distinct W-prefixes) * W + Bu (pb - 1 - W)
+  over W = 4, 8 (the grain times powers of 2 below the shortest prompt),
+  here pb = 16, base Bu * 15."""
+  a = list(range(1, 11)) + [20, 21]  # a, e, b share 10 tokens, c only 6
+  e = list(range(1, 11)) + [25]
+  b = list(range(1, 11)) + [30]
+  c = list(range(1, 7)) + [40, 41, 42, 43, 44]
+  width = lambda rows, shards=1, min_len=10: jax_engine.prefix_width(
+      rows, min_len, shards, 4, (1, 2, 4, 8), 16)
+  # W=4: 1 prefix -> 4 + 4 * 11 = 48; W=8: 2 -> 2 * 8 + 4 * 7 = 44 (< 60).
+  assert width([a, e, b, c]) == 8
+  assert width([a, e, b, c], min_len=8) == 4  # W <= min_len - 1
+  # Two shards [a, e] | [b, c]: W=4: 2 * 1 * 4 + 44 = 52; W=8: 2 * 2 * 8
+  # + 28 = 60.
+  assert width([a, e, b, c], shards=2) == 4
+  # Nothing shared: W=4: 4 prefixes -> 4 * 4 + 44 = 60, not < 60.
+  d = [50 + i for i in range(10)]
+  f = [60 + i for i in range(10)]
+  assert width([a, c, d, f]) == 0
+  assert width([a, e, b, c], min_len=4) == 0  # no W below the shortest
+  # A dummy ([pad], shorter than every prompt) adds no prefix; its prefix
+  # row is its shard's first prompt's.
+  assert width([a, [0]], min_len=12) == 8  # 1 * 8 + 2 * 7 = 22 < 30
+  assert jax_engine._prefix_rows([a, [0], [0], [0]], 2, 8) == [a[:8]] * 4
+  tokens, positions, mask = jax_engine._layout([e, [0]], 16, 0, head=8)
+  np.testing.assert_array_equal(
+      tokens[0], e[:8] + [0] * 5 + e[8:])
+  np.testing.assert_array_equal(
+      positions[0], list(range(8)) + [0] * 5 + [8, 9, 10])
+  np.testing.assert_array_equal(mask[0], [1] * 8 + [0] * 5 + [1] * 3)
+  np.testing.assert_array_equal(tokens[1], [0] * 16)
+  np.testing.assert_array_equal(mask[1], [0] * 15 + [1])
+
+
+# A group's prompts at a later turn: a common head, different histories.
+HEAD = list(range(30, 52))  # 22 tokens
+GROUPED = [HEAD + [60 + r] * (1 + r % 4) for r in range(6)] + [
+    list(range(70, 81)), HEAD[:5] + [90, 91]]
+
+
+@pytest.mark.parametrize("chunk", [4, 0])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefix_blocks_equal_the_plain_prefill(model, monkeypatch,
+                                                      chunk, temperature):
+  """Prefilling the shared head once (blocks of 4, or one pass with a
+  grain of 8) gives the tokens and log-probs of the plain left-padded
+  prefill, for rows that share it and rows that do not, and prefills the
+  columns ``prefix_width`` counts."""
+  monkeypatch.setattr(jax_engine, "PREFIX_GRAIN", 8)
+  params = SamplingParams(temperature=temperature, max_new_tokens=10,
+                          seed=5)
+  kw = dict(prompt_buckets=(32,), prefill_chunk=chunk, length_group_rows=0)
+  shared = make_engine(model, shared_prefix_prefill=True, **kw)
+  plain = make_engine(model, **kw)  # the default: off
+  # 8 rows, pb 32: 8 * 31 = 248 columns plain. Shortest prompt 7: W = 4
+  # with blocks of 4 (2 distinct heads, bucket 4: 4 * 4 + 8 * 27 = 232),
+  # none with a grain of 8. Without the 7-token row (shortest 11): W = 8
+  # (4 * 8 + 8 * 23 = 216) either way.
+  expected = {4: (232, 216), 0: (248, 216)}[chunk]
+  for prompts, columns in zip((GROUPED, GROUPED[:7]), expected):
+    before = shared.prefill_columns
+    got, ref = shared.generate(prompts, params), plain.generate(prompts,
+                                                                params)
+    for a, b in zip(got, ref):  # sums in another order: rounding only
+      np.testing.assert_array_equal(a.token_ids, b.token_ids)
+      np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5,
+                                 atol=1e-5)
+    done, without = np.subtract(shared.prefill_columns, before)
+    assert (done, without) == (columns, 248)
+  assert plain.prefill_columns == (496, 496)
+
+
+def test_shared_prefix_blocks_on_a_mesh_match_one_device(model):
+  """Rows split 4 ways on (2, 2, 2), two a shard: each row shard prefills
+  its own prefix; same tokens and log-probs as one plain device."""
+  mesh = shd.make_mesh((2, 2, 2))
+  kw = dict(prompt_buckets=(32,), prefill_chunk=4, length_group_rows=0,
+            batch_buckets=(1, 2, 4, 8))
+  params = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+  prompts = GROUPED[:6] + [HEAD + [99], HEAD + [98, 98]]
+  sharded = make_engine(model, mesh=mesh, shared_prefix_prefill=True, **kw)
+  got = sharded.generate(prompts, params)
+  ref = make_engine(model, **kw).generate(prompts, params)
+  for a, b in zip(got, ref):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+  # W = 16 (4 x 2^k below the shortest, 23): 4 shards x 1 prefix x 16
+  # + 8 x 15 = 184 of 248.
+  assert sharded.prefill_columns == (184, 248)
+
+
 def test_seed_determinism(engine):
   params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=42)
   a = engine.generate(PROMPTS, params)

@@ -23,6 +23,17 @@ per chunk:
      the columns go in causal blocks of C, each attending only the slots
      written so far: ~half the attention, and score blocks small enough to
      stay in cache (2-2.5x faster prefill on CPU).
+     Shared prefix blocks (``shared_prefix_prefill``): prompts that differ
+     but begin alike (a group's instruction and task at later turns) have
+     their first ``W`` tokens laid out at columns [0, W) and the rest
+     right-aligned to ``Pb`` (the gap between is masked), so the ``Bp``
+     distinct W-token prefixes are prefilled once, gathered to the ``Bu``
+     prompts, and only columns [W, Pb - 1) are prefilled per prompt.
+     ``W`` (the block width, or ``PREFIX_GRAIN`` in one pass, times a
+     power of 2, below every prompt's length) minimises the prefilled columns
+     ``Bp W + Bu (Pb - 1 - W)``; ``W = 0`` is the plain left-padded
+     layout. A token's key and value depend on its position and the tokens
+     before it, not on its column, so this changes sums by rounding only.
   3. Decode (jitted, one ``lax.while_loop``). Step ``i`` feeds each row's
      previous token (the last prompt token at ``i = 0``) at position
      ``L_b - 1 + i`` (``L_b`` = real prompt length: positions start at 0 on
@@ -72,6 +83,9 @@ CPU_GROUP_ROWS = 8
 CPU_PREFILL_CHUNK = 64
 # A prefill is unrolled into at most this many column blocks (compile time).
 MAX_PREFILL_BLOCKS = 12
+# Shared prefix widths are this (or the prefill block width) times a power
+# of 2 (few widths: few compiled shapes).
+PREFIX_GRAIN = 64
 
 # Logical axes of each layer's KV-cache buffer [B, Hkv, S, Dh].
 _CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
@@ -111,6 +125,10 @@ class JaxEngine(Engine):
     token_texts: the text of each token id (default: ``decode_fn([id])``),
       for the in-loop stop-string automaton.
     prefix_sharing: prefill identical prompts once.
+    shared_prefix_prefill: prefill the leading blocks that different
+      prompts share once (module docstring, step 2). Off by default: on
+      WebShop's prompts (a group shares ~120 tokens) it saved 4-8 % of the
+      prefilled columns and no measurable time (docs/performance.md).
     length_group_rows: rows per length-sorted chunk (0: chunks of the
       largest batch bucket, in order); None: ``CPU_GROUP_ROWS`` when the
       engine runs on CPU, else 0.
@@ -136,6 +154,7 @@ class JaxEngine(Engine):
       decode_fn: Optional[Callable[[Sequence[int]], str]] = None,
       token_texts: Optional[Sequence[str]] = None,
       prefix_sharing: bool = True,
+      shared_prefix_prefill: bool = False,
       length_group_rows: Optional[int] = None,
       prefill_chunk: Optional[int] = None,
       seed: int = 0,
@@ -167,6 +186,8 @@ class JaxEngine(Engine):
     self._stop_tables: dict = {}
     self._stop_in_loop = True  # False once a tokenizer broke the automaton
     self._prefix_sharing = bool(prefix_sharing)
+    self._shared_prefix = bool(shared_prefix_prefill)
+    self._prefill_columns = [0, 0]  # prefilled, and without shared prefixes
     devices = mesh.devices.flat if mesh is not None else jax.devices()[:1]
     on_cpu = all(d.platform == "cpu" for d in devices)
     if length_group_rows is None:
@@ -221,6 +242,13 @@ class JaxEngine(Engine):
     by all engines of the same model structure (see ``trace_count``).
     """
     return len(self._shape_keys)
+
+  @property
+  def prefill_columns(self) -> tuple[int, int]:
+    """(prompt columns prefilled so far, columns the same prefills would
+    have taken without shared prefix blocks), rows x columns summed over
+    chunks (identical prompts counted once in both)."""
+    return tuple(self._prefill_columns)
 
   @property
   def decode_steps(self) -> int:
@@ -361,11 +389,28 @@ class JaxEngine(Engine):
         max(len(r) for r in rows), self._prompt_buckets, "prompt length"
     )
     nb = round_up(params.max_new_tokens, self._new_multiple)
+    shards = _row_shards(self._mesh, self._rules, bb)
     unique_rows, row_map = share_prompts(
-        rows, bb, _row_shards(self._mesh, self._rules, bb),
-        self._batch_buckets, self._pad_id, self._prefix_sharing)
+        rows, bb, shards, self._batch_buckets, self._pad_id,
+        self._prefix_sharing)
     bu = len(unique_rows)
-    tokens, positions, mask = _left_pad(unique_rows, pb, self._pad_id)
+    chunk = self._chunk_for(pb)
+    head = 0
+    if self._shared_prefix:
+      head = prefix_width(unique_rows, min(len(r) for r in rows), shards,
+                          chunk or PREFIX_GRAIN, self._batch_buckets, pb)
+    tokens, positions, mask = _layout(unique_rows, pb, self._pad_id, head)
+    prefix, bp = None, 0
+    if head:
+      heads, head_map = share_prompts(
+          _prefix_rows(unique_rows, shards, head), bu, shards,
+          self._batch_buckets, self._pad_id, filler=unique_rows[0][:head])
+      bp = len(heads)
+      p_tok, p_pos, p_mask = _layout(heads, head, self._pad_id)
+      prefix = (self._put_rows(p_tok), self._put_rows(p_pos),
+                self._put_rows(p_mask), jnp.asarray(head_map))
+    self._prefill_columns[0] += bp * head + bu * (pb - 1 - head)
+    self._prefill_columns[1] += bu * (pb - 1)
     lengths = np.asarray([len(r) for r in rows] + [1] * (bb - n), np.int32)
     last_tok = tokens[row_map, -1]
     active = np.arange(bb) < n
@@ -377,19 +422,20 @@ class JaxEngine(Engine):
     put = self._put_rows
     stop_shape = None if stops is None else stops[0].shape[:2]
     self._shape_keys.update((
-        ("prefill", bu, bb, pb, nb, self._chunk_for(pb)),
+        ("prefill", bu, bb, pb, nb, chunk, bp, head),
         ("decode", bb, pb, nb, stop_shape),
     ))
     cache = _prefill(
         self._params,
         self._rest,
-        put(tokens[:, :-1]),
-        put(positions[:, :-1]),
-        put(mask[:, :-1]),
+        put(tokens[:, head:-1]),
+        put(positions[:, head:-1]),
+        put(mask[:, head:-1]),
         jnp.asarray(row_map),
+        prefix,
         cache_len=pb + nb,
         static=self._static,
-        chunk=self._chunk_for(pb),
+        chunk=chunk,
     )
     decode_rows = _Rows(
         last_tok=put(last_tok),
@@ -585,15 +631,15 @@ def _row_shards(mesh, rules, rows: int) -> int:
 
 
 def share_prompts(rows, bb: int, shards: int, buckets, pad_id: int,
-                  share: bool = True):
+                  share: bool = True, filler: Optional[Sequence[int]] = None):
   """(unique prompts, row_map [bb]): decode row b (of ``bb``; rows past
   ``len(rows)`` are dummies) reads prompt ``row_map[b]``.
 
   Shard j of ``shards`` holds decode rows [j bb/s, (j + 1) bb/s) and prompts
   [j u, (j + 1) u), u = the batch bucket of the most distinct prompts any
-  shard has (its own, deduplicated when ``share``; dummy prompts of one pad
-  token fill each shard's share), so the prefilled cache reaches its decode
-  rows without leaving the device (``_gather_rows``).
+  shard has (its own, deduplicated when ``share``; dummy prompts, one pad
+  token or ``filler``, fill each shard's share), so the prefilled cache
+  reaches its decode rows without leaving the device (``_gather_rows``).
   """
   per = bb // shards
   parts, maps = [], []
@@ -608,10 +654,69 @@ def share_prompts(rows, bb: int, shards: int, buckets, pad_id: int,
     maps.append(row_map + [0] * (per - len(row_map)))
   u = bucket_size(max(1, max(len(p) for p in parts)), buckets, "batch size")
   unique = []
-  for p in parts:  # dummy prompts: one real token, no fully masked row
-    unique += p + [[pad_id]] * (u - len(p))
+  dummy = [pad_id] if filler is None else list(filler)
+  for p in parts:  # dummy prompts: real tokens, no fully masked row
+    unique += p + [dummy] * (u - len(p))
   row_map = [j * u + m for j, mp in enumerate(maps) for m in mp]
   return unique, np.asarray(row_map, np.int32)
+
+
+def prefix_width(unique_rows, min_len: int, shards: int, grain: int,
+                 buckets, pb: int) -> int:
+  """The shared prefix width W of a chunk (module docstring, step 2).
+
+  W runs over ``grain`` times powers of 2 below ``min_len`` (the shortest
+  real prompt: each keeps a token after its prefix); per W, shard j's
+  distinct W-token prefixes among its real rows (``unique_rows`` in
+  ``share_prompts``' shard blocks; dummies, shorter than ``min_len``,
+  borrow one) number 1 + #(adjacent pairs of its sorted rows whose common
+  prefix is < W), and the prefill costs
+
+    cost(W) = shards * bucket(max_j distinct_j) * W + Bu * (pb - 1 - W)
+
+  columns, against Bu * (pb - 1) without. The cheapest W, 0 if none is
+  cheaper.
+  """
+  top = min(min_len - 1, pb - 1)
+  widths = [grain << k for k in range(max(0, top // grain).bit_length())]
+  if not widths:
+    return 0
+  bu = len(unique_rows)
+  u = bu // shards
+  lcps = []
+  for j in range(shards):
+    real = sorted(r for r in unique_rows[j * u:(j + 1) * u]
+                  if len(r) >= min_len)
+    lcps.append(np.asarray([_common_prefix(a, b)
+                            for a, b in zip(real, real[1:])], np.int64))
+  best, best_cost = 0, bu * (pb - 1)
+  for w in widths:
+    distinct = max(1 + int(np.sum(ls < w)) for ls in lcps)
+    cost = (shards * bucket_size(distinct, buckets, "batch size") * w
+            + bu * (pb - 1 - w))
+    if cost < best_cost:
+      best, best_cost = w, cost
+  return best
+
+
+def _common_prefix(a, b) -> int:
+  """Length of the longest common prefix of token lists a and b."""
+  n = min(len(a), len(b))
+  same = np.asarray(a[:n]) == np.asarray(b[:n])
+  return n if same.all() else int(np.argmin(same))
+
+
+def _prefix_rows(unique_rows, shards: int, head: int):
+  """Each unique prompt's first ``head`` tokens; a dummy (not longer
+  than ``head``) takes its shard's first prompt's (or, in a shard of
+  dummies only, prompt 0's), so it adds no distinct prefix."""
+  u = len(unique_rows) // shards
+  out = []
+  for j in range(shards):
+    block = unique_rows[j * u:(j + 1) * u]
+    fill = block[0] if len(block[0]) > head else unique_rows[0]
+    out += [list(r[:head] if len(r) > head else fill[:head]) for r in block]
+  return out
 
 
 def _gather_rows(x, row_map, shards: int):
@@ -670,6 +775,7 @@ def _prefill(
     positions,
     mask,
     row_map,
+    prefix=None,
     *,
     cache_len,
     static: _Static,
@@ -682,47 +788,89 @@ def _prefill(
   of the c + C slots written so far (causal blocks: about half the
   attention of one pass over all ``cache_len`` slots, and C x slots score
   blocks instead of T x slots).
+
+  ``prefix = (tokens, positions, mask, head_map)``, [Bp, W]: the distinct
+  leading W columns (module docstring, step 2), prefilled first and
+  gathered to the prompts (``cache_u[u] = cache_p[head_map[u]]``); then
+  ``tokens`` etc. hold the prompts' columns [W, Pb - 1) only.
   """
   _TRACES[0] += 1
   cfg = static.cfg
-  cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
-  width = tokens.shape[1]
   model = nnx.merge(static.graphdef, params, rest)
-  if width and not 0 < chunk < width:
-    _, _, cache = model(
-        tokens, positions, mask, cache=cache, return_logits=False
-    )
-  elif width:
-    for c0 in range(0, width, chunk):
-      c1 = min(width, c0 + chunk)
-      part = tfm.KVCache(
-          k=tuple(x[:, :, :c1] for x in cache.k),
-          v=tuple(x[:, :, :c1] for x in cache.v),
-          key_mask=cache.key_mask[:, :c1],
-          index=jnp.int32(c0),
-      )
-      _, _, part = model(
-          tokens[:, c0:c1], positions[:, c0:c1], mask[:, c0:c1],
-          cache=part, return_logits=False,
-      )
-      put = lambda full, new: jax.lax.dynamic_update_slice_in_dim(
-          full, new[:, :, c0:c1], c0, axis=2)
-      cache = tfm.KVCache(
-          k=tuple(put(f, n) for f, n in zip(cache.k, part.k)),
-          v=tuple(put(f, n) for f, n in zip(cache.v, part.v)),
-          key_mask=jax.lax.dynamic_update_slice_in_dim(
-              cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1),
-          index=jnp.int32(c1),
-      )
   shards = _row_shards(static.mesh, static.rules, row_map.shape[0])
+  start = 0
+  if prefix is None:
+    cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
+  else:  # the heads in a cache of W slots, their rows put at slots [0, W)
+    p_tok, p_pos, p_mask, head_map = prefix
+    start = p_tok.shape[1]
+    heads = tfm.init_cache(cfg, p_tok.shape[0], start, cfg.dtype)
+    heads = _take_rows(
+        _prefill_columns(model, heads, p_tok, p_pos, p_mask, 0, chunk),
+        head_map, shards)
+    cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
+    put = lambda full, new, axis=2: jax.lax.dynamic_update_slice_in_dim(
+        full, new, 0, axis=axis)
+    cache = tfm.KVCache(
+        k=tuple(put(f, n) for f, n in zip(cache.k, heads.k)),
+        v=tuple(put(f, n) for f, n in zip(cache.v, heads.v)),
+        key_mask=put(cache.key_mask, heads.key_mask, axis=1),
+        index=jnp.int32(start),
+    )
+  cache = _prefill_columns(model, cache, tokens, positions, mask, start,
+                           chunk)
+  cache = _take_rows(cache, row_map, shards)
+  return _constrain_cache(cache, static.mesh, static.rules)
+
+
+def _prefill_columns(model, cache, tokens, positions, mask, start: int,
+                     chunk: int):
+  """Writes columns [start, start + width) of the cache from ``tokens``
+  [B, width]: one pass over the whole cache (start 0, ``chunk`` 0 or >=
+  width) or blocks of ``chunk`` (``width`` when 0) columns, each
+  attending the slots written so far."""
+  width = tokens.shape[1]
+  if not width:
+    return cache
+  if start == 0 and not 0 < chunk < width:
+    return model(tokens, positions, mask, cache=cache,
+                 return_logits=False)[2]
+  step = chunk or width
+  for c0 in range(start, start + width, step):
+    c1 = min(start + width, c0 + step)
+    part = tfm.KVCache(
+        k=tuple(x[:, :, :c1] for x in cache.k),
+        v=tuple(x[:, :, :c1] for x in cache.v),
+        key_mask=cache.key_mask[:, :c1],
+        index=jnp.int32(c0),
+    )
+    cols = slice(c0 - start, c1 - start)
+    _, _, part = model(
+        tokens[:, cols], positions[:, cols], mask[:, cols],
+        cache=part, return_logits=False,
+    )
+    put = lambda full, new, c0=c0, c1=c1: jax.lax.dynamic_update_slice_in_dim(
+        full, new[:, :, c0:c1], c0, axis=2)
+    cache = tfm.KVCache(
+        k=tuple(put(f, n) for f, n in zip(cache.k, part.k)),
+        v=tuple(put(f, n) for f, n in zip(cache.v, part.v)),
+        key_mask=jax.lax.dynamic_update_slice_in_dim(
+            cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1),
+        index=jnp.int32(c1),
+    )
+  return cache
+
+
+def _take_rows(cache, row_map, shards: int):
+  """The cache's rows ``row_map`` (``_gather_rows``, local to each row
+  shard)."""
   take = lambda x: _gather_rows(x, row_map, shards)
-  cache = tfm.KVCache(
+  return tfm.KVCache(
       k=tuple(take(x) for x in cache.k),
       v=tuple(take(x) for x in cache.v),
       key_mask=take(cache.key_mask),
       index=cache.index,
   )
-  return _constrain_cache(cache, static.mesh, static.rules)
 
 
 class _State(NamedTuple):
@@ -826,17 +974,25 @@ def _decode(
   return st.out_tok, st.out_lp, st.length, st.stopped, st.cache, st.i
 
 
-def _left_pad(rows, width: int, pad_id: int):
-  """(tokens, positions, mask) [len(rows), width], rows right-aligned;
-  positions count 0, 1, ... from each row's first real token."""
+def _layout(rows, width: int, pad_id: int, head: int = 0):
+  """(tokens, positions, mask) [len(rows), width]: each row's first
+  ``head`` tokens at columns [0, head), the rest right-aligned, the gap
+  masked (``head`` 0: left padding); rows not longer than ``head``
+  (dummies) right-aligned whole. Positions count 0, 1, ... from each row's
+  first real token."""
   n = len(rows)
   tokens = np.full((n, width), pad_id, np.int32)
   positions = np.zeros((n, width), np.int32)
   mask = np.zeros((n, width), np.bool_)
   for b, r in enumerate(rows):
-    tokens[b, width - len(r) :] = r
-    positions[b, width - len(r) :] = np.arange(len(r))
-    mask[b, width - len(r) :] = True
+    h = head if len(r) > head else 0
+    tokens[b, :h] = r[:h]
+    positions[b, :h] = np.arange(h)
+    mask[b, :h] = True
+    tail = width - (len(r) - h)
+    tokens[b, tail:] = r[h:]
+    positions[b, tail:] = np.arange(h, len(r))
+    mask[b, tail:] = True
   return tokens, positions, mask
 
 
