@@ -849,8 +849,8 @@ def _prefill_columns(model, cache, tokens, positions, mask, start: int,
         tokens[:, cols], positions[:, cols], mask[:, cols],
         cache=part, return_logits=False,
     )
-    put = lambda full, new, c0=c0, c1=c1: jax.lax.dynamic_update_slice_in_dim(
-        full, new[:, :, c0:c1], c0, axis=2)
+    put = lambda full, new, c0=c0, c1=c1: (
+        jax.lax.dynamic_update_slice_in_dim(full, new[:, :, c0:c1], c0, 2))
     cache = tfm.KVCache(
         k=tuple(put(f, n) for f, n in zip(cache.k, part.k)),
         v=tuple(put(f, n) for f, n in zip(cache.v, part.v)),
