@@ -330,19 +330,23 @@ def bench_shared_heads(args):
     for shared, engine in engines.items():
       engine.generate(prompts, one)  # compile
       before = engine.prefill_columns
-      best = min(_seconds(lambda e=engine: e.generate(prompts, one))
-                 for _ in range(args.repeats))
+      best = _best_seconds(lambda e=engine: e.generate(prompts, one),
+                           args.repeats)
       done = (engine.prefill_columns[0] - before[0]) // args.repeats
       key = "shared_prefix" if shared else "plain"
-      out |= {f"{key}_s": round(best, 3), f"{key}_columns": int(done)}
+      out |= {f"{key}_s": best, f"{key}_columns": int(done)}
     out["speedup"] = round(out["plain_s"] / out["shared_prefix_s"], 3)
     print(json.dumps(out), flush=True)
 
 
-def _seconds(fn) -> float:
-  t0 = time.perf_counter()
-  fn()
-  return time.perf_counter() - t0
+def _best_seconds(fn, repeats: int) -> float:
+  """The fastest of ``repeats`` calls of ``fn``, in seconds (3 decimals)."""
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return round(min(times), 3)
 
 
 def bench_server_steps(args):
@@ -406,13 +410,7 @@ def bench_sync(args):
     base = {"preset": preset, "params": mcfg.num_params(),
             "dtype": models.export_dtype(mcfg)}
 
-    def best(fn):
-      times = []
-      for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-      return round(min(times), 3)
+    best = lambda fn: _best_seconds(fn, args.repeats)
 
     for where, root in (("disk", disk), ("shm", shm)):
       if root is None:

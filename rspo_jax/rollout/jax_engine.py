@@ -187,7 +187,7 @@ class JaxEngine(Engine):
     self._stop_in_loop = True  # False once a tokenizer broke the automaton
     self._prefix_sharing = bool(prefix_sharing)
     self._shared_prefix = bool(shared_prefix_prefill)
-    self._prefill_columns = [0, 0]  # prefilled, and without shared prefixes
+    self._columns_prefilled = [0, 0]  # done, and without shared prefixes
     devices = mesh.devices.flat if mesh is not None else jax.devices()[:1]
     on_cpu = all(d.platform == "cpu" for d in devices)
     if length_group_rows is None:
@@ -248,7 +248,7 @@ class JaxEngine(Engine):
     """(prompt columns prefilled so far, columns the same prefills would
     have taken without shared prefix blocks), rows x columns summed over
     chunks (identical prompts counted once in both)."""
-    return tuple(self._prefill_columns)
+    return tuple(self._columns_prefilled)
 
   @property
   def decode_steps(self) -> int:
@@ -409,8 +409,8 @@ class JaxEngine(Engine):
       p_tok, p_pos, p_mask = _layout(heads, head, self._pad_id)
       prefix = (self._put_rows(p_tok), self._put_rows(p_pos),
                 self._put_rows(p_mask), jnp.asarray(head_map))
-    self._prefill_columns[0] += bp * head + bu * (pb - 1 - head)
-    self._prefill_columns[1] += bu * (pb - 1)
+    self._columns_prefilled[0] += bp * head + bu * (pb - 1 - head)
+    self._columns_prefilled[1] += bu * (pb - 1)
     lengths = np.asarray([len(r) for r in rows] + [1] * (bb - n), np.int32)
     last_tok = tokens[row_map, -1]
     active = np.arange(bb) < n
@@ -808,15 +808,9 @@ def _prefill(
     heads = _take_rows(
         _prefill_columns(model, heads, p_tok, p_pos, p_mask, 0, chunk),
         head_map, shards)
-    cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
-    put = lambda full, new, axis=2: jax.lax.dynamic_update_slice_in_dim(
-        full, new, 0, axis=axis)
-    cache = tfm.KVCache(
-        k=tuple(put(f, n) for f, n in zip(cache.k, heads.k)),
-        v=tuple(put(f, n) for f, n in zip(cache.v, heads.v)),
-        key_mask=put(cache.key_mask, heads.key_mask, axis=1),
-        index=jnp.int32(start),
-    )
+    cache = _write_slots(
+        tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype), heads, 0,
+        start)
   cache = _prefill_columns(model, cache, tokens, positions, mask, start,
                            chunk)
   cache = _take_rows(cache, row_map, shards)
@@ -849,16 +843,22 @@ def _prefill_columns(model, cache, tokens, positions, mask, start: int,
         tokens[:, cols], positions[:, cols], mask[:, cols],
         cache=part, return_logits=False,
     )
-    put = lambda full, new, c0=c0, c1=c1: (
-        jax.lax.dynamic_update_slice_in_dim(full, new[:, :, c0:c1], c0, 2))
-    cache = tfm.KVCache(
-        k=tuple(put(f, n) for f, n in zip(cache.k, part.k)),
-        v=tuple(put(f, n) for f, n in zip(cache.v, part.v)),
-        key_mask=jax.lax.dynamic_update_slice_in_dim(
-            cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1),
-        index=jnp.int32(c1),
-    )
+    cache = _write_slots(cache, part, c0, c1)
   return cache
+
+
+def _write_slots(cache, part, c0: int, c1: int):
+  """``cache`` with ``part``'s slots [c0, c1) written in place of its own,
+  its next write slot c1."""
+  put = lambda full, new: jax.lax.dynamic_update_slice_in_dim(
+      full, new[:, :, c0:c1], c0, axis=2)
+  return tfm.KVCache(
+      k=tuple(map(put, cache.k, part.k)),
+      v=tuple(map(put, cache.v, part.v)),
+      key_mask=jax.lax.dynamic_update_slice_in_dim(
+          cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1),
+      index=jnp.int32(c1),
+  )
 
 
 def _take_rows(cache, row_map, shards: int):
