@@ -11,8 +11,12 @@ mean over its runs with a shaded band: min..max (``--band minmax``), mean +-
 one std (``--band std``) or none.
 
 Rows come from one phase of :mod:`rspo_jax.metrics`' files: ``A`` (training
-steps of agent A, the default) or ``eval`` (evaluations). ``--x step`` is
-A's step; ``--x env_steps`` is the environment-step counter, which ``eval``
+steps of agent A, the default), ``B`` (agent B's) or ``eval``
+(evaluations). ``--x step`` is A's step, or for rows that carry ``b_step``
+(B's rows) B's own 1-based step counter: B's rows are written at A's step
+of their loop, so before ``b_step`` existed a loop's B rows shared one x
+and only the last was drawn (a one-line warning says so when every row
+does). ``--x env_steps`` is the environment-step counter, which ``eval``
 rows take from the ``A`` row of the same step (0 before any A row). A metric
 name may index nested dicts with dots (``success_by_type.pick``); a dict
 stored as its repr string is read back too.
@@ -141,6 +145,12 @@ def load_series(
         f"run {run!r}: unknown metric {metric!r} in phase {phase!r}; "
         f"available: {_numeric_keys(rows)}"
     )
+  if x == "step" and not any("b_step" in r for r in rows):
+    steps = {r["step"] for r in rows}
+    if len(rows) > 1 and len(steps) == 1:
+      print(f"plot.py: warning: run {run!r}: all {len(rows)} rows of phase"
+            f" {phase!r} carry step {steps.pop()} and no b_step (a run from"
+            " before b_step was logged): one point is drawn", file=sys.stderr)
   # eval rows carry no env_steps: take it from A's row of the same step.
   env_at_step = {
       int(r["step"]): r["env_steps"]
@@ -153,7 +163,7 @@ def load_series(
     if y is None:
       continue
     if x == "step":
-      xv = r["step"]
+      xv = r.get("b_step", r["step"])
     elif "env_steps" in r:
       xv = r["env_steps"]
     else:
@@ -249,8 +259,8 @@ def plot_curves(
     metric: key of the rows to plot (dots index nested dicts).
     x: 'step' or 'env_steps'.
     out_path: PNG to write (parent directories are created).
-    phase: 'A' for training curves, 'eval' for evaluation curves (any phase
-      present in the files works).
+    phase: 'A' for training curves, 'B' for B's (x: ``b_step``), 'eval' for
+      evaluation curves (any phase present in the files works).
     band: 'minmax', 'std' or 'none'.
     smooth_window: trailing moving-average window applied to each run before
       aggregation (0 or 1 = none).
@@ -292,7 +302,8 @@ def plot_curves(
     if band != "none" and c.n_runs > 1:
       ax.fill_between(c.x, c.lo, c.hi, color=line.get_color(), alpha=0.2,
                       lw=0)
-  ax.set_xlabel("A step" if x == "step" else "environment steps")
+  ax.set_xlabel(f"{'B' if phase == 'B' else 'A'} step" if x == "step"
+                else "environment steps")
   ax.set_ylabel(metric)
   ax.set_title(title or f"{metric} ({phase})")
   ax.grid(alpha=0.3)
@@ -347,7 +358,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--labels", default=None, help="one label per group, ','")
   p.add_argument("--metric", default="rollout_success_rate")
   p.add_argument("--x", default="step", choices=X_AXES)
-  p.add_argument("--phase", default="A", help="'A' (training) or 'eval'")
+  p.add_argument("--phase", default="A",
+                 help="'A' (training), 'B' (B's training) or 'eval'")
   p.add_argument("--band", default="minmax", choices=BANDS)
   p.add_argument("--smooth", type=int, default=0,
                  help="moving-average window per run (0 = none)")

@@ -72,6 +72,45 @@ def test_repeated_step_keeps_last_row_and_drops_nan(tmp_path):
   np.testing.assert_allclose(ys, [0.1, 0.2, 0.9])
 
 
+def _b_run(path, b_steps):
+  """Two loops of 3 B steps each, written (as the trainer does) at A's step
+  of the loop: 0, then 3; ``b_steps`` adds B's own counter."""
+  w = MetricsWriter(str(path), tensorboard=False)
+  for i in range(6):
+    row = {"loss": 10.0 - i}
+    if b_steps:
+      row["b_step"] = i + 1
+    w.write(3 * (i // 3), "B", row)
+  w.close()
+  return str(path)
+
+
+def test_phase_b_is_drawn_over_b_step(tmp_path, capsys):
+  run = _b_run(tmp_path / "r", b_steps=True)
+  xs, ys = plot.load_series(run, "loss", "step", "B")
+  np.testing.assert_array_equal(xs, [1, 2, 3, 4, 5, 6])
+  np.testing.assert_allclose(ys, [10, 9, 8, 7, 6, 5])
+  assert capsys.readouterr().err == ""
+
+
+def test_old_phase_b_rows_on_one_step_warn_in_one_line(tmp_path, capsys):
+  w = MetricsWriter(str(tmp_path / "old"), tensorboard=False)
+  for i in range(3):  # one loop, before b_step: every row at step 0
+    w.write(0, "B", {"loss": 3.0 - i})
+  w.close()
+  xs, ys = plot.load_series(str(tmp_path / "old"), "loss", "step", "B")
+  np.testing.assert_array_equal(xs, [0])
+  np.testing.assert_allclose(ys, [1.0])  # the last row of the step
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "warning" in err
+  assert "all 3 rows of phase 'B' carry step 0 and no b_step" in err
+  # Two loops without b_step: two steps, no warning (and two points).
+  xs, _ = plot.load_series(_b_run(tmp_path / "two", b_steps=False), "loss",
+                           "step", "B")
+  np.testing.assert_array_equal(xs, [0, 3])
+  assert capsys.readouterr().err == ""
+
+
 def test_aggregate_runs_mean_and_bands():
   a = (np.array([0.0, 1.0, 2.0]), np.array([0.0, 2.0, 4.0]))
   b = (np.array([0.0, 1.0, 2.0]), np.array([2.0, 4.0, 0.0]))
