@@ -34,7 +34,7 @@ from rspo_jax.models.config import ATTENTION, LOCAL_TOKENIZER_PRESETS
 CPU_PRESETS = LOCAL_TOKENIZER_PRESETS
 PAPER_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.2-3b")
 ALGOS = ("grpo", "grpo_nostd", "ppo", "gigpo")
-ENVS = ("webshop", "alfworld", "toy")
+ENVS = ("webshop", "alfworld", "toy", "spell")
 
 
 def _base(env: str, algo: str) -> ml_collections.ConfigDict:
@@ -110,6 +110,22 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # paper's; the environments' progress: their own units, also ~[-1, 1]).
   c.rspo.dense_noise_sigma = 0.0
   c.rspo.copy_optimizer_state = False  # B := A also copies A's Adam moments
+  # B's own AdamW learning rate and linear warm-up (0 = A's: train.lr,
+  # train.warmup_steps); docs/method.md "B's optimizer".
+  c.rspo.b_lr = 0.0
+  c.rspo.b_warmup_steps = 0
+  # Multiplier of the dense reward r_t (credit.step_rewards): 10 puts the
+  # environments' progress signals (which sum to ~1 on a win) into the
+  # outcome's units (10 * won), as the PRM's are.
+  c.rspo.dense_scale = 1.0
+  # B's stored collection plays the tasks, with the sampling seeds, of its
+  # first training collection ('first': B's lift, b_lift_success /
+  # b_lift_dense, is a paired difference) or a fresh draw ('fresh').
+  c.rspo.b_lift_tasks = "first"
+  # Reward-based replay in a loop's later A steps: 'wins' = unused wins,
+  # then wins already replayed, then the rest; 'pass' = unused first over
+  # all of D (the earlier rule). replay/selection.py.
+  c.rspo.replay_reuse = "wins"
   # B's learner recomputes log pi_B of the tokens it stores in D (as verl
   # recomputes old log-probs with the actor); False: the engine's values.
   c.rspo.recompute_behavior_logp = True
@@ -412,6 +428,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
       _one_of(c.algo.name, ("grpo", "ppo", "gigpo"), "algo.name"),
       _one_of(c.rspo.sampling, ("reward", "variance", "random"),
               "rspo.sampling"),
+      _one_of(c.rspo.replay_reuse, ("wins", "pass"), "rspo.replay_reuse"),
+      _one_of(c.rspo.b_lift_tasks, ("first", "fresh"), "rspo.b_lift_tasks"),
       _one_of(c.rspo.data_source, ("rspo", "history", "outcome"),
               "rspo.data_source"),
       _one_of(c.rspo.dense_reward, ("oracle", "prm"), "rspo.dense_reward",
@@ -420,6 +438,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
               registry.is_import_path(c.env.name), any_path),
       (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha, "0 <= x < 1"),
       (c.rspo.k >= 1, "rspo.k", c.rspo.k, ">= 1"),
+      (c.rspo.b_lr >= 0, "rspo.b_lr", c.rspo.b_lr, ">= 0 (0 = train.lr)"),
+      (c.rspo.b_warmup_steps >= 0, "rspo.b_warmup_steps",
+       c.rspo.b_warmup_steps, ">= 0"),
+      (c.rspo.dense_scale > 0, "rspo.dense_scale", c.rspo.dense_scale, "> 0"),
       (c.rspo.dense_noise_sigma >= 0, "rspo.dense_noise_sigma",
        c.rspo.dense_noise_sigma, ">= 0"),
       # c = 1 where A and B agree: a cap below 1 would cut those (AReaL

@@ -47,9 +47,12 @@ def step_rewards(
     invalid_action_penalty: float = -0.1,
     noise_sigma: float = 0.0,
     rng: Optional[np.random.Generator] = None,
+    dense_scale: float = 1.0,
 ) -> np.ndarray:
   """[S] per-step rewards r_t of ``source`` (see module docstring), the
-  invalid-action penalty included on the invalid step."""
+  invalid-action penalty included on the invalid step. Dense:
+  r_t = dense_scale * (d_t + N(0, noise_sigma^2)) + p_t (``dense_scale``
+  puts a progress signal in [0, 1] into the outcome's units, 10 * won)."""
   if source == "outcome":
     return np.array([r.env_reward for r in records], np.float64)
   if source != "dense":
@@ -63,7 +66,8 @@ def step_rewards(
   if noise_sigma > 0:
     rng = rng if rng is not None else np.random.default_rng(0)
     dense = dense + rng.normal(0.0, noise_sigma, size=dense.shape)
-  return dense + step_penalties(records, invalid_action_penalty)
+  return dense_scale * dense + step_penalties(records,
+                                              invalid_action_penalty)
 
 
 def step_penalties(records: Sequence[StepRecord],

@@ -242,10 +242,18 @@ class Learner:
     self.state, metrics = self._steps[key](self.state, batch, rng)
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
-  def copy(self, *, copy_opt_state: bool = True) -> "Learner":
+  def copy(self, *, copy_opt_state: bool = True,
+           tx: Optional[optax.GradientTransformation] = None,
+           steps: Optional[dict] = None) -> "Learner":
     """A new learner with copied parameters (same shardings); the optimizer
-    state is copied or freshly initialised."""
+    state is copied or freshly initialised. ``tx``: the copy's own
+    optimizer (its state must have this one's structure, e.g. AdamW at
+    another learning rate); its jitted steps go into ``steps`` (pass the
+    same dict to every copy with that ``tx`` to compile them once). The
+    forward passes are always shared."""
     copy = lambda t: jax.tree.map(jnp.copy, t)
+    own_tx = tx is not None and tx is not self.tx
+    tx = tx if own_tx else self.tx
     params = jax.jit(copy, out_shardings=self.state_sh.params)(
         self.state.params
     )
@@ -255,16 +263,19 @@ class Learner:
       )
       step = self.state.step + 0
     else:
-      opt = jax.jit(self.tx.init, out_shardings=self.state_sh.opt_state)(
+      opt = jax.jit(tx.init, out_shardings=self.state_sh.opt_state)(
           params
       )
       step = jnp.zeros_like(self.state.step)
     state = ts.TrainState(step=step, params=params, opt_state=opt)
     return Learner(
-        self.module_like(), self.tx, self.loss_fn, mesh=self.mesh,
+        self.module_like(), tx, self.loss_fn, mesh=self.mesh,
         rules=self.rules, kind=self.kind,
         micro_batch_rows=self.micro_batch_rows, _state=state,
-        _compiled=(self._applies, self._steps),  # B reuses A's jits
+        # B reuses A's jits (its own steps with its own optimizer)
+        _compiled=(self._applies,
+                   ({} if steps is None else steps) if own_tx
+                   else self._steps),
     )
 
   def module_like(self) -> nnx.Module:

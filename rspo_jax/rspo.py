@@ -79,6 +79,7 @@ import numpy as np
 
 from rspo_jax import (checkpoint, decoupled, distributed, faults,
                       host_batches, preemption, replay, timing, update)
+from rspo_jax import train_step as ts
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
@@ -157,6 +158,10 @@ class RSPOTrainer:
     self.b_dir = os.path.join(workdir, "replay_b")
     self._b_cache: dict = {}  # decoupled: shard path -> records
     self.b_logp_gap: Optional[float] = None  # decoupled: B's largest so far
+    # B's first training collection of the loop: (task ids, collection
+    # number, its success and dense return), for B's lift.
+    self.b_first: Optional[tuple] = None
+    self._b_tx, self._b_steps = None, {}  # B's own optimizer (make_b)
     self.state = LoopState()
     # One shard-name prefix per host: hosts write D side by side.
     self.shard_prefix = (f"p{self.process_index:05d}" if self.multihost
@@ -191,6 +196,19 @@ class RSPOTrainer:
   @property
   def k(self) -> int:
     return self.cfg.rspo.k
+
+  @property
+  def run_name(self) -> str:
+    """What this run trains, for people: 'RSPO+GRPO', 'GiGPO', ..."""
+    r, algo = self.cfg.rspo, _ALGO_NAMES.get(self.cfg.algo.name,
+                                              self.cfg.algo.name)
+    if not r.enabled:
+      return algo
+    if r.dense_only:
+      return f"{algo} on the dense reward"
+    variant = {"history": "RSPO_H", "outcome": "RSPO_O"}.get(
+        r.data_source, "RSPO")
+    return f"{variant}+{algo}"
 
   @property
   def decoupled(self) -> bool:
@@ -296,22 +314,32 @@ class RSPOTrainer:
 
   # ------------------------------------------------------------ collection
   def collect_groups(self, learner: Learner, n_groups: int, tag: str,
-                     share: Optional[tuple[int, int]] = None):
+                     share: Optional[tuple[int, int]] = None,
+                     replay_of: Optional[tuple[list, int]] = None):
     """Fresh on-policy groups from ``learner``'s current weights.
 
     ``n_groups`` tasks are drawn for the whole job; this process plays the
     groups ``[first, last)`` of them (``share``; default: its
-    ``distributed.host_share``). Statistics are those of all hosts.
+    ``distributed.host_share``). Statistics are those of all hosts, with
+    the job's ``task_ids``. ``replay_of = (task_ids, collection)`` plays
+    those tasks with the sampling seeds of that earlier collection instead
+    of a fresh draw (B's lift: the same tasks and random numbers before
+    and after B's steps).
     """
     s = self.state
     s.collections += 1
     with self.timer.phase("weight_sync"):
       self.sync_engine(self.engine, learner, s.collections)
-    rng = self._rng(1, s.collections)
-    task_ids = rng.choice(self.num_train_tasks, size=n_groups, replace=False)
-    first, last = share or distributed.host_share(n_groups)
+    if replay_of is None:
+      rng = self._rng(1, s.collections)
+      task_ids = rng.choice(self.num_train_tasks, size=n_groups,
+                            replace=False)
+      seed_of = s.collections
+    else:
+      task_ids, seed_of = np.asarray(replay_of[0]), replay_of[1]
+    first, last = share or distributed.host_share(len(task_ids))
     g = self.cfg.train.group_size
-    seed = self.cfg.seed * 7919 + s.collections
+    seed = self.cfg.seed * 7919 + seed_of
     if self.multihost:  # hosts draw different samples
       seed += 104_729 * self.process_index
     mine = [int(t) for t in task_ids[first:last]]
@@ -334,6 +362,7 @@ class RSPOTrainer:
     if self.multihost:
       stats = collect_lib.combine_stats(distributed.allgather_objects(stats))
     s.env_steps += stats["env_steps"]
+    stats["task_ids"] = [int(t) for t in task_ids]
     records = [r for r in records if not r.failed]
     if self.dense_fn is not None and records and (
         tag == POLICY_B or self.cfg.rspo.dense_only):
@@ -355,7 +384,8 @@ class RSPOTrainer:
     """
     m = self.updater.step(learner, critic, on, off, source, step_key,
                           ref_params=self.ref_params, off_adv=off_adv,
-                          dense_noise_sigma=self.dense_noise_sigma)
+                          dense_noise_sigma=self.dense_noise_sigma,
+                          dense_scale=self.cfg.rspo.get("dense_scale", 1.0))
     if "updates" in m:
       self._check_finite(m)
     return m
@@ -391,11 +421,14 @@ class RSPOTrainer:
     distributed.barrier("rspo_replay_cleared")
     self.state.replay_used = []
     loop = self.state.loop
-    b = self.a.copy(copy_opt_state=self.cfg.rspo.copy_optimizer_state)
+    b = self.make_b()
     b_critic = self.critic.copy() if self.critic is not None else None
     source = "outcome" if self.cfg.rspo.data_source == "outcome" else "dense"
     for i in range(self.k):
       on, stats = self.collect_groups(b, self.cfg.train.batch_tasks, POLICY_B)
+      if i == 0:  # B = A: the start of B's lift
+        self.b_first = (stats["task_ids"], self.state.collections,
+                        self._play_stats(on))
       m = self.update(b, b_critic, on, [], source, step_key=10**6 + loop * 97
                       + i)
       faults.maybe_fail("b_phase")
@@ -403,6 +436,7 @@ class RSPOTrainer:
       m["dense_reward_mean"] = self._global_mean(_dense(on))
       m["outcome_reward_mean"] = self._global_mean(
           [r.outcome_reward for r in on])
+      m.update(loop=loop, b_step=loop * self.k + i + 1)
       self.metrics.write(self.state.a_steps, "B", m)
       self._stop_if_requested(save=False)  # B is redone from A on resume
     if self.decoupled:
@@ -411,19 +445,73 @@ class RSPOTrainer:
       self.store_replay(b)
     del b, b_critic  # B exists only during its phase (and its collection)
 
+  def make_b(self) -> Learner:
+    """B := copy(A): A's parameters; A's Adam moments or fresh ones
+    (``rspo.copy_optimizer_state``); A's optimizer, or one of B's own
+    learning rate / warm-up (``rspo.b_lr``, ``rspo.b_warmup_steps``; 0 =
+    A's). B's own optimizer's jitted steps are kept across loops."""
+    r, t = self.cfg.rspo, self.cfg.train
+    lr = r.get("b_lr", 0.0) or t.lr
+    warmup = r.get("b_warmup_steps", 0) or t.warmup_steps
+    if lr == t.lr and warmup == t.warmup_steps:
+      return self.a.copy(copy_opt_state=r.copy_optimizer_state)
+    if self._b_tx is None:
+      self._b_tx = ts.make_optimizer(lr, grad_clip=t.grad_clip,
+                                     weight_decay=t.weight_decay,
+                                     warmup_steps=warmup)
+    b = self.a.copy(copy_opt_state=r.copy_optimizer_state, tx=self._b_tx,
+                    steps=self._b_steps)
+    return b
+
+  def _play_stats(self, records) -> dict:
+    """Success rate (share of trajectories that won) and dense return
+    (mean over trajectories of sum_t dense r_t) of a collection, over
+    every host's records."""
+    won, dense = {}, {}
+    for r in records:
+      won[r.traj_id] = won.get(r.traj_id, False) or bool(r.won)
+      dense[r.traj_id] = dense.get(r.traj_id, 0.0) + float(r.dense_reward)
+    return {"success": self._global_mean(list(won.values())),
+            "dense_return": self._global_mean(
+                [v for v in dense.values() if np.isfinite(v)])}
+
+  def _lift(self, stored: dict) -> dict:
+    """B's lift over its phase: its stored collection (after k steps)
+    against its first training collection (B = A), on the same tasks
+    and sampling seeds unless ``rspo.b_lift_tasks='fresh'``."""
+    first = self.b_first[2]
+    out = {f"b_first_{k}": v for k, v in first.items()}
+    out.update({f"b_stored_{k}": v for k, v in stored.items()})
+    out.update({f"b_lift_{k}": stored[k] - first[k] for k in stored})
+    return out
+
   # ------------------------------------------------------------ swap, store
   @property
   def recompute_logp(self) -> bool:
     return bool(self.cfg.rspo.get("recompute_behavior_logp", True))
 
+  @property
+  def b_lift_replay_of(self) -> Optional[tuple[list, int]]:
+    """The tasks and seeds B's stored collection replays: those of its
+    first training collection (``rspo.b_lift_tasks='first'``), or None
+    (a fresh draw)."""
+    if self.b_first is None or self.cfg.rspo.get(
+        "b_lift_tasks", "first") != "first":
+      return None
+    return self.b_first[0], self.b_first[1]
+
   def store_replay(self, b: Learner) -> None:
-    """B plays ``batch_tasks`` groups; B's learner recomputes log pi_B of
-    their tokens (``rspo.recompute_behavior_logp``); each trajectory's
-    reward is swapped to the outcome reward; D is written and marked
-    complete."""
+    """B plays ``batch_tasks`` groups (the tasks of its first training
+    collection: ``b_lift_replay_of``); B's learner recomputes log pi_B of
+    their tokens (``rspo.recompute_behavior_logp``); B's lift is logged;
+    each trajectory's reward is swapped to the outcome reward; D is
+    written and marked complete."""
     stored, stats = self.collect_groups(b, self.cfg.train.batch_tasks,
-                                        POLICY_B)
+                                        POLICY_B,
+                                        replay_of=self.b_lift_replay_of)
     extra = {}
+    if self.b_first is not None:
+      extra.update(self._lift(self._play_stats(stored)))
     if self.recompute_logp:
       extra["behavior_logp_max_gap"] = self.updater.recompute_behavior_logp(
           b, stored)
@@ -438,6 +526,7 @@ class RSPOTrainer:
       if self.multihost:
         bstats["shards_by_host"] = self.buffer.shards_by_prefix()
       self.metrics.write(self.state.a_steps, "B_collect", {
+          "loop": self.state.loop,
           **{f"rollout_{k}": v for k, v in stats.items()},
           **{f"buffer_{k}": v for k, v in bstats.items()
              if isinstance(v, (int, float, dict))},
@@ -452,14 +541,16 @@ class RSPOTrainer:
     s = self.state
     s.collections += 1
     self.sync_engine(engine, b, s.collections)
-    tasks = self._rng(1, s.collections).choice(
-        self.num_train_tasks, self.cfg.train.batch_tasks, replace=False)
+    tasks, seed_of = self.b_lift_replay_of or (self._rng(
+        1, s.collections).choice(self.num_train_tasks,
+                                 self.cfg.train.batch_tasks, replace=False),
+                                                s.collections)
     groups = decoupled.collect_b_groups(
         engine, venv, tokenizer, [int(t) for t in tasks],
         self.cfg.train.group_size, self.sampling, self.collect_cfg,
         traj_id_start=s.collections * 100_000,
         group_id_start=s.collections * 1_000,
-        seed=self.cfg.seed * 7919 + s.collections,
+        seed=self.cfg.seed * 7919 + seed_of,
     )
     if self.recompute_logp:
       self.b_logp_gap = 0.0
@@ -531,9 +622,10 @@ class RSPOTrainer:
     d = self._replay_source(n_off)
     sel = selection.select(d, n_off, c.rspo.sampling,
                            self._rng(4, self.state.a_steps),
-                           self.state.replay_used)
+                           self.state.replay_used,
+                           c.rspo.get("replay_reuse", "wins"))
     if sel.restarted:
-      log.info("every trajectory of D was replayed: a new pass over D")
+      log.info("this step replays trajectories of D again")
     self.state.replay_used = sel.used
     first, last = distributed.host_share(len(sel.trajectories))
     adv = replayed.advantages_in_buffer(
@@ -546,8 +638,13 @@ class RSPOTrainer:
     if not (self.decoupled and self.uses_b):
       return self.buffer.trajectories()
     if self.b_job is not None:
+      # A's step at position p of the loop ranks at least (p + 1) / k of
+      # B's groups (waiting for only the groups it draws would rank the
+      # first ceil(n_off / G) finished groups, whatever their wins).
       used, g = len(self.state.replay_used), self.cfg.train.group_size
-      need = min(self.cfg.train.batch_tasks, -(-(used + n_off) // g))
+      tasks, pos = self.cfg.train.batch_tasks, self.state.a_steps % self.k
+      need = min(tasks, max(-(-(used + n_off) // g),
+                            -(-tasks * (pos + 1) // self.k)))
       self.b_job.wait_for_groups(need, self.cfg.rollout.decoupled_timeout_s)
     return decoupled.read_trajectories(self.b_dir, self._b_cache)
 
@@ -555,6 +652,15 @@ class RSPOTrainer:
     if self.b_job is not None:  # B's collection must end with its loop
       self.b_job.join(self.cfg.rollout.decoupled_timeout_s)
       self.b_job = None
+      if self.b_first is not None:  # dense rewards are swapped out by now
+        won = [t.steps[-1].won for t in decoupled.read_trajectories(
+            self.b_dir, self._b_cache)]
+        lift = _mean(won) - self.b_first[2]["success"]
+        self.metrics.write(self.state.a_steps, "B_collect", {
+            "loop": self.state.loop, "b_first_success":
+            self.b_first[2]["success"], "b_stored_success": _mean(won),
+            "b_lift_success": lift})
+    self.b_first = None
     s = self.state
     s.loop += 1
     s.phase = "B"
@@ -608,23 +714,25 @@ class RSPOTrainer:
   def run(self, evaluate: Optional[Callable[[Learner, int], dict]] = None):
     c, s = self.cfg, self.state
     total = c.train.total_steps
-    bar = _progress(total, s.a_steps, self.progress)
+    bar = _progress(total, s.a_steps, self.progress, self.run_name)
     while s.a_steps < total:
       if s.phase == "B":
         t0, steps0 = time.perf_counter(), s.env_steps
-        if self.uses_b and not c.rspo.dense_only:
+        ran_b = self.uses_b and not c.rspo.dense_only
+        if ran_b:
           self.b_phase()
         s.phase = "A"
         with self.timer.phase("checkpoint"):
           self.save()
-        self.metrics.write(s.a_steps, "B_time", self._timing(t0, steps0))
+        if ran_b:
+          self.metrics.write(s.a_steps, "B_time", self._timing(t0, steps0))
         self._stop_if_requested(save=False)  # just saved
       t0, steps0 = time.perf_counter(), s.env_steps
       m = self.a_step()
       s.a_steps += 1
       m["step_time_s"] = time.perf_counter() - t0
       m["episodes_per_s"] = m.get("rollout_episodes", 0.0) / m["step_time_s"]
-      m["loop"] = s.loop
+      m.update(loop=s.loop, loop_step=(s.a_steps - 1) % self.k)
       self.metrics.write(s.a_steps, "A", m)
       if (evaluate is not None and c.train.eval_every
           and s.a_steps % c.train.eval_every == 0 and s.a_steps < total):
@@ -645,7 +753,7 @@ class RSPOTrainer:
         self._after_loop_saved()  # a crash before it: finished on resume
       bar.update(1)
       bar.set_postfix(
-          loop=s.loop, success=f"{m.get('rollout_success_rate', 0):.2f}",
+          loop=m["loop"], success=f"{m.get('rollout_success_rate', 0):.2f}",
           loss=f"{m.get('loss', 0):.3f}",
       )
       self._stop_if_requested(save=not saved)
@@ -683,6 +791,7 @@ class RSPOTrainer:
 
 
 FROM_LOOP = "_FROM_LOOP"  # RSPO_H: the loop whose groups D holds
+_ALGO_NAMES = {"grpo": "GRPO", "ppo": "PPO", "gigpo": "GiGPO"}
 
 
 def _read(path: str) -> Optional[str]:
@@ -722,8 +831,8 @@ class _NoMetrics:
     pass
 
 
-def _progress(total: int, initial: int, enabled: bool):
+def _progress(total: int, initial: int, enabled: bool, name: str):
   from tqdm.auto import tqdm
 
-  return tqdm(total=total, initial=initial, desc="RSPO (A steps)",
+  return tqdm(total=total, initial=initial, desc=f"{name} (A steps)",
               disable=not enabled, dynamic_ncols=True)

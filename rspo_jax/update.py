@@ -20,7 +20,10 @@
               update per mini-batch. Replayed rows keep their stored
               log pi_B as behaviour log-probs: their clip window is centred
               on c = pi_old / pi_B; fresh rows have behaviour = pi_old.
-  Metrics: the share of fresh rows with a non-zero advantage and their mean
+  Metrics: B's distance from A on the replayed tokens at the step's start
+  (``replay_logp_b_minus_old``: mean log pi_B - log pi_old;
+  ``replay_log_c_big_frac``: share with |log c| > 0.2), the share of fresh
+  rows with a non-zero advantage and their mean
   |advantage| (before dropping or capping: the signal the groups carry),
   each learner metric's mean over the step's updates, and
   ``last_<k>`` for the clip fractions (``clip_frac*``) of the last update,
@@ -85,6 +88,23 @@ class Rows:
     return [self.token_adv[i] for i in idx]
 
 
+# |log c| = |log pi_old - log pi_B| above which a replayed token counts as
+# far from B in replay_log_c_big_frac (c outside [0.82, 1.22]).
+LOG_C_BIG = 0.2
+
+
+def _behavior_gap_sums(batch) -> np.ndarray:
+  """[replayed response tokens, sum of log pi_B - log pi_old over them,
+  tokens with |log c| > LOG_C_BIG] of a batch with pi_old filled in: how
+  far B's tokens are from A at the step's start (c = pi_old / pi_B is the
+  centre of their clip window)."""
+  mask = (np.asarray(batch.loss_mask) > 0) & np.asarray(
+      batch.is_offpolicy, bool)[:, None]
+  log_c = np.asarray(batch.old_logp) - np.asarray(batch.behavior_logp)
+  return np.array([mask.sum(), -log_c[mask].sum(),
+                   (np.abs(log_c[mask]) > LOG_C_BIG).sum()], np.float64)
+
+
 # |advantage| above which a fresh row counts as carrying signal in the
 # metric adv_nonzero_frac_on (a tied group's rows are 0 up to rounding).
 ADV_EPS = 1e-6
@@ -120,15 +140,17 @@ class StepUpdater:
   def step(self, learner: Learner, critic: Optional[Learner], on: list,
            off: list, source: str, step_key: int, *, ref_params,
            off_adv: Optional[np.ndarray] = None,
-           dense_noise_sigma: float = 0.0) -> dict:
+           dense_noise_sigma: float = 0.0,
+           dense_scale: float = 1.0) -> dict:
     """One training step on fresh (``on``) + replayed (``off``) records;
     ``dense_noise_sigma``: the std of the Gaussian noise on dense rewards,
-    in their stored units (``RSPOTrainer.dense_noise_sigma``)."""
+    in their stored units (``RSPOTrainer.dense_noise_sigma``);
+    ``dense_scale``: their multiplier (``credit.step_rewards``)."""
     n_on, n_off = (int(x) for x in self._sum([len(on), len(off)]))
     if not n_on + n_off:
       return {"skipped_empty": 1.0}
     rewards, rows = self.credit(on, off, source, critic, step_key, off_adv,
-                                dense_noise_sigma)
+                                dense_noise_sigma, dense_scale)
     metrics = {}
     if n_off:
       offs = rows.off
@@ -162,7 +184,8 @@ class StepUpdater:
   def credit(self, on: list, off: list, source: str,
              critic: Optional[Learner], step_key: int,
              off_adv: Optional[np.ndarray],
-             dense_noise_sigma: float = 0.0) -> tuple[np.ndarray, Rows]:
+             dense_noise_sigma: float = 0.0,
+             dense_scale: float = 1.0) -> tuple[np.ndarray, Rows]:
     """(step rewards of ``source``, the step's rows with their credit)."""
     records = on + off
     is_off = np.array([False] * len(on) + [True] * len(off), bool)
@@ -188,7 +211,7 @@ class StepUpdater:
         records, source,
         invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
         noise_sigma=dense_noise_sigma if source == "dense" else 0.0,
-        rng=self.host_rng(3, step_key),
+        rng=self.host_rng(3, step_key), dense_scale=dense_scale,
     )
     if off_adv is None:  # fresh rows only, or PPO: one credit over all rows
       adv, returns = credit.compute_advantages(
@@ -298,6 +321,7 @@ class StepUpdater:
       for j, i in enumerate(idx):
         pi[i] = (old[j, :lengths[j]], ref[j, :lengths[j]])
       first.append(self._with_pi(batch, idx, pi))
+    divergence = self._sum(sum(_behavior_gap_sums(b) for b in first))
     t0, per_update, tokens = time.perf_counter(), [], 0
     key = jax.random.key(self.cfg.seed + step_key)
     updates = [(e, idx) for e, ep in enumerate(epochs) for idx in ep]
@@ -321,6 +345,10 @@ class StepUpdater:
                     if k.startswith("clip_frac")})
     metrics.update(train_time_s=time.perf_counter() - t0, tokens=tokens,
                    updates=float(len(updates)), epochs=float(len(epochs)))
+    if divergence[0]:
+      metrics["replay_logp_b_minus_old"] = float(divergence[1]
+                                                 / divergence[0])
+      metrics["replay_log_c_big_frac"] = float(divergence[2] / divergence[0])
     return metrics
 
   # ------------------------------------------------------------ pi_B

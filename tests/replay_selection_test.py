@@ -64,12 +64,13 @@ def algo(name="grpo", normalize_std=True):
       omega=1.0, anchor_similarity=None))
 
 
-def run_steps(d, n, strategy, seed, k=3, used=()):
+def run_steps(d, n, strategy, seed, k=3, used=(), reuse="wins"):
   """k successive steps of one loop: (their selections, the used set)."""
   out, used = [], list(used)
   for step in range(k):
     sel = selection.select(d, n, strategy,
-                           np.random.default_rng([seed, step]), used)
+                           np.random.default_rng([seed, step]), used,
+                           reuse=reuse)
     out.append(sel)
     used = sel.used
   return out, used
@@ -103,11 +104,12 @@ def test_replay_counts_bad_arguments():
 
 
 def test_reward_takes_wins_first_then_unused_in_later_steps():
+  """reuse='pass' (the earlier rule): one pass over D, unused first."""
   d = make_d()
   winners = {0} | set(range(8, 16))
   step_of_lone_win = set()
   for seed in range(30):
-    (s1, s2, s3), used = run_steps(d, 6, "reward", seed)
+    (s1, s2, s3), used = run_steps(d, 6, "reward", seed, reuse="pass")
     assert set(ids(s1.trajectories)) < winners  # 6 of the 9 wins
     # Step 2: the 3 wins left, then 3 failures (ties at random).
     assert set(ids(s2.trajectories[:3])) == winners - set(ids(
@@ -132,9 +134,41 @@ def test_reward_ranks_by_outcome_after_wins():
     assert ids(sel.trajectories) == [1, 0, 2]
 
 
+def test_reward_replays_wins_in_every_step_of_a_loop():
+  """reuse='wins': unused wins, then replayed wins, then the rest. D has
+  9 wins of 24; steps of 6: 6 unused wins; 3 unused wins and the 3
+  best-ranked replayed ones; 6 replayed wins -- never a failure while D
+  holds wins, nothing twice in one step."""
+  d = make_d()
+  winners = {0} | set(range(8, 16))
+  for seed in range(10):
+    (s1, s2, s3), used = run_steps(d, 6, "reward", seed)
+    first, second, third = (ids(s.trajectories) for s in (s1, s2, s3))
+    assert set(first) < winners and not s1.restarted
+    assert set(second[:3]) == winners - set(first)  # unused wins first
+    assert set(second[3:]) <= set(first) and s2.restarted
+    assert set(third) <= winners and len(set(third)) == 6
+    assert used == sorted(winners)
+  # More than D's wins: the wins, then failures by outcome.
+  (s1,), _ = run_steps(d, 12, "reward", 0, k=1)
+  assert set(ids(s1.trajectories)[:9]) == winners
+  assert not winners & set(ids(s1.trajectories)[9:])
+  with pytest.raises(ValueError, match="reuse"):
+    selection.select(d, 1, "reward", np.random.default_rng(0), reuse="all")
+
+
+def test_variance_and_random_keep_one_pass_under_reuse_wins():
+  d = make_d()
+  for strategy in ("variance", "random"):
+    a, _ = run_steps(d, 10, strategy, 3)
+    b, _ = run_steps(d, 10, strategy, 3, reuse="pass")
+    assert [ids(s.trajectories) for s in a] == [ids(s.trajectories)
+                                                for s in b]
+
+
 def test_a_new_pass_starts_when_d_is_used_up():
   d = make_d()
-  (s1, s2, s3), used = run_steps(d, 10, "reward", seed=0)
+  (s1, s2, s3), used = run_steps(d, 10, "reward", seed=0, reuse="pass")
   first = ids(s1.trajectories) + ids(s2.trajectories)
   assert not s1.restarted and not s2.restarted and s3.restarted
   left = sorted(set(range(24)) - set(first))
@@ -206,8 +240,11 @@ def test_buffer_sample_trajectories_uses_the_selection(tmp_path):
   got = buf.sample_trajectories(9, "reward", np.random.default_rng(0))
   assert set(ids(got)) == {0} | set(range(8, 16))
   rest = buf.sample_trajectories(9, "reward", np.random.default_rng(0),
-                                 used=ids(got))
+                                 used=ids(got), reuse="pass")
   assert not set(ids(rest)) & set(ids(got))
+  again = buf.sample_trajectories(9, "reward", np.random.default_rng(0),
+                                  used=ids(got))
+  assert set(ids(again)) == set(ids(got))  # the wins again
 
 
 # -- advantages against the whole original group ------------------------------
@@ -298,9 +335,10 @@ def test_used_set_survives_a_checkpoint_and_resume(tmp_path):
   assert resumed == state and resumed.replay_used == sorted(
       ids(s1.trajectories))
   s2 = selection.select(d, 6, "reward", np.random.default_rng([0, 1]),
-                        resumed.replay_used)
+                        resumed.replay_used, reuse="pass")
   uninterrupted = selection.select(d, 6, "reward",
-                                   np.random.default_rng([0, 1]), used)
+                                   np.random.default_rng([0, 1]), used,
+                                   reuse="pass")
   assert ids(s2.trajectories) == ids(uninterrupted.trajectories)
   assert not set(ids(s2.trajectories)) & set(ids(s1.trajectories))
   assert LoopState(**{k: v for k, v in meta.items()

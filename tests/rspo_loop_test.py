@@ -5,6 +5,7 @@ at the step's start) and B's learner's log pi_B in D.
 """
 
 import collections
+import dataclasses
 
 import jax
 import numpy as np
@@ -64,7 +65,8 @@ def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
   other 2 in the second step; each carries its advantage against its
   whole group of D."""
   # One update per step: the step's batch holds its rows in order.
-  cfg = micro_config("grpo", "rspo.k=2,steps=2,train.updates_per_step=1")
+  cfg = micro_config("grpo", "rspo.k=2,steps=2,train.updates_per_step=1,"
+                     "rspo.replay_reuse=pass")
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   seen = record_train_batches(t.a)
@@ -324,5 +326,94 @@ def test_ppo_with_one_episode_per_task(tmp_path):
     a_rows = [m for p, m in rows if p == "A"]
     assert [m["replay_trajectories"] for m in a_rows] == [2, 2]
     assert all(m["rows_off"] > 0 and "critic_loss" in m for m in a_rows)
+  finally:
+    run.close()
+
+
+def _success_and_dense(records):
+  won, dense = collections.defaultdict(bool), collections.defaultdict(float)
+  for r in records:
+    won[r.traj_id] |= bool(r.won)
+    dense[r.traj_id] += r.dense_reward
+  return np.mean(list(won.values())), np.mean(list(dense.values()))
+
+
+@pytest.mark.parametrize("lift_tasks", ["first", "fresh"])
+def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(lift_tasks,
+                                                              tmp_path):
+  """B's phase: its rows count B's steps (b_step 1..k, one loop); the
+  stored collection plays the tasks and sampling seeds of B's first
+  training collection (rspo.b_lift_tasks='first') and B_collect logs
+  b_lift_* = stored - first of the success rate and the dense return per
+  trajectory, computed here from the records themselves. A's step then
+  logs log pi_B - log pi_old of the replayed tokens, by hand from its
+  batch."""
+  cfg = micro_config("grpo", f"rspo.b_lift_tasks={lift_tasks},"
+                     "train.updates_per_step=1")
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  rows, collected = spy_metrics(t), []
+  collect = t.collect_groups
+
+  def spy(learner, n, tag, *a, **kw):
+    records, stats = collect(learner, n, tag, *a, **kw)
+    if tag == POLICY_B:
+      collected.append((stats["task_ids"],
+                        [dataclasses.replace(r) for r in records]))
+    return records, stats
+
+  t.collect_groups = spy
+  seen = record_train_batches(t.a)
+  try:
+    t.b_phase()
+    b_rows = [m for p, m in rows if p == "B"]
+    assert [m["b_step"] for m in b_rows] == list(range(1, t.k + 1))
+    (first_ids, first), *_, (stored_ids, stored) = collected
+    assert len(collected) == t.k + 1
+    (row,) = [m for p, m in rows if p == "B_collect"]
+    assert row["rollout_task_ids"] == stored_ids
+    if lift_tasks == "first":
+      assert stored_ids == first_ids
+    s0, d0 = _success_and_dense(first)
+    s1, d1 = _success_and_dense(stored)
+    assert row["b_first_success"] == pytest.approx(s0)
+    assert row["b_lift_success"] == pytest.approx(s1 - s0)
+    assert row["b_lift_dense_return"] == pytest.approx(d1 - d0)
+    t.state.phase = "A"
+    m = t.a_step()
+    (batch,) = seen[-1:]
+    off = np.asarray(batch.is_offpolicy, bool)
+    mask = (np.asarray(batch.loss_mask) > 0) & off[:, None]
+    gap = np.asarray(batch.behavior_logp) - np.asarray(batch.old_logp)
+    assert m["replay_logp_b_minus_old"] == pytest.approx(gap[mask].mean(),
+                                                         rel=1e-5)
+    assert m["replay_log_c_big_frac"] == pytest.approx(
+        (np.abs(gap[mask]) > 0.2).mean())
+  finally:
+    run.close()
+
+
+def test_b_own_learning_rate_moves_each_weight_by_it_first(tmp_path):
+  """rspo.b_lr: B := A with a fresh AdamW at B's learning rate. Adam's
+  first update is lr * g / (|g| + eps) per weight: no weight of B moves
+  by more than b_lr, and the largest moves by about b_lr; the steps B's
+  optimizer compiles are kept for the next loop's B."""
+  cfg = micro_config("grpo", "rspo.b_lr=0.003,rspo.k=1,"
+                     "train.updates_per_step=1,train.weight_decay=0.0")
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  try:
+    b = t.make_b()
+    assert b.tx is not t.a.tx
+    before = [np.asarray(x) for x in jax.tree.leaves(
+        jax.device_get(b.params))]
+    on, _ = t.collect_groups(b, 2, POLICY_B)
+    t.update(b, None, on, [], "dense", step_key=1)
+    after = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(
+        b.params))]
+    move = max(np.abs(x - y).max() for x, y in zip(before, after))
+    assert move == pytest.approx(0.003, rel=0.01)
+    assert t._b_steps and t.make_b()._steps is t._b_steps
+    assert t.a._steps is not t._b_steps
   finally:
     run.close()

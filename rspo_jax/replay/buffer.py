@@ -215,17 +215,19 @@ class ReplayBuffer:
 
   def sample_trajectories(
       self, n: int, strategy: str, rng: np.random.Generator,
-      used: Sequence[int] = (),
+      used: Sequence[int] = (), reuse: str = "wins",
   ) -> list[Trajectory]:
-    """The first ``n`` trajectories under ``strategy``, best first, those
-    not in ``used`` first (``selection.select``): 'reward' puts wins
-    first, then the trajectory's own outcome reward; 'variance' ranks by
+    """The first ``n`` trajectories under ``strategy``, best first
+    (``selection.select``): 'reward' puts wins first (unused ones, then
+    those in ``used``; ``reuse='pass'``: whatever is not in ``used``
+    first), then the trajectory's own outcome reward; 'variance' ranks by
     the outcome-reward variance of its group; 'random' is uniform without
-    replacement. Returns ``min(n, available)`` trajectories.
+    replacement; both take those not in ``used`` first. Returns
+    ``min(n, available)`` trajectories.
     """
     _check_count(n, "n")
     return selection.select(self.trajectories(), n, strategy, rng,
-                            used).trajectories
+                            used, reuse).trajectories
 
   # -- reporting -------------------------------------------------------------
 

@@ -26,13 +26,25 @@ does not depend on the order trajectories are given in (they are ranked
 from ascending ``traj_id``), so hosts holding the same D and generator
 select the same trajectories.
 
-Unused first: ``used`` holds the traj_ids drawn since the current pass
-over D began. A step takes the best-ranked trajectories not in ``used``;
-when fewer than ``n_off`` unused ones remain it takes all of them, starts
-a new pass (``used`` is emptied) and fills the rest of the step from the
-top of the whole of D, never taking a trajectory twice in one step. The
-returned ``used`` is then the trajectories drawn in the new pass only, and
-``restarted`` says the pass began again. numpy only.
+Within a loop, ``used`` holds the traj_ids already replayed from D. Two
+rules pick a step's ``n_off`` trajectories from the ranking:
+
+  * reuse='wins' (the default for 'reward'; DESIGN section 2): every step
+    prefers wins -- unused wins, then wins already replayed, then unused
+    other trajectories, then replayed others, each in rank order, never a
+    trajectory twice in one step. With B winning ~1/3 of its episodes,
+    the one-pass rule below spends D's wins in A's first step and leaves
+    the last steps of a loop replaying failures only (negative-heavy
+    replay, which reward-based sampling exists to avoid). ``used`` only
+    grows; ``restarted`` says the step replayed a trajectory again.
+  * reuse='pass' (the earlier rule; 'variance' and 'random' always): unused
+    first. A step takes the best-ranked trajectories not in ``used``; when
+    fewer than ``n_off`` unused ones remain it takes all of them, starts a
+    new pass (``used`` is emptied) and fills the rest of the step from the
+    top of the whole of D. The returned ``used`` is then the trajectories
+    drawn in the new pass only, and ``restarted`` says the pass began
+    again.
+numpy only.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ import numpy as np
 from rspo_jax.types import Trajectory
 
 STRATEGIES = ("reward", "variance", "random")
+REUSE = ("wins", "pass")
 
 
 def replay_counts(alpha: float, batch_tasks: int,
@@ -98,8 +111,8 @@ class Selection:
   """One step's replayed trajectories, best first, and the new used set."""
 
   trajectories: list[Trajectory]
-  used: list[int]  # traj_ids drawn in the current pass over D, sorted
-  restarted: bool  # this step began a new pass over D
+  used: list[int]  # traj_ids replayed (reuse='pass': in this pass), sorted
+  restarted: bool  # a trajectory was replayed again (a new pass began)
 
 
 def select(
@@ -108,19 +121,30 @@ def select(
     strategy: str,
     rng: np.random.Generator,
     used: Iterable[int] = (),
+    reuse: str = "wins",
 ) -> Selection:
-  """The ``min(n, len(trajectories))`` trajectories one step replays,
-  unused first (module docstring)."""
+  """The ``min(n, len(trajectories))`` trajectories one step replays
+  (module docstring); ``reuse`` applies to 'reward' only."""
   if n < 0:
     raise ValueError(f"n={n} must be >= 0")
+  if reuse not in REUSE:
+    raise ValueError(f"reuse {reuse!r} is not one of {REUSE}")
   trajs = sorted(trajectories, key=lambda t: t.steps[0].traj_id)
   ids = [t.steps[0].traj_id for t in trajs]
   if len(set(ids)) != len(ids):
     raise ValueError("trajectories repeat a traj_id")
+  won = [bool(t.steps[-1].won) for t in trajs]
   order = rank([t.group_id for t in trajs],
-               [t.outcome_reward for t in trajs],
-               [bool(t.steps[-1].won) for t in trajs], strategy, rng)
+               [t.outcome_reward for t in trajs], won, strategy, rng)
   used = set(used) & set(ids)
+  if strategy == "reward" and reuse == "wins":
+    tiers = [[i for i in order if won[i] == w and (ids[i] in used) == u]
+             for w, u in ((True, False), (True, True), (False, False),
+                          (False, True))]
+    take = sum(tiers, [])[:n]
+    restarted = any(ids[i] in used for i in take)
+    used |= {ids[i] for i in take}
+    return Selection([trajs[i] for i in take], sorted(used), restarted)
   take = [i for i in order if ids[i] not in used][:n]
   restarted = len(take) < min(n, len(trajs))
   if restarted:  # D has no unused trajectory left: a new pass over D
