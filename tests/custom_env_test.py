@@ -64,6 +64,16 @@ class PlainSpellEnv(base.TextEnv):
     return self.env.expert_action()
 
 
+class HalfSpellEnv(base.TextEnv):
+  """A user environment that forgot ``step`` and ``expert_action``."""
+
+  def num_tasks(self, split):
+    return 4
+
+  def reset(self, task_id, split="train"):
+    return base.EnvStep(observation="", admissible_actions=[])
+
+
 # ---------------------------------------------------------------- registry
 
 
@@ -88,6 +98,8 @@ def test_bad_import_paths_say_what_is_wrong():
       "no_such_module:Env": "cannot import module 'no_such_module'",
       "spell_env:word_of": "not a subclass of third_party_envs.base.TextEnv",
       "nethack": "unknown environment 'nethack'",
+      "custom_env_test:HalfSpellEnv": "class HalfSpellEnv does not define"
+                                      " expert_action, step (abstract in",
   }
   for name, message in cases.items():
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -95,6 +107,22 @@ def test_bad_import_paths_say_what_is_wrong():
   with pytest.raises(ValueError, match="rspo.dense_reward 'spell_env:LETTERS'"
                      " is 'abcdef', not callable"):
     registry.import_function("spell_env:LETTERS", "rspo.dense_reward")
+
+
+def test_missing_methods_stop_the_launcher_in_one_line():
+  """Checked with the other inputs, before the tokenizer or any worker."""
+  from configs import base as config_base
+  from rspo_jax.errors import ConfigError
+  from rspo_launch import check_inputs
+
+  c = config_base.make_config("toy", "grpo")
+  c.env.name = "custom_env_test:HalfSpellEnv"
+  with pytest.raises(ConfigError) as e:
+    check_inputs(c)
+  assert str(e.value) == (
+      "env.name: environment 'custom_env_test:HalfSpellEnv': class"
+      " HalfSpellEnv does not define expert_action, step (abstract in"
+      " third_party_envs.base.TextEnv; docs/custom_env.md, section 1)")
 
 
 def test_vector_env_runs_the_user_env_in_workers():

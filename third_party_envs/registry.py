@@ -69,7 +69,9 @@ def import_function(path: str, what: str = "function") -> Callable:
 
 
 def env_class(name: str) -> type:
-  """The ``TextEnv`` subclass behind a built-in name or an import path."""
+  """The ``TextEnv`` subclass behind a built-in name or an import path;
+  ValueError naming what is wrong (no such module or class, not a
+  ``TextEnv``, abstract methods left undefined)."""
   if name in _ENVS:
     module_name, class_name = _ENVS[name]
     return getattr(importlib.import_module(module_name), class_name)
@@ -81,6 +83,12 @@ def env_class(name: str) -> type:
   if not (isinstance(cls, type) and issubclass(cls, base.TextEnv)):
     raise ValueError(f"environment {name!r} is {cls!r}, not a subclass of "
                      "third_party_envs.base.TextEnv")
+  missing = sorted(getattr(cls, "__abstractmethods__", ()))
+  if missing:  # else a TypeError deep in the first worker that builds one
+    raise ValueError(
+        f"environment {name!r}: class {cls.__name__} does not define "
+        f"{', '.join(missing)} (abstract in third_party_envs.base.TextEnv;"
+        " docs/custom_env.md, section 1)")
   return cls
 
 
