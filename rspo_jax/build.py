@@ -515,6 +515,7 @@ class Run:
         collect_config(c, c.env.eval_split), list(range(n)),
         temperature=c.rollout.eval_temperature,
         max_new_tokens=c.rollout.max_new_tokens, seeds=seeds,
+        max_failed_frac=c.rollout.get("max_failed_episode_frac", 0.5),
     )
 
   def close(self) -> None:
@@ -595,7 +596,8 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))
   venv = VectorEnv(cfg.env.name, env_kwargs(cfg), n_envs,
-                   num_workers=cfg.env.num_workers)
+                   num_workers=cfg.env.num_workers,
+                   error_log=os.path.join(workdir, "env_errors.log"))
   trainer = RSPOTrainer(
       cfg, policy=policy, ref_params=ref_params, critic=critic, engine=engine,
       venv=venv, tokenizer=tokenizer, workdir=workdir,

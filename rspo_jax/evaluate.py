@@ -11,24 +11,29 @@ Multi-host: every process calls ``evaluate`` with the same task list, plays
 its share of the tasks (``distributed.host_share``) on its own engine, and
 the sums and counts are added over processes, so every process returns the
 same numbers, those of the whole list.
+
+With ``max_failed_frac`` set, a seed whose failed episodes (the environment
+raised; all hosts' together) exceed that share of its episodes stops the
+evaluation (``collect.check_failures``): its numbers would measure the
+environment's bug, not the policy.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from rspo_jax import distributed
-from rspo_jax.rollout.collect import CollectConfig, collect
+from rspo_jax.rollout.collect import CollectConfig, check_failures, collect
 from rspo_jax.rollout.engine import SamplingParams
 
 
 def evaluate(
     engine, venv, tokenizer, collect_cfg: CollectConfig, task_ids: Sequence[int],
     *, temperature: float = 0.0, max_new_tokens: int = 48,
-    seeds: Sequence[int] = (0,),
+    seeds: Sequence[int] = (0,), max_failed_frac: Optional[float] = None,
 ) -> dict:
   """Plays every task in ``task_ids`` once per seed (in chunks that fit the
   environment pool)."""
@@ -41,14 +46,16 @@ def evaluate(
       stop_strings=("</action>",),
   )
   for seed in seeds:
-    won, score, lengths = [], [], []
+    won, score, lengths, failed, episodes = [], [], [], 0, 0
     for start in range(0, len(mine), venv.num_envs):
       chunk = [int(t) for t in mine[start:start + venv.num_envs]]
-      records, _ = collect(
+      records, stats = collect(
           engine, venv, tokenizer, chunk, 1, sampling, collect_cfg,
           traj_id_start=first + start, group_id_start=first + start,
           seed=seed,
       )
+      failed += stats["failed_episodes"]
+      episodes += stats["episodes"]
       for r in records:
         if r.done:
           won.append(float(r.won))
@@ -60,7 +67,12 @@ def evaluate(
                            "score": float(r.score)})
     # Sums and counts over every host's share (one process: its own).
     total = distributed.global_sum(np.array(
-        [np.sum(won), np.sum(score), np.sum(lengths), len(won)], np.float64))
+        [np.sum(won), np.sum(score), np.sum(lengths), len(won), failed,
+         episodes], np.float64))
+    if max_failed_frac is not None:
+      check_failures({"failed_episodes": total[4], "episodes": total[5]},
+                     max_failed_frac, collect_cfg.env_name,
+                     getattr(venv, "first_error", None))
     n = total[3]
     per_seed.append(tuple(total[:3] / n) if n else (0.0, 0.0, 0.0))
   arr = np.array(per_seed)

@@ -15,6 +15,9 @@ Failures never hang the caller and are never dropped silently:
     episodes it held are lost and come back failed on their next ``step``.
 A failed ``EnvStep`` has ``done=True`` and ``info={'failed': True, 'error':
 text}``; ``num_failures`` counts lost episodes, ``num_restarts`` restarts.
+The first failure of each kind (exception type and raising line, or worker
+fault) is logged at WARNING with its task id and traceback, and appended to
+``error_log`` when given (``failures.FailureLog``; ``first_error``).
 
 Worker protocol (one ``Pipe`` per worker): parent -> worker ``(cmd, items)``
 with cmd ``reset`` (items ``(slot, task_id, split)``), ``step`` (items
@@ -41,6 +44,7 @@ import weakref
 from typing import Optional, Sequence
 
 from third_party_envs import base
+from third_party_envs import failures
 from third_party_envs import registry
 
 _GRACEFUL_CLOSE_S = 3.0
@@ -203,6 +207,7 @@ class VectorEnv:
       use_processes: bool = True,
       start_method: str = "spawn",
       init_timeout_s: float = 300.0,
+      error_log: Optional[str] = None,
   ):
     if num_envs < 1:
       raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -221,6 +226,8 @@ class VectorEnv:
     self.num_restarts = 0
     self._active = [False] * num_envs  # an episode is running
     self._lost: list[Optional[str]] = [None] * num_envs  # lost episode error
+    self._task_of: list[Optional[tuple]] = [None] * num_envs  # (id, split)
+    self.failures = failures.FailureLog(env_name, error_log)
     self._pending: Optional[StepHandle] = None
     self._closed = False
     self._workers: list[_Worker] = []
@@ -265,6 +272,11 @@ class VectorEnv:
   def worker_pids(self) -> list[int]:
     return [w.proc.pid if w.proc else -1 for w in self._workers]
 
+  @property
+  def first_error(self) -> Optional[str]:
+    """The text of the first failure (None: none yet)."""
+    return self.failures.first_error
+
   # ------------------------------------------------------------------ calls
 
   def reset(
@@ -286,6 +298,7 @@ class VectorEnv:
               f"task_ids[{i}] must be an int, got {task_id!r}"
           ) from None
         items[i] = (i, task_id, split)
+        self._task_of[i] = (task_id, split)
     return self._submit("reset", items, [None] * self.num_envs).wait()
 
   def step(
@@ -369,6 +382,7 @@ class VectorEnv:
   def _record(self, handle, slot, out, error):
     if error is not None:
       self.num_failures += 1
+      self.failures.record(error, *(self._task_of[slot] or ()))
       out = failed_step(error)
     if handle._cmd == "reset":  # pylint: disable=protected-access
       self._lost[slot] = None

@@ -19,6 +19,10 @@ Rewards per step (verl-agent convention):
                  + invalid_action_penalty * [reply had no valid action]
   outcome_reward = sum_t env_reward_t (stored on every step of the episode)
   dense_reward_t = the environment's progress signal (a PRM may overwrite it)
+
+An episode whose environment raised (or whose worker died) is dropped and
+counted in ``failed_episodes``; ``check_failures`` stops the run when more
+than ``rollout.max_failed_episode_frac`` of a collection's episodes failed.
 """
 
 from __future__ import annotations
@@ -30,11 +34,19 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from rspo_jax import timing
+from rspo_jax.errors import ConfigError
 from rspo_jax.rollout import prompts as prompt_lib
 from rspo_jax.rollout.engine import Engine, SamplingParams
 from rspo_jax.types import StepRecord
+from third_party_envs import failures
 
 PHASES = ("generation", "environment", "prompts")
+FAILED_FRAC_KEY = "rollout.max_failed_episode_frac"
+
+
+class TooManyFailures(ConfigError):
+  """Most episodes of a collection failed: the environment is broken
+  (the launchers print the message, one line, and exit 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +188,24 @@ def collect(
   for name in PHASES:
     stats[f"{name}_s"] = seconds.get(name, 0.0) - booked.get(name, 0.0)
   return _finish(eps, cfg, stats, time.perf_counter() - t_start)
+
+
+def check_failures(stats: dict, limit: float, env_name: str,
+                   first_error: Optional[str] = None) -> None:
+  """Raises ``TooManyFailures`` when ``failed_episodes / episodes >
+  limit`` (``limit >= 1``: never), naming the environment, the count, the
+  last line of ``first_error`` (``VectorEnv.first_error``, whose whole
+  traceback is in the log) and the config key."""
+  failed, n = int(stats["failed_episodes"]), int(stats["episodes"])
+  if not n or failed / n <= limit:
+    return
+  why = (f"first error: {failures.last_line(first_error)} (its traceback is"
+         " logged above)" if first_error else
+         "no error text on this host (see the other hosts' logs)")
+  raise TooManyFailures(
+      f"environment {env_name!r} failed {failed} of {n} episodes of a"
+      f" collection, more than {FAILED_FRAC_KEY}={limit:g}; {why}; fix the"
+      f" environment or raise {FAILED_FRAC_KEY}")
 
 
 def _apply_env_results(eps, rows, results, stats):
