@@ -250,9 +250,8 @@ def test_docs_config_file_builds_the_config(tmp_path):
 # ---------------------------------------------------------------- the CLI
 
 
-def _doc_commands():
-  """The docs' command lines: ``(script, overrides, other flags)``."""
-  [block] = _doc_blocks("bash")
+def _doc_commands(block):
+  """A bash block's command lines: ``(script, overrides, other flags)``."""
   commands = []
   for line in block.splitlines():
     if line.startswith("python launch/"):
@@ -273,13 +272,24 @@ def _run(script, overrides, *flags):
   assert out.returncode == 0, out.stderr[-3000:]
 
 
+def test_docs_first_try_is_the_tested_micro_run():
+  """The first try is the slow test's training run: MICRO, then the full
+  command's overrides."""
+  first_try, full = _doc_blocks("bash")
+  [(script, overrides, flags)] = _doc_commands(first_try)
+  [(_, config, _), _] = _doc_commands(full)
+  assert script == "launch/train.py" and flags == []
+  assert overrides == f"{MICRO},{config}"
+
+
 @pytest.mark.slow
 def test_two_rspo_loops_and_an_evaluation_on_a_user_env(tmp_path):
   """docs/custom_env.md's two commands, micro-sized: GiGPO + RSPO on
   spell_env (anchors defaulted to the observation) with the user dense
   reward for B, then launch/eval.py on the trained run."""
+  [_, block] = _doc_blocks("bash")
   (train, config, train_flags), (evaluate, eval_config, eval_flags) = (
-      _doc_commands())
+      _doc_commands(block))
   assert (train, evaluate) == ("launch/train.py", "launch/eval.py")
   assert config == eval_config == (
       f"algo.name=gigpo,env.name={ENV},rspo.dense_reward={DENSE}")
