@@ -178,19 +178,23 @@ def ratio(ours: Optional[float], theirs: Optional[float],
 
 
 def policy_batch(rows: int, prompt_len: int, resp_len: int, vocab: int,
-                 *, n_off: int = 0, seed: int = 0):
+                 *, n_off: int = 0, n_pad: int = 0, seed: int = 0):
   """A random ``types.Batch`` of ``rows`` x (prompt + response) tokens.
 
   Every token is real; ``loss_mask`` is 1 on the response; the last
   ``n_off`` rows are off-policy with a behaviour log-prob near pi_old's;
   advantages are N(0, 1) per row; log-probs sit near uniform,
-  ``-log(vocab)``.
+  ``-log(vocab)``. The first ``n_pad`` rows are then padding, all zero, as
+  ``batching.records_to_batch`` adds (attention kernels see such rows).
   """
   import numpy as np
   from rspo_jax.types import Batch
 
   if not 0 <= n_off <= rows:
     raise ValueError(f"policy_batch: n_off={n_off} outside [0, rows={rows}]")
+  if not 0 <= n_pad <= rows - n_off:
+    raise ValueError(f"policy_batch: n_pad={n_pad} outside"
+                     f" [0, rows - n_off = {rows - n_off}]")
   rng = np.random.default_rng(seed)
   t = prompt_len + resp_len
   tokens = rng.integers(0, vocab, size=(rows, t)).astype(np.int32)
@@ -205,10 +209,13 @@ def policy_batch(rows: int, prompt_len: int, resp_len: int, vocab: int,
   off[rows - n_off:] = True
   beh = old + np.where(off[:, None], 0.05, 0.0).astype(np.float32)
   zeros = np.zeros_like(old)
-  return Batch(tokens=tokens, positions=positions, attention_mask=attn,
-               loss_mask=loss_mask, advantages=adv, old_logp=old,
-               ref_logp=old - 0.01, behavior_logp=beh, returns=zeros,
-               old_values=zeros, is_offpolicy=off)
+  batch = Batch(tokens=tokens, positions=positions, attention_mask=attn,
+                loss_mask=loss_mask, advantages=adv, old_logp=old,
+                ref_logp=old - 0.01, behavior_logp=beh, returns=zeros,
+                old_values=zeros, is_offpolicy=off)
+  for x in batch:
+    x[:n_pad] = 0
+  return batch
 
 
 def task_jax_matmul(args, _shape=None) -> None:

@@ -78,6 +78,12 @@ def test_policy_batch_layout():
   np.testing.assert_array_equal(b.positions[3], np.arange(8))
   with pytest.raises(ValueError, match="n_off"):
     _common.policy_batch(4, 2, 2, 16, n_off=5)
+  padded = _common.policy_batch(8, 5, 3, 64, n_off=2, n_pad=1, seed=1)
+  for got, want in zip(padded, b):
+    np.testing.assert_array_equal(got[0], 0)
+    np.testing.assert_array_equal(got[1:], want[1:])
+  with pytest.raises(ValueError, match="n_pad"):
+    _common.policy_batch(4, 2, 2, 16, n_off=2, n_pad=3)
 
 
 def test_prompt_ids_groups_and_word_tokenizer_round_trip(tmp_path):
@@ -200,6 +206,7 @@ def test_device_check_smoke(tmp_path):
     assert (r["rows"], r["seq_len"], r["window"]) == (16, 128, 16)
     assert r["remat"] and r["scan_layers"]
     assert r["activation_collectives"] == 0
+    assert r["padding_rows"] == 1 and r["skipped"] == 0
     assert r["compile_s"] > 0 and r["step_s"] > 0
     # Remat and XLA's full score matrix: more executed than model FLOPs.
     assert r["executed_tflop"] > r["model_tflop"] > 0

@@ -102,7 +102,9 @@ class AttentionMask(NamedTuple):
   query_slots: [B, Tq] int32, each query's own slot
   lengths:     [B] int32 or None: real tokens per row when they come first
                (right padding, keys = slot < length) and the queries are
-               slots 0..T-1 -- then a kernel may serve (causal + lengths)
+               slots 0..T-1 -- then a kernel may serve (causal + lengths);
+               at least 1 (a padding row attends its slot 0, see
+               ``Transformer.__call__``)
   """
 
   keys: jax.Array
@@ -534,7 +536,12 @@ class Transformer(nnx.Module):
       index = None
       lengths = None
       if attention_implementation(cfg) is not None:
-        lengths = jnp.sum(real, axis=1, dtype=jnp.int32)
+        # At least 1: a padding row (no real token; zero loss mask) given
+        # to a kernel as length 0 has come back NaN from cuDNN's fused
+        # attention before 9.25 (cudnn-frontend issue 943), and NaN
+        # activations make NaN gradients (0 x NaN). Length 1 attends slot
+        # 0: finite, and the row counts nothing either way.
+        lengths = jnp.maximum(jnp.sum(real, axis=1, dtype=jnp.int32), 1)
       mask = AttentionMask(real, slots, lengths)
     else:
       index = cache.index
