@@ -117,8 +117,8 @@ PAPER = {
     # engine runs them unrolled (models/transformer.py).
     "model.scan_layers": True,
     # [va:*] env.max_steps=50 (ALFWorld), 15 (WebShop). The toy is not in
-    # the paper: its own 8.
-    "env.max_steps": ByEnv(alfworld=50, webshop=15, toy=8),
+    # the paper: its own 8; the spell task one turn a letter (env.kwargs).
+    "env.max_steps": ByEnv(alfworld=50, webshop=15, toy=8, spell=4),
     # [verl] env.history_length: 2 (the scripts leave it); [paper] window 2.
     "env.history_length": 2,
     # [va:*] val_data_size=128: 128 evaluation episodes.
@@ -126,7 +126,12 @@ PAPER = {
     # Not a result-changing value: environment worker processes.
     "env.num_workers": 32,
     # The upstream-sized worlds (each environment's constructor defaults).
-    "env.kwargs": ByEnv(alfworld={}, webshop={}, toy={}),
+    # The spell task's knobs listed, so `env.kwargs.word_length=6` finds
+    # them (its constructor's defaults).
+    "env.kwargs": ByEnv(alfworld={}, webshop={}, toy={},
+                        spell=dict(word_length=4, alphabet_size=5,
+                                   dense="aligned", expert_digits=10,
+                                   slack=0)),
     # [paper] clip 0.2 ([verl] clip_ratio: 0.2); KL 0.01 with the low-
     # variance k3 estimator ([va:*] use_kl_loss=True, kl_loss_coef=0.01,
     # kl_loss_type=low_var_kl); entropy 0.001 ([verl] entropy_coeff: 0.001).
@@ -151,7 +156,7 @@ PAPER = {
     # (ALFWorld), 4096 (WebShop); the toy as ALFWorld.
     "rollout.max_new_tokens": 512,
     "rollout.max_prompt_tokens": ByEnv(alfworld=2048, webshop=4096,
-                                       toy=2048),
+                                       toy=2048, spell=2048),
     # [paper] 150 steps; [va:*] trainer.total_epochs=150 over a train set
     # of one batch (train_data_size = data.train_batch_size).
     "train.total_steps": 150,
@@ -182,7 +187,8 @@ PAPER = {
     # ceil(rows / mini_batch_rows) updates (an ALFWorld step of 128
     # episodes x 20-50 turns: 10-25 updates; WebShop 128 x 5-15: 10-30).
     # The toy as ALFWorld.
-    "train.mini_batch_rows": ByEnv(alfworld=256, webshop=64, toy=256),
+    "train.mini_batch_rows": ByEnv(alfworld=256, webshop=64, toy=256,
+                                   spell=256),
     "train.updates_per_step": 0,  # 0: mini_batch_rows decides
     # [verl] actor.ppo_epochs: 1 (the scripts leave it).
     "train.ppo_epochs": 1,
@@ -210,7 +216,8 @@ PAPER = {
 CPU = {
     # From-scratch policies (a locally trained tokenizer): 0.6 M 'nano' on
     # the small worlds below; the toy's 3.5 M 'tiny'.
-    "model.preset": ByEnv(webshop="nano", alfworld="nano", toy="tiny"),
+    "model.preset": ByEnv(webshop="nano", alfworld="nano", toy="tiny",
+                          spell="tiny"),
     "model.dtype": "float32",
     "model.param_dtype": "float32",
     "model.remat": False,
@@ -220,12 +227,12 @@ CPU = {
     "model.scan_layers": False,
     # The expert solves the small WebShop in ~5 steps, ALFWorld's two task
     # types in 5-25.
-    "env.max_steps": ByEnv(webshop=8, alfworld=20, toy=8),
+    "env.max_steps": ByEnv(webshop=8, alfworld=20, toy=8, spell=4),
     # WebShop pages are long: one history entry and 768 prompt tokens keep
     # a 64-row update at ~50 k tokens (the oldest history goes first).
-    "env.history_length": ByEnv(webshop=1, alfworld=2, toy=2),
+    "env.history_length": ByEnv(webshop=1, alfworld=2, toy=2, spell=2),
     # 64: every held-out goal of the small WebShop; 32 fixed tasks else.
-    "env.num_eval_tasks": ByEnv(webshop=64, alfworld=32, toy=32),
+    "env.num_eval_tasks": ByEnv(webshop=64, alfworld=32, toy=32, spell=64),
     "env.num_workers": 2,
     "env.kwargs": ByEnv(
         # A 30-product catalogue (one product per type, 12 goals each, 64
@@ -252,6 +259,9 @@ CPU = {
                       num_tasks=dict(train=3553, valid_seen=140,
                                      valid_unseen=134)),
         toy={},
+        # A 4-letter word over a..e: a random policy wins 1 / 625.
+        spell=dict(word_length=4, alphabet_size=5, dense="aligned",
+                   expert_digits=10, slack=0),
     ),
     "algo.clip_eps": 0.2,  # the paper's objective (CPU_KEEPS_PAPER)
     "algo.kl_coef": 0.01,
@@ -270,15 +280,17 @@ CPU = {
     "rollout.temperature": 1.0,  # behaviour log-probs are taken at T=1
     "rollout.eval_temperature": 0.0,  # greedy: 32-64 tasks, one sample
     # '<think>..</think><action>search[..]</action>' fits 64 tokens.
-    "rollout.max_new_tokens": ByEnv(webshop=64, alfworld=64, toy=16),
-    "rollout.max_prompt_tokens": ByEnv(webshop=768, alfworld=768, toy=256),
+    "rollout.max_new_tokens": ByEnv(webshop=64, alfworld=64, toy=16,
+                                    spell=16),
+    "rollout.max_prompt_tokens": ByEnv(webshop=768, alfworld=768, toy=256,
+                                       spell=256),
     "train.total_steps": 6,  # 2 RSPO loops of k=3
     "train.batch_tasks": 4,  # 4 groups: 3 fresh + 1 replayed at alpha=1/4
     "train.group_size": 4,  # smallest group with a usable GRPO baseline
     # A 0.6-3.5 M model needs a larger step than 1e-6. WebShop/ALFWorld:
     # 3e-4 with 4 updates a step is the smallest tried at which A's clip
     # window binds (README "Results": at 1e-4 and 2 updates it never did).
-    "train.lr": ByEnv(webshop=3e-4, alfworld=3e-4, toy=3e-5),
+    "train.lr": ByEnv(webshop=3e-4, alfworld=3e-4, toy=3e-5, spell=3e-5),
     "train.weight_decay": 0.0,
     "train.micro_batch_rows": 0,  # the whole update at once
     "train.max_train_rows": 64,  # caps one step at 64 step rows
@@ -286,7 +298,7 @@ CPU = {
     # 64 rows here), so the clip window acts in every default run (at the
     # first update r = 1 on fresh rows, r = c on replayed ones).
     "train.mini_batch_rows": 0,
-    "train.updates_per_step": ByEnv(webshop=4, alfworld=4, toy=2),
+    "train.updates_per_step": ByEnv(webshop=4, alfworld=4, toy=2, spell=2),
     "train.ppo_epochs": 1,
     "train.eval_every": 0,  # evaluate at the start and the end only
     # Behaviour cloning only far enough for a weak policy (paper: instruct
@@ -296,13 +308,16 @@ CPU = {
     # ~1.6 s a step): option values start to be copied from the instruction
     # (score 0.75 vs 0.50 after 300 steps), so A's rollouts win on goals
     # whose options are not a product's default.
-    "sft.num_episodes": ByEnv(webshop=275, alfworld=512, toy=64),
-    "sft.steps": ByEnv(webshop=500, alfworld=500, toy=40),
+    # spell: the toy's budget; its clone spelled 0 of 64 held-out words
+    # (letters right 0.19, chance 0.20): it knows the format, not the cipher.
+    "sft.num_episodes": ByEnv(webshop=275, alfworld=512, toy=64, spell=64),
+    "sft.steps": ByEnv(webshop=500, alfworld=500, toy=40, spell=40),
     # 3e-3 on the small worlds; the toy's 'tiny': 2e-3 made its greedy
     # replies degenerate, 1e-3.
-    "sft.lr": ByEnv(webshop=3e-3, alfworld=3e-3, toy=1e-3),
+    "sft.lr": ByEnv(webshop=3e-3, alfworld=3e-3, toy=1e-3, spell=1e-3),
     "sft.batch_rows": 16,
-    "sft.prompt_loss_weight": ByEnv(webshop=1.0, alfworld=1.0, toy=0.0),
+    "sft.prompt_loss_weight": ByEnv(webshop=1.0, alfworld=1.0, toy=0.0,
+                                    spell=0.0),
     "mesh.shape": (-1, 1, 1),  # data parallel over the local CPU devices
 }
 

@@ -1,10 +1,11 @@
 """Environment names -> constructors, imported lazily.
 
-``env.name`` is a built-in name (``toy``, ``webshop``, ``alfworld``) or the
-import path ``package.module:ClassName`` of any ``base.TextEnv`` subclass
-(docs/custom_env.md). Worker processes build their instances from
-``(name, kwargs)`` through ``make_env``, so an environment only needs to be
-importable (installed, or on ``PYTHONPATH``), not picklable.
+``env.name`` is a built-in name (``toy``, ``spell``, ``webshop``,
+``alfworld``) or the import path ``package.module:ClassName`` of any
+``base.TextEnv`` subclass (docs/custom_env.md). Worker processes build
+their instances from ``(name, kwargs)`` through ``make_env``, so an
+environment only needs to be importable (installed, or on ``PYTHONPATH``),
+not picklable.
 
 A user environment may leave out what only some algorithms need; ``make_env``
 fills the defaults:
@@ -23,6 +24,7 @@ from third_party_envs import base
 # name -> (module, class); the heavy environments load only when asked for.
 _ENVS = {
     "toy": ("third_party_envs.toy", "ToyEnv"),
+    "spell": ("third_party_envs.spell", "SpellEnv"),
     "webshop": ("third_party_envs.webshop", "WebShopEnv"),
     "alfworld": ("third_party_envs.alfworld", "AlfWorldEnv"),
 }

@@ -135,6 +135,10 @@ _SPECS = {
     "toy": PromptSpec(
         intro="You are an agent on a number line. Your task is to: {task}.\n",
     ),
+    "spell": PromptSpec(
+        intro="You type a hidden word, one letter a turn. Your task is to:"
+        " {task}.\n",
+    ),
 }
 ENV_NAMES = tuple(_SPECS)
 
