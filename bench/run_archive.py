@@ -48,7 +48,7 @@ first, then final_policy/ (weights first).
 Reading (``run_dir``): a run is ``<root>/<name>`` when finished there --
 root wins -- else ``<archive>/<name>`` when finished there; such a run
 counts as finished (skipped, not trained again). An evaluation it lacks
-(bench/reproduce.py ``sampled_final_eval``) is made of its archived
+(bench/sampled_eval.py ``sampled_final_eval``) is made of its archived
 final_policy/ (``model.checkpoint_dir``; on the WebShop study's GiGPO
 baseline its per-goal outcomes equal the checkpoint's, greedy and T = 0.4 x
 3 seeds on 8 goals) and the file added here (``archive_file``). A run still
@@ -72,7 +72,7 @@ import sys
 import tempfile
 from typing import Optional
 
-FINAL = "eval_final.json"  # a finished run's mark (bench/reproduce.py)
+FINAL = "eval_final.json"  # a finished run's mark (bench/run_files.py)
 METRICS = "metrics.jsonl"
 KEPT_FILES = ("run.json", "command.txt", "done.json")
 KEPT_PATTERN = "eval*.json"

@@ -1,6 +1,8 @@
-"""bench/reproduce.py and bench/ablations.py: the grid, skipping and resuming
-runs, and the reports (numbers worked out by hand from synthetic runs)."""
+"""bench/reproduce.py and the modules under it (grid, runner, sampled_eval,
+the reports) and bench/ablations.py: the grid, skipping and resuming runs,
+and the reports (numbers worked out by hand from synthetic runs)."""
 
+import ast
 import json
 import os
 import shutil
@@ -13,8 +15,16 @@ from rspo_jax.metrics import MetricsWriter, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import ablation_report  # noqa: E402
 import ablations  # noqa: E402
+import grid  # noqa: E402
+import main_report  # noqa: E402
 import reproduce as rp  # noqa: E402
+import run_archive as ra  # noqa: E402
+import run_files  # noqa: E402
+import runner  # noqa: E402
+import sampled_eval  # noqa: E402
+import study_report  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -23,7 +33,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def no_policy_export(monkeypatch):
   """No test starts launch/export.py (JAX): a fake run's checkpoint is not
   one; test_final_policy_* put in a fake exporter."""
-  monkeypatch.setattr(rp.ra, "export_policy", lambda *a, **k: {
+  monkeypatch.setattr(ra, "export_policy", lambda *a, **k: {
       "exported": False, "reason": "no export in these tests"})
 
 
@@ -64,19 +74,19 @@ def no_tmp_files(d):
 
 
 def test_main_grid_is_the_papers_table():
-  specs = rp.main_grid()
+  specs = grid.main_grid()
   assert len(specs) == 2 * 3 * 2 * 3
   assert len({s.name for s in specs}) == len(specs)
   assert {s.seed for s in specs} == {0, 200, 400}
-  (one,) = rp.main_grid(["webshop"], ["gigpo"], [200], ["baseline"])
+  (one,) = grid.main_grid(["webshop"], ["gigpo"], [200], ["baseline"])
   assert one.name == "webshop_gigpo_baseline_s200"
   arg = one.config_arg("train.lr=0.001")
   assert arg == (os.path.join(ROOT, "configs", "webshop_gigpo.py")
                  + ":rspo=0,seed=200,train.lr=0.001")
   with pytest.raises(ValueError, match=r"unknown env \['webshp'\]"):
-    rp.main_grid(envs=["webshp"])
+    grid.main_grid(envs=["webshp"])
   with pytest.raises(ValueError, match="unknown variant"):
-    rp.main_grid(variants=["rspo_h"])
+    grid.main_grid(variants=["rspo_h"])
 
 
 def test_config_args_parse_to_the_intended_configs():
@@ -85,7 +95,7 @@ def test_config_args_parse_to_the_intended_configs():
     mod = toy_grpo if path.endswith("toy_grpo.py") else webshop_grpo
     return mod.get_config(arg)
 
-  by_variant = {s.variant: s for s in ablations.ablation_grid(seeds=[400])}
+  by_variant = {s.variant: s for s in grid.ablation_grid(seeds=[400])}
   c = cfg_of(by_variant["sample_variance"])
   assert c.rspo.enabled and c.rspo.sampling == "variance" and c.seed == 400
   c = cfg_of(by_variant["rspo_h"])
@@ -96,18 +106,48 @@ def test_config_args_parse_to_the_intended_configs():
   assert c.rspo.dense_only and not c.rspo.enabled
   c = cfg_of(by_variant["baseline"], "steps=4")
   assert not c.rspo.enabled and c.train.total_steps == 4
-  (toy_ppo,) = rp.main_grid(["toy"], ["ppo"], [0], ["rspo"])
+  (toy_ppo,) = grid.main_grid(["toy"], ["ppo"], [0], ["rspo"])
   c = cfg_of(toy_ppo)
   assert c.env.name == "toy" and c.algo.name == "ppo" and c.rspo.enabled
 
 
 def test_ablations_share_the_main_grids_runs():
-  abl = {s.variant: s for s in ablations.ablation_grid(seeds=[0])}
-  assert len(ablations.ablation_grid()) == 7 * 3
-  main = {s.variant: s for s in rp.main_grid(["webshop"], ["grpo"], [0])}
+  abl = {s.variant: s for s in grid.ablation_grid(seeds=[0])}
+  assert len(grid.ablation_grid()) == 7 * 3
+  main = {s.variant: s for s in grid.main_grid(["webshop"], ["grpo"], [0])}
   for v in ("rspo", "baseline"):
     assert abl[v].name == main[v].name
     assert abl[v].config_arg("x=1") == main[v].config_arg("x=1")
+
+
+def test_ablations_cli_is_reproduce_grid_ablations(tmp_path, capsys):
+  flags = ["--seeds", "0", "--dry_run", "--root", str(tmp_path)]
+  assert ablations.main(flags) == 0
+  mine = capsys.readouterr().out
+  assert rp.main(["--grid", "ablations", *flags]) == 0
+  assert mine == capsys.readouterr().out
+  assert mine.count("launch/train.py") == 7  # the 7 variants at seed 0
+
+
+def test_no_bench_module_imports_one_that_imports_it_back():
+  """bench/'s imports (top level or in functions) form no cycle."""
+  bench = os.path.join(ROOT, "bench")
+  names = {f[:-3] for f in os.listdir(bench) if f.endswith(".py")}
+  graph = {}
+  for name in names:
+    tree = ast.parse(open(os.path.join(bench, f"{name}.py")).read())
+    graph[name] = {a.name.split(".")[0] for n in ast.walk(tree)
+                   if isinstance(n, ast.Import) for a in n.names} | {
+                       n.module.split(".")[0] for n in ast.walk(tree)
+                       if isinstance(n, ast.ImportFrom) and n.module}
+    graph[name] &= names
+  assert {"grid", "runner", "reproduce"} <= names  # the walk found them
+
+  def reaches(start, goal, seen):
+    return any(n == goal or (n not in seen and reaches(n, goal, seen | {n}))
+               for n in graph[start])
+
+  assert [m for m in sorted(names) if reaches(m, m, set())] == []
 
 
 # --------------------------------------------------------------------------
@@ -116,27 +156,27 @@ def test_ablations_share_the_main_grids_runs():
 
 
 def test_finished_runs_are_skipped_without_starting_anything(tmp_path):
-  specs = rp.main_grid(["toy"], ["grpo"], [0])
+  specs = grid.main_grid(["toy"], ["grpo"], [0])
   for s in specs:
     fake_run(tmp_path, s.name, success=0.5)
   # A nonexistent interpreter: any launch would fail the run.
-  res = rp.run_grid(specs, str(tmp_path), python="/nonexistent/python",
-                    parallel=2, echo=False)
+  res = runner.run_grid(specs, str(tmp_path), python="/nonexistent/python",
+                        parallel=2, echo=False)
   assert [r["status"] for r in res] == ["skipped", "skipped"]
   assert not os.path.exists(tmp_path / specs[0].name / "train.log")
   # An unfinished one is started: with that interpreter it fails, named.
-  (seed1,) = rp.main_grid(["toy"], ["grpo"], [1], ["rspo"])
-  res = rp.run_grid(specs + [seed1], str(tmp_path),
-                    python="/nonexistent/python", echo=False)
+  (seed1,) = grid.main_grid(["toy"], ["grpo"], [1], ["rspo"])
+  res = runner.run_grid(specs + [seed1], str(tmp_path),
+                        python="/nonexistent/python", echo=False)
   assert [r["status"] for r in res] == ["skipped", "skipped", "failed"]
   assert "/nonexistent/python" in res[2]["error"]
 
 
 def test_workdir_of_another_config_is_refused(tmp_path):
-  (spec,) = rp.main_grid(["toy"], ["grpo"], [0], ["rspo"])
+  (spec,) = grid.main_grid(["toy"], ["grpo"], [0], ["rspo"])
   fake_run(tmp_path, spec.name, config="something else")
-  (res,) = rp.run_grid([spec], str(tmp_path), python="/nonexistent/python",
-                       echo=False)
+  (res,) = runner.run_grid([spec], str(tmp_path), python="/nonexistent/python",
+                           echo=False)
   assert res["status"] == "failed"
   assert "something else" in res["error"] and "--root" in res["error"]
 
@@ -182,12 +222,12 @@ def test_runs_start_from_one_shared_warm_start(tmp_path, capsys):
   os.makedirs(root / "warm_start_toy")
   (root / "warm_start_toy" / "done.json").write_text(
       json.dumps({"config": "other"}))
-  r = rp.shared_warm_start("toy", str(root), python="/nonexistent/python")
+  r = runner.shared_warm_start("toy", str(root), python="/nonexistent/python")
   assert r["status"] == "failed" and "other" in r["error"]
   # The same config: finished, nothing started (the interpreter is bogus).
   (root / "warm_start_toy" / "done.json").write_text(
-      json.dumps({"config": rp.sft_config_arg("toy")}))
-  r = rp.shared_warm_start("toy", str(root), python="/nonexistent/python")
+      json.dumps({"config": runner.sft_config_arg("toy")}))
+  r = runner.shared_warm_start("toy", str(root), python="/nonexistent/python")
   assert r["status"] == "skipped" and r["policy"] == policy
   # A user's own checkpoint wins: no shared warm start at all.
   assert rp.main(args + ["--extra", "model.checkpoint_dir=/x"]) == 0
@@ -205,17 +245,19 @@ def test_evaluation_of_a_finished_run_uses_its_trained_config(tmp_path):
   naming the shared warm start), not the spec's config of today (made
   without the warm start once every run is finished: launch/eval.py would
   first behaviour-clone a policy of its own)."""
-  (spec,) = rp.study_grid(["alfworld"], ["grpo"], [0], ["baseline"])
+  (spec,) = grid.study_grid(["alfworld"], ["grpo"], [0], ["baseline"])
   trained = spec.config_arg("x=1") + ",model.checkpoint_dir=/ws/warm_start"
   wd = fake_run(tmp_path, spec.name, success=0.05, config=trained)
-  r = rp.sampled_final_eval(spec, str(tmp_path), "x=1", python="/bin/true")
+  r = sampled_eval.sampled_final_eval(spec, str(tmp_path), "x=1",
+                                      python="/bin/true")
   assert r["status"] == "failed"  # /bin/true writes no evaluation
   (line,) = [l for l in open(os.path.join(wd, "train.log")) if "--config" in l]
   assert f"--config={trained} " in line
   # No run.json (e.g. a run dir made by hand): the spec's config.
   os.remove(os.path.join(wd, "run.json"))
-  rp.sampled_final_eval(spec, str(tmp_path), "x=1", python="/bin/true",
-                        tag="t10", temperature=1.0)
+  sampled_eval.sampled_final_eval(spec, str(tmp_path), "x=1",
+                                  python="/bin/true", tag="t10",
+                                  temperature=1.0)
   last = open(os.path.join(wd, "train.log")).read().splitlines()[-1]
   assert f"--config={spec.config_arg('x=1')} " in last
 
@@ -231,10 +273,10 @@ def test_env_report_numbers_table_and_curves(tmp_path):
            config="cfg-b")
   fake_run(root, "webshop_grpo_baseline_s200", success=0.7, score=0.8)
   fake_run(root, "webshop_grpo_rspo_s0", success=0.8, score=0.9, start=0.2,
-           config=os.path.join(rp.ROOT, "configs", "webshop_grpo.py:rspo=1"))
+           config=os.path.join(grid.ROOT, "configs", "webshop_grpo.py:rspo=1"))
   fake_run(root, "webshop_grpo_rspo_s400")  # unfinished: not counted
   fake_run(root, "webshop_grpo_rspo_h_s0", success=1.0)  # another cell
-  rp.env_report(str(root), "webshop", out, echo=False)
+  main_report.env_report(str(root), "webshop", out, echo=False)
   report = json.load(open(os.path.join(out, "webshop.json")))
   # B's reward, read from the RSPO run's config (the CPU preset's oracle).
   assert report["dense_reward"] == ["oracle"]
@@ -274,8 +316,8 @@ def test_ablation_report_rows_repeats_and_dense_plot(tmp_path):
   fake_run(root, "webshop_grpo_sample_random_s0", success=0.1)
   fake_run(root, "webshop_grpo_dense_only_s0", success=0.0)
   fake_run(root, "webshop_grpo_dense_only_s200", success=0.2)
-  path = ablations.ablation_report(str(root), "webshop", "grpo", out,
-                                   echo=False)
+  path = ablation_report.ablation_report(str(root), "webshop", "grpo", out,
+                                         echo=False)
   assert path == os.path.join(out, "ablations.md")
   report = json.load(open(os.path.join(out, "ablations.json")))
   rows = {(r["group"], r["setting"]): r for r in report["rows"]}
@@ -300,7 +342,8 @@ def test_ablation_report_rows_repeats_and_dense_plot(tmp_path):
   assert no_tmp_files(out)
   # Another cell than the paper's: own file names, no paper numbers.
   fake_run(root, "toy_grpo_dense_only_s0", success=0.0)
-  path = ablations.ablation_report(str(root), "toy", "grpo", out, echo=False)
+  path = ablation_report.ablation_report(str(root), "toy", "grpo", out,
+                                         echo=False)
   assert path == os.path.join(out, "ablations_toy_grpo.md")
   report = json.load(open(os.path.join(out, "ablations_toy_grpo.json")))
   assert all(r["paper_success"] is None for r in report["rows"])
@@ -373,22 +416,22 @@ def write_eval(path, wins, seeds=(0,)):
 
 
 def test_study_grid_cells_and_overrides():
-  specs = rp.study_grid()
+  specs = grid.study_grid()
   assert len(specs) == (4 + 4) * 3 and {s.env for s in specs} == {"webshop"}
   assert {(s.algo, s.variant) for s in specs} == {
       (algo, variant) for algo in ("grpo", "gigpo") for variant in (
           "baseline", "rspo", "sample_variance", "sample_random")}
   assert all("rspo.dense_reward=oracle" in s.overrides for s in specs)
-  by = {(s.algo, s.variant): s for s in rp.study_grid(seeds=[0])}
+  by = {(s.algo, s.variant): s for s in grid.study_grid(seeds=[0])}
   path, arg = by["grpo", "sample_random"].config_arg(
-      rp.study_extra("webshop")).split(":", 1)
+      grid.study_extra("webshop")).split(":", 1)
   c = webshop_grpo.get_config(arg)
   assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
   assert c.train.total_steps == 30 and c.env.num_eval_tasks == 256
   assert c.env.kwargs.num_test_goals == 256
   assert c.rspo.enabled and c.rspo.sampling == "random"
   assert c.rspo.dense_reward == "oracle"
-  assert rp.study_extra("webshop", "steps=2").endswith(",steps=2")
+  assert grid.study_extra("webshop", "steps=2").endswith(",steps=2")
   assert rp.main(["--grid", "study", "--envs", "webshop,toy",
                   "--dry_run"]) == 2
 
@@ -414,15 +457,15 @@ def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
                                                    monkeypatch):
   """ALFWorld's study: GRPO baseline and RSPO only, 16 x 8, 30 A steps,
   140 valid_seen tasks, from the searching expert's warm start."""
-  specs = rp.study_grid(envs=["alfworld"])
+  specs = grid.study_grid(envs=["alfworld"])
   assert len(specs) == 2 * 3 and {s.env for s in specs} == {"alfworld"}
   assert {(s.algo, s.variant) for s in specs} == {
       ("grpo", "baseline"), ("grpo", "rspo")}
-  assert rp.study_grid(envs=["alfworld"], algos=["gigpo"]) == []
-  by = {(s.algo, s.variant): s for s in rp.study_grid(["alfworld"],
+  assert grid.study_grid(envs=["alfworld"], algos=["gigpo"]) == []
+  by = {(s.algo, s.variant): s for s in grid.study_grid(["alfworld"],
                                                        seeds=[0])}
   path, arg = by["grpo", "rspo"].config_arg(
-      rp.study_extra("alfworld")).split(":", 1)
+      grid.study_extra("alfworld")).split(":", 1)
   assert path.endswith("configs/alfworld_grpo.py")
   c = alfworld_grpo.get_config(arg)
   assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
@@ -441,7 +484,7 @@ def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
                   "--root", str(root), "--dry_run"]) == 0
   cmds = capsys.readouterr().out.splitlines()
   assert len(cmds) == 1 + 2 and "launch/sft.py" in cmds[0]
-  assert ":seed=0," + rp.STUDY_OVERRIDES["alfworld"] + " " in cmds[0]
+  assert ":seed=0," + grid.STUDY_OVERRIDES["alfworld"] + " " in cmds[0]
   assert f"--workdir={root}/warm_start_alfworld" in cmds[0]
   policy = os.path.join(str(root), "warm_start_alfworld", "warm_start")
   assert [c.split("--workdir=")[1].split()[0] for c in cmds[1:]] == [
@@ -452,15 +495,15 @@ def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
   assert rp.main(["--grid", "study", "--envs", "alfworld", "--algos",
                   "gigpo", "--root", str(root), "--dry_run"]) == 2
   # The report lists the two cells (none finished here).
-  report = rp.study_report(str(root), "alfworld", str(tmp_path / "out"),
-                           echo=False)
+  report = study_report.study_report(str(root), "alfworld",
+                                     str(tmp_path / "out"), echo=False)
   assert [(c["label"], c["n"]) for c in report["cells"]] == [
       ("GRPO", 0), ("RSPO+GRPO", 0)]
-  assert report["overrides"] == rp.STUDY_OVERRIDES["alfworld"]
+  assert report["overrides"] == grid.STUDY_OVERRIDES["alfworld"]
   # An env without a study recipe is refused.
-  monkeypatch.delitem(rp.STUDY_OVERRIDES, "alfworld")
+  monkeypatch.delitem(grid.STUDY_OVERRIDES, "alfworld")
   with pytest.raises(ValueError, match="no study recipe"):
-    rp.study_grid(envs=["alfworld"])
+    grid.study_grid(envs=["alfworld"])
 
 
 def test_study_report_intervals_by_hand(tmp_path):
@@ -478,7 +521,7 @@ def test_study_report_intervals_by_hand(tmp_path):
   for name in ("webshop_grpo_baseline_s0", "webshop_grpo_baseline_s200"):
     write_eval(root / name / "eval_final_t04.json", [1, 1, 1, 1],
                seeds=(0, 1, 2))
-  report = rp.study_report(str(root), "webshop", out, echo=False)
+  report = study_report.study_report(str(root), "webshop", out, echo=False)
   cells = {(c["algo"], c["variant"]): c for c in report["cells"]}
   base, rspo = cells["grpo", "baseline"], cells["grpo", "rspo"]
   assert base["n"] == 2 and rspo["n"] == 1
@@ -571,8 +614,9 @@ def study_config(name, rl_extra=""):
   """The --config the study grid gives the run ``name`` (no warm start)."""
   env, algo, rest = name.split("_", 2)
   variant, seed = rest.rsplit("_s", 1)
-  spec = rp.RunSpec(env, algo, variant, int(seed), rp.STUDY_VARIANTS[variant])
-  return rp.with_rl_extra(spec, rl_extra).config_arg(rp.study_extra(env))
+  spec = grid.RunSpec(env, algo, variant, int(seed),
+                      grid.STUDY_VARIANTS[variant])
+  return grid.with_rl_extra(spec, rl_extra).config_arg(grid.study_extra(env))
 
 
 def study_run(root, name, wins, t04=None, t10=None, rl_extra=""):
@@ -608,7 +652,7 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
   os.makedirs(ws / "warm_start")
   (ws / "warm_start" / "params.bin").write_text("x")
   MetricsWriter(str(ws), tensorboard=False).write(0, "sft", {"loss": 1.0})
-  written = rp.ra.archive_root(str(root), str(arch))
+  written = ra.archive_root(str(root), str(arch))
   assert sorted(written) == ["warm_start_webshop", "webshop_grpo_rspo_s0"]
   assert files_under(arch) == [
       "warm_start_webshop/done.json", "warm_start_webshop/eval_start.json",
@@ -624,11 +668,11 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
   assert [r["phase"] for r in rows] == ["eval", "A", "A", "B"]
   assert rows == [r for r in read_metrics(os.path.join(wd, "metrics.jsonl"))
                   if r["phase"] in ("A", "B", "eval")]
-  assert rp.ra.archive_root(str(root), str(arch)) == {}  # up to date
+  assert ra.archive_root(str(root), str(arch)) == {}  # up to date
   # Another training of the same run replaces the archived one whole.
   os.remove(os.path.join(wd, "eval_final_t04.json"))
   write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
-  rp.ra.archive_run(wd, str(arch))
+  ra.archive_run(wd, str(arch))
   assert not os.path.exists(a / "eval_final_t04.json")
   assert (a / "eval_final.json").read_bytes() == open(
       os.path.join(wd, "eval_final.json"), "rb").read()
@@ -636,22 +680,22 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
 
 def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
   root, arch = tmp_path / "runs", tmp_path / "archive"
-  specs = rp.main_grid(["toy"], ["grpo"], [0], ["baseline"])
+  specs = grid.main_grid(["toy"], ["grpo"], [0], ["baseline"])
   # Trained from an earlier session's shared warm start, in a clone
   # elsewhere: the same config (config_key).
-  cfg_a = rp.from_warm_start(specs[0], "/old/clone/runs/warm_start_toy/"
-                             "warm_start").config_arg().replace(
-                                 rp.ROOT, "/old/clone")
+  cfg_a = grid.from_warm_start(specs[0], "/old/clone/runs/warm_start_toy/"
+                               "warm_start").config_arg().replace(
+                                 grid.ROOT, "/old/clone")
   fake_run(arch, specs[0].name, success=0.5, config=cfg_a)
   fake_run(root, specs[0].name)  # started here, unfinished: the archive's
-  (res,) = rp.run_grid(specs, str(root), python="/nonexistent/python",
-                       echo=False, archive=str(arch))
+  (res,) = runner.run_grid(specs, str(root), python="/nonexistent/python",
+                           echo=False, archive=str(arch))
   assert res["status"] == "skipped"
   assert res["archived"] == str(arch / specs[0].name)
   assert not os.path.exists(root / specs[0].name / "train.log")
-  assert rp.finished_runs(str(root), "toy", "grpo", "baseline") == []
-  assert rp.finished_runs(str(root), "toy", "grpo", "baseline",
-                          str(arch)) == [(0, str(arch / specs[0].name))]
+  assert run_files.finished_runs(str(root), "toy", "grpo", "baseline") == []
+  assert run_files.finished_runs(str(root), "toy", "grpo", "baseline",
+                                 str(arch)) == [(0, str(arch / specs[0].name))]
   # Nothing to do: no warm start, no run command.
   args = ["--envs", "toy", "--algos", "grpo", "--variants", "baseline",
           "--seeds", "0", "--root", str(root), "--archive", str(arch)]
@@ -673,12 +717,12 @@ def test_root_overrides_the_archive(tmp_path):
   fake_run(arch, "webshop_grpo_baseline_s0", success=0.5)
   fake_run(arch, "webshop_grpo_baseline_s200", success=0.3)
   fake_run(root, "webshop_grpo_baseline_s0", success=0.9)
-  assert rp.finished_runs(str(root), "webshop", "grpo", "baseline",
-                          str(arch)) == [
+  assert run_files.finished_runs(str(root), "webshop", "grpo", "baseline",
+                                 str(arch)) == [
       (0, str(root / "webshop_grpo_baseline_s0")),
       (200, str(arch / "webshop_grpo_baseline_s200"))]
-  report = rp.env_report(str(root), "webshop", str(out), echo=False,
-                         archive=str(arch))
+  report = main_report.env_report(str(root), "webshop", str(out), echo=False,
+                                  archive=str(arch))
   b = report["cells"][0]
   assert b["n"] == 2 and b["per_seed_success"] == [90.0, 30.0]
   # The warm start's evaluations: root's file, else the archive's.
@@ -686,8 +730,8 @@ def test_root_overrides_the_archive(tmp_path):
   write_eval(aws / "eval_start.json", [0, 0])
   write_eval(aws / "eval_start_t04.json", [1, 1], seeds=(0, 1, 2))
   write_eval(ws / "eval_start.json", [1, 0])
-  report = rp.study_report(str(root), "webshop", str(out), echo=False,
-                           archive=str(arch))
+  report = study_report.study_report(str(root), "webshop", str(out),
+                                     echo=False, archive=str(arch))
   assert report["start"]["greedy"]["mean"] == 50.0
   assert report["start"]["T = 0.4, 3 seeds"]["mean"] == 100.0
 
@@ -736,7 +780,7 @@ def test_study_with_an_archive_retrains_only_the_missing(tmp_path, capsys):
   aws = arch / "warm_start_webshop"
   for n in ("eval_start.json", "eval_start_t04.json"):
     write_eval(aws / n, [0, 1])
-  sft = rp.sft_config_arg("webshop", rp.study_extra("webshop"))
+  sft = runner.sft_config_arg("webshop", grid.study_extra("webshop"))
   (aws / "done.json").write_text(json.dumps({"config": sft}))
   study_run(arch, "webshop_grpo_baseline_s0", [1, 1], t04=[1, 0], t10=[0, 0])
   study_run(arch, "webshop_grpo_baseline_s200", [1, 0])  # no sampled evals
@@ -766,34 +810,36 @@ def test_study_with_an_archive_retrains_only_the_missing(tmp_path, capsys):
   assert open(os.path.join(ws, "eval_start.json")).read() == (
       aws / "eval_start.json").read_text()
   assert "eval.py" not in open(os.path.join(ws, "train.log")).read()
-  r = rp.shared_start_eval("webshop", str(root), python="/bin/false",
-                           out_name="eval_start_t04.json", archive=str(arch))
+  r = runner.shared_start_eval("webshop", str(root), python="/bin/false",
+                               out_name="eval_start_t04.json",
+                               archive=str(arch))
   assert r["status"] == "skipped" and r["from_archive"] == str(arch)
-  r = rp.shared_start_eval("webshop", str(root), python="/bin/false",
-                           out_name="eval_start_t10.json", archive=str(arch))
+  r = runner.shared_start_eval("webshop", str(root), python="/bin/false",
+                               out_name="eval_start_t10.json",
+                               archive=str(arch))
   assert r["status"] == "failed"  # not archived: computed (here: fails)
   # A warm start of another config than the archived one is refused.
-  r = rp.shared_warm_start("webshop", str(tmp_path / "root2"), "other=1",
-                           python="/bin/false", archive=str(arch))
+  r = runner.shared_warm_start("webshop", str(tmp_path / "root2"), "other=1",
+                               python="/bin/false", archive=str(arch))
   assert r["status"] == "failed" and "--archive" in r["error"]
 
 
 def test_sampled_eval_of_a_root_run_taken_from_its_archived_copy(tmp_path):
   root, arch = tmp_path / "runs", tmp_path / "archive"
-  (spec,) = rp.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
+  (spec,) = grid.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
   wd = study_run(root, spec.name, [1, 0])
-  rp.ra.archive_run(wd, str(arch))
+  ra.archive_run(wd, str(arch))
   write_eval(arch / spec.name / "eval_final_t04.json", [1, 1],
              seeds=(0, 1, 2))
-  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
-                            archive=str(arch))
+  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
+                                      archive=str(arch))
   assert r["status"] == "skipped" and r["from_archive"] == str(arch)
   assert os.path.isfile(os.path.join(wd, "eval_final_t04.json"))
   # Another training under root (another eval_final.json): evaluated.
   os.remove(os.path.join(wd, "eval_final_t04.json"))
   write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
-  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
-                            archive=str(arch))
+  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
+                                      archive=str(arch))
   assert r["status"] == "failed" and r["rc"] == 1
 
 
@@ -808,14 +854,14 @@ def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
   aws = arch / "warm_start_webshop"
   for n in ("eval_start.json", "eval_start_t04.json", "eval_start_t10.json"):
     write_eval(aws / n, [0, 1])
-  sft = rp.sft_config_arg("webshop", rp.study_extra("webshop"))
+  sft = runner.sft_config_arg("webshop", grid.study_extra("webshop"))
   (aws / "done.json").write_text(json.dumps(
-      {"config": sft.replace(rp.ROOT, "/old/clone")}))
+      {"config": sft.replace(grid.ROOT, "/old/clone")}))
   for v in ("baseline", "rspo"):
     wd = study_run(arch, f"webshop_gigpo_{v}_s0", [1, 0], t04=[1, 0],
                    t10=[0, 0], rl_extra=rl)
     meta = json.loads(open(os.path.join(wd, "run.json")).read())
-    meta["config"] = meta["config"].replace(rp.ROOT, "/old/clone")
+    meta["config"] = meta["config"].replace(grid.ROOT, "/old/clone")
     open(os.path.join(wd, "run.json"), "w").write(json.dumps(meta))
   args = ["--grid", "study", "--root", str(root), "--archive", str(arch),
           "--out", str(out), "--seeds", "0", "--python", "/bin/true"]
@@ -858,10 +904,10 @@ def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
   assert "other overrides than these" in md and "RSPO+GiGPO (seeds 0)" in md
   # A finished run under root of another config is refused too.
   study_run(root, "webshop_grpo_baseline_s200", [1, 0])
-  (spec,) = [rp.with_rl_extra(s, other) for s in rp.study_grid(
+  (spec,) = [grid.with_rl_extra(s, other) for s in grid.study_grid(
       ["webshop"], ["grpo"], [200], ["baseline"])]
-  (res,) = rp.run_grid([spec], str(root), rp.study_extra("webshop"),
-                       python="/nonexistent/python", echo=False,
+  (res,) = runner.run_grid([spec], str(root), grid.study_extra("webshop"),
+                           python="/nonexistent/python", echo=False,
                        archive=str(arch))
   assert res["status"] == "failed" and "--root" in res["error"]
 
@@ -873,23 +919,23 @@ def test_archive_copy_cut_short_is_not_a_finished_run(tmp_path, monkeypatch):
   root, arch = tmp_path / "runs", tmp_path / "archive"
   wd = study_run(root, "webshop_grpo_rspo_s0", [1, 0], t04=[1, 1])
   dst = arch / "webshop_grpo_rspo_s0"
-  write_atomic = rp.ra._write_atomic
+  write_atomic = ra._write_atomic
 
   def cut_at(name):
     def write(path, data):
       if os.path.basename(path) == name:
         raise KeyboardInterrupt
       return write_atomic(path, data)
-    monkeypatch.setattr(rp.ra, "_write_atomic", write)
+    monkeypatch.setattr(ra, "_write_atomic", write)
 
   cut_at("run.json")
   with pytest.raises(KeyboardInterrupt):
-    rp.ra.archive_run(wd, str(arch))
-  assert not rp.ra.is_finished(str(dst))
-  assert rp.finished_runs(str(tmp_path / "none"), "webshop", "grpo", "rspo",
-                          str(arch)) == []
-  monkeypatch.setattr(rp.ra, "_write_atomic", write_atomic)
-  rp.ra.archive_run(wd, str(arch))
+    ra.archive_run(wd, str(arch))
+  assert not ra.is_finished(str(dst))
+  assert run_files.finished_runs(str(tmp_path / "none"), "webshop", "grpo",
+                                 "rspo", str(arch)) == []
+  monkeypatch.setattr(ra, "_write_atomic", write_atomic)
+  ra.archive_run(wd, str(arch))
   assert set(files_under(dst)) >= {"eval_final.json", "run.json",
                                    "metrics.jsonl", "eval_final_t04.json"}
   # Another training, cut short while replacing: not finished either, and
@@ -898,11 +944,11 @@ def test_archive_copy_cut_short_is_not_a_finished_run(tmp_path, monkeypatch):
   write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
   cut_at("metrics.jsonl")
   with pytest.raises(KeyboardInterrupt):
-    rp.ra.archive_run(wd, str(arch))
-  assert not rp.ra.is_finished(str(dst))
-  monkeypatch.setattr(rp.ra, "_write_atomic", write_atomic)
-  rp.ra.archive_run(wd, str(arch))
-  assert rp.ra.same_run(wd, str(arch))
+    ra.archive_run(wd, str(arch))
+  assert not ra.is_finished(str(dst))
+  monkeypatch.setattr(ra, "_write_atomic", write_atomic)
+  ra.archive_run(wd, str(arch))
+  assert ra.same_run(wd, str(arch))
   assert not os.path.exists(dst / "eval_final_t04.json")
 
 
@@ -914,29 +960,30 @@ def test_archived_warm_start_policy_is_restored_not_cloned_again(
   back instead of a new SFT (python=/bin/false: an SFT would fail)."""
   root, arch = tmp_path / "runs", tmp_path / "archive"
   ws = root / "warm_start_webshop"
-  sft = rp.sft_config_arg("webshop", rp.study_extra("webshop"))
+  sft = runner.sft_config_arg("webshop", grid.study_extra("webshop"))
   os.makedirs(ws / "warm_start")
   (ws / "done.json").write_text(json.dumps({"config": sft}))
   (ws / "warm_start" / "config.json").write_text("{}")
   (ws / "warm_start" / "model.safetensors").write_bytes(b"w" * 100)
-  written = rp.ra.archive_root(str(root), str(arch))
+  written = ra.archive_root(str(root), str(arch))
   assert written["warm_start_webshop"][-3:] == [
       "warm_start/config.json", "warm_start/model.safetensors", "done.json"]
   fresh = tmp_path / "fresh"
-  r = rp.shared_warm_start("webshop", str(fresh), rp.study_extra("webshop"),
-                           python="/bin/false", archive=str(arch))
+  r = runner.shared_warm_start("webshop", str(fresh),
+                               grid.study_extra("webshop"),
+                               python="/bin/false", archive=str(arch))
   assert r["status"] == "skipped" and r["from_archive"] == str(arch)
   got = fresh / "warm_start_webshop"
   assert files_under(got) == ["done.json", "warm_start/config.json",
                               "warm_start/model.safetensors"]
   assert (got / "warm_start" / "model.safetensors").read_bytes() == b"w" * 100
   # A policy over the size limit (paper scale) is not archived: re-made.
-  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 99)
+  monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 99)
   arch2 = tmp_path / "archive2"
-  rp.ra.archive_root(str(root), str(arch2))
+  ra.archive_root(str(root), str(arch2))
   assert files_under(arch2) == ["warm_start_webshop/done.json"]
-  r = rp.shared_warm_start("webshop", str(tmp_path / "fresh2"),
-                           rp.study_extra("webshop"), python="/bin/false",
+  r = runner.shared_warm_start("webshop", str(tmp_path / "fresh2"),
+                               grid.study_extra("webshop"), python="/bin/false",
                            archive=str(arch2))
   assert r["status"] == "failed"  # an SFT was started (and failed)
 
@@ -978,29 +1025,29 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   file; over MAX_POLICY_BYTES nothing is kept and the evaluation stays
   'unavailable'."""
   root, arch = tmp_path / "runs", tmp_path / "archive"
-  (spec,) = rp.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
+  (spec,) = grid.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
   wd = study_run(root, spec.name, [1, 0])
-  trained = (study_config(spec.name).replace(rp.ROOT, "/old/clone")
+  trained = (study_config(spec.name).replace(grid.ROOT, "/old/clone")
              + ",model.checkpoint_dir=/old/clone/runs/ws/warm_start")
   with open(os.path.join(wd, "run.json"), "w") as f:
     json.dump({"config": trained}, f)
   os.makedirs(os.path.join(wd, "checkpoints", "60"))
   calls = []
-  monkeypatch.setattr(rp.ra, "export_policy", fake_export(calls))
-  written = rp.ra.archive_root(str(root), str(arch))[spec.name]
+  monkeypatch.setattr(ra, "export_policy", fake_export(calls))
+  written = ra.archive_root(str(root), str(arch))[spec.name]
   policy = arch / spec.name / "final_policy"
   assert sorted(written[:3]) == [f"final_policy/{n}" for n in (
       "config.json", "export.json", "tokenizer.json")]
   assert written[3] == "final_policy/model.safetensors"  # weights last
   assert written[-1] == "eval_final.json" and calls == [(wd, trained)]
-  assert rp.ra.final_policy(str(arch / spec.name)) == str(policy)
-  assert rp.ra.archive_root(str(root), str(arch)) == {}  # not exported again
+  assert ra.final_policy(str(arch / spec.name)) == str(policy)
+  assert ra.archive_root(str(root), str(arch)) == {}  # not exported again
   assert len(calls) == 1
   # A later session: root is gone; the T = 0.4 evaluation was never made.
   shutil.rmtree(root)
   python = fake_eval_python(tmp_path)
-  r = rp.sampled_final_eval(spec, str(root), python=python,
-                            archive=str(arch))
+  r = sampled_eval.sampled_final_eval(spec, str(root), python=python,
+                                      archive=str(arch))
   assert r["status"] == "done" and str(policy) in r["evaluated"]
   argv = json.load(open(tmp_path / "argv.json"))
   config = [a for a in argv if a.startswith("--config=")][0]
@@ -1011,48 +1058,48 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   assert not os.path.exists(root / spec.name)  # no run dir made
   got = json.load(open(arch / spec.name / "eval_final_t04.json"))
   assert got["a_steps"] == 30 and got["policy"] == "final_policy"
-  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
-                            archive=str(arch))
+  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
+                                      archive=str(arch))
   assert r["status"] == "skipped" and r["archived"] == str(arch / spec.name)
   # Over the size limit: not archived, no evaluation possible.
-  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 99)
+  monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 99)
   wd = study_run(root, spec.name, [1, 0])
   os.makedirs(os.path.join(wd, "checkpoints", "60"))
   arch2 = tmp_path / "archive2"
   n = len(calls)
-  rp.ra.archive_root(str(root), str(arch2))
+  ra.archive_root(str(root), str(arch2))
   assert not os.path.exists(arch2 / spec.name / "final_policy")
-  assert json.load(open(arch2 / spec.name / rp.ra.TOO_LARGE)) == {
+  assert json.load(open(arch2 / spec.name / ra.TOO_LARGE)) == {
       "bytes": 119, "max_bytes": 99}  # the exported files' bytes
-  rp.ra.archive_root(str(root), str(arch2))
+  ra.archive_root(str(root), str(arch2))
   assert len(calls) == n + 1  # exported once, not on every pass
   # launch/export.py itself declines params over --max_bytes: marked too.
   arch3 = tmp_path / "archive3"
-  monkeypatch.setattr(rp.ra, "export_policy", lambda *a, **k: calls.append(
+  monkeypatch.setattr(ra, "export_policy", lambda *a, **k: calls.append(
       a) or {"exported": False, "bytes": 5000, "reason": "> max_bytes"})
-  rp.ra.archive_root(str(root), str(arch3))
-  rp.ra.archive_root(str(root), str(arch3))
+  ra.archive_root(str(root), str(arch3))
+  ra.archive_root(str(root), str(arch3))
   assert len(calls) == n + 2
-  assert json.load(open(arch3 / spec.name / rp.ra.TOO_LARGE))["bytes"] == 5000
-  monkeypatch.setattr(rp.ra, "export_policy", fake_export(calls))
+  assert json.load(open(arch3 / spec.name / ra.TOO_LARGE))["bytes"] == 5000
+  monkeypatch.setattr(ra, "export_policy", fake_export(calls))
   # The limit grew past it: exported on the next pass, the mark removed.
-  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 6000)
-  rp.ra.archive_root(str(root), str(arch3))
+  monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 6000)
+  ra.archive_root(str(root), str(arch3))
   assert len(calls) == n + 3
   assert (arch3 / spec.name / "final_policy" / "model.safetensors").exists()
-  assert not os.path.exists(arch3 / spec.name / rp.ra.TOO_LARGE)
-  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 99)
+  assert not os.path.exists(arch3 / spec.name / ra.TOO_LARGE)
+  monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 99)
   shutil.rmtree(root)
-  r = rp.sampled_final_eval(spec, str(root), python="/bin/false",
-                            archive=str(arch2))
+  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
+                                      archive=str(arch2))
   assert r["status"] == "unavailable" and "final_policy" in r["error"]
   # Another training of the run: its archived policy is replaced.
-  monkeypatch.setattr(rp.ra, "MAX_POLICY_BYTES", 32 << 20)
+  monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 32 << 20)
   wd = study_run(root, spec.name, [0, 0])
   os.makedirs(os.path.join(wd, "checkpoints", "60"))
   n = len(calls)
-  rp.ra.archive_run(wd, str(arch))
-  assert len(calls) == n + 1 and rp.ra.same_run(wd, str(arch))
+  ra.archive_run(wd, str(arch))
+  assert len(calls) == n + 1 and ra.same_run(wd, str(arch))
   assert not os.path.exists(arch / spec.name / "eval_final_t04.json")
   assert (policy / "model.safetensors").read_bytes() == b"w" * 100
 
@@ -1064,7 +1111,7 @@ def test_with_policy_points_the_trained_config_at_the_archived_policy():
   trained = ("/old/clone/configs/webshop_gigpo.py:rspo=1,seed=200,"
              "model.checkpoint_dir=/old/clone/runs/ws/warm_start,"
              "model.tokenizer_dir=/old/clone/runs/ws/tokenizer,train.lr=0.001")
-  assert rp.with_policy(trained, "/arch/final_policy") == (
+  assert sampled_eval.with_policy(trained, "/arch/final_policy") == (
       os.path.join(ROOT, "configs", "webshop_gigpo.py")
       + ":rspo=1,seed=200,train.lr=0.001,"
       "model.checkpoint_dir=/arch/final_policy")

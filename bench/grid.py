@@ -1,0 +1,272 @@
+"""The results grids: which runs, named how, with which overrides.
+
+A run is a ``RunSpec``: a cell (env, algo, variant) and a seed; its
+``--config`` argument is ``configs/<env>_<algo>.py:<variant overrides>,
+seed=<seed>[,--extra]`` (toy: configs/toy_grpo.py with ``algo.name``), its
+workdir ``<root>/<env>_<algo>_<variant>_s<seed>``. The grids
+(bench/reproduce.py's ``--grid``):
+
+  main       env x algo x {baseline (``rspo=0``), rspo (``rspo=1``)} x seed
+             (``main_grid``; the paper's table, ``PAPER_SUCCESS``);
+  ablations  WebShop GRPO x ``ABLATION_VARIANTS`` (``ablation_grid``;
+             rows and paper numbers ``ABLATION_ROWS``);
+  study      the CPU study (``study_grid``): ``STUDY_OVERRIDES`` per env,
+             ``STUDY_VARIANTS`` naming the dense reward, ``study_cells``,
+             and the sampled evaluations ``SAMPLED``.
+
+Pure names and strings: nothing here reads or runs anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ENVS = ("webshop", "alfworld")
+TEST_ENVS = ("toy",)  # accepted by --envs, in no default grid
+ALGOS = ("grpo", "ppo", "gigpo")
+SEEDS = (0, 200, 400)
+MAIN_VARIANTS = {"baseline": "rspo=0", "rspo": "rspo=1"}
+ALGO_LABELS = {"grpo": "GRPO", "ppo": "PPO", "gigpo": "GiGPO"}
+ENV_LABELS = {"webshop": "WebShop", "alfworld": "ALFWorld", "toy": "Toy"}
+# DESIGN.md section 2: Qwen2.5-1.5B, success rate %, (env, algo, variant).
+PAPER_SUCCESS = {
+    ("alfworld", "grpo", "baseline"): 69.0,
+    ("alfworld", "grpo", "rspo"): 74.7,
+    ("alfworld", "ppo", "baseline"): 68.0,
+    ("alfworld", "ppo", "rspo"): 76.6,
+    ("alfworld", "gigpo", "baseline"): 88.8,
+    ("alfworld", "gigpo", "rspo"): 90.4,
+    ("webshop", "grpo", "baseline"): 65.1,
+    ("webshop", "grpo", "rspo"): 70.6,
+    ("webshop", "ppo", "baseline"): 57.3,
+    ("webshop", "ppo", "rspo"): 69.3,
+    ("webshop", "gigpo", "baseline"): 67.4,
+    ("webshop", "gigpo", "rspo"): 75.3,
+}
+
+
+# --------------------------------------------------------------------------
+# Runs and the main grid
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One training run: a cell of the grid (env, algo, variant) and a seed."""
+
+  env: str
+  algo: str
+  variant: str
+  seed: int
+  overrides: str = ""  # the variant's config overrides
+  start_eval: str = ""  # the shared warm start's eval_start.json, if any
+
+  @property
+  def name(self) -> str:
+    return run_name(self.env, self.algo, self.variant, self.seed)
+
+  def config_arg(self, extra: str = "") -> str:
+    """``configs/<file>.py:<variant>,seed=<seed>[,algo.name=..][,extra]``."""
+    if self.env in TEST_ENVS:
+      path = os.path.join(ROOT, "configs", f"{self.env}_grpo.py")
+      algo = "" if self.algo == "grpo" else f"algo.name={self.algo}"
+    else:
+      path = os.path.join(ROOT, "configs", f"{self.env}_{self.algo}.py")
+      algo = ""
+    parts = [self.overrides, f"seed={self.seed}", algo, extra.strip(" ,")]
+    return f"{path}:" + ",".join(p for p in parts if p)
+
+
+def run_name(env: str, algo: str, variant: str, seed: int) -> str:
+  return f"{env}_{algo}_{variant}_s{seed}"
+
+
+def config_key(config: str) -> str:
+  """A ``--config`` argument as a finished run's is compared with its
+  spec's: without the repository's directory (the part before
+  ``configs/``, so that a clone elsewhere matches) and without
+  ``model.checkpoint_dir`` (a spec names the shared warm start only while
+  some run still trains; the warm start's own config is checked by its
+  done.json)."""
+  path, _, overrides = config.partition(":")
+  i = path.rfind(f"{os.sep}configs{os.sep}")
+  repo = path[:i + 1] if i > 0 else ""
+  kept = [p for p in overrides.split(",")
+          if not p.startswith("model.checkpoint_dir=")]
+  key = f"{path}:{','.join(kept)}"
+  return key.replace(repo, "") if repo else key
+
+
+def _pick(kind: str, wanted: Optional[Sequence], known: Sequence,
+          default: Sequence) -> list:
+  if not wanted:
+    return list(default)
+  bad = [w for w in wanted if w not in known]
+  if bad:
+    raise ValueError(f"unknown {kind} {bad}; known: {list(known)}")
+  return list(dict.fromkeys(wanted))
+
+
+def make_grid(
+    variants: dict[str, str],
+    envs: Optional[Sequence[str]] = None,
+    algos: Optional[Sequence[str]] = None,
+    seeds: Optional[Sequence[int]] = None,
+    names: Optional[Sequence[str]] = None,
+    default_envs: Sequence[str] = ENVS,
+    default_algos: Sequence[str] = ALGOS,
+) -> list[RunSpec]:
+  """env x algo x variant x seed, filtered; ValueError on unknown names."""
+  envs = _pick("env", envs, ENVS + TEST_ENVS, default_envs)
+  algos = _pick("algo", algos, ALGOS, default_algos)
+  names = _pick("variant", names, tuple(variants), tuple(variants))
+  seeds = list(dict.fromkeys(int(s) for s in seeds)) if seeds else SEEDS
+  return [RunSpec(e, a, v, s, variants[v])
+          for e, a, v, s in itertools.product(envs, algos, names, seeds)]
+
+
+def main_grid(envs=None, algos=None, seeds=None, variants=None):
+  """The paper's main table: baseline and RSPO for every env x algo."""
+  return make_grid(MAIN_VARIANTS, envs, algos, seeds, variants)
+
+
+def from_warm_start(spec: RunSpec, policy: str,
+                    start_eval: str = "") -> RunSpec:
+  """The run, starting from ``policy`` instead of its own SFT (and, given
+  ``start_eval``, from that policy's evaluation)."""
+  overrides = ",".join(
+      p for p in (spec.overrides, f"model.checkpoint_dir={policy}") if p)
+  return dataclasses.replace(spec, overrides=overrides, start_eval=start_eval)
+
+
+def with_rl_extra(spec: RunSpec, rl_extra: str) -> RunSpec:
+  """The run with ``rl_extra`` after its variant's overrides (--rl_extra:
+  the RL runs' settings only; the shared warm start keeps ``--extra``)."""
+  overrides = ",".join(p for p in (spec.overrides, rl_extra.strip(" ,")) if p)
+  return dataclasses.replace(spec, overrides=overrides)
+
+
+# --------------------------------------------------------------------------
+# The ablations (WebShop GRPO; bench/ablations.py)
+# --------------------------------------------------------------------------
+
+ABLATION_VARIANTS = {
+    "rspo": MAIN_VARIANTS["rspo"],  # the same run as the main grid's
+    "sample_variance": "rspo=1,rspo.sampling=variance",
+    "sample_random": "rspo=1,rspo.sampling=random",
+    "rspo_h": "rspo=1,rspo.data_source=history",
+    "rspo_o": "rspo=1,rspo.data_source=outcome",
+    "dense_only": "rspo=0,rspo.dense_only=1",
+    "baseline": MAIN_VARIANTS["baseline"],
+}
+# (group, setting, variant, paper's WebShop GRPO success %).
+ABLATION_ROWS = (
+    ("sampling", "reward", "rspo", 70.6),
+    ("sampling", "variance", "sample_variance", 63.0),
+    ("sampling", "random", "sample_random", 12.8),
+    ("data source", "RSPO_H", "rspo_h", 57.0),
+    ("data source", "RSPO_O", "rspo_o", 64.1),
+    ("data source", "RSPO", "rspo", 70.6),
+    ("dense only", "dense reward alone", "dense_only", None),
+    ("baseline", "GRPO", "baseline", 65.1),
+)
+ABLATION_PAPER_CELL = ("webshop", "grpo")  # the cell of the paper's numbers
+
+
+def ablation_grid(envs=None, algos=None, seeds=None, variants=None):
+  """WebShop GRPO x ABLATION_VARIANTS x seeds (``envs``/``algos`` may
+  retarget)."""
+  return make_grid(ABLATION_VARIANTS, envs, algos, seeds, variants,
+                   default_envs=("webshop",), default_algos=("grpo",))
+
+
+def paper_success(env: str, algo: str, variant: str) -> Optional[float]:
+  """The paper's success rate (%) of a cell: the main table's, or an
+  ablation row's for the ablations' cell; None when it has none."""
+  if variant in MAIN_VARIANTS:
+    return PAPER_SUCCESS.get((env, algo, variant))
+  if (env, algo) != ABLATION_PAPER_CELL:
+    return None
+  return {v: paper for _, _, v, paper in ABLATION_ROWS}.get(variant)
+
+
+# --------------------------------------------------------------------------
+# The CPU study: intervals over goals, sampling seeds and training seeds
+# --------------------------------------------------------------------------
+
+STUDY_ROOT = os.path.join(ROOT, "runs", "study")
+STUDY_ENVS = ("webshop",)  # the default; --envs alfworld runs the other
+STUDY_ALGOS = ("grpo", "gigpo")
+# Applied to the shared warm start, its evaluations and every run (before
+# --extra, which may override them); an env without an entry has no study.
+# WebShop: the paper's batch shape (16 tasks x 8 samples), 30 A steps
+# (rspo.k = 3: 10 RSPO loops) and 256 held-out goals: the CPU world (30
+# products) at 20 goals a product keeps 513 solvable goals, 256 test and
+# 257 train (12 a product: 339, 83 train). ALFWorld: the same batch shape
+# and 30 A steps, from the searching expert's warm start (the CPU
+# default, env.kwargs.expert=search), evaluated on 140 valid_seen tasks of
+# the two CPU task types (num_tasks counts all six types: 420 -> 140 of
+# two; the default 140 leaves 46).
+STUDY_OVERRIDES = {
+    "webshop": ("train.batch_tasks=16,train.group_size=8,steps=30,"
+                "env.kwargs.goals_per_product=20,env.kwargs.num_test_goals="
+                "256,env.num_eval_tasks=256"),
+    "alfworld": ("train.batch_tasks=16,train.group_size=8,steps=30,"
+                 "env.kwargs.num_tasks.valid_seen=420,"
+                 "env.num_eval_tasks=140"),
+    "toy": "",  # tests and smoke runs give their own --extra
+}
+DENSE = "rspo.dense_reward=oracle"  # named in every cell, used by RSPO's B
+STUDY_VARIANTS = {
+    "baseline": f"rspo=0,{DENSE}",
+    "rspo": f"rspo=1,rspo.sampling=reward,{DENSE}",
+    "sample_variance": f"rspo=1,rspo.sampling=variance,{DENSE}",
+    "sample_random": f"rspo=1,rspo.sampling=random,{DENSE}",
+}
+STUDY_CELLS = {algo: tuple(STUDY_VARIANTS) for algo in STUDY_ALGOS}
+# Envs whose study has other cells (algo -> variants) than STUDY_CELLS.
+STUDY_ENV_CELLS = {"alfworld": {"grpo": ("baseline", "rspo")}}
+# Sampled evaluations beside greedy, 3 sampling seeds each: the paper's
+# T = 0.4, and the training temperature T = 1.0 (the distribution the RL
+# objective improves; greedy and T = 0.4 read its mode). (label, tag, T)
+SAMPLED = (("T = 0.4, 3 seeds", "t04", 0.4),
+           ("T = 1.0 (training), 3 seeds", "t10", 1.0))
+
+
+def sampled_flags(temperature: float) -> tuple[str, ...]:
+  return ("--seeds=0,1,2", f"--temperature={temperature}")
+
+
+def sampled_names(tag: str) -> tuple[str, str]:
+  """(start, final) evaluation file names of a sampled decoding."""
+  return f"eval_start_{tag}.json", f"eval_final_{tag}.json"
+
+
+def study_cells(env: str) -> dict:
+  """{algo: variants} of an env's study."""
+  return STUDY_ENV_CELLS.get(env, STUDY_CELLS)
+
+
+def study_grid(envs=None, algos=None, seeds=None, variants=None):
+  """The env's study_cells (WebShop: GRPO and GiGPO x 4 variants, the
+  replay-sampling ablation in each; ALFWorld: GRPO x {baseline, rspo}) x
+  seeds, filtered; ValueError for an env without a study recipe
+  (STUDY_OVERRIDES)."""
+  specs = make_grid(STUDY_VARIANTS, envs, algos, seeds, variants,
+                    default_envs=STUDY_ENVS, default_algos=STUDY_ALGOS)
+  for env in dict.fromkeys(s.env for s in specs):
+    if env not in STUDY_OVERRIDES:
+      raise ValueError(f"env {env!r} has no study recipe; known:"
+                       f" {', '.join(STUDY_OVERRIDES)}")
+  return [s for s in specs
+          if s.variant in study_cells(s.env).get(s.algo, ())]
+
+
+def study_extra(env: str, extra: str = "") -> str:
+  return ",".join(p for p in (STUDY_OVERRIDES.get(env, ""),
+                              extra.strip(" ,")) if p)
