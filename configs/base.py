@@ -200,6 +200,10 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.rollout.shared_prefix_prefill = False
   c.rollout.b_server_urls = ""  # SGLang servers for B (decoupled, sglang)
   c.rollout.decoupled_timeout_s = 1800.0
+  # Stop the run when more than this share of a collection's (or an
+  # evaluation seed's) episodes fail: the environment raised or its worker
+  # died (rollout/collect.check_failures; docs/custom_env.md section 5).
+  c.rollout.max_failed_episode_frac = 0.5
 
   # ---------------------------------------------------------------- train
   # scales.py: total_steps (of A), batch_tasks (tasks a batch), group_size
@@ -468,6 +472,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
        " is for SGLang servers)"),
       (c.rollout.engine_tensor >= 0, "rollout.engine_tensor",
        c.rollout.engine_tensor, ">= 0 (0: the learner mesh's tensor axis)"),
+      (0 <= c.rollout.max_failed_episode_frac <= 1,
+       "rollout.max_failed_episode_frac", c.rollout.max_failed_episode_frac,
+       "in [0, 1] (1: never stop)"),
       # PPO has no groups (the paper's PPO: 128 tasks x 1 episode).
       (c.train.group_size >= (1 if c.algo.name == "ppo" else 2),
        "train.group_size", c.train.group_size,

@@ -361,6 +361,9 @@ class RSPOTrainer:
              else collect_lib.empty_stats())
     if self.multihost:
       stats = collect_lib.combine_stats(distributed.allgather_objects(stats))
+    collect_lib.check_failures(
+        stats, self.cfg.rollout.get("max_failed_episode_frac", 0.5),
+        self.cfg.env.name, getattr(self.venv, "first_error", None))
     s.env_steps += stats["env_steps"]
     stats["task_ids"] = [int(t) for t in task_ids]
     records = [r for r in records if not r.failed]

@@ -182,8 +182,8 @@ def _noisy_b_collections(t, sigma):
   """B's engine log-probs + N(0, sigma^2) noise, in every B collection."""
   collect, noise = t.collect_groups, []
 
-  def spy(learner, n_groups, tag, share=None):
-    records, stats = collect(learner, n_groups, tag, share)
+  def spy(learner, n_groups, tag, *args, **kw):
+    records, stats = collect(learner, n_groups, tag, *args, **kw)
     if tag == POLICY_B:
       rng = np.random.default_rng(len(noise))
       for r in records:

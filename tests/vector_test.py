@@ -120,7 +120,7 @@ def test_toy_rejects_bad_input():
 
 def test_registry():
   assert isinstance(registry.make_env("toy", max_steps=3), toy.ToyEnv)
-  with pytest.raises(ValueError, match="'toy', 'webshop', 'alfworld'"):
+  with pytest.raises(ValueError, match="'toy', 'spell', 'webshop', 'alfworld'"):
     registry.make_env("nethack")
 
 
