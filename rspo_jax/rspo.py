@@ -589,7 +589,11 @@ class RSPOTrainer:
       self.recent_a.add_trajectories(group_trajectories(on))
     m.update({f"rollout_{k}": v for k, v in stats.items()})
     m["env_steps"] = self.state.env_steps
+    # As on B's rows: means over A's fresh step rows (update.py's
+    # <source>_reward_mean is the step reward over every trained row).
     m["dense_reward_mean"] = self._global_mean(_dense(on))
+    m["outcome_reward_mean"] = self._global_mean(
+        [r.outcome_reward for r in on])
     if c.rspo.enabled:
       for k, v in replayed.metrics(np.zeros(5)).items():
         m.setdefault(k, v)  # nothing replayed this step
