@@ -258,14 +258,22 @@ class Learner:
         self.state.params
     )
     if copy_opt_state:
+      if own_tx and (jax.tree.structure(jax.eval_shape(tx.init, params))
+                     != jax.tree.structure(self.state.opt_state)):
+        raise ValueError(
+            "the copy's optimizer keeps a state of another shape than this"
+            " learner's, so it cannot copy this one's (rspo.b_warmup_steps"
+            " with rspo.copy_optimizer_state: drop one of them)")
       opt = jax.jit(copy, out_shardings=self.state_sh.opt_state)(
           self.state.opt_state
       )
       step = self.state.step + 0
     else:
-      opt = jax.jit(tx.init, out_shardings=self.state_sh.opt_state)(
-          params
-      )
+      opt_sh = self.state_sh.opt_state
+      if own_tx:  # e.g. a warm-up schedule adds a state of its own
+        opt_sh = ts.opt_state_shardings(tx, params, self.state_sh.params,
+                                        self.mesh)
+      opt = jax.jit(tx.init, out_shardings=opt_sh)(params)
       step = jnp.zeros_like(self.state.step)
     state = ts.TrainState(step=step, params=params, opt_state=opt)
     return Learner(

@@ -172,16 +172,7 @@ def create_train_state(
   state sharded like them. Returns (state, state_shardings)."""
   param_sh = shd.state_shardings(mesh, params, rules)
   params = jax.device_put(params, param_sh)
-  abstract_opt = jax.eval_shape(tx.init, params)
-  # Optimizer moments mirror the params' shardings; scalars are replicated.
-  opt_sh = optax.tree_map_params(
-      tx,
-      lambda _, s: s,
-      abstract_opt,
-      param_sh,
-      transform_non_params=lambda _: shd.replicated(mesh),
-  )
-  opt_sh = _on_mesh(mesh, opt_sh, opt_sh)
+  opt_sh = opt_state_shardings(tx, params, param_sh, mesh)
   opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
   state = TrainState(
       step=jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(mesh)),
@@ -192,6 +183,21 @@ def create_train_state(
       step=shd.replicated(mesh), params=param_sh, opt_state=opt_sh
   )
   return state, state_sh
+
+
+def opt_state_shardings(tx: optax.GradientTransformation, params, param_sh,
+                        mesh: Mesh):
+  """Shardings of ``tx``'s state for ``params``: moments mirror the
+  params' shardings (``param_sh``); scalars are replicated."""
+  abstract_opt = jax.eval_shape(tx.init, params)
+  opt_sh = optax.tree_map_params(
+      tx,
+      lambda _, s: s,
+      abstract_opt,
+      param_sh,
+      transform_non_params=lambda _: shd.replicated(mesh),
+  )
+  return _on_mesh(mesh, opt_sh, opt_sh)
 
 
 def batch_shardings(mesh: Mesh, batch, rules):

@@ -417,3 +417,29 @@ def test_b_own_learning_rate_moves_each_weight_by_it_first(tmp_path):
     assert t.a._steps is not t._b_steps
   finally:
     run.close()
+
+
+def test_b_warmup_gives_b_a_schedule_state_of_its_own(tmp_path):
+  """rspo.b_warmup_steps: B's AdamW warms up from 0, so its optimizer
+  state has a schedule count A's lacks; B := A builds it with its own
+  shardings and B's first update (lr 0 at count 0) leaves B unchanged.
+  With rspo.copy_optimizer_state the shapes differ: one clear error."""
+  cfg = micro_config("grpo", "rspo.b_warmup_steps=4,rspo.k=1,"
+                     "train.updates_per_step=1")
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  try:
+    b = t.make_b()
+    before = [np.asarray(x) for x in jax.tree.leaves(
+        jax.device_get(b.params))]
+    on, _ = t.collect_groups(b, 2, POLICY_B)
+    t.update(b, None, on, [], "dense", step_key=1)
+    after = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(
+        b.params))]
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))
+    with t.cfg.unlocked():
+      t.cfg.rspo.copy_optimizer_state = True
+    with pytest.raises(ValueError, match="b_warmup_steps"):
+      t.make_b()
+  finally:
+    run.close()
