@@ -259,7 +259,7 @@ def paper_train(cfg, mesh, run, peak_flops, out, label):
   mesh_shape = tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor"))
   c = hlo.Compiled("train_step", text, mem, micro, seq, params)
   bound = hlo.activation_bound(c, mesh_shape, cfg.hidden_size)
-  bad = hlo.activation_collectives(text, params, mesh.devices.size, bound)
+  bad = hlo.activation_collectives(text, params, mesh_shape, bound)
   del text, c
   holder, last = [state], {}
   del state, params
@@ -303,7 +303,8 @@ def paper_train(cfg, mesh, run, peak_flops, out, label):
       "activation_collectives": len(bad),
       "activation_bound_elements": bound,
       "largest_activation_collectives": [
-          [k, list(s), n] for k, s, n in sorted(bad, key=lambda b: -b[2])[:4]],
+          [k, list(s), n, list(a)]
+          for k, s, n, a in sorted(bad, key=lambda b: -b[2])[:4]],
   })
   params = holder[0].params
   del holder, compiled

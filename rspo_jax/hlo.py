@@ -13,7 +13,13 @@ shardings: no parameter is allocated) and compiled for a mesh; then
   * ``collectives(hlo)`` lists the (kind, shape) of every all-gather,
     all-reduce and reduce-scatter in the optimised, partitioned HLO, and
     ``activation_collectives`` those of arrays that are not a parameter
-    (nor a shard of one) with more than ``bound`` elements.
+    (nor a shard of one) with ``bound`` elements or more, bar
+    tensor-parallel partial sums;
+  * ``reductions(hlo, mesh_shape)`` each all-reduce / reduce-scatter with
+    its dtypes, the mesh axes its device groups span and how often it runs
+    (loop trip counts); ``compile_train_step(..., partitioned=True)`` also
+    keeps the HLO right after SPMD partitioning, where each reduction still
+    has its own dtype (XLA:CPU widens bfloat16 ones later).
 
 Used by ``tests/hlo_sharding_test.py`` (collectives, temporaries),
 ``tests/plan_test.py`` (the memory plan against ``memory``) and
@@ -29,6 +35,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -55,9 +62,10 @@ def _shapes(text: str) -> list[tuple]:
           for dims in _ARRAY.findall(text)]
 
 
-def collectives(hlo: str) -> list[tuple[str, tuple]]:
-  """(kind, shape) of every array a collective produces or takes (operand
-  shapes looked up by name when the HLO text omits them)."""
+def _collective_sites(hlo: str) -> list[tuple[str, list, str]]:
+  """(kind, shapes, line) of every collective: the shapes of the arrays it
+  produces and takes (operand shapes looked up by name when the HLO text
+  omits them)."""
   defs, found = {}, []
   for line in hlo.splitlines():
     m = _DEF.match(line)
@@ -67,16 +75,207 @@ def collectives(hlo: str) -> list[tuple[str, tuple]]:
     defs[name] = _shapes(result)
     kind = op[:-len("-start")] if op.endswith("-start") else op
     if kind in KINDS:
-      found.append((kind, result, args.split("), ")[0]))
+      found.append((kind, result, args.split("), ")[0], line))
   out = []
-  for kind, result, args in found:
+  for kind, result, args, line in found:
     shapes = _shapes(result)
     for operand in re.findall(r"%([\w.\-]+)", args):
       shapes += defs.get(operand, [])
     shapes += _shapes(re.sub(r"%[\w.\-]+", "", args))  # inline types
-    out += [(kind, s) for s in shapes]
+    out.append((kind, shapes, line))
   return out
 
+
+def collectives(hlo: str) -> list[tuple[str, tuple]]:
+  """(kind, shape) of every array a collective produces or takes."""
+  return [(kind, s) for kind, shapes, _ in _collective_sites(hlo)
+          for s in shapes]
+
+
+# ------------------------------------- reductions: their type, axes, count
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+  """One all-reduce or reduce-scatter of the HLO: ``dtypes`` of its
+  operands (several when XLA combined them into one op), the mesh ``axes``
+  its device groups span, and ``times``, how often it runs per call of the
+  program (the trip counts of the loops around it)."""
+
+  kind: str
+  dtypes: tuple
+  shapes: tuple
+  axes: frozenset
+  computation: str
+  times: int
+
+
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
+_CALLEE = re.compile(r"\b(body|condition|calls|to_apply|true_computation|"
+                     r"false_computation)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_TYPED = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+
+
+def _computations(hlo: str) -> tuple[dict, str]:
+  """({name: [instruction lines]}, the ENTRY computation's name)."""
+  comps, entry, name = {}, None, None
+  for line in hlo.splitlines():
+    m = _HEADER.match(line)
+    if m:
+      name = m.group(1)
+      comps[name] = []
+      if line.lstrip().startswith("ENTRY"):
+        entry = name
+    elif name is not None and line.strip() == "}":
+      name = None
+    elif name is not None:
+      comps[name].append(line)
+  return comps, entry
+
+
+def executions(hlo: str) -> dict:
+  """{computation: times it runs per call of the ENTRY computation}: a
+  while body ``known_trip_count`` times per run of its caller (XLA's
+  annotation in the optimised HLO; a loop without one raises), other
+  callees once (a conditional's branches each once: an upper bound)."""
+  comps, entry = _computations(hlo)
+  edges = {name: [] for name in comps}
+  for name, lines in comps.items():
+    for line in lines:
+      trip = _TRIP.search(line)
+      for role, callee in _CALLEE.findall(line):
+        if role == "to_apply":  # a reduction's adder, not a call
+          continue
+        n = 1
+        if role == "body":
+          if trip is None:
+            raise ValueError(f"while loop without a known trip count: "
+                             f"{line.strip()[:120]}")
+          n = int(trip.group(1))
+        edges[name].append((callee, n))
+      for group in _BRANCHES.findall(line):
+        edges[name] += [(c.strip().lstrip("%"), 1) for c in group.split(",")]
+  times = {}
+
+  def visit(name, n):
+    times[name] = times.get(name, 0) + n
+    for callee, k in edges.get(name, ()):
+      visit(callee, n * k)
+
+  visit(entry, 1)
+  return times
+
+
+def _iota(dims, perm=None) -> np.ndarray:
+  x = np.arange(math.prod(dims)).reshape(dims)
+  return x.transpose(perm) if perm else x
+
+
+def _ints(text: str) -> list:
+  return [int(v) for v in text.split(",") if v.strip()]
+
+
+def replica_groups(line: str) -> list:
+  """The device groups of a collective's ``replica_groups`` (ids of the
+  program's devices), in any of XLA's printed forms:
+
+    {{0,4},{1,5}}                    explicit
+    [4,2]<=[2,4]T(1,0)               iota: arange(8).reshape(2, 4)
+                                     .transpose(1, 0).reshape(4, 2)
+    mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_1'}
+                                     devices laid on a mesh (the iota
+                                     of device_ids, else arange), one
+                                     group per index of the other axes
+
+  An empty list means every device in one group."""
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\]"
+                r"(?:, device_ids=\(\[([0-9,]*)\](?:T\(([0-9,]*)\))?\))?"
+                r" \{([^}]*)\}", line)
+  if m:
+    names = re.findall(r"'(\w+)'=", m.group(1))
+    dims = [int(v) for v in re.findall(r"=(\d+)", m.group(1))]
+    if m.group(2):
+      ids = _iota(_ints(m.group(2)),
+                  _ints(m.group(3)) if m.group(3) else None).reshape(dims)
+    else:
+      ids = _iota(dims)
+    over = [names.index(a) for a in re.findall(r"'(\w+)'", m.group(4))]
+    rest = [i for i in range(len(dims)) if i not in over]
+    size = math.prod(dims[i] for i in over)
+    return ids.transpose(rest + over).reshape(-1, size).tolist()
+  m = re.search(r"replica_groups=\[([0-9,]*)\]<=\[([0-9,]*)\]"
+                r"(?:T\(([0-9,]*)\))?", line)
+  if m:
+    perm = _ints(m.group(3)) if m.group(3) else None
+    return _iota(_ints(m.group(2)), perm).reshape(_ints(m.group(1))).tolist()
+  m = re.search(r"replica_groups=\{((?:\{[0-9,]*\},?)*)\}", line)
+  if m:
+    return [_ints(g) for g in re.findall(r"\{([0-9,]*)\}", m.group(1))]
+  return []
+
+
+def group_axes(groups: list, mesh_shape, names=shd.MESH_AXES) -> frozenset:
+  """The mesh axes along which the devices of some group differ (device i
+  at ``numpy.unravel_index(i, mesh_shape)``, the order of ``mesh.devices``);
+  all of them (of size > 1) for one group of every device (``[]``)."""
+  if not groups:
+    return frozenset(a for a, n in zip(names, mesh_shape) if n > 1)
+  out = set()
+  for group in groups:
+    coords = np.array(np.unravel_index(group, mesh_shape)).T
+    out.update(a for a, varies in zip(names, np.ptp(coords, axis=0) > 0)
+               if varies)
+  return frozenset(out)
+
+
+def reductions(hlo: str, mesh_shape, *, loops: bool = True) -> list:
+  """Every all-reduce and reduce-scatter of ``hlo`` as a ``Reduction``;
+  ``loops=False`` for HLO without trip counts (before optimisation):
+  ``times`` is then 1."""
+  comps, _ = _computations(hlo)
+  times = executions(hlo) if loops else {}
+  out = []
+  for comp, lines in comps.items():
+    for line in lines:
+      m = _DEF.match(line)
+      if not m:
+        continue
+      _, result, op, args = m.groups()
+      kind = op[:-len("-start")] if op.endswith("-start") else op
+      if kind not in ("all-reduce", "reduce-scatter"):
+        continue
+      typed = _TYPED.findall(result)
+      out.append(Reduction(
+          kind, tuple(t for t, _ in typed),
+          tuple(tuple(_ints(d)) for _, d in typed),
+          group_axes(replica_groups(line), mesh_shape), comp,
+          times.get(comp, 1) if loops else 1))
+  return out
+
+
+def _compile_partitioned(lowered):
+  """(compiled, the module right after SPMD partitioning): each collective
+  as the partitioner placed it, in its own dtype. (The optimised CPU
+  program widens bfloat16 reductions to float32 -- ``all-reduce-promotion``
+  -- and combines them; a GPU's keeps them.) Compiled with the persistent
+  cache off: a cached program is not recompiled, so dumps nothing."""
+  import glob
+  import os
+  import tempfile
+
+  cached = jax.config.jax_enable_compilation_cache
+  with tempfile.TemporaryDirectory() as d:
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+      compiled = lowered.compile(compiler_options={
+          "xla_dump_to": d, "xla_dump_hlo_pass_re": "spmd-partitioning"})
+    finally:
+      jax.config.update("jax_enable_compilation_cache", cached)
+    (path,) = glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt"))
+    with open(path) as f:
+      return compiled, f.read()
 
 def param_shapes(params, mesh_size: int) -> set:
   """Each parameter's shape and its shards (a dim divided by a divisor of
@@ -92,15 +291,27 @@ def param_shapes(params, mesh_size: int) -> set:
   return shapes
 
 
-def activation_collectives(hlo, params, mesh_size, bound):
-  """Collectives of non-parameter arrays with more than ``bound`` elements:
-  [(kind, shape, elements)]."""
-  skip = param_shapes(params, mesh_size)
+def activation_collectives(hlo, params, mesh_shape, bound,
+                           allowed=("tensor",)):
+  """Collectives of non-parameter arrays of at least ``bound`` elements
+  (one device's share of an activation, ``activation_bound``, or more),
+  except all-reduces and reduce-scatters whose device groups span only
+  ``allowed`` mesh axes (tensor parallelism's partial sums of the local
+  rows): [(kind, shape, elements, axes)].
+
+  An all-reduce of a per-device activation over 'data' or 'fsdp' -- rows
+  one device holds, summed with other devices' rows -- is flagged at
+  exactly the bound (it passed when only larger arrays were)."""
+  skip = param_shapes(params, math.prod(mesh_shape))
   bad = []
-  for kind, shape in collectives(hlo):
-    n = math.prod(shape)
-    if n > bound and tuple(d for d in shape if d != 1) not in skip:
-      bad.append((kind, shape, n))
+  for kind, shapes, line in _collective_sites(hlo):
+    axes = group_axes(replica_groups(line), mesh_shape)
+    partial_sums = kind != "all-gather" and axes <= set(allowed)
+    for shape in shapes:
+      n = math.prod(shape)
+      if (n >= bound and not partial_sums
+          and tuple(d for d in shape if d != 1) not in skip):
+        bad.append((kind, shape, n, tuple(sorted(axes))))
   return bad
 
 
@@ -162,6 +373,7 @@ class Compiled:
   length: int  # sequence (or cache) length
   params: object  # the abstract parameters (for ``param_shapes``)
   compile_s: float = 0.0
+  partitioned: str = ""  # the HLO right after SPMD partitioning, if asked
 
 
 def memory(compiled) -> dict:
@@ -177,20 +389,27 @@ def memory(compiled) -> dict:
   return out
 
 
-def _compiled(name, lowered, rows, length, params) -> Compiled:
+def _compiled(name, lowered, rows, length, params,
+              partitioned=False) -> Compiled:
   import time
 
   t0 = time.perf_counter()
-  out = lowered.compile()
+  text = ""
+  if partitioned:
+    out, text = _compile_partitioned(lowered)
+  else:
+    out = lowered.compile()
   return Compiled(name, out.as_text(), memory(out), rows, length, params,
-                  time.perf_counter() - t0)
+                  time.perf_counter() - t0, text)
 
 
 def compile_train_step(mesh, cfg, rows, length, *, n_micro=1, window=0,
-                       rules=RULES, donate=True, loss=None) -> Compiled:
+                       rules=RULES, donate=True, loss=None,
+                       partitioned=False) -> Compiled:
   """The policy's train step (the mixed RSPO loss) on ``rows`` x
   ``length``, ``n_micro`` micro-batches, logits on a response ``window``
-  (0: every position)."""
+  (0: every position); with ``partitioned``, the HLO right after SPMD
+  partitioning too."""
   graphdef, params, rest = abstract_model(cfg)
   tx = ts.make_optimizer(1e-6)
   state, state_sh = abstract_state(mesh, params, tx, rules)
@@ -204,7 +423,7 @@ def compile_train_step(mesh, cfg, rows, length, *, n_micro=1, window=0,
   )
   lowered = step.lower(state, batch, jax.random.key(0))
   return _compiled("train_step", lowered, -(-rows // n_micro), length,
-                   params)
+                   params, partitioned)
 
 
 def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
@@ -232,10 +451,12 @@ def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
 def _engine_inputs(mesh, cfg, rules):
   """The engine's model as JaxEngine builds it on a mesh: weights and
   activations on ``sharding.inference_rules(rules)``
-  (``jax_engine._with_activation_rules``), inference dtype, unscanned."""
+  (``jax_engine._with_activation_rules``), inference dtype, unscanned and
+  without remat (``build.engine_config``: a remat block inside the decode
+  loop fails to trace)."""
   weights = shd.inference_rules(rules)
   cfg = dataclasses.replace(cfg, param_dtype=cfg.inference_dtype,
-                            scan_layers=False,
+                            scan_layers=False, remat=False,
                             logical_axis_rules=tuple(weights))
   graphdef, params, rest = abstract_model(cfg)
   psh = shd.state_shardings(mesh, params, weights)

@@ -209,7 +209,11 @@ class ActivationSharding:
   """``shard(x, logical)``: ``x`` constrained to the mesh axes its logical
   names map to (``rules``; axes that do not divide a dimension dropped, as
   for params). The identity without a mesh. Hashable, so a static
-  argument of jitted / rematerialised functions."""
+  argument of jitted / rematerialised functions.
+
+  Inside ``jax.shard_map`` (the train step's data-local micro-batch loop)
+  the mesh's manual axes are dropped from every spec: a program instance
+  holds its own block of them already."""
 
   mesh: Any = None
   rules: tuple = DEFAULT_RULES
@@ -221,7 +225,7 @@ class ActivationSharding:
 
   def spec(self, logical, shape) -> P:
     spec = logical_to_mesh_spec(logical, self.rules)
-    return fit_spec_to_shape(self.mesh, spec, shape)
+    return fit_spec_to_shape(self.mesh, self._automatic(spec), shape)
 
   def __call__(self, x: jax.Array, logical) -> jax.Array:
     if self.mesh is None:
@@ -233,43 +237,135 @@ class ActivationSharding:
     a dimension dropped); the identity without a mesh."""
     if self.mesh is None:
       return x
-    spec = fit_spec_to_shape(self.mesh, spec, x.shape)
+    spec = fit_spec_to_shape(self.mesh, self._automatic(spec), x.shape)
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def axes(self, name: str) -> tuple:
-    """The mesh axes the logical axis ``name`` maps to."""
+    """The mesh axes the logical axis ``name`` maps to (less manual ones)."""
     target = check_rules(self.rules).get(name)
-    return (target,) if isinstance(target, str) else tuple(target or ())
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    return tuple(a for a in axes if a not in self._manual())
 
-  def cast(self, w: jax.Array, dtype, logical) -> jax.Array:
-    """``w.astype(dtype)`` computed on ``w``'s own shards (its logical
-    names), so FSDP gathers the narrow copy; the gradient is taken back to
-    ``w.dtype`` before it is reduced over the devices (``_cast_on_shards``).
-    Without a mesh, or when ``w`` already has ``dtype``, a plain cast."""
-    dtype = jnp.dtype(dtype)
-    if self.mesh is None or w.dtype == dtype or not logical:
-      return w.astype(dtype)
-    sharding_ = NamedSharding(self.mesh, self.spec(logical, w.shape))
-    return _cast_on_shards(w, dtype, sharding_)
+  def _manual(self) -> frozenset:
+    return frozenset(getattr(self.mesh, "manual_axes", ()) or ())
+
+  def _automatic(self, spec: P) -> P:
+    """``spec`` without the mesh's manual axes."""
+    manual = self._manual()
+    if not manual:
+      return spec
+    out = []
+    for axes in spec:
+      names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      names = tuple(a for a in names if a not in manual)
+      out.append(names[0] if len(names) == 1 else (names or None))
+    return P(*out)
+
+  def _on_shards(self, w, logical):
+    """The NamedSharding of ``w``'s own shards, or None (no mesh)."""
+    if self.mesh is None or not logical:
+      return None
+    return NamedSharding(self.mesh, self.spec(logical, w.shape))
+
+  def einsum(self, subscripts: str, x, w, logical, *, out_dtype=None):
+    """``jnp.einsum(subscripts, x, w.astype(x.dtype))`` with the weight
+    cast on its own shards (its logical names), so FSDP gathers the narrow
+    copy, and its gradient taken in float32 (``_cast_einsum``):
+
+      dx = einsum(dy, w_c)                    in x's dtype
+      dw = einsum(x, dy), float32 output      then w.dtype
+
+    Rows split over ('data', 'fsdp') make the dw dot a partial sum, which
+    SPMD partitioning reduces over those devices right at the dot, in the
+    dot's output type: float32 here (the plain einsum's bf16 gradient was
+    reduced in bf16, then widened). ``out_dtype``: the forward's
+    ``preferred_element_type``. A plain einsum when ``w`` already has x's
+    dtype (the engine's bf16 weights, float32 compute).
+    """
+    if w.dtype == x.dtype:
+      return jnp.einsum(subscripts, x, w, preferred_element_type=out_dtype)
+    return _cast_einsum(subscripts, x, w, self._on_shards(w, logical),
+                        None if out_dtype is None else jnp.dtype(out_dtype))
+
+  def apply(self, fn, x, w, logical):
+    """``fn(x, w.astype(x.dtype))`` for an elementwise ``fn`` (a bias add,
+    a norm's scale), the weight cast on its shards, its gradient the vjp of
+    ``fn`` on float32 operands: summed over the rows (and reduced over the
+    devices) in float32. Plain ``fn`` when ``w`` has x's dtype."""
+    if w.dtype == x.dtype:
+      return fn(x, w)
+    return _cast_apply(fn, x, w, self._on_shards(w, logical))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _cast_on_shards(w, dtype, sharding_):
-  """y = w.astype(dtype), w and y both constrained to ``sharding_``; the
-  cotangent dy is cast to w.dtype, then constrained: summed over the
-  devices in w's dtype (float32 for float32 masters)."""
+def _narrow(w, dtype, sharding_):
+  """w.astype(dtype), w and the copy both constrained to ``sharding_``
+  (None: no constraint)."""
+  if sharding_ is None:
+    return w.astype(dtype)
   wsc = jax.lax.with_sharding_constraint
   return wsc(wsc(w, sharding_).astype(dtype), sharding_)
 
 
-def _cast_fwd(w, dtype, sharding_):
-  # The residual only carries w's dtype.
-  return _cast_on_shards(w, dtype, sharding_), jnp.zeros((0,), w.dtype)
+def _einsum_terms(subscripts: str) -> tuple[str, str, str]:
+  """(x, w, y) index strings of ``"x,w->y"``; each index in exactly two of
+  them (a contraction or an index carried to the output), so each
+  operand's gradient is the einsum of the other two."""
+  xs, rest = subscripts.replace(" ", "").split(",")
+  ws, ys = rest.split("->")
+  for c in set(xs + ws + ys):
+    if (c in xs) + (c in ws) + (c in ys) != 2:
+      raise ValueError(f"einsum {subscripts!r}: index {c!r} must appear in"
+                       " exactly two of the operands and output")
+  return xs, ws, ys
 
 
-def _cast_bwd(dtype, sharding_, like, dy):
-  del dtype
-  return (jax.lax.with_sharding_constraint(dy.astype(like.dtype), sharding_),)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
+def _cast_einsum(subscripts, x, w, sharding_, out_dtype):
+  """y = einsum(x, w.astype(x.dtype)); see ``ActivationSharding.einsum``."""
+  return jnp.einsum(subscripts, x, _narrow(w, x.dtype, sharding_),
+                    preferred_element_type=out_dtype)
 
 
-_cast_on_shards.defvjp(_cast_fwd, _cast_bwd)
+def _cast_einsum_fwd(subscripts, x, w, sharding_, out_dtype):
+  # Residuals: x and the master w (w's own shards; the backward casts and
+  # gathers it again, as the forward did).
+  return _cast_einsum(subscripts, x, w, sharding_, out_dtype), (x, w)
+
+
+def _cast_einsum_bwd(subscripts, sharding_, out_dtype, res, dy):
+  del out_dtype
+  x, w = res
+  xs, ws, ys = _einsum_terms(subscripts)
+  dx = jnp.einsum(f"{ys},{ws}->{xs}", dy, _narrow(w, x.dtype, sharding_))
+  dw = jnp.einsum(f"{xs},{ys}->{ws}", x, dy,
+                  preferred_element_type=jnp.float32)
+  if sharding_ is not None:
+    dw = jax.lax.with_sharding_constraint(dw, sharding_)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_cast_einsum.defvjp(_cast_einsum_fwd, _cast_einsum_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def _cast_apply(fn, x, w, sharding_):
+  """fn(x, w.astype(x.dtype)); see ``ActivationSharding.apply``."""
+  return fn(x, _narrow(w, x.dtype, sharding_))
+
+
+def _cast_apply_fwd(fn, x, w, sharding_):
+  return _cast_apply(fn, x, w, sharding_), (x, w)
+
+
+def _cast_apply_bwd(fn, sharding_, res, dy):
+  x, w = res
+  _, vjp_x = jax.vjp(lambda a: fn(a, _narrow(w, x.dtype, sharding_)), x)
+  _, vjp_w = jax.vjp(lambda b: fn(x.astype(jnp.float32), b),
+                     w.astype(jnp.float32))
+  (dw,) = vjp_w(dy.astype(jnp.float32))
+  if sharding_ is not None:
+    dw = jax.lax.with_sharding_constraint(dw, sharding_)
+  return vjp_x(dy)[0], dw.astype(w.dtype)
+
+
+_cast_apply.defvjp(_cast_apply_fwd, _cast_apply_bwd)

@@ -19,7 +19,9 @@ totals -- token and row counts of the full, global batch, computed once in
 the step before the scan -- and its micro-batch values are *summed*: the
 update's loss, gradient and metrics are those of the whole batch, whatever
 ``n_micro``, the row order or the padding. Any other loss is averaged over
-micro-batches (its mean of micro-batch losses).
+micro-batches (its mean of micro-batch losses). A summed loss on a mesh
+with a 'data' axis runs its loop per data shard, on the shard's own rows,
+and reduces the gradient over 'data' once after it (``_data_local``).
 
 Response window: policy losses and log-prob passes only need log pi at the
 tokens a row's ``loss_mask`` counts, the response at the end of the row. With
@@ -240,6 +242,53 @@ def split_micro(batch, n_micro: int, *, pad: bool = True):
   return jax.tree.map(one, batch)
 
 
+def _zeros(like: jax.ShapeDtypeStruct) -> jax.Array:
+  """Zeros of ``like``'s shape and dtype, varying over the manual mesh axes
+  it varies over (a scan's carry inside ``jax.shard_map`` keeps its type)."""
+  z = jnp.zeros(like.shape, like.dtype)
+  manual = getattr(like, "manual_axis_type", None)
+  varying = tuple(sorted(manual.varying)) if manual is not None else ()
+  return jax.lax.pcast(z, varying, to="varying") if varying else z
+
+
+def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
+  """``micro_batches(params, batch, rng, totals)`` run by each 'data' shard
+  on its own rows (``jax.shard_map``, manual over 'data' only: 'fsdp' and
+  'tensor' stay with the partitioner), its gradients accumulated there,
+  then reduced once:
+
+    grads = psum_data(sum_i grads(micro-batch i of the shard's rows))
+
+  Partitioned as one program, the gradient's partial sum over the rows
+  was all-reduced over ('data', 'fsdp') inside the loop, once per
+  micro-batch and tensor -- across nodes on a (nodes, gpus, 1) mesh.
+  Here only the 'fsdp' part is (within a node); the 'data' all-reduce is
+  one per tensor per update, in float32. Loss and metrics are sums over
+  rows, normalised by the whole batch's totals (computed before, on every
+  device), so they add up over shards as over micro-batches: psum (pmax
+  for ``*_max``). Each shard draws its own randomness (its index folded
+  into ``rng``).
+  """
+  P = jax.sharding.PartitionSpec
+  rows = jax.tree.map(lambda _: P("data"), batch_sharding_tree)
+
+  def local(params, batch, rng, totals):
+    rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
+    # Params are the same on every data shard; marked varying so their
+    # gradient stays this shard's (autodiff would psum it otherwise).
+    params = jax.lax.pcast(params, "data", to="varying")
+    loss, metrics, grads = micro_batches(params, batch, rng, totals)
+    reduce = lambda k: jax.lax.pmax if is_max_metric(k) else jax.lax.psum
+    metrics = {k: reduce(k)(v, "data") for k, v in metrics.items()}
+    return (jax.lax.psum(loss, "data"), metrics,
+            jax.lax.psum(grads, "data"))
+
+  return jax.shard_map(
+      local, mesh=mesh, in_specs=(P(), rows, P(), P()), out_specs=P(),
+      axis_names={"data"},
+  )
+
+
 def _all_finite(tree) -> jax.Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -263,6 +312,8 @@ def make_train_step(
   ``frozen`` is the non-trainable part of the module state (closed over as
   a constant; e.g. RNG counters or a frozen PRM backbone's params).
   ``window > 0`` is passed to ``loss_fn`` as ``window=`` (module docstring).
+  A summed loss in several micro-batches on a mesh with a 'data' axis runs
+  its loop data-locally (``_data_local``).
   """
   kw = {"window": window} if window else {}
   totals_fn = batch_totals_of(loss_fn)
@@ -277,32 +328,40 @@ def make_train_step(
     (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
     return loss, metrics, grads
 
+  def micro_batches(params, batch, rng, totals):
+    """(loss, metrics, grads) of ``batch`` in ``n_micro`` micro-batches."""
+    if n_micro == 1:
+      return grads_of(params, batch, rng, totals)
+    micro = split_micro(batch, n_micro, pad=totals is not None)
+
+    def body(acc, xs):
+      mb, i = xs
+      out = grads_of(params, mb, jax.random.fold_in(rng, i), totals)
+      return combine_micro(acc, out), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros = jax.tree.map(
+        _zeros, jax.eval_shape(grads_of, params, first, rng, totals)
+    )
+    (loss, metrics, grads), _ = jax.lax.scan(
+        body, zeros, (micro, jnp.arange(n_micro))
+    )
+    if totals is None:  # a loss without totals: mean of micro-batches
+      loss, grads = jax.tree.map(lambda x: x / n_micro, (loss, grads))
+      metrics = {k: v if is_max_metric(k) else v / n_micro
+                 for k, v in metrics.items()}
+    return loss, metrics, grads
+
+  data_local = (totals_fn is not None and n_micro > 1
+                and mesh.shape.get("data", 1) > 1)
+  if data_local:
+    micro_batches = _data_local(micro_batches, mesh, batch_sharding_tree)
+
   def step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
     # Whole-batch normalisers: sums over the global batch (every device).
     totals = None if totals_fn is None else totals_fn(batch)
-    if n_micro == 1:
-      loss, metrics, grads = grads_of(state.params, batch, rng, totals)
-    else:
-      micro = split_micro(batch, n_micro, pad=totals is not None)
-
-      def body(acc, xs):
-        mb, i = xs
-        out = grads_of(state.params, mb, jax.random.fold_in(rng, i), totals)
-        return combine_micro(acc, out), None
-
-      first = jax.tree.map(lambda x: x[0], micro)
-      zeros = jax.tree.map(
-          jnp.zeros_like,
-          jax.eval_shape(grads_of, state.params, first, rng, totals),
-      )
-      (loss, metrics, grads), _ = jax.lax.scan(
-          body, zeros, (micro, jnp.arange(n_micro))
-      )
-      if totals is None:  # a loss without totals: mean of micro-batches
-        loss, grads = jax.tree.map(lambda x: x / n_micro, (loss, grads))
-        metrics = {k: v if is_max_metric(k) else v / n_micro
-                   for k, v in metrics.items()}
+    loss, metrics, grads = micro_batches(state.params, batch, rng, totals)
     metrics = dict(metrics)
     if totals is not None:
       metrics.update(totals)

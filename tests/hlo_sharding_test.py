@@ -5,18 +5,23 @@ model of Qwen2.5-1.5B *width* (2 layers, small vocabulary) are compiled --
 never run -- for three meshes on the 8 fake CPU devices, and their
 optimised, SPMD-partitioned HLO is checked:
 
-  * no all-gather, all-reduce or reduce-scatter moves an activation bigger
-    than one device's share of one [rows, length, width] activation:
+  * no all-gather, all-reduce or reduce-scatter moves an activation as big
+    as one device's share of one [rows, length, width] activation or more:
 
         bound = rows / (data * fsdp) * length * hidden_size   (elements)
 
     ``rows`` the rows one program instance computes (a micro-batch in the
     train step), ``length`` its sequence length (the KV-cache length in
-    decode). A tensor-parallel all-reduce of the local [rows_local, T, D]
-    partial sums is exactly the bound, and allowed; an all-gather of the
-    batch (every device computing every row) is (data * fsdp) times it.
-    Collectives shaped like a parameter (a shard of it, for FSDP's gather
-    and the gradients' reduce-scatter) are not activations and are skipped.
+    decode) -- except a tensor-parallel all-reduce (or reduce-scatter)
+    over 'tensor' alone: the local [rows_local, T, D] partial sums, exactly
+    the bound. The same all-reduce over 'data' or 'fsdp' sums rows of
+    other devices and is flagged; an all-gather of the batch (every device
+    computing every row) is (data * fsdp) times the bound. Collectives
+    shaped like a parameter (a shard of it, for FSDP's gather and the
+    gradients' reduce-scatter) are not activations and are skipped.
+  * the gradients' reductions over 'data' / 'fsdp' are float32 and, on
+    (2, 4, 1), the 'data' ones (across nodes) run once per update however
+    many micro-batches (``test_gradients_*``, ``test_data_axis_*``).
   * per-device temporaries (``memory_analysis().temp_size_in_bytes``)
     stay under a budget computed from the sharded shapes (``_temp_bound``).
 
@@ -24,6 +29,8 @@ Run as a script to print every function's numbers.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +121,7 @@ def check(name, mesh_shape, cfg):
   mesh = shd.make_mesh(mesh_shape)
   c = COMPILERS[name](mesh, cfg)
   bound = hlo.activation_bound(c, mesh_shape, cfg.hidden_size)
-  bad = hlo.activation_collectives(c.hlo, c.params, mesh.size, bound)
+  bad = hlo.activation_collectives(c.hlo, c.params, mesh_shape, bound)
   return c, bound, bad, _temp_bound(c, mesh_shape, cfg)
 
 
@@ -129,6 +136,71 @@ def test_no_activation_collectives_and_bounded_temps(name, mesh_shape, cfg):
   assert c.memory["temp"] <= temp_bound, (
       f"{name} on {mesh_shape}: {c.memory['temp'] / 2**20:.1f} MiB of"
       f" temporaries per device > {temp_bound / 2**20:.1f} MiB")
+
+
+# ---------------------------------------------- the gradients' reductions
+# Mesh (2, 4, 1), as two nodes of 4 devices: 'data' across nodes, 'fsdp'
+# within. Small widths (compiles in seconds); rows that split over every
+# device in each micro-batch, 2 or 4 of them.
+
+GRAD_MESH, GRAD_ROWS, GRAD_LENGTH = (2, 4, 1), 32, 64
+
+
+def grad_cfg():
+  return get_model_config(
+      "qwen2.5-1.5b", num_layers=1, vocab_size=512, hidden_size=128,
+      intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
+      dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def grad_steps():
+  """{n_micro: Compiled} of the train step (2: with its partitioned HLO)."""
+  mesh = shd.make_mesh(GRAD_MESH)
+  return {n: hlo.compile_train_step(
+      mesh, grad_cfg(), GRAD_ROWS, GRAD_LENGTH, n_micro=n, donate=False,
+      partitioned=n == 2) for n in (2, 4)}
+
+
+def test_gradients_are_reduced_in_float32(grad_steps):
+  """Every all-reduce / reduce-scatter over 'data' or 'fsdp' of a
+  parameter-shaped array in the partitioned program is float32, with
+  bfloat16 compute: the weight-gradient dots output float32
+  (``ActivationSharding.einsum`` / ``apply``). Before: 20 of the 23 were
+  bf16, each a bf16 gradient dot's, widened only after."""
+  c = grad_steps[2]
+  skip = hlo.param_shapes(c.params, 8)
+  grads = [r for r in hlo.reductions(c.partitioned, GRAD_MESH, loops=False)
+           if r.axes & {"data", "fsdp"} and r.shapes[0]
+           and tuple(d for d in r.shapes[0] if d != 1) in skip]
+  n_params = len(jax.tree.leaves(c.params))
+  assert len(grads) >= n_params, (len(grads), n_params)
+  narrow = sorted({(r.dtypes, r.shapes, tuple(sorted(r.axes)))
+                   for r in grads if set(r.dtypes) != {"f32"}})
+  assert not narrow, narrow
+
+
+def test_data_axis_reduction_once_per_update(grad_steps):
+  """The array reductions over 'data' (across nodes) run as often per
+  update with 4 micro-batches as with 2, once per parameter: each data
+  shard accumulates its own gradient and one all-reduce per tensor
+  follows the loop (``train_step._data_local``). Before: 30 with 2, 60
+  with 4 (14 parameters; inside the loop, once per micro-batch)."""
+  def over_data(c):
+    return sum(r.times * sum(1 for shape in r.shapes if shape)
+               for r in hlo.reductions(c.hlo, GRAD_MESH) if "data" in r.axes)
+
+  two, four = over_data(grad_steps[2]), over_data(grad_steps[4])
+  assert two == four == len(jax.tree.leaves(grad_steps[2].params)), (
+      two, four)
+
+
+def test_compile_decode_takes_the_learners_remat_config():
+  """The engine runs without remat (build.engine_config); compiling its
+  decode from a remat / scanned learner config used to fail to trace."""
+  cfg = dataclasses.replace(grad_cfg(), remat=True, scan_layers=True)
+  c = hlo.compile_decode(shd.make_mesh((1, 8, 1)), cfg, 8, 32, 4)
+  assert c.name == "decode" and c.memory["peak"] > 0
 
 
 def test_collectives_parser():
@@ -146,6 +218,64 @@ def test_collectives_parser():
       ("reduce-scatter", (4,)), ("all-reduce", (4,)), ("all-reduce", (2, 3)),
       ("all-reduce", (4,)), ("all-reduce", (2, 3)),
   ]
+
+
+def test_replica_groups_and_their_mesh_axes():
+  """XLA's three printed forms of device groups, read as mesh axes of
+  (2, 4, 1) (device i at unravel_index(i, (2, 4, 1)))."""
+  shape = (2, 4, 1)
+  cases = {
+      "replica_groups={{0,4},{1,5},{2,6},{3,7}}, x": {"data"},
+      "replica_groups=[2,4]<=[8], x": {"fsdp"},
+      "replica_groups=[4,2]<=[2,4]T(1,0), x": {"data"},
+      "replica_groups=mesh['axis_0'=8,'axis_1'=1] {'axis_0'}, x":
+          {"data", "fsdp"},
+      "replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2],"
+      " device_ids=([2,4]T(1,0)) {'axis_2'}, x": {"data"},
+      "replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2],"
+      " device_ids=([2,4]T(1,0)) {'axis_1'}, x": {"fsdp"},
+      "replica_groups={}, x": {"data", "fsdp"},
+  }
+  for line, axes in cases.items():
+    assert hlo.group_axes(hlo.replica_groups(line), shape) == axes, line
+  assert hlo.replica_groups("replica_groups=[4,2]<=[2,4]T(1,0), x") == [
+      [0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_activation_collectives_flag_a_per_device_activation():
+  """A per-device activation [2, 64, 128] (= the bound) all-reduced over
+  'fsdp' sums other devices' rows: flagged; over 'tensor' alone (partial
+  sums of tensor parallelism) it is not; a parameter shard is skipped."""
+  params = [jax.ShapeDtypeStruct((512, 128), jnp.float32)]
+  shape, bound = (1, 4, 2), 2 * 64 * 128
+
+  def line(op, dims, groups):
+    return (f"  %{op}.1 = f32[{dims}]{{2,1,0}} {op}(f32[{dims}]{{2,1,0}}"
+            f" %x), replica_groups={groups}, to_apply=%add\n")
+
+  text = (line("all-reduce", "2,64,128", "[2,4]<=[4,2]T(1,0)")  # fsdp
+          + line("all-reduce", "2,64,128", "[4,2]<=[8]")  # tensor
+          + line("all-gather", "128,128", "[2,4]<=[4,2]T(1,0)"))  # shard
+  assert hlo.activation_collectives(text, params, shape, bound) == [
+      ("all-reduce", (2, 64, 128), bound, ("fsdp",))] * 2
+
+
+def test_executions_follow_loop_trip_counts():
+  text = (
+      "%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {\n"
+      "  %ar = f32[4]{0} all-reduce(f32[4]{0} %y), replica_groups=[1,8]<=[8],"
+      " to_apply=%add\n"
+      "}\n\n"
+      "ENTRY %main (a: f32[4]) -> f32[4] {\n"
+      "  %w = (s32[], f32[4]) while(%t), condition=%cond, body=%body,"
+      ' backend_config={"known_trip_count":{"n":"3"}}\n'
+      "  %ar2 = f32[4]{0} all-reduce(f32[4]{0} %a), replica_groups={},"
+      " to_apply=%add\n"
+      "}\n")
+  assert hlo.executions(text)["body"] == 3
+  got = [(r.computation, r.times, r.dtypes)
+         for r in hlo.reductions(text, (1, 8, 1))]
+  assert got == [("body", 3, ("f32",)), ("main", 1, ("f32",))]
 
 
 def test_share_prompts_keeps_each_shards_prompts_on_it():

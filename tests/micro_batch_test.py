@@ -104,6 +104,15 @@ def test_update_is_independent_of_micro_batches_order_padding_mesh(
   assert m["entropy"] > 0 and m["kl_off"] != 0  # all terms took part
 
 
+def test_data_local_micro_batches_give_the_same_update(reference_update):
+  """Mesh (2, 4, 1) in micro-batches: each 'data' shard loops over its own
+  rows and the shards' sums are reduced once (train_step._data_local)."""
+  learner = sgd_learner((2, 4, 1), ts.make_policy_loss(LOSS), 3)
+  assert learner.n_micro(16) == 6
+  got = gradient_and_metrics(learner, with_padding_shuffled(real_rows(), 2))
+  assert_same_update(got, reference_update)
+
+
 def test_seq_mean_update_is_independent_of_micro_batches():
   """agg = seq_mean_token_mean: row means over the whole update's count of
   rows with counted tokens, per source."""

@@ -208,11 +208,20 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
 # ----------------------------------------------------------------- layers
 
 
-def _cast(var: nnx.Variable, dtype, shard) -> jax.Array:
-  """A parameter's value in the compute dtype, cast on its own shards
-  (``ActivationSharding.cast``: FSDP gathers the compute-dtype copy)."""
+def _einsum(shard, subscripts: str, x, var: nnx.Variable, **kw):
+  """``einsum(subscripts, x, var)`` in x's dtype, the parameter cast on its
+  own shards (FSDP gathers the compute-dtype copy) and its gradient taken
+  and reduced over the devices in float32 (``ActivationSharding.einsum``).
+  """
   names = var.get_metadata().get("out_sharding")
-  return shard.cast(var.value, dtype, names)
+  return shard.einsum(subscripts, x, var.value, names, **kw)
+
+
+def _apply(shard, fn, x, var: nnx.Variable):
+  """``fn(x, var)`` (elementwise: a bias, a norm's scale) in x's dtype, the
+  parameter's gradient in float32 (``ActivationSharding.apply``)."""
+  names = var.get_metadata().get("out_sharding")
+  return shard.apply(fn, x, var.value, names)
 
 
 def _param(rngs, shape, names, dtype, init="normal"):
@@ -238,7 +247,7 @@ class RMSNorm(nnx.Module):
     xf = x.astype(jnp.float32)
     var = jnp.mean(xf * xf, axis=-1, keepdims=True)
     y = (xf * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
-    return self.scale.value.astype(x.dtype) * y
+    return _apply(NO_SHARDING, jnp.multiply, y, self.scale)  # replicated
 
 
 class Attention(nnx.Module):
@@ -269,9 +278,9 @@ class Attention(nnx.Module):
     self.cfg = cfg
 
   def _proj(self, x, w, b, shard):
-    y = jnp.einsum("btd,dhk->bthk", x, _cast(w, x.dtype, shard))
+    y = _einsum(shard, "btd,dhk->bthk", x, w)
     if b is not None:
-      y = y + _cast(b, x.dtype, shard)
+      y = _apply(shard, jnp.add, y, b)
     return y
 
   def __call__(
@@ -308,7 +317,7 @@ class Attention(nnx.Module):
             implementation=impl,
         )
       out = shard(out.astype(x.dtype), QUERY)
-      y = jnp.einsum("bthk,hkd->btd", out, _cast(self.o, x.dtype, shard))
+      y = _einsum(shard, "bthk,hkd->btd", out, self.o)
       return shard(y, ACTIVATION), None
     qg = q.reshape(b, t, kv, h // kv, dh)
     new_cache = None
@@ -334,7 +343,7 @@ class Attention(nnx.Module):
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum(f"bkgts,{k_spec}->btkgd", probs, v.astype(x.dtype))
     out = shard(out.reshape(b, t, h, dh), QUERY)
-    y = jnp.einsum("bthk,hkd->btd", out, _cast(self.o, x.dtype, shard))
+    y = _einsum(shard, "bthk,hkd->btd", out, self.o)
     return shard(y, ACTIVATION), new_cache
 
 
@@ -349,11 +358,9 @@ class MLP(nnx.Module):
     self.down = _param(rngs, (f, d), ("mlp", "embed"), pdt)
 
   def __call__(self, x, shard=NO_SHARDING):
-    dt = x.dtype
-    w = lambda var: _cast(var, dt, shard)
-    g = shard(jnp.einsum("btd,df->btf", x, w(self.gate)), MLP_HIDDEN)
-    u = shard(jnp.einsum("btd,df->btf", x, w(self.up)), MLP_HIDDEN)
-    y = jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, w(self.down))
+    g = shard(_einsum(shard, "btd,df->btf", x, self.gate), MLP_HIDDEN)
+    u = shard(_einsum(shard, "btd,df->btf", x, self.up), MLP_HIDDEN)
+    y = _einsum(shard, "btf,fd->btd", jax.nn.silu(g) * u, self.down)
     return shard(y, ACTIVATION)
 
 
@@ -635,15 +642,11 @@ class Transformer(nnx.Module):
     """``hidden W_out`` in float32 accumulation, [B,T,V]."""
     shard = self._activation_sharding(hidden)
     if self.lm_head is None:
-      w = _cast(self.embedding, hidden.dtype, shard)
-      logits = jnp.einsum(
-          "btd,vd->btv", hidden, w, preferred_element_type=jnp.float32
-      )
+      logits = _einsum(shard, "btd,vd->btv", hidden, self.embedding,
+                       out_dtype=jnp.float32)
     else:
-      w = _cast(self.lm_head, hidden.dtype, shard)
-      logits = jnp.einsum(
-          "btd,dv->btv", hidden, w, preferred_element_type=jnp.float32
-      )
+      logits = _einsum(shard, "btd,dv->btv", hidden, self.lm_head,
+                       out_dtype=jnp.float32)
     return shard(logits, LOGITS)
 
 
