@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+import mechanism
 import run_archive as ra
 from grid import (ALGO_LABELS, DENSE, ENV_LABELS, SAMPLED, STUDY_VARIANTS,
                   RunSpec, config_key, paper_success, sampled_names,
@@ -128,6 +129,10 @@ def study_report(root: str, env: str, out_dir: str,
                 or base.shape[1] != x.shape[1]) else pct(
                     intervals.method_difference(x, base, seed=seed)),
         }
+      workdirs = [w for _, w in runs]
+      cell["b_lift"] = mechanism.b_lift(workdirs, seed=seed)
+      cell["replay_win_share_by_position"] = mechanism.replay_by_position(
+          workdirs)
       cells.append(cell)
     for xa in X_AXES:
       name = f"study_{env}_{algo}_{xa}.png"
@@ -200,6 +205,29 @@ def study_markdown(report: dict) -> str:
           f"| {c['label']} | {c['n']} | {fmt_ci(d['success'])}"
           f" | {fmt_ci(d['final_minus_start'], True)}"
           f" | {fmt_ci(d['minus_baseline'], True)} | {paper} | {pdiff} |")
+  mech = [c for c in report["cells"] if c.get("b_lift")
+          or c.get("replay_win_share_by_position")]
+  if mech:
+    lines += ["", "## RSPO's mechanism", "",
+              "*B's lift*: success (points) and dense return of B's stored"
+              " collection minus its first training collection (B = A), on"
+              " the same tasks and seeds, mean [95 % interval] over loops x"
+              " seeds. *Replayed wins by position*: the share of A's"
+              " replayed trajectories that won, at A's 1st, 2nd, ... step"
+              " of a loop.", "",
+              "| Method | B's lift: success | B's lift: dense return"
+              " | (loop, seed) samples | Replayed wins by position |",
+              "|---|---:|---:|---:|---|"]
+    for c in mech:
+      lift = c.get("b_lift") or {}
+      suc = lift.get("b_lift_success")
+      dense = lift.get("b_lift_dense_return")
+      pos = c.get("replay_win_share_by_position")
+      lines.append(
+          f"| {c['label']} | {fmt_ci(pct(suc), True) if suc else '—'}"
+          f" | {_fmt_plain(dense)} | {lift.get('samples', 0)}"
+          f" | {', '.join(f'{100 * p:.0f} %' for p in pos) if pos else '—'}"
+          " |")
   if report["curves"]:
     lines += ["", "## Learning curves", "",
               "Rollout success rate of A's training batches (phase 'A'),"
@@ -209,3 +237,10 @@ def study_markdown(report: dict) -> str:
       for n in names:
         lines.append(f"![{ALGO_LABELS[algo]} study]({n})")
   return "\n".join(lines) + "\n"
+
+
+def _fmt_plain(ci: Optional[dict]) -> str:
+  """A mean [lo, hi] in the quantity's own units."""
+  if not ci:
+    return "—"
+  return f"{ci['mean']:+.3f} [{ci['lo']:+.3f}, {ci['hi']:+.3f}]"
