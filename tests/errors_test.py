@@ -51,15 +51,16 @@ def _free_port() -> int:
 @pytest.mark.parametrize("override, wanted", [
     ("rspo.alpah=0.1", ["unknown config key 'rspo.alpah'",
                         "(did you mean 'rspo.alpha'?)", "rspo.alpah=0.1",
-                        "known keys of rspo: alpha, centre_cap,"
-                        " centre_cap_mode, copy_optimizer_state"]),
+                        "known keys of rspo: alpha, b_lift_tasks, b_lr,"
+                        " b_warmup_steps, centre_cap"]),
     ("rsop.alpha=0.1", ["'rsop.alpha'", "(did you mean 'rspo.alpha'?)",
                         "known top-level keys: algo, env,"]),
     ("rspo.k=abc", ["'rspo.k' expects type int, got 'abc'"]),
     ("rspo.enabled=maybe", ["'rspo.enabled' wants a bool, got 'maybe'",
                             "true/false"]),
     ("env.name=webshp", ["env.name='webshp' (did you mean 'webshop'?)",
-                         "one of webshop, alfworld, toy or an import path"]),
+                         "one of webshop, alfworld, toy, spell or an import"
+                         " path"]),
     ("algo.name=grpp", ["algo.name='grpp' (did you mean 'grpo'?)",
                         "one of grpo, ppo, gigpo"]),
     ("rspo.dense_reward=orcale", ["rspo.dense_reward='orcale'",
