@@ -44,10 +44,10 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.seed = 0
 
   # ---------------------------------------------------------------- model
-  # scales.py: preset, dtype (compute), param_dtype (master weights and
-  # Adam state), remat.
+  # scales.py: preset, checkpoint_dir (HF dir: config.json + safetensors;
+  # "" = init, then behaviour cloning when sft.enabled), dtype (compute),
+  # param_dtype (master weights and Adam state), remat.
   c.model = ml_collections.ConfigDict()
-  c.model.checkpoint_dir = ""  # HF dir (config.json + safetensors); "" = init
   c.model.tokenizer_dir = ""  # "" = the checkpoint's, or a locally trained one
   c.model.tokenizer_vocab = 2048  # vocab of the locally trained tokenizer
   # Preset field overrides, e.g. "num_layers=1;hidden_size=64" (tests).
@@ -427,6 +427,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   """Fails at start with a message naming the bad key."""
   if c.rspo.dense_reward == "env":  # the deprecated name of 'oracle'
     c.rspo.dense_reward = "oracle"
+  held = scales.WARM_START_PRESET.get(c.model.checkpoint_dir)
+  if held and (c.model.preset != held or c.model.overrides):
+    # A committed warm start holds one model (`model=tiny` on CPU WebShop):
+    # another behaviour-clones its own, as it did before there was one.
+    c.model.checkpoint_dir, c.sft.enabled = "", True
   any_path = "an import path pkg.module:name"
   checks = [  # (ok, key, value, what the key accepts[, did you mean])
       _one_of(c.algo.name, ("grpo", "ppo", "gigpo"), "algo.name"),

@@ -22,20 +22,32 @@ Sources of PAPER, cited per key:
 
 from __future__ import annotations
 
+import os
+
+# The committed warm start of CPU WebShop (its MAKE.txt: the command that
+# made it and its measured start), found beside this file: a checkout, the
+# wheel and any working directory see the same path.
+WEBSHOP_WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                  "warm_starts", "webshop_nano")
+# The model a committed warm start holds (base.validate: another preset
+# behaviour-clones its own).
+WARM_START_PRESET = {WEBSHOP_WARM_START: "nano"}
+
 
 class ByEnv(dict):
   """A value per environment name."""
 
 
 class ByAlgo(dict):
-  """A value per algorithm name (`algo.name`); key "*" for the others."""
+  """A value per algorithm name (`algo.name`); key "*" for the others. May
+  stand inside a `ByEnv`."""
 
 
 # Every key whose value depends on the scale. `cpu_scale` and `paper_scale`
 # each set all of these and nothing else; `_base` sets none of them.
 SCALE_KEYS = (
-    "model.preset", "model.dtype", "model.param_dtype", "model.remat",
-    "model.scan_layers",
+    "model.preset", "model.checkpoint_dir", "model.dtype",
+    "model.param_dtype", "model.remat", "model.scan_layers",
     "env.max_steps", "env.history_length", "env.num_eval_tasks",
     "env.num_workers", "env.kwargs",
     "algo.clip_eps", "algo.kl_coef", "algo.kl_kind", "algo.entropy_coef",
@@ -68,18 +80,22 @@ CPU_KEEPS_PAPER = (
 # scales).
 # tests/configs_test.py checks it on the six env x algo configs.
 SCALE_DIFF = {
+    # WebShop's CPU recipe takes the paper's batch, alpha, every-row
+    # training and no behaviour cloning (it starts from a committed warm
+    # start instead).
     "webshop": (
-        "model.preset", "model.dtype", "model.remat", "model.scan_layers",
+        "model.preset", "model.checkpoint_dir", "model.dtype", "model.remat",
+        "model.scan_layers",
         "env.max_steps", "env.history_length", "env.num_eval_tasks",
         "env.num_workers", "env.kwargs",
-        "rspo.alpha", "rspo.dense_reward",
+        "rspo.dense_reward",
         "rollout.eval_temperature", "rollout.max_new_tokens",
         "rollout.max_prompt_tokens",
-        "train.total_steps", "train.batch_tasks", "train.group_size",
+        "train.total_steps",
         "train.lr", "train.weight_decay", "train.micro_batch_rows",
-        "train.max_train_rows", "train.mini_batch_rows",
+        "train.mini_batch_rows",
         "train.updates_per_step", "train.eval_every",
-        "sft.enabled", "sft.num_episodes", "sft.steps", "sft.lr",
+        "sft.num_episodes", "sft.steps", "sft.lr",
         "sft.batch_rows", "sft.prompt_loss_weight",
         "mesh.shape",
     ),
@@ -105,6 +121,10 @@ PAPER = {
     # [paper] the results table's policy, Qwen2.5-1.5B-Instruct (`model=`
     # picks 0.5B / 7B / Llama-3.2-3B instead).
     "model.preset": "qwen2.5-1.5b",
+    # [paper] RL starts from the released instruct model: its local Hugging
+    # Face directory is given on the command line ("" initialises the
+    # preset's shape at random).
+    "model.checkpoint_dir": "",
     # [paper] fp32 master weights and optimizer state, bf16 compute
     # (model.dtype is the compute dtype); [va:*] enable_gradient_
     # checkpointing=True.
@@ -218,6 +238,13 @@ CPU = {
     # the small worlds below; the toy's 3.5 M 'tiny'.
     "model.preset": ByEnv(webshop="nano", alfworld="nano", toy="tiny",
                           spell="tiny"),
+    # WebShop starts RL from the committed warm start (WEBSHOP_WARM_START,
+    # nano behaviour-cloned on the world below; greedy success 24.6 % of
+    # the 256 held-out goals) instead of ~20 minutes of behaviour cloning
+    # on 2 cores; `sft.enabled=True,model.checkpoint_dir=` clones again.
+    # The others clone at start (sft.*).
+    "model.checkpoint_dir": ByEnv(webshop=WEBSHOP_WARM_START, alfworld="",
+                                  toy="", spell=""),
     "model.dtype": "float32",
     "model.param_dtype": "float32",
     "model.remat": False,
@@ -231,19 +258,21 @@ CPU = {
     # WebShop pages are long: one history entry and 768 prompt tokens keep
     # a 64-row update at ~50 k tokens (the oldest history goes first).
     "env.history_length": ByEnv(webshop=1, alfworld=2, toy=2, spell=2),
-    # 64: every held-out goal of the small WebShop; 32 fixed tasks else.
-    "env.num_eval_tasks": ByEnv(webshop=64, alfworld=32, toy=32, spell=64),
+    # 256: every held-out goal of the WebShop world below (a paired 95 %
+    # interval of final - start of about +-5 points); 32 fixed tasks else.
+    "env.num_eval_tasks": ByEnv(webshop=256, alfworld=32, toy=32, spell=64),
     "env.num_workers": 2,
     "env.kwargs": ByEnv(
-        # A 30-product catalogue (one product per type, 12 goals each, 64
-        # held out for evaluation) and an expert that searches by product
-        # type: each decision is then a choice (which type, which product,
-        # which option values) that a from-scratch policy learns on 2
+        # A 30-product catalogue (one product per type, 20 goals each, 256
+        # held out for evaluation: the CPU study's world, where the
+        # committed warm start was cloned) and an expert that searches by
+        # product type: each decision is then a choice (which type, which
+        # product, which option values) that a from-scratch policy learns on 2
         # cores, not the copying of a whole instruction that a pretrained
         # model brings. See docs/results.md for what the 3.5 M 'tiny'
         # policy did on the full world.
-        webshop=dict(num_products=30, goals_per_product=12,
-                     num_test_goals=64, expert_query="type"),
+        webshop=dict(num_products=30, goals_per_product=20,
+                     num_test_goals=256, expert_query="type"),
         # Two of the six task types (find an object, then place it / look
         # at it under a lamp): the shortest plans. expert: 'search' visits
         # receptacles until it sees the object (search.py; no hidden
@@ -269,10 +298,13 @@ CPU = {
     "algo.entropy_coef": 0.001,
     "algo.invalid_action_penalty": -0.1,
     "algo.critic_lr": 1e-5,
-    # 1/4 of a 4 x 4 batch: one replayed group (1/8 would be half a group)
-    # = 4 of 16 trajectories when replay selects trajectories (alpha is a
-    # share of training samples), so at least one replayed trajectory.
-    "rspo.alpha": 1 / 4,
+    # WebShop: the paper's 1/8 of its 16 x 8 batch, 16 replayed
+    # trajectories. Else 1/4 of a 4 x 4 batch: one replayed group (1/8
+    # would be half a group) = 4 of 16 trajectories when replay selects
+    # trajectories (alpha is a share of training samples), so at least one
+    # replayed trajectory.
+    "rspo.alpha": ByEnv(webshop=1 / 8, alfworld=1 / 4, toy=1 / 4,
+                        spell=1 / 4),
     "rspo.k": 3,
     # The environment's progress signal: a privileged oracle (it encodes
     # the expert's plan), named as such; every CPU result says it used it.
@@ -284,28 +316,47 @@ CPU = {
                                     spell=16),
     "rollout.max_prompt_tokens": ByEnv(webshop=768, alfworld=768, toy=256,
                                        spell=256),
-    "train.total_steps": 6,  # 2 RSPO loops of k=3
-    "train.batch_tasks": 4,  # 4 groups: 3 fresh + 1 replayed at alpha=1/4
-    "train.group_size": 4,  # smallest group with a usable GRPO baseline
+    # 2 RSPO loops of k=3. WebShop at 16 x 8, every row, on 2 cores (the
+    # CPU study's step times): an A step ~54 s, a B step ~50 s, B's stored
+    # collection ~25 s, so ~11.5 min, plus two greedy evaluations of the
+    # 256 goals (the study's, compiled: 14-23 s; measured niced beside a
+    # training run: 41 s compiled, 156 s with the first's compiles): the
+    # whole default run in ~13 of its 15 minutes. 3 loops would not fit.
+    "train.total_steps": 6,
+    # WebShop: the paper's batch (16 x 8; PPO 128 x 1), what the CPU study
+    # found to learn (GRPO +6.4 points [+1.8, +11.1] at T = 0.4 in 30 A
+    # steps, every row trained; 4 x 4 with 64 rows: +0.0 [-5.5, +5.3];
+    # docs/results/study_allrows). Else 4 groups: 3 fresh + 1 replayed at
+    # alpha=1/4, of 4, the smallest group with a usable GRPO baseline.
+    "train.batch_tasks": ByEnv(webshop=ByAlgo({"ppo": 128, "*": 16}),
+                               alfworld=4, toy=4, spell=4),
+    "train.group_size": ByEnv(webshop=ByAlgo({"ppo": 1, "*": 8}),
+                              alfworld=4, toy=4, spell=4),
     # A 0.6-3.5 M model needs a larger step than 1e-6. WebShop/ALFWorld:
     # 3e-4 with 4 updates a step is the smallest tried at which A's clip
     # window binds (README "Results": at 1e-4 and 2 updates it never did).
     "train.lr": ByEnv(webshop=3e-4, alfworld=3e-4, toy=3e-5, spell=3e-5),
     "train.weight_decay": 0.0,
-    "train.micro_batch_rows": 0,  # the whole update at once
-    "train.max_train_rows": 64,  # caps one step at 64 step rows
-    # Two optimizer updates per step, whatever the step's row count (16 to
-    # 64 rows here), so the clip window acts in every default run (at the
-    # first update r = 1 on fresh rows, r = c on replayed ones).
+    # WebShop: every row (the paper's), an update's gradient accumulated
+    # over 32-row pieces (memory only); else the whole update at once on
+    # at most 64 step rows a step.
+    "train.micro_batch_rows": ByEnv(webshop=32, alfworld=0, toy=0, spell=0),
+    "train.max_train_rows": ByEnv(webshop=0, alfworld=64, toy=64, spell=64),
+    # A fixed number of optimizer updates per step (4; the toys 2),
+    # whatever the step's row count (16 to 64 rows; WebShop's 16 x 8: ~600),
+    # so the clip window acts in every default run (at the first update
+    # r = 1 on fresh rows, r = c on replayed ones).
     "train.mini_batch_rows": 0,
     "train.updates_per_step": ByEnv(webshop=4, alfworld=4, toy=2, spell=2),
     "train.ppo_epochs": 1,
     "train.eval_every": 0,  # evaluate at the start and the end only
     # Behaviour cloning only far enough for a weak policy (paper: instruct
-    # models start at low but non-zero success).
-    "sft.enabled": True,
-    # WebShop: every train goal of the small world; 500 steps (~13 min at
-    # ~1.6 s a step): option values start to be copied from the instruction
+    # models start at low but non-zero success). WebShop: off, its
+    # committed warm start (model.checkpoint_dir) was made with the sft.*
+    # below.
+    "sft.enabled": ByEnv(webshop=False, alfworld=True, toy=True, spell=True),
+    # WebShop: every train goal of the world (257); 500 steps (~20 min at
+    # ~2.5 s a step): option values start to be copied from the instruction
     # (score 0.75 vs 0.50 after 300 steps), so A's rollouts win on goals
     # whose options are not a product's default.
     # spell: the toy's budget; its clone spelled 0 of 64 held-out words
@@ -328,7 +379,7 @@ def resolve(table: dict, env: str, algo: str) -> dict:
   for key, value in table.items():
     if isinstance(value, ByEnv):
       value = value[env]
-    elif isinstance(value, ByAlgo):
+    if isinstance(value, ByAlgo):
       value = value.get(algo, value["*"])
     out[key] = value
   return out

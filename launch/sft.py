@@ -7,7 +7,9 @@ r"""Warm start: supervised fine-tuning on expert episodes (or your JSONL).
   python launch/sft.py --config=... --workdir=runs/x --jsonl=trajs.jsonl
 
 Writes ``<workdir>/warm_start`` (HF safetensors + tokenizer), which
-``launch/train.py`` picks up as its starting policy.
+``launch/train.py`` picks up as its starting policy. A config whose
+``model.checkpoint_dir`` is a committed warm start (CPU WebShop's default,
+configs/warm_starts/) is cloned afresh: that directory is what this makes.
 """
 
 import json
@@ -35,6 +37,9 @@ def main(argv):
   if cfg is None:
     raise app.UsageError("--config is required")
   config_base.validate(cfg)  # --config.<key>=... bypassed get_config's
+  if cfg.model.checkpoint_dir in config_base.scales.WARM_START_PRESET:
+    with cfg.unlocked():  # clone what configs/warm_starts/*/MAKE.txt did
+      cfg.model.checkpoint_dir, cfg.sft.enabled = "", True
   check_inputs(cfg)
   if _JSONL.value and not os.path.isfile(_JSONL.value):
     raise ConfigError(f"--jsonl={_JSONL.value!r}: no such file; pass"

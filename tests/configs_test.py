@@ -10,10 +10,12 @@ from configs import alfworld_gigpo, webshop_grpo, webshop_ppo
 def test_cpu_recipe_uses_the_small_webshop_world():
   cfg = webshop_grpo.get_config()
   assert dict(cfg.env.kwargs) == dict(
-      num_products=30, goals_per_product=12, num_test_goals=64,
+      num_products=30, goals_per_product=20, num_test_goals=256,
       expert_query="type")
-  assert cfg.model.preset == "nano" and cfg.sft.enabled
-  assert cfg.sft.prompt_loss_weight == 1.0 and cfg.env.num_eval_tasks == 64
+  # Its committed warm start, not behaviour cloning (default_run_test.py).
+  assert cfg.model.preset == "nano" and not cfg.sft.enabled
+  assert cfg.model.checkpoint_dir.endswith("warm_starts/webshop_nano")
+  assert cfg.sft.prompt_loss_weight == 1.0 and cfg.env.num_eval_tasks == 256
   assert webshop_ppo.get_config().env.kwargs.num_products == 30
 
 
@@ -59,7 +61,7 @@ def test_train_tasks_restricts_the_training_task_ids():
         webshop_grpo.get_config(f"env.train_tasks={whole + 1}"))
   # Fewer than a step's tasks: refused at start (a step's tasks differ).
   with pytest.raises(ConfigError, match="env.train_tasks=3.*>= train"
-                     ".batch_tasks = 4"):
+                     ".batch_tasks = 16"):
     base.validate(webshop_grpo.get_config("env.train_tasks=3"))
 
 

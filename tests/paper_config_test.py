@@ -149,13 +149,19 @@ def test_both_tables_set_exactly_the_scale_keys_with_one_type(env, algo):
 
 
 def test_cpu_preset_keeps_its_budget_choices():
+  # WebShop: the paper's batch, alpha and every row (the CPU study's recipe
+  # that learns) with CPU's learning rate, updates and steps.
   c = get("webshop", "grpo")
   assert (c.rspo.alpha, c.train.max_train_rows, c.env.history_length,
-          c.train.eval_every) == (0.25, 64, 1, 0)
+          c.train.eval_every) == (0.125, 0, 1, 0)
   assert (c.train.batch_tasks, c.train.group_size, c.train.total_steps,
-          c.train.lr, c.train.updates_per_step) == (4, 4, 6, 3e-4, 4)
+          c.train.lr, c.train.updates_per_step) == (16, 8, 6, 3e-4, 4)
   assert c.rspo.dense_reward == "oracle"
-  # alpha 1/4 of 16 episodes: 4 replayed trajectories (one whole group).
+  # alpha 1/8 of 128 episodes: 16 replayed trajectories (two groups).
+  assert c.rspo.alpha * 128 == 16 == 2 * c.train.group_size
+  # ALFWorld: alpha 1/4 of 4 x 4 episodes: 4 replayed (one whole group).
+  c = get("alfworld", "grpo")
+  assert (c.rspo.alpha, c.train.max_train_rows) == (0.25, 64)
   episodes = c.train.batch_tasks * c.train.group_size
   assert c.rspo.alpha * episodes == 4 == c.train.group_size
 
@@ -198,7 +204,8 @@ def test_cpu_configs_make_at_least_two_updates_per_step(name):
   most = episodes * c.env.max_steps
   if t.max_train_rows:
     most = min(most, t.max_train_rows)
-  assert (fewest, most) == (16, 64)
+  assert (fewest, most) == ((128, 1024) if c.env.name == "webshop"
+                            else (16, 64))
   assert all(step_updates(t, rows) * t.ppo_epochs >= 2
              for rows in range(fewest, most + 1))
 

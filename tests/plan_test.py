@@ -234,8 +234,9 @@ def test_memory_terms_by_hand():
 def test_memory_follows_the_algorithm_and_engine():
   mcfg = models.get_model_config("tiny")
   p = mcfg.num_params()
-  ppo = webshop_ppo.get_config(  # PPO baseline: critic, no B
-      "rspo=0,rollout.max_prompt_tokens=384,rollout.max_new_tokens=32")
+  ppo = webshop_ppo.get_config(  # PPO baseline: critic, no B; 16 episodes
+      "rspo=0,rollout.max_prompt_tokens=384,rollout.max_new_tokens=32,"
+      "train.batch_tasks=16")
   layout = plan.resolve_layout(with_mesh(ppo, {"shape": (1, 1, 1)}), {
       "RSPO_NUM_HOSTS": "1", "RSPO_DEVICES_PER_HOST": "1"})
   assert layout["platform"] == "unknown"
