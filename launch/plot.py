@@ -316,6 +316,93 @@ def plot_curves(
   return curves
 
 
+def _series_or_none(run: str, metric: str, phase: str):
+  """(xs, ys) of ``load_series``, or None when the run has no such rows."""
+  try:
+    xs, ys = load_series(run, metric, "step", phase)
+  except ValueError:
+    return None
+  return (xs, ys) if len(xs) else None
+
+
+def plot_run(run: str, out_path: str) -> dict:
+  """One run's learning curves in one PNG (what launch/train.py leaves in
+  its workdir as ``curves.png``).
+
+  Left: the success rate of A's training batches against A's step, the
+  start and end evaluations (greedy on held-out goals) marked. Right, when
+  B ran: B's dense reward (right-hand axis) and the success rate of its
+  batches against B's own step (``b_step``).
+
+  Returns {name: (xs, ys)} of the series drawn; ValueError when the run has
+  neither A rows nor evaluations.
+  """
+  drawn = {}
+  for name, metric, phase in (
+      ("A success", "rollout_success_rate", "A"),
+      ("eval success", "success_rate", "eval"),
+      ("B success", "rollout_success_rate", "B"),
+      ("B dense reward", "dense_reward_mean", "B")):
+    series = _series_or_none(run, metric, phase)
+    if series is not None:
+      drawn[name] = series
+  if "A success" not in drawn and "eval success" not in drawn:
+    raise ValueError(f"run {run!r}: no A steps or evaluations to draw")
+
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg", force=True)
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+  has_b = "B success" in drawn or "B dense reward" in drawn
+  fig, axes = plt.subplots(1, 2 if has_b else 1, dpi=120,
+                           figsize=(10.0 if has_b else 5.6, 3.8),
+                           squeeze=False)
+  ax = axes[0, 0]
+  if "A success" in drawn:
+    ax.plot(*drawn["A success"], marker="o", lw=1.6,
+            label="A's training batches (T = 1)")
+  if "eval success" in drawn:
+    xs, ys = drawn["eval success"]
+    ax.plot(xs, ys, ls="none", marker="s", ms=7, color="black",
+            label="evaluation (held-out goals)")
+    for x, y in zip(xs, ys):
+      ax.annotate(f"{100 * y:.1f} %", (x, y), textcoords="offset points",
+                  xytext=(6, -12), fontsize="small")
+  ax.set_xlabel("A step")
+  ax.set_ylabel("success rate")
+  ax.set_title("agent A (outcome reward)")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.grid(alpha=0.3)
+  ax.legend(loc="best", fontsize="small")
+  if has_b:
+    ax = axes[0, 1]
+    lines = []
+    if "B success" in drawn:
+      lines += ax.plot(*drawn["B success"], marker="o", lw=1.6,
+                       color="tab:orange", label="B's batches: success")
+    ax.set_xlabel("B step")
+    ax.set_ylabel("success rate")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if "B dense reward" in drawn:
+      twin = ax.twinx()
+      lines += twin.plot(*drawn["B dense reward"], marker="^", lw=1.2,
+                         ls="--", color="tab:green",
+                         label="B's batches: dense reward")
+      twin.set_ylabel("dense reward (mean return)")
+    ax.set_title("agent B (dense reward), re-made from A each loop")
+    ax.grid(alpha=0.3)
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="best",
+              fontsize="small")
+  fig.suptitle(os.path.basename(os.path.normpath(run)), fontsize="medium")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  fig.savefig(out_path, format="png")
+  plt.close(fig)
+  return drawn
+
+
 # --------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------

@@ -6,10 +6,21 @@ r"""Trains an agent with RSPO (or a base algorithm) from a config file.
   python launch/train.py --config=configs/alfworld_gigpo.py:model=qwen2.5-7b \
       --mesh=configs/mesh/gpu16.py --dry_run
 
+The embedded default (configs/webshop_grpo.py at CPU scale) starts from the
+committed warm start configs/warm_starts/webshop_nano (its MAKE.txt says how
+it was made); ``:sft.enabled=True,model.checkpoint_dir=`` behaviour-clones
+the policy at start instead (~20 minutes on 2 CPU cores).
+
 The run lives in ``--workdir`` (default: the config's ``workdir``); started
 again with the same workdir it resumes from the latest checkpoint. SIGTERM
 (preemption) finishes the step in progress, checkpoints it and exits with
 143 (rspo_jax/preemption.py).
+
+It ends with a summary (start -> end with a paired 95 % interval, where the
+files are; also ``summary.txt``), per-task results in ``eval_start.json``
+and ``eval_final.json`` and the learning curves in ``curves.png``. Library
+logs (JAX, orbax, absl, ...) stay at WARNING; ``--log_level=info`` shows
+them.
 
 Multi-host: start one copy per host (``srun``, ``--worker=all``, a JobSet)
 with ``RSPO_COORDINATOR`` / ``RSPO_NUM_PROCESSES`` / ``RSPO_PROCESS_ID`` or a
@@ -21,6 +32,8 @@ writes ``eval_*.json`` and metrics and prints.
 import json
 import logging
 import os
+import sys
+import time
 
 from absl import flags
 from ml_collections import config_flags
@@ -42,12 +55,20 @@ _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print the resolved plan and exit without training."
 )
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide progress bars.")
+_LOG_LEVEL = flags.DEFINE_enum(
+    "log_level", "warning", ["debug", "info", "warning", "error"],
+    "Level of library logs (JAX, orbax, absl, rspo_jax); this script's own"
+    " lines are always shown. info: every library's progress lines.")
+
+log = logging.getLogger("rspo_launch.train")
+CURVES = "curves.png"
+SUMMARY = "summary.txt"
 
 
 def main(argv):
   del argv
-  logging.basicConfig(level=logging.INFO,
-                      format="%(asctime)s %(levelname)s %(message)s")
+  began = time.monotonic()
+  _quiet_libraries(_LOG_LEVEL.value)
   cfg = _CONFIG.value
   if _MESH.value is not None:
     with cfg.unlocked():  # shape, and hosts x devices for the plan
@@ -71,6 +92,9 @@ def main(argv):
   leader = distributed.is_leader()
   if not leader:  # one log for the job
     logging.getLogger().setLevel(logging.WARNING)
+    log.setLevel(logging.WARNING)
+  log.info("run directory %s; starting from %s", workdir,
+           cfg.model.checkpoint_dir or "behaviour cloning")
   run = build.build_run(cfg, workdir, progress=not _NO_PROGRESS.value)
   run.trainer.stop.install()  # SIGTERM: checkpoint, then exit 143
   try:
@@ -80,6 +104,8 @@ def main(argv):
     missing = distributed.global_max(
         int(not os.path.exists(start_eval_path)))
     if missing:
+      log.info("evaluating the starting policy (%s split)",
+               cfg.env.eval_split)
       start = run.evaluate(run.trainer.a, 0)
       if leader:
         _write_json(start_eval_path, start)
@@ -90,20 +116,117 @@ def main(argv):
       # given (bench/reproduce.py's shared evaluation); a restart before
       # the first checkpoint finds its own row already written
       run.trainer.metrics.write(0, "eval", start)
-    logging.info("start of RL: success %.3f, score %.3f (resumed: %s)",
-                 start["success_rate"], start["score"], resumed)
+    log.info("start of RL: success %.3f, score %.3f%s",
+             start["success_rate"], start["score"],
+             " (resumed)" if resumed else "")
     try:
       run.trainer.run(evaluate=run.evaluate)
     except preemption.Preempted as e:
-      logging.warning("%s", e)
+      log.warning("%s", e)
       raise SystemExit(preemption.EXIT_CODE) from None
+    log.info("evaluating the trained policy (%s split)", cfg.env.eval_split)
     final = run.evaluate(run.trainer.a, run.trainer.state.a_steps)
     run.trainer.metrics.write(run.trainer.state.a_steps, "eval", final)
     if leader:
       _write_json(os.path.join(workdir, "eval_final.json"), final)
-      print(json.dumps({"start": start, "final": final}, indent=1))
+      curves = _plot(workdir)
+      text = summary(cfg, workdir, start, final, run.trainer.state,
+                     time.monotonic() - began, curves)
+      with open(os.path.join(workdir, SUMMARY), "w") as f:
+        f.write(text + "\n")
+      print(text)
   finally:
     run.close()
+
+
+def _quiet_libraries(level: str) -> None:
+  """Library logs (JAX, orbax, absl, rspo_jax, ...) at ``level``; this
+  script's own lines at INFO, timestamped, on stderr."""
+  numeric = getattr(logging, level.upper())
+  root = logging.getLogger()
+  root.setLevel(numeric)
+  for handler in root.handlers:  # absl's; also drops records of loggers
+    # that set their own level (bm25s: DEBUG, at import)
+    handler.addFilter(lambda record: record.levelno >= numeric)
+  if not log.handlers:
+    own = logging.StreamHandler(sys.stderr)
+    own.setFormatter(logging.Formatter("%(asctime)s %(message)s",
+                                       datefmt="%H:%M:%S"))
+    log.addHandler(own)
+  log.propagate = False
+  log.setLevel(logging.INFO)
+  if numeric > logging.INFO:  # an import-time note: this package needs no
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # torch
+
+
+def _plot(workdir: str) -> str:
+  """``<workdir>/curves.png`` (launch/plot.py's ``plot_run``), or "" with a
+  warning: a figure is no reason to fail a finished run."""
+  from rspo_launch import plot
+
+  path = os.path.join(workdir, CURVES)
+  try:
+    plot.plot_run(workdir, path)
+  except (ValueError, OSError) as e:
+    log.warning("no learning curves drawn: %s", e)
+    return ""
+  return path
+
+
+def summary(cfg, workdir: str, start: dict, final: dict, state,
+            wall_s: float, curves: str = "") -> str:
+  """What a person reads at the end: start -> end success and score with a
+  paired 95 % interval over the same goals (rspo_jax/intervals.py), the
+  wall time and where the run's files are."""
+  algo = cfg.algo.name.upper()
+  name = f"RSPO+{algo}" if cfg.rspo.enabled else algo
+  k, steps = cfg.rspo.k, state.a_steps
+  loops = -(-steps // k)
+  loops = (f" ({loops} loop{'s' * (loops != 1)} of k = {k})"
+           if cfg.rspo.enabled else "")
+  temperature = cfg.rollout.eval_temperature
+  lines = [f"{name} on {cfg.env.name}: {steps} A step{'s' * (steps != 1)}"
+           f"{loops}, {wall_s / 60:.1f} min",
+           f"held-out {cfg.env.eval_split} goals: {final['num_tasks']},"
+           f" {f'temperature {temperature:g}' if temperature else 'greedy'}"]
+  paired = False
+  for key, mean, scale in (("won", "success_rate", 100), ("score", "score", 1)):
+    d = _paired(start, final, key)
+    pct, digits = (" %", 1) if scale == 100 else ("", 3)
+    row = (f"  {'success' if scale == 100 else 'score':<9}"
+           f"{start[mean] * scale:.{digits}f}{pct} ->"
+           f" {final[mean] * scale:.{digits}f}{pct}")
+    if d is not None:
+      paired = True
+      row = (f"{row:<32}{d['mean'] * scale:+.{digits}f}"
+             f"{' points' if scale == 100 else ''}"
+             f" [{d['lo'] * scale:+.{digits}f}, {d['hi'] * scale:+.{digits}f}]")
+    lines.append(row)
+  if paired:
+    lines.append("  (end - start on the same goals, paired 95 % interval)")
+  files = [("eval_start.json, eval_final.json", "per-goal results"),
+           ("metrics.jsonl, tb/", "every step's metrics; TensorBoard logs"),
+           ("checkpoints/", "orbax checkpoints; the same command resumes"),
+           (SUMMARY, "this summary")]
+  if curves:
+    files.insert(0, (CURVES, "learning curves of A and B"))
+  lines.append(f"files in {workdir}/")
+  lines += [f"  {f:<34}{what}" for f, what in files]
+  return "\n".join(lines)
+
+
+def _paired(start: dict, final: dict, key: str):
+  """final - start of ``key`` over the start's goals (intervals.
+  paired_difference), or None when either lacks per-task outcomes."""
+  from rspo_jax import intervals
+
+  try:
+    before = intervals.outcome_matrix(start["per_task"], key)
+    tasks = sorted({int(e["task_id"]) for e in start["per_task"]})
+    after = intervals.outcome_matrix(final["per_task"], key, tasks)
+    return intervals.paired_difference(after, before)
+  except (KeyError, ValueError):  # an evaluation from before per_task
+    return None
 
 
 def _has_start_row(workdir) -> bool:
