@@ -242,15 +242,6 @@ def split_micro(batch, n_micro: int, *, pad: bool = True):
   return jax.tree.map(one, batch)
 
 
-def _zeros(like: jax.ShapeDtypeStruct) -> jax.Array:
-  """Zeros of ``like``'s shape and dtype, varying over the manual mesh axes
-  it varies over (a scan's carry inside ``jax.shard_map`` keeps its type)."""
-  z = jnp.zeros(like.shape, like.dtype)
-  manual = getattr(like, "manual_axis_type", None)
-  varying = tuple(sorted(manual.varying)) if manual is not None else ()
-  return jax.lax.pcast(z, varying, to="varying") if varying else z
-
-
 def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
   """``micro_batches(params, batch, rng, totals)`` run by each 'data' shard
   on its own rows (``jax.shard_map``, manual over 'data' only: 'fsdp' and
@@ -268,15 +259,18 @@ def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
   device), so they add up over shards as over micro-batches: psum (pmax
   for ``*_max``). Each shard draws its own randomness (its index folded
   into ``rng``).
+
+  Unchecked (``check_vma=False``): the body's values are per-shard values
+  without replication types, so the gradient of the (replicated) params
+  stays the shard's own until the psum -- typed, autodiff would psum it at
+  every micro-batch -- and the splash kernel's own nested shard_map and
+  the model's custom VJPs need no type casts.
   """
   P = jax.sharding.PartitionSpec
   rows = jax.tree.map(lambda _: P("data"), batch_sharding_tree)
 
   def local(params, batch, rng, totals):
     rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
-    # Params are the same on every data shard; marked varying so their
-    # gradient stays this shard's (autodiff would psum it otherwise).
-    params = jax.lax.pcast(params, "data", to="varying")
     loss, metrics, grads = micro_batches(params, batch, rng, totals)
     reduce = lambda k: jax.lax.pmax if is_max_metric(k) else jax.lax.psum
     metrics = {k: reduce(k)(v, "data") for k, v in metrics.items()}
@@ -285,7 +279,7 @@ def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
 
   return jax.shard_map(
       local, mesh=mesh, in_specs=(P(), rows, P(), P()), out_specs=P(),
-      axis_names={"data"},
+      axis_names={"data"}, check_vma=False,
   )
 
 
@@ -341,7 +335,7 @@ def make_train_step(
 
     first = jax.tree.map(lambda x: x[0], micro)
     zeros = jax.tree.map(
-        _zeros, jax.eval_shape(grads_of, params, first, rng, totals)
+        jnp.zeros_like, jax.eval_shape(grads_of, params, first, rng, totals)
     )
     (loss, metrics, grads), _ = jax.lax.scan(
         body, zeros, (micro, jnp.arange(n_micro))

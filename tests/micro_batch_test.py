@@ -104,10 +104,14 @@ def test_update_is_independent_of_micro_batches_order_padding_mesh(
   assert m["entropy"] > 0 and m["kl_off"] != 0  # all terms took part
 
 
-def test_data_local_micro_batches_give_the_same_update(reference_update):
-  """Mesh (2, 4, 1) in micro-batches: each 'data' shard loops over its own
-  rows and the shards' sums are reduced once (train_step._data_local)."""
-  learner = sgd_learner((2, 4, 1), ts.make_policy_loss(LOSS), 3)
+@pytest.mark.parametrize("mesh_shape", [(2, 4, 1), (2, 2, 2)], ids=str)
+def test_data_local_micro_batches_give_the_same_update(reference_update,
+                                                        mesh_shape):
+  """A mesh with 'data' in micro-batches: each data shard loops over its
+  own rows and the shards' sums are reduced once (train_step._data_local).
+  (2, 2, 2): 'fsdp' and 'tensor' partitioned inside the loop -- a gather
+  of the targets' logits there crashed XLA (transformer.target_logprobs)."""
+  learner = sgd_learner(mesh_shape, ts.make_policy_loss(LOSS), 3)
   assert learner.n_micro(16) == 6
   got = gradient_and_metrics(learner, with_padding_shuffled(real_rows(), 2))
   assert_same_update(got, reference_update)

@@ -675,12 +675,19 @@ def _vocab_parallel_take(table, tokens, shard, vocab, rows) -> jax.Array:
 def target_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
   """``logp[..., i] = logits[..., i, y_i] - logsumexp(logits[..., i, :])``
 
-  (``y = targets``). Gathers one logit per position instead of materialising
-  a full log-softmax. logits [..., V], targets [...] int. Returns [...] f32.
+  (``y = targets``). Picks one logit per position instead of materialising
+  a full log-softmax, as a masked sum over the vocabulary (exact: one term
+  is not zero), which XLA fuses with the logsumexp's pass over the logits
+  and partitions over a vocabulary split like any reduction; a gather
+  (``take_along_axis``) there crashed XLA's SPMD partitioner inside the
+  train step's data-local loop on a mesh with both 'fsdp' and 'tensor'
+  (jax 0.10.2). logits [..., V], targets [...] int. Returns [...] f32.
   """
   lg = logits.astype(jnp.float32)
-  picked = jnp.take_along_axis(lg, targets[..., None].astype(jnp.int32), -1)
-  return picked[..., 0] - jax.nn.logsumexp(lg, axis=-1)
+  vocab = jnp.arange(lg.shape[-1], dtype=jnp.int32)
+  hit = targets[..., None].astype(jnp.int32) == vocab
+  picked = jnp.sum(jnp.where(hit, lg, 0.0), axis=-1)
+  return picked - jax.nn.logsumexp(lg, axis=-1)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
