@@ -304,7 +304,7 @@ def test_scanned_programs_move_no_activation_sized_collective(name,
   assert "while" in c.hlo  # the layers stay a loop
   unrolled = hlo.abstract_model(dataclasses.replace(cfg, scan_layers=False))
   bound = hlo.activation_bound(c, mesh_shape, cfg.hidden_size)
-  bad = hlo.activation_collectives(c.hlo, [c.params, unrolled[1]], mesh.size,
+  bad = hlo.activation_collectives(c.hlo, [c.params, unrolled[1]], mesh_shape,
                                    bound)
   assert not bad, (name, mesh_shape, bound, bad[:5])
   temp = c.memory["temp"]
