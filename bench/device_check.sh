@@ -1,23 +1,50 @@
 #!/usr/bin/env bash
-# The first accelerator check (issue 16 item 8), one command, one JSON file:
+# The first accelerator check (issue 16 item 8), one command, JSON files:
 #
-#   bash bench/device_check.sh [OUT.json]           # one H200: < 8 minutes
-#   bash bench/device_check.sh --smoke [OUT.json]   # tiny shapes, CPU, s
+#   bash bench/device_check.sh [OUT.json]           # one H200: < 9 minutes
+#   bash bench/device_check.sh --smoke [OUT.json]   # tiny shapes, CPU
 #
-# bench/device.py --paper: the Qwen2.5-1.5B learner step (16 rows x
-# (4096 + 512), fp32 masters, bf16 compute, remat, scanned layers,
-# micro-batches) on all visible devices and on one, with compile seconds,
-# MFU / HFU, peak memory (compiled, planned, allocator) and the count of
-# activation-sized collectives; pi_old's log-prob pass; the rollout
-# engine's decode. Every row also lands in OUT.json (default
-# device_check.json; --smoke: device_check_smoke.json), rewritten after
-# each, so a run cut short by the time limit keeps what it measured.
+# 1. bench/device.py --paper: the Qwen2.5-1.5B learner step (16 rows x
+#    (4096 + 512), fp32 masters, bf16 compute, remat, scanned layers,
+#    micro-batches; the batch starts with an all-zero padding row, as a
+#    run's do) on all visible devices and on one, with compile seconds,
+#    MFU / HFU, peak memory (compiled, planned, allocator), the count of
+#    activation-sized collectives and "skipped" (1: a non-finite step,
+#    e.g. NaN from the fused attention kernel); pi_old's log-prob pass; the
+#    rollout engine's decode. Every row lands in OUT.json (default
+#    device_check.json; --smoke: device_check_smoke.json), rewritten after
+#    each, so a run cut short keeps what it measured.
+# 2. bench/sharding_check.py: the same step compiled for (2, 4, 1) on 8
+#    fake CPU devices -- the sharding check a one-GPU machine can make --
+#    into OUT_sharding.json: activation-sized collectives, gradient
+#    reductions not float32, 'data' all-reduces with 2 and 4 micro-batches.
+#
+# Each step runs under `timeout`: SIGINT at its limit, SIGKILL 20 s later
+# (a compile hung in XLA ignores SIGINT); a step that times out is
+# reported on one line and the next one still runs. Exit status: the
+# first failing step's.
 #
 # Not yet run on hardware (no session so far had an accelerator): the
-# 8-minute budget is sized from the parts' shapes, not measured.
-set -euo pipefail
+# budget is sized from the parts' shapes, not measured.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
+STATUS=0
+
+# step NAME SECONDS COMMAND...: COMMAND under a kill timeout.
+step() {
+  local name=$1 limit=$2 rc
+  shift 2
+  timeout --signal=INT --kill-after=20 "$limit" "$@"
+  rc=$?
+  if (( rc == 124 || rc == 137 )); then
+    echo "device_check: $name stopped at its ${limit} s limit" >&2
+  elif (( rc != 0 )); then
+    echo "device_check: $name failed (exit $rc)" >&2
+  fi
+  (( STATUS == 0 )) && STATUS=$rc
+  return 0
+}
 
 if [[ "${1:-}" == "--smoke" ]]; then
   shift
@@ -25,8 +52,11 @@ if [[ "${1:-}" == "--smoke" ]]; then
   # 8 fake CPU devices: the all-devices mesh is (1, 8, 1), as on a node.
   export JAX_PLATFORMS=cpu
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
-  exec "$PYTHON" bench/device.py --paper --smoke --peak_tflops=1 \
-      --budget_s=120 --out="$OUT"
+  step device.py 300 "$PYTHON" bench/device.py --paper --smoke \
+      --peak_tflops=1 --budget_s=120 --out="$OUT"
+  step sharding_check.py 300 "$PYTHON" bench/sharding_check.py --smoke \
+      --out="${OUT%.json}_sharding.json"
+  exit "$STATUS"
 fi
 
 OUT=${1:-device_check.json}
@@ -36,7 +66,13 @@ OUT=${1:-device_check.json}
 # measurement.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 unset JAX_COMPILATION_CACHE_DIR
+# The launchers' XLA flags (launch/xla_flags.py); the summary row lists
+# them (xla_flags_set).
+export RSPO_XLA_PLATFORM=${RSPO_XLA_PLATFORM:-gpu}
 # H200 dense bf16 peak: 989 TFLOP/s (PEAK_TFLOPS for another device).
-# budget_s: no part starts after 6 minutes; timeout: the whole at 8.
-timeout --signal=INT 475 "$PYTHON" bench/device.py --paper \
+# budget_s: no part starts after 6 minutes; the step stops at 8.
+step device.py 475 "$PYTHON" bench/device.py --paper \
     --peak_tflops="${PEAK_TFLOPS:-989}" --budget_s=360 --out="$OUT"
+step sharding_check.py 120 "$PYTHON" bench/sharding_check.py \
+    --out="${OUT%.json}_sharding.json"
+exit "$STATUS"

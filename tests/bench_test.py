@@ -187,9 +187,10 @@ def test_paper_flops_by_hand():
 def test_device_check_smoke(tmp_path):
   """bench/device_check.sh --smoke: bench/device.py --paper on tiny shapes
   and 8 CPU devices into one JSON file -- the learner step on all devices
-  (1, 8, 1) and on one, with micro-batches of a row a device, MFU / HFU,
-  compiled and planned peak memory, no activation-sized collective; the
-  log-prob pass; the engine's decode of the scanned model."""
+  (1, 8, 1) and on one, with micro-batches of a row a device, a padding
+  row, MFU / HFU, compiled and planned peak memory, no activation-sized
+  collective; the log-prob pass; the engine's decode of the scanned model
+  -- and the sharding check of the step on (2, 4, 1) into another."""
   out = tmp_path / "check.json"
   proc = subprocess.run(
       ["bash", str(BENCH / "device_check.sh"), "--smoke", str(out)],
@@ -220,6 +221,14 @@ def test_device_check_smoke(tmp_path):
   assert summary["model_flags"] == {
       "dtype": "bfloat16", "param_dtype": "float32", "remat": True,
       "scan_layers": True, "attention": "auto"}
+  # The sharding check (bench/sharding_check.py) on (2, 4, 1).
+  step, data = json.loads(
+      (tmp_path / "check_sharding.json").read_text())["rows"]
+  assert (step["bench"], step["micro_batches"]) == ("sharding_step", 4)
+  assert step["activation_collectives"] == 0
+  assert step["gradient_reductions_not_f32"] == 0
+  assert data["data_all_reduces_per_update"] == {
+      "2": data["parameters"], "4": data["parameters"]}
 
 
 def test_warm_start_probe_decision_kinds():
