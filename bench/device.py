@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import time
 
 import _common
@@ -420,6 +421,11 @@ def main(argv=None):
               if getattr(args, k) is not None})
   start = time.perf_counter()
   out = Results(args.out)
+  # As a run: launch/xla_flags.py's flags on a GPU / TPU host, set before
+  # JAX starts (launch/train.py does the same).
+  from rspo_launch import xla_flags
+
+  xla_env = xla_flags.apply(os.environ)
   import jax
   from rspo_jax import models, sharding
 
@@ -428,7 +434,7 @@ def main(argv=None):
              "device_kind": jax.devices()[0].device_kind,
              "devices": len(jax.devices()), "preset": run["preset"],
              "dtype": args.dtype, "param_dtype": args.param_dtype,
-             "run": run, "skipped": []}
+             "run": run, "skipped": [], "xla_flags_set": xla_env}
   if args.paper:
     run_paper(args, run, out, summary, start)
     summary["wall_s"] = round(time.perf_counter() - start, 1)

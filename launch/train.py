@@ -16,6 +16,9 @@ again with the same workdir it resumes from the latest checkpoint. SIGTERM
 (preemption) finishes the step in progress, checkpoints it and exits with
 143 (rspo_jax/preemption.py).
 
+On a GPU or TPU host the XLA flags of launch/xla_flags.py are set first
+(each with its reason there; ``RSPO_XLA_PLATFORM=none`` leaves them out).
+
 It ends with a summary (start -> end with a paired 95 % interval, where the
 files are; also ``summary.txt``), per-task results in ``eval_start.json``
 and ``eval_final.json`` and the learning curves in ``curves.png``. Library
@@ -68,6 +71,7 @@ SUMMARY = "summary.txt"
 def main(argv):
   del argv
   began = time.monotonic()
+  _xla_flags()
   _quiet_libraries(_LOG_LEVEL.value)
   cfg = _CONFIG.value
   if _MESH.value is not None:
@@ -137,6 +141,18 @@ def main(argv):
       print(text)
   finally:
     run.close()
+
+
+def _xla_flags() -> None:
+  """The GPU / TPU host's XLA flags (launch/xla_flags.py), set before JAX
+  starts; a flag this jaxlib does not know ends the run with one line."""
+  from rspo_jax.errors import ConfigError
+  from rspo_launch import xla_flags
+
+  if xla_flags.apply(os.environ).get("XLA_FLAGS"):
+    problem = xla_flags.check(os.environ)
+    if problem:
+      raise ConfigError(problem)
 
 
 def _quiet_libraries(level: str) -> None:

@@ -31,6 +31,11 @@ SGLANG_PORT=${SGLANG_PORT:-30000}
 # rest is CUDA context, cuDNN workspace and NCCL buffers. --dry_run plans
 # with it (memory_per_device vs usable_GB).
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+# launch/train.py puts launch/xla_flags.py's GPU flags in front of
+# XLA_FLAGS (latency-hiding scheduler, pipelined FSDP collectives, no CUDA
+# graphs: each with its reason there); RSPO_XLA_PLATFORM=none leaves
+# XLA_FLAGS as it is.
+export RSPO_XLA_PLATFORM=${RSPO_XLA_PLATFORM:-gpu}
 
 ARGS=(--config="$CONFIG" --workdir="$WORKDIR")
 [[ -n "$MODEL_DIR" ]] && ARGS+=(--config.model.checkpoint_dir="$MODEL_DIR")

@@ -59,8 +59,12 @@ case "${1:-}" in
     ;;
   train)
     # nohup + log per host: the run survives a dropped ssh session.
+    # RSPO_XLA_PLATFORM=tpu: launch/train.py puts launch/xla_flags.py's
+    # TPU flags (asynchronous, overlapped collectives; MaxText's v5e set)
+    # in front of LIBTPU_INIT_ARGS.
     ssh_all "cd $REMOTE_DIR && mkdir -p $WORKDIR && \
-      RSPO_DISTRIBUTED=auto nohup venv/bin/python launch/train.py \
+      RSPO_DISTRIBUTED=auto RSPO_XLA_PLATFORM=tpu nohup \
+      venv/bin/python launch/train.py \
         --config='$CONFIG' --mesh='$MESH' --workdir='$WORKDIR' \
         --no_progress $EXTRA_ARGS > \$HOME/train-\$(hostname).log 2>&1 &"
     echo "started; logs: ~/train-<host>.log on each worker"
