@@ -55,6 +55,12 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # The learner's attention kernel (docs/scale_out.md "Attention kernels"):
   # auto = splash on TPU, cuDNN on GPU where it applies, XLA otherwise.
   c.model.attention = "auto"
+  # LoRA (rspo_jax/models/lora.py, docs/usage.md "LoRA"): rank 0 = full
+  # fine-tuning. With a rank, A, B and the critic train adapters on one
+  # frozen base (compute dtype); pi_ref is the base with the adapters off.
+  c.model.lora_rank = 0
+  c.model.lora_alpha = 32.0
+  c.model.lora_targets = "q,k,v,o,gate,up,down"  # attention, MLP
 
   # ---------------------------------------------------------------- env
   # scales.py: max_steps (turns), history_length (past obs/action pairs in

@@ -33,6 +33,7 @@ from rspo_jax import compile_cache, distributed, models, sharding
 from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner
+from rspo_jax.models import lora
 from rspo_jax.models import transformer as tfm
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
@@ -170,6 +171,54 @@ def load_policy(cfg, path: str, mesh):
       path, mesh=mesh, rules=cfg.logical_axis_rules, **model_numerics(cfg))
 
 
+def lora_config(cfg, mcfg):
+  """``mcfg`` with the run's LoRA fields (``model.lora_rank``, ``lora_alpha``,
+  ``lora_targets``); ConfigError naming a bad one."""
+  rank = int(cfg.model.get("lora_rank", 0) or 0)
+  if not rank:
+    return mcfg
+  try:
+    out = dataclasses.replace(
+        mcfg, lora_rank=rank,
+        lora_alpha=float(cfg.model.get("lora_alpha", 32.0)),
+        lora_targets=lora.parse_targets(cfg.model.get(
+            "lora_targets", ",".join(lora.TARGETS))))
+    lora.check(out)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  return out
+
+
+def with_lora(cfg, mcfg, module, mesh):
+  """(ModelConfig, module): the starting policy with fresh LoRA adapters
+  on its frozen base when ``model.lora_rank`` > 0 (``lora.add_adapters``;
+  the base in the compute dtype); else as it is."""
+  lcfg = lora_config(cfg, mcfg)
+  if not lora.enabled(lcfg):
+    return mcfg, module
+  return lcfg, lora.add_adapters(module, lcfg, seed=cfg.seed, mesh=mesh,
+                                 rules=cfg.logical_axis_rules)
+
+
+def reference_params(policy: Learner, mcfg):
+  """pi_ref's params for ``policy.apply``: a copy of the starting params in
+  the inference dtype; with LoRA the adapters off (all zero: the frozen
+  base itself, no copy of it; ``lora.adapters_off``)."""
+  if lora.enabled(mcfg):
+    return lora.adapters_off(policy.params, policy.state_sh.params)
+  return inference_params(policy.params, mcfg, policy.state_sh.params)
+
+
+def merged(learner_or_module, mcfg):
+  """(ModelConfig, Transformer) the engine and exports see: with LoRA the
+  base config and the merged weights (``lora.merged_model``, on device);
+  else the module as it is."""
+  module = learner_or_module
+  if isinstance(module, Learner):
+    module = module.module()
+  return lora.merged_model(module, mcfg)
+
+
 def cast_floating(tree, dtype):
   """Floating leaves of ``tree`` cast to ``dtype`` (device arrays keep
   their sharding, numpy stays numpy); other leaves as they are."""
@@ -206,6 +255,7 @@ def inference_model(model, mcfg):
   dtypes). A scanned model comes in the unrolled layout the engine runs
   (``engine_config``, ``engine_params``)."""
   if isinstance(model, nnx.Module):
+    mcfg, model = merged(model, mcfg)  # LoRA: merged weights
     model = nnx.split(model, nnx.Param, ...)
   graphdef, params, *rest = model
   if mcfg.scan_layers:
@@ -223,7 +273,8 @@ def engine_config(mcfg):
   (per-layer KV-cache buffers written in place at each decode step;
   ``transformer.unrolled``) and no remat (nothing is differentiated; a
   remat block inside the decode loop fails to trace)."""
-  return dataclasses.replace(mcfg, scan_layers=False, remat=False)
+  return dataclasses.replace(lora.base_config(mcfg), scan_layers=False,
+                             remat=False)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -378,7 +429,7 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       # whole for a DLPack hand-over under nccl; gloo sends host copies.
       device = None if push.on_host else jax.local_devices()[0]
       out = push(engine, weight_sync.hf_named_arrays(
-          learner.module(), mcfg, device=device), version)
+          *merged(learner, mcfg)[::-1], device=device), version)
       synced.record(engine, learner)
       sync_log.add(version=version, broadcast_s=out["seconds"],
                    total_s=time.perf_counter() - start, bytes=out["bytes"])
@@ -389,7 +440,11 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       # under bfloat16 compute, resharded device to device onto its host
       # mesh (no host copy; the SGLang export below shares the files out
       # instead).
-      params = engine_params(learner.params, mcfg)
+      if lora.enabled(mcfg):  # merged on device (lora.merged_params)
+        cfg0, params = lora.merged_params(learner.module(), mcfg)
+        params = engine_params(params, cfg0)
+      else:
+        params = engine_params(learner.params, mcfg)
       if multihost:
         params = distributed.to_host_mesh(
             cast_floating(params, mcfg.inference_dtype), learner.mesh,
@@ -405,9 +460,9 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       # host holds the model; weight_sync.export_hf_multihost); it returns
       # when the directory is complete, then every host's client loads it.
       nbytes = weight_sync.export_hf_multihost(
-          learner.module(), mcfg, path, tokenizer_dir=tokenizer_dir)
+          *merged(learner, mcfg)[::-1], path, tokenizer_dir=tokenizer_dir)
     else:
-      nbytes = weight_sync.export_hf(learner.module(), mcfg, path,
+      nbytes = weight_sync.export_hf(*merged(learner, mcfg)[::-1], path,
                                      tokenizer_dir=tokenizer_dir,
                                      threads=threads)
     export_s = time.perf_counter() - start
@@ -456,6 +511,7 @@ def engine_module(module, mcfg, mesh, engine_mesh, rules):
   from ``mesh``, the learner's)."""
   if not distributed.is_multihost():
     return module
+  mcfg, module = merged(module, mcfg)  # LoRA: merged weights
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params = cast_floating(params, mcfg.inference_dtype)
   rules = sharding.inference_rules(rules)
@@ -568,14 +624,15 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   if metrics is not None:
     metrics.close()
   models.check_tokenizer_matches(tokenizer, mcfg)
+  mcfg, module = with_lora(cfg, mcfg, module, mesh)  # model.lora_rank > 0
   policy = make_policy_learner(
       cfg, module, mesh, lr=cfg.train.lr,
       loss_fn=ts.make_policy_loss(policy_loss_config(cfg,
                                                      rspo=cfg.rspo.enabled)),
   )
   # pi_ref is only run forward: kept in the inference dtype (bf16 under
-  # bf16 compute), sharded like the policy.
-  ref_params = inference_params(policy.params, mcfg, policy.state_sh.params)
+  # bf16 compute), sharded like the policy; with LoRA the base itself.
+  ref_params = reference_params(policy, mcfg)
   critic = None
   if cfg.algo.name == "ppo":
     backbone = nnx.merge(policy.graphdef, policy.frozen_params(),

@@ -319,9 +319,18 @@ def activation_collectives(hlo, params, mesh_shape, bound,
 
 
 def abstract_model(cfg):
-  """(graphdef, params, rest) with ShapeDtypeStruct leaves."""
+  """(graphdef, params, rest) with ShapeDtypeStruct leaves: the trainable
+  params as a Learner splits them (``train_step.split_trainable``; a LoRA
+  model's adapters, its frozen base in ``rest``)."""
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  return nnx.split(model, nnx.Param, ...)
+  return ts.split_trainable(model)
+
+
+def placed(mesh, tree, rules=RULES):
+  """``tree``'s ShapeDtypeStructs with the shardings of its logical names
+  (a LoRA model's frozen base, an argument of the compiled programs)."""
+  sh = shd.state_shardings(mesh, tree, rules)
+  return jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), tree, sh)
 
 
 def sds(shape, dtype, sharding=None):
@@ -411,6 +420,7 @@ def compile_train_step(mesh, cfg, rows, length, *, n_micro=1, window=0,
   (0: every position); with ``partitioned``, the HLO right after SPMD
   partitioning too."""
   graphdef, params, rest = abstract_model(cfg)
+  rest = placed(mesh, rest, rules)
   tx = ts.make_optimizer(1e-6)
   state, state_sh = abstract_state(mesh, params, tx, rules)
   batch = abstract_batch(mesh, rows, length, rules)
@@ -437,6 +447,7 @@ def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
   if param_dtype:
     cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
   graphdef, params, rest = abstract_model(cfg)
+  rest = placed(mesh, rest, rules)
   param_sh = shd.state_shardings(mesh, params, rules)
   fn = ts.make_logprob_fn(graphdef, rest, mesh=mesh, param_shardings=param_sh,
                           rules=rules, window=window)

@@ -99,21 +99,29 @@ def chunked(fn, n_chunks: int, mesh: Mesh, param_shardings, rules):
   one call on all rows."""
   bs = shd.batch_sharding(mesh, rules, 2)
   ways = _row_ways(mesh, rules)
+  # A train_step function's frozen state stays an argument (not a constant
+  # of this program): ``train_step._frozen_arg``.
+  inner = getattr(fn, "jitted", None)
+  frozen = getattr(fn, "frozen", None)
+  if inner is None:
+    inner = lambda *args: fn(*args[:-1])
 
-  def run(params, arrays):
+  def run(params, arrays, frozen):
     rows = arrays[0].shape[0]
     pad = n_chunks * chunk_rows(rows, n_chunks, ways) - rows
     if pad:
       arrays = tuple(jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
                      for x in arrays)
     micro = ts.split_micro(arrays, n_chunks, pad=False)
-    outs = jax.lax.map(lambda xs: fn(params, *xs), micro)
+    outs = jax.lax.map(lambda xs: inner(params, *xs, frozen), micro)
     outs = jnp.moveaxis(outs, 0, 1)  # [B' / n, n, T]
     return outs.reshape((-1,) + outs.shape[2:])[:rows]
 
-  jitted = jax.jit(run, in_shardings=(param_shardings, bs), out_shardings=bs)
-  call = lambda params, *arrays: jitted(params, tuple(arrays))
-  call.lower = lambda params, *arrays: jitted.lower(params, tuple(arrays))
+  jitted = jax.jit(run, in_shardings=(param_shardings, bs, None),
+                   out_shardings=bs)
+  call = lambda params, *arrays: jitted(params, tuple(arrays), frozen)
+  call.lower = lambda params, *arrays: jitted.lower(params, tuple(arrays),
+                                                    frozen)
   return call
 
 

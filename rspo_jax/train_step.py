@@ -51,6 +51,7 @@ from jax.sharding import Mesh, NamedSharding
 from rspo_jax import batching
 from rspo_jax import losses
 from rspo_jax import sharding as shd
+from rspo_jax.models import lora
 from rspo_jax.models import transformer as tfm
 
 # loss_fn(model, batch, rng[, window=R][, totals=T]) -> (loss, metrics)
@@ -148,9 +149,22 @@ def make_optimizer(
 # --------------------------------------------------------------------------
 
 
-def split_trainable(module: nnx.Module, wrt=nnx.Param):
-  """(graphdef, trainable params, everything else) of an NNX module."""
+def split_trainable(module: nnx.Module, wrt=lora.TRAINABLE):
+  """(graphdef, trainable params, everything else) of an NNX module: every
+  ``nnx.Param`` but a LoRA model's frozen base (``lora.FrozenParam``, which
+  goes with the rest)."""
   return nnx.split(module, wrt, ...)
+
+
+def _frozen_arg(fn, frozen):
+  """``fn(*args, frozen)`` (jitted) called as ``fn(*args)``, ``.lower``
+  too: the frozen state is an argument of the program (sharded as its
+  arrays lie), not a constant baked into it -- a LoRA model's base
+  weights, the whole model in size."""
+  call = lambda *args: fn(*args, frozen)
+  call.lower = lambda *args: fn.lower(*args, frozen)
+  call.jitted, call.frozen = fn, frozen
+  return call
 
 
 def _on_mesh(mesh: Mesh, tree, shardings=None):
@@ -243,8 +257,8 @@ def split_micro(batch, n_micro: int, *, pad: bool = True):
 
 
 def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
-  """``micro_batches(params, batch, rng, totals)`` run by each 'data' shard
-  on its own rows (``jax.shard_map``, manual over 'data' only: 'fsdp' and
+  """``micro_batches(params, frozen, batch, rng, totals)`` run by each
+  'data' shard on its own rows (``jax.shard_map``, manual over 'data' only: 'fsdp' and
   'tensor' stay with the partitioner), its gradients accumulated there,
   then reduced once:
 
@@ -269,16 +283,16 @@ def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
   P = jax.sharding.PartitionSpec
   rows = jax.tree.map(lambda _: P("data"), batch_sharding_tree)
 
-  def local(params, batch, rng, totals):
+  def local(params, frozen, batch, rng, totals):
     rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
-    loss, metrics, grads = micro_batches(params, batch, rng, totals)
+    loss, metrics, grads = micro_batches(params, frozen, batch, rng, totals)
     reduce = lambda k: jax.lax.pmax if is_max_metric(k) else jax.lax.psum
     metrics = {k: reduce(k)(v, "data") for k, v in metrics.items()}
     return (jax.lax.psum(loss, "data"), metrics,
             jax.lax.psum(grads, "data"))
 
   return jax.shard_map(
-      local, mesh=mesh, in_specs=(P(), rows, P(), P()), out_specs=P(),
+      local, mesh=mesh, in_specs=(P(), P(), rows, P(), P()), out_specs=P(),
       axis_names={"data"}, check_vma=False,
   )
 
@@ -303,8 +317,9 @@ def make_train_step(
 ):
   """Returns jitted ``step(state, batch, rng) -> (state, metrics)``.
 
-  ``frozen`` is the non-trainable part of the module state (closed over as
-  a constant; e.g. RNG counters or a frozen PRM backbone's params).
+  ``frozen`` is the non-trainable part of the module state (e.g. RNG
+  counters, a LoRA model's frozen base): an argument of the jitted program
+  placed as its arrays lie (``_frozen_arg``), never differentiated.
   ``window > 0`` is passed to ``loss_fn`` as ``window=`` (module docstring).
   A summed loss in several micro-batches on a mesh with a 'data' axis runs
   its loop data-locally (``_data_local``).
@@ -312,7 +327,7 @@ def make_train_step(
   kw = {"window": window} if window else {}
   totals_fn = batch_totals_of(loss_fn)
 
-  def grads_of(params, batch, rng, totals):
+  def grads_of(params, frozen, batch, rng, totals):
     extra = {} if totals is None else {"totals": totals}
 
     def f(p):
@@ -322,20 +337,21 @@ def make_train_step(
     (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
     return loss, metrics, grads
 
-  def micro_batches(params, batch, rng, totals):
+  def micro_batches(params, frozen, batch, rng, totals):
     """(loss, metrics, grads) of ``batch`` in ``n_micro`` micro-batches."""
     if n_micro == 1:
-      return grads_of(params, batch, rng, totals)
+      return grads_of(params, frozen, batch, rng, totals)
     micro = split_micro(batch, n_micro, pad=totals is not None)
 
     def body(acc, xs):
       mb, i = xs
-      out = grads_of(params, mb, jax.random.fold_in(rng, i), totals)
+      out = grads_of(params, frozen, mb, jax.random.fold_in(rng, i), totals)
       return combine_micro(acc, out), None
 
     first = jax.tree.map(lambda x: x[0], micro)
     zeros = jax.tree.map(
-        jnp.zeros_like, jax.eval_shape(grads_of, params, first, rng, totals)
+        jnp.zeros_like,
+        jax.eval_shape(grads_of, params, frozen, first, rng, totals)
     )
     (loss, metrics, grads), _ = jax.lax.scan(
         body, zeros, (micro, jnp.arange(n_micro))
@@ -351,11 +367,12 @@ def make_train_step(
   if data_local:
     micro_batches = _data_local(micro_batches, mesh, batch_sharding_tree)
 
-  def step(state: TrainState, batch, rng):
+  def step(state: TrainState, batch, rng, frozen):
     rng = jax.random.fold_in(rng, state.step)
     # Whole-batch normalisers: sums over the global batch (every device).
     totals = None if totals_fn is None else totals_fn(batch)
-    loss, metrics, grads = micro_batches(state.params, batch, rng, totals)
+    loss, metrics, grads = micro_batches(state.params, frozen, batch, rng,
+                                         totals)
     metrics = dict(metrics)
     if totals is not None:
       metrics.update(totals)
@@ -375,12 +392,13 @@ def make_train_step(
     metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
     return new_state, metrics
 
-  return jax.jit(
+  return _frozen_arg(jax.jit(
       step,
-      in_shardings=(state_shardings, batch_sharding_tree, shd.replicated(mesh)),
+      in_shardings=(state_shardings, batch_sharding_tree, shd.replicated(mesh),
+                    None),  # frozen: as its arrays lie
       out_shardings=(state_shardings, shd.replicated(mesh)),
       donate_argnums=(0,) if donate else (),
-  )
+  ), frozen)
 
 
 # --------------------------------------------------------------------------
@@ -608,16 +626,16 @@ def make_logprob_fn(
   (0 elsewhere, see ``policy_forward``)."""
   bs = shd.batch_sharding(mesh, rules, 2)
 
-  def fn(params, tokens, positions, attention_mask, loss_mask):
+  def fn(params, tokens, positions, attention_mask, loss_mask, frozen):
     model = nnx.merge(graphdef, params, frozen)
     logp, _ = policy_forward(
         model, tokens, positions, attention_mask, loss_mask, window=window
     )
     return logp
 
-  return jax.jit(
-      fn, in_shardings=(param_shardings, bs, bs, bs, bs), out_shardings=bs
-  )
+  return _frozen_arg(jax.jit(
+      fn, in_shardings=(param_shardings, bs, bs, bs, bs, None),
+      out_shardings=bs), frozen)
 
 
 def make_apply_fn(graphdef, frozen, *, mesh: Mesh, param_shardings, rules):
@@ -625,10 +643,10 @@ def make_apply_fn(graphdef, frozen, *, mesh: Mesh, param_shardings, rules):
   for value / reward heads that return [B, T]."""
   bs = shd.batch_sharding(mesh, rules, 2)
 
-  def fn(params, tokens, positions, attention_mask):
+  def fn(params, tokens, positions, attention_mask, frozen):
     model = nnx.merge(graphdef, params, frozen)
     return model(tokens, positions, attention_mask)
 
-  return jax.jit(
-      fn, in_shardings=(param_shardings, bs, bs, bs), out_shardings=bs
-  )
+  return _frozen_arg(jax.jit(
+      fn, in_shardings=(param_shardings, bs, bs, bs, None), out_shardings=bs
+  ), frozen)

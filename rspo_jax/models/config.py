@@ -72,6 +72,14 @@ class ModelConfig:
   eos_token_id: Optional[Any] = None  # int or tuple of ints
   logical_axis_rules: Optional[tuple] = None
   attention: str = "auto"  # auto | xla | cudnn | splash | plain
+  # LoRA (models/lora.py): rank 0 = off (full fine-tuning). With a rank r,
+  # each target projection W of every block gains W + (alpha / r) A B, A
+  # [in, r] random and B [r, out] zero (so the model starts equal to its
+  # base); only A and B (float32) train, the base is frozen in the compute
+  # dtype. Targets: attention q, k, v, o and MLP gate, up, down.
+  lora_rank: int = 0
+  lora_alpha: float = 32.0
+  lora_targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
 
   def __post_init__(self):
     if self.family not in FAMILIES:

@@ -9,6 +9,11 @@ Numerics: weights are stored in ``cfg.param_dtype`` (float32 masters) and
 cast to the compute dtype ``cfg.dtype`` at each use; RMSNorm statistics,
 attention scores and softmax, and the logits are float32.
 
+LoRA (``cfg.lora_rank > 0``, ``lora.py``): each target projection adds
+``(alpha / r) B(A(x))`` to its einsum's output (``Attention._proj`` /
+``_out``, ``MLP._mm``); the base weights are ``lora.FrozenParam`` in the
+compute dtype, the adapters ``nnx.LoRAParam`` in ``param_dtype``.
+
 Attention (``cfg.attention``, ``attention_implementation``): without a KV
 cache or an offset window, a kernel -- ``jax.nn.dot_product_attention``
 (cuDNN's fused kernel on GPU, XLA's on CPU) or Pallas splash attention on
@@ -52,7 +57,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from rspo_jax import sharding as _sharding  # noqa: F401  (sets flax flags)
-from rspo_jax.models import splash
+from rspo_jax.models import lora, splash
 from rspo_jax.models.config import ModelConfig
 
 _MASK_VALUE = -1e30  # finite, so fully-masked (padding) rows give no NaN
@@ -224,21 +229,22 @@ def _apply(shard, fn, x, var: nnx.Variable):
   return shard.apply(fn, x, var.value, names)
 
 
-def _param(rngs, shape, names, dtype, init="normal"):
+def _param(rngs, shape, names, dtype, init="normal", kind=nnx.Param):
+  """A weight of ``kind`` (a LoRA model's base: ``lora.FrozenParam``)."""
   if init == "normal":
     value = _INIT_STD * jax.random.normal(rngs.params(), shape, dtype)
   elif init == "zeros":
     value = jnp.zeros(shape, dtype)
   else:
     value = jnp.ones(shape, dtype)
-  return nnx.Param(value, out_sharding=names)
+  return kind(value, out_sharding=names)
 
 
 class RMSNorm(nnx.Module):
   """``y = scale * x / sqrt(mean(x^2) + eps)``, computed in float32."""
 
-  def __init__(self, dim: int, eps: float, param_dtype):
-    self.scale = nnx.Param(
+  def __init__(self, dim: int, eps: float, param_dtype, kind=nnx.Param):
+    self.scale = kind(
         jnp.ones((dim,), param_dtype), out_sharding=("norm",)
     )
     self.eps = eps
@@ -260,25 +266,34 @@ class Attention(nnx.Module):
         cfg.num_kv_heads,
         cfg.head_dim,
     )
-    pdt = jnp.dtype(cfg.param_dtype)
-    self.q = _param(rngs, (d, h, dh), ("embed", "heads", "head_dim"), pdt)
-    self.k = _param(rngs, (d, kv, dh), ("embed", "kv_heads", "head_dim"), pdt)
-    self.v = _param(rngs, (d, kv, dh), ("embed", "kv_heads", "head_dim"), pdt)
-    self.o = _param(rngs, (h, dh, d), ("heads", "head_dim", "embed"), pdt)
+    pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
+    shapes = {"q": ((d, h, dh), ("embed", "heads", "head_dim")),
+              "k": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
+              "v": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
+              "o": ((h, dh, d), ("heads", "head_dim", "embed"))}
+    for name, (shape, names) in shapes.items():
+      setattr(self, name, _param(rngs, shape, names, pdt, kind=kind))
     if cfg.qkv_bias:
-      self.q_bias = _param(rngs, (h, dh), ("heads", "head_dim"), pdt, "zeros")
+      self.q_bias = _param(rngs, (h, dh), ("heads", "head_dim"), pdt, "zeros",
+                           kind)
       self.k_bias = _param(
-          rngs, (kv, dh), ("kv_heads", "head_dim"), pdt, "zeros"
+          rngs, (kv, dh), ("kv_heads", "head_dim"), pdt, "zeros", kind
       )
       self.v_bias = _param(
-          rngs, (kv, dh), ("kv_heads", "head_dim"), pdt, "zeros"
+          rngs, (kv, dh), ("kv_heads", "head_dim"), pdt, "zeros", kind
       )
     else:
       self.q_bias = self.k_bias = self.v_bias = None
+    # LoRA adapters (lora.py): None unless cfg.lora_rank and a target.
+    for name, (shape, names) in shapes.items():
+      setattr(self, name + lora.SUFFIX,
+              lora.adapter(cfg, name, shape, names, rngs=rngs))
     self.cfg = cfg
 
-  def _proj(self, x, w, b, shard):
+  def _proj(self, x, w, b, shard, adapter=None):
     y = _einsum(shard, "btd,dhk->bthk", x, w)
+    if adapter is not None:
+      y = y + adapter(shard, x)
     if b is not None:
       y = _apply(shard, jnp.add, y, b)
     return y
@@ -299,11 +314,11 @@ class Attention(nnx.Module):
     x_q, pos_q = (x, positions) if queries is None else queries
     b, t, _ = x_q.shape
     inv_freq = rope_inv_freq(self.cfg)  # numpy: a constant under jit
-    q = self._proj(x_q, self.q, self.q_bias, shard)
+    q = self._proj(x_q, self.q, self.q_bias, shard, self.q_lora)
     q = apply_rope(q, pos_q, inv_freq)
-    k = self._proj(x, self.k, self.k_bias, shard)
+    k = self._proj(x, self.k, self.k_bias, shard, self.k_lora)
     k = apply_rope(k, positions, inv_freq)
-    v = self._proj(x, self.v, self.v_bias, shard)
+    v = self._proj(x, self.v, self.v_bias, shard, self.v_lora)
     q, k, v = shard(q, QUERY), shard(k, KEY_VALUE), shard(v, KEY_VALUE)
     h, dh = q.shape[2], q.shape[3]
     kv = self.cfg.num_kv_heads
@@ -317,7 +332,7 @@ class Attention(nnx.Module):
             implementation=impl,
         )
       out = shard(out.astype(x.dtype), QUERY)
-      y = _einsum(shard, "bthk,hkd->btd", out, self.o)
+      y = self._out(out, shard)
       return shard(y, ACTIVATION), None
     qg = q.reshape(b, t, kv, h // kv, dh)
     new_cache = None
@@ -343,8 +358,14 @@ class Attention(nnx.Module):
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum(f"bkgts,{k_spec}->btkgd", probs, v.astype(x.dtype))
     out = shard(out.reshape(b, t, h, dh), QUERY)
-    y = _einsum(shard, "bthk,hkd->btd", out, self.o)
+    y = self._out(out, shard)
     return shard(y, ACTIVATION), new_cache
+
+  def _out(self, out, shard):
+    y = _einsum(shard, "bthk,hkd->btd", out, self.o)
+    if self.o_lora is not None:
+      y = y + self.o_lora(shard, out)
+    return y
 
 
 class MLP(nnx.Module):
@@ -352,25 +373,36 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
-    pdt = jnp.dtype(cfg.param_dtype)
-    self.gate = _param(rngs, (d, f), ("embed", "mlp"), pdt)
-    self.up = _param(rngs, (d, f), ("embed", "mlp"), pdt)
-    self.down = _param(rngs, (f, d), ("mlp", "embed"), pdt)
+    pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
+    shapes = {"gate": ((d, f), ("embed", "mlp")),
+              "up": ((d, f), ("embed", "mlp")),
+              "down": ((f, d), ("mlp", "embed"))}
+    for name, (shape, names) in shapes.items():
+      setattr(self, name, _param(rngs, shape, names, pdt, kind=kind))
+    for name, (shape, names) in shapes.items():  # LoRA (lora.py) or None
+      setattr(self, name + lora.SUFFIX,
+              lora.adapter(cfg, name, shape, names, rngs=rngs))
+
+  def _mm(self, subscripts, x, name, shard):
+    y = _einsum(shard, subscripts, x, getattr(self, name))
+    adapter = getattr(self, name + lora.SUFFIX)
+    return y if adapter is None else y + adapter(shard, x)
 
   def __call__(self, x, shard=NO_SHARDING):
-    g = shard(_einsum(shard, "btd,df->btf", x, self.gate), MLP_HIDDEN)
-    u = shard(_einsum(shard, "btd,df->btf", x, self.up), MLP_HIDDEN)
-    y = _einsum(shard, "btf,fd->btd", jax.nn.silu(g) * u, self.down)
+    g = shard(self._mm("btd,df->btf", x, "gate", shard), MLP_HIDDEN)
+    u = shard(self._mm("btd,df->btf", x, "up", shard), MLP_HIDDEN)
+    y = self._mm("btf,fd->btd", jax.nn.silu(g) * u, "down", shard)
     return shard(y, ACTIVATION)
 
 
 class Block(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    pdt = jnp.dtype(cfg.param_dtype)
-    self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt)
+    pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
+    self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, kind)
     self.attn = Attention(cfg, rngs=rngs)
-    self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt)
+    self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt,
+                                  kind)
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(
@@ -486,10 +518,11 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    pdt = jnp.dtype(cfg.param_dtype)
+    lora.check(cfg)
+    pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
     self.embedding = _param(
-        rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pdt
-    )
+        rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pdt,
+        kind=kind)
     blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
     if cfg.scan_layers:  # one Block of [L, ...] variables, same values
       self.layers = nnx.merge(
@@ -497,13 +530,13 @@ class Transformer(nnx.Module):
       )
     else:
       self.layers = nnx.List(blocks)
-    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt)
+    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, kind)
     if cfg.tie_word_embeddings:
       self.lm_head = None
     else:
       self.lm_head = _param(
-          rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt
-      )
+          rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt,
+          kind=kind)
 
   def __call__(
       self,

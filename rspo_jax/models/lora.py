@@ -1,0 +1,418 @@
+"""LoRA adapters for the Transformer: policy A, policy B and the critic.
+
+With ``ModelConfig.lora_rank = r > 0`` every target projection W of every
+block (``lora_targets``: attention q, k, v, o and MLP gate, up, down) is
+
+    W x  ->  W x + (alpha / r) B(A(x)),    A [in, r], B [r, out]
+
+(``lora_alpha``), A drawn as PEFT draws it (uniform in +-1/sqrt(fan_in),
+PyTorch's kaiming_uniform(a=sqrt(5))) and B zero, so a model with fresh
+adapters computes exactly what its base does (the added term is an exact
+0). The adapters are ``nnx.LoRAParam`` variables in ``param_dtype``
+(float32); every base weight of a LoRA model is a ``FrozenParam`` (an
+``nnx.Param``, so HF IO and the sharding rules see it as before) stored in
+the compute dtype (``base_dtype``). ``TRAINABLE`` selects what a Learner
+differentiates and keeps Adam moments for: every Param but the frozen base,
+i.e. the adapters (and a critic's value head); the base travels as a jit
+argument beside them (``train_step``), never in the train state, the
+checkpoints or the optimizer. pi_ref is the base with the adapters off:
+the same adapters' shapes, all zero (``adapters_off``), no second copy of
+the base. B := copy of A's adapters; B shares A's base arrays.
+
+Each adapter is applied next to its base matmul (``Adapter.__call__``,
+called by ``transformer.Attention`` / ``MLP``) through the same sharded
+einsum wrapper: the weight cast to the compute dtype on its own shards and
+its gradient taken and reduced in float32. A takes the logical names of
+W's input dimensions and B those of W's output dimensions, the rank
+dimension unnamed (replicated): adapters are sharded by their base
+matrix's rules, in both the unrolled and the scanned ([L, ...]) layouts.
+
+The rollout engine and exports see merged weights (``merged_params``,
+``merged_model``): W + (alpha / r) A B per target, computed on device in
+float32 and rounded once to the engine's dtype; a PEFT adapter directory
+(``save_peft``) carries the adapters alone for tools that load them.
+
+Why our own and not qwix (the LoRA provider Tunix uses) or flax's
+``nnx.LoRA`` module. qwix 0.1.8 (read, not installed) intercepts
+``jnp.einsum`` / ``dot_general`` and recognises a weight by the identity of
+the einsum's right operand with a module attribute (``find_param``). Our
+matmuls run ``sharding.ActivationSharding.einsum``: under bf16 compute the
+weight is cast on its shards inside a ``jax.custom_vjp``, so the operand
+is a cast copy qwix does not recognise (no adapter, silently), and one it
+did would have its adapter created inside the custom VJP (no gradient).
+qwix also creates the adapters by running the model once and setting
+attributes on the module it runs, which for scanned layers is a block
+rebuilt inside ``jax.lax.scan`` (the attributes are lost), takes the
+adapters' dtype from the base weight (bf16 adapters for a bf16 base) and
+their sharding from a concrete array's NamedSharding (none under
+``nnx.eval_shape``). ``nnx.LoRA`` wraps a Linear layer with its own
+kernel; our projections are einsums over [D, H, Dh] tensors with logical
+names. The adapter here is the same math in about 150 lines, uses
+``nnx.LoRAParam`` for its variables (so flax's filters and qwix's naming
+apply) and keeps the base's numerics and sharding untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rspo_jax import sharding
+
+# target -> (the base matmul's einsum, the HF module name of its weight)
+TARGETS = {
+    "q": ("btd,dhk->bthk", "self_attn.q_proj"),
+    "k": ("btd,dhk->bthk", "self_attn.k_proj"),
+    "v": ("btd,dhk->bthk", "self_attn.v_proj"),
+    "o": ("bthk,hkd->btd", "self_attn.o_proj"),
+    "gate": ("btd,df->btf", "mlp.gate_proj"),
+    "up": ("btd,df->btf", "mlp.up_proj"),
+    "down": ("btf,fd->btd", "mlp.down_proj"),
+}
+ATTENTION_TARGETS = ("q", "k", "v", "o")
+_RANK = "r"  # the rank dimension's einsum letter (unused by TARGETS)
+_STACK = "L"  # a scanned model's leading layer axis
+SUFFIX = "_lora"  # attribute of target t's adapter: f"{t}_lora" (a, b)
+
+
+class FrozenParam(nnx.Param):
+  """A base weight of a LoRA model: read, never trained (module doc)."""
+
+
+# What a Learner trains: every Param except a LoRA model's frozen base.
+TRAINABLE = nnx.All(nnx.Param, nnx.Not(FrozenParam))
+
+
+def enabled(cfg) -> bool:
+  return int(getattr(cfg, "lora_rank", 0) or 0) > 0
+
+
+def check(cfg) -> None:
+  """ValueError naming a bad ``lora_*`` field."""
+  if int(cfg.lora_rank) < 0:
+    raise ValueError(f"ModelConfig.lora_rank must be >= 0, got"
+                     f" {cfg.lora_rank}")
+  if not enabled(cfg):
+    return
+  if not float(cfg.lora_alpha) > 0:
+    raise ValueError(f"ModelConfig.lora_alpha must be > 0, got"
+                     f" {cfg.lora_alpha}")
+  targets = cfg.lora_targets
+  if isinstance(targets, str) or not targets:
+    raise ValueError(f"ModelConfig.lora_targets must be a non-empty tuple of"
+                     f" {tuple(TARGETS)}, got {targets!r}")
+  bad = sorted(set(targets) - set(TARGETS))
+  if bad:
+    raise ValueError(f"ModelConfig.lora_targets {bad} unknown; use some of"
+                     f" {tuple(TARGETS)}")
+
+
+def parse_targets(text) -> tuple:
+  """'q,k,v,o,gate,up,down' (or a sequence) -> a tuple in TARGETS order."""
+  items = text.replace(";", ",").split(",") if isinstance(text, str) else text
+  items = {str(t).strip() for t in items if str(t).strip()}
+  bad = sorted(items - set(TARGETS))
+  if bad:
+    raise ValueError(f"model.lora_targets {bad} unknown; use some of"
+                     f" {tuple(TARGETS)}")
+  return tuple(t for t in TARGETS if t in items)
+
+
+def scale(cfg) -> float:
+  return float(cfg.lora_alpha) / int(cfg.lora_rank)
+
+
+def base_dtype(cfg) -> str:
+  """The dtype a model's base weights are held in: with LoRA the compute
+  dtype (``inference_dtype``: the forward casts every weight to it anyway,
+  so outputs are unchanged and the base takes half the memory of float32
+  masters under bf16); without, ``param_dtype`` (trained masters)."""
+  return cfg.inference_dtype if enabled(cfg) else cfg.param_dtype
+
+
+def param_kind(cfg):
+  """The Variable type of a base weight."""
+  return FrozenParam if enabled(cfg) else nnx.Param
+
+
+def base_config(cfg):
+  """``cfg`` without adapters (every ``lora_*`` field at its default): the
+  layout of merged weights and exports."""
+  if not enabled(cfg):
+    return cfg
+  return dataclasses.replace(cfg, **{
+      f.name: f.default for f in dataclasses.fields(cfg)
+      if f.name.startswith("lora_")})
+
+
+def _terms(subscripts: str):
+  """'btd,dhk->bthk' -> ('btd', 'dhk', 'bthk', in 'd', out 'hk')."""
+  lhs, out = subscripts.split("->")
+  x, w = lhs.split(",")
+  return x, w, out, "".join(c for c in w if c in x), "".join(
+      c for c in w if c in out)
+
+
+def merge_subscripts(subscripts: str, stacked: bool = False) -> str:
+  """The einsum of the weight delta A B in W's layout ('dr,rhk->dhk')."""
+  _, w, _, fin, fout = _terms(subscripts)
+  s = _STACK if stacked else ""
+  return f"{s}{fin}{_RANK},{s}{_RANK}{fout}->{s}{w}"
+
+
+class Adapter(nnx.Module):
+  """``(alpha / r) B(A(x))`` for one base matmul ``einsum(subscripts, x,
+  W)``; A [W's input dims..., r], B [r, W's output dims...]."""
+
+  def __init__(self, cfg, subscripts: str, w_shape, w_names, *,
+               rngs: nnx.Rngs):
+    x, w, out, fin, fout = _terms(subscripts)
+    assert _RANK not in subscripts, subscripts
+    dims = dict(zip(w, w_shape))
+    names = dict(zip(w, w_names))
+    r, pdt = int(cfg.lora_rank), jnp.dtype(cfg.param_dtype)
+    a_shape = tuple(dims[c] for c in fin) + (r,)
+    bound = 1.0 / math.sqrt(math.prod(dims[c] for c in fin))
+    self.a = nnx.LoRAParam(
+        jax.random.uniform(rngs.params(), a_shape, pdt, -bound, bound),
+        out_sharding=tuple(names[c] for c in fin) + (None,))
+    self.b = nnx.LoRAParam(
+        jnp.zeros((r,) + tuple(dims[c] for c in fout), pdt),
+        out_sharding=(None,) + tuple(names[c] for c in fout))
+    rows = "".join(c for c in x if c not in w)
+    self.down_spec = f"{x},{fin}{_RANK}->{rows}{_RANK}"
+    self.up_spec = f"{rows}{_RANK},{_RANK}{fout}->{out}"
+    self.scale = scale(cfg)
+
+  def __call__(self, shard, x):
+    """The delta in x's dtype (both einsums through ``shard.einsum``)."""
+    u = shard.einsum(self.down_spec, x, self.a.value,
+                     self.a.get_metadata().get("out_sharding"))
+    u = u * jnp.asarray(self.scale, u.dtype)
+    return shard.einsum(self.up_spec, u, self.b.value,
+                        self.b.get_metadata().get("out_sharding"))
+
+
+def adapter(cfg, target: str, w_shape, w_names, *,
+            rngs: nnx.Rngs) -> Optional[Adapter]:
+  """Target ``target``'s adapter, or None (LoRA off / not a target)."""
+  if not enabled(cfg) or target not in cfg.lora_targets:
+    return None
+  return Adapter(cfg, TARGETS[target][0], w_shape, w_names, rngs=rngs)
+
+
+# ------------------------------------------------------- building a model
+
+
+def _transformer(cfg, seed: int = 0):
+  from rspo_jax.models.transformer import Transformer
+
+  return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def add_adapters(module, cfg, *, seed: int = 0, mesh=None,
+                 rules=sharding.DEFAULT_RULES):
+  """A LoRA Transformer of ``cfg`` (``lora_rank > 0``) on the base weights
+  of ``module`` (a Transformer of ``base_config(cfg)``, same layout): the
+  base cast to ``base_dtype(cfg)`` (a device array keeps its sharding; with
+  ``mesh``, placed by the logical rules), fresh adapters (B = 0), created
+  on their shards in one jitted init."""
+  check(cfg)
+  if not enabled(cfg):
+    raise ValueError("add_adapters: cfg.lora_rank is 0")
+  from rspo_jax.models import hf_io
+
+  graphdef, adapters_abs, rest_abs = nnx.split(
+      nnx.eval_shape(lambda: _transformer(cfg, seed)), nnx.LoRAParam, ...)
+  out_sh = None
+  if mesh is not None:
+    out_sh = sharding.state_shardings(mesh, adapters_abs, rules)
+  # Only the adapters are returned: XLA drops the base's init as dead code.
+  adapters = jax.jit(
+      lambda: nnx.state(_transformer(cfg, seed), nnx.LoRAParam),
+      out_shardings=out_sh,
+      compiler_options=hf_io._init_compiler_options(),  # pylint: disable=protected-access
+  )()
+  base = dict(nnx.to_flat_state(nnx.state(module)))
+  rest_flat = nnx.to_flat_state(rest_abs)
+  missing = sorted("/".join(map(str, p)) for p, _ in rest_flat
+                   if p not in base)
+  if missing:
+    raise ValueError(f"add_adapters: the base module lacks {missing[:4]}"
+                     " (another layout or model shape?)")
+  flat_sh = (dict(nnx.to_flat_state(sharding.state_shardings(
+      mesh, rest_abs, rules))) if mesh is not None else {})
+  dt = jnp.dtype(base_dtype(cfg))
+  out = []
+  for p, var in rest_flat:
+    value = base[p].get_value()
+    if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype != dt:
+      value = value.astype(dt)
+    if p in flat_sh:
+      value = jax.device_put(value, flat_sh[p].get_value())
+    out.append((p, var.replace(value)))
+  out += list(nnx.to_flat_state(adapters))
+  return nnx.merge(graphdef, nnx.from_flat_state(out))
+
+
+# ------------------------------------------------------------- merging
+
+
+def _key(path) -> str:
+  return "/".join(str(p) for p in path)
+
+
+def _merge_plan(state, cfg) -> tuple:
+  """((a key, b key, W key, einsum, scale), ...) of a LoRA state."""
+  plan = []
+  s = scale(cfg)
+  for path, _ in nnx.to_flat_state(state):
+    if path[-1] != "a" or not str(path[-2]).endswith(SUFFIX):
+      continue
+    target = str(path[-2])[:-len(SUFFIX)]
+    stacked = path[0] == "layers" and not isinstance(path[1], int)
+    plan.append((_key(path), _key(path[:-1] + ("b",)),
+                 _key(path[:-2] + (target,)),
+                 merge_subscripts(TARGETS[target][0], stacked), s))
+  return tuple(plan)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _merge(flat: dict, plan: tuple, dtype: str) -> dict:
+  """W + scale A B per plan entry, in float32, rounded once to dtype;
+  every other base array cast to dtype; the adapters dropped."""
+  dt = jnp.dtype(dtype)
+  out = {}
+  deltas = {w: (spec, s, a, b) for a, b, w, spec, s in plan}
+  adapters = {a for a, *_ in plan} | {b for _, b, *_ in plan}
+  for k, x in flat.items():
+    if k in adapters:
+      continue
+    if k in deltas:
+      spec, s, a, b = deltas[k]
+      delta = jnp.einsum(spec, flat[a].astype(jnp.float32),
+                         flat[b].astype(jnp.float32),
+                         precision=jax.lax.Precision.HIGHEST)
+      x = x.astype(jnp.float32) + s * delta
+    out[k] = x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  return out
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_params(cfg0):
+  """The nnx.Param variables (abstract) of a Transformer of ``cfg0``."""
+  model = nnx.eval_shape(lambda: _transformer(cfg0))
+  return nnx.split(model, nnx.Param, ...)[1]
+
+
+def merged_params(model, cfg, dtype: Optional[str] = None):
+  """``(base_config(cfg), params)``: a LoRA model's (a Transformer, or its
+  full ``nnx.State``) weights merged, W + (alpha / r) A B, as the params
+  (``nnx.Param``) of a Transformer of the base config, in ``dtype``
+  (default ``base_dtype(cfg)``), on device where the inputs are. At
+  B = 0 each merged weight is its base weight exactly."""
+  state = model if isinstance(model, nnx.State) else nnx.state(model,
+                                                               nnx.Param)
+  cfg0 = base_config(cfg)
+  dtype = str(jnp.dtype(dtype or base_dtype(cfg)))
+  flat = {_key(p): v.get_value() for p, v in nnx.to_flat_state(state)}
+  out = _merge(flat, _merge_plan(state, cfg), dtype)
+  params = [(p, var.replace(out[_key(p)]))
+            for p, var in nnx.to_flat_state(_abstract_params(cfg0))]
+  return cfg0, nnx.from_flat_state(params)
+
+
+def merged_model(module, cfg, dtype: Optional[str] = None):
+  """``(base_config(cfg), Transformer)`` with merged weights
+  (``merged_params``); a model without adapters as it is."""
+  if not enabled(cfg):
+    return cfg, module
+  from rspo_jax.models.transformer import graphdef_of
+
+  cfg0, params = merged_params(module, cfg, dtype)
+  return cfg0, nnx.merge(graphdef_of(cfg0), params)
+
+
+def adapters_off(params, shardings=None):
+  """pi_ref of a LoRA learner: its trainable params all zero (the base with
+  no adapter; a critic's head, if any, zeroed too), new buffers placed as
+  ``shardings``. The adapters' size, not the model's."""
+  return jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t),
+                 out_shardings=shardings)(params)
+
+
+def nbytes(tree) -> int:
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+# ------------------------------------------------------------ PEFT export
+
+
+def peft_tensors(model, cfg, dtype: str = "float32") -> dict:
+  """PEFT tensor name -> numpy array of a LoRA Transformer's adapters:
+  ``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``
+  [r, in] and ``...lora_B.weight`` [out, r] (PyTorch's [out, in] Linear
+  layout: B_hf A_hf = (A B)^T, the delta of HF's weight)."""
+  from rspo_jax.models import hf_io
+
+  state = nnx.state(model, nnx.LoRAParam)
+  out = {}
+  for path, var in nnx.to_flat_state(state):
+    host = hf_io._host_array(var.get_value(), np.dtype(dtype))  # pylint: disable=protected-access
+    target, which = str(path[-2])[:-len(SUFFIX)], path[-1]
+    stacked = path[0] == "layers" and not isinstance(path[1], int)
+    layers = range(host.shape[0]) if stacked else [path[1]]
+    for i in layers:
+      a = host[i] if stacked else host
+      r = int(cfg.lora_rank)
+      t = a.reshape(-1, r).T if which == "a" else a.reshape(r, -1).T
+      name = (f"base_model.model.model.layers.{i}.{TARGETS[target][1]}"
+              f".lora_{which.upper()}.weight")
+      out[name] = np.ascontiguousarray(t)
+  return dict(sorted(out.items()))
+
+
+def peft_config(cfg, base_model: str = "") -> dict:
+  return {
+      "peft_type": "LORA",
+      "task_type": "CAUSAL_LM",
+      "base_model_name_or_path": base_model or None,
+      "r": int(cfg.lora_rank),
+      "lora_alpha": float(cfg.lora_alpha),
+      "lora_dropout": 0.0,
+      "target_modules": sorted(TARGETS[t][1].split(".")[-1]
+                               for t in cfg.lora_targets),
+      "bias": "none",
+      "fan_in_fan_out": False,
+      "use_rslora": False,
+      "init_lora_weights": True,
+      "inference_mode": True,
+      "modules_to_save": None,
+  }
+
+
+def save_peft(model, cfg, path: str, *, base_model: str = "",
+              dtype: str = "float32") -> int:
+  """Writes a PEFT LoRA adapter directory (adapter_config.json,
+  adapter_model.safetensors) of ``model``'s adapters; returns the tensor
+  bytes. All processes gather, process 0 writes."""
+  from rspo_jax.models import hf_io
+
+  tensors = peft_tensors(model, cfg, dtype)
+  if jax.process_index() == 0:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+      json.dump(peft_config(cfg, base_model), f, indent=2, sort_keys=True)
+      f.write("\n")
+    hf_io.save_safetensors(tensors, os.path.join(
+        path, "adapter_model.safetensors"), metadata={"format": "pt"})
+  return int(sum(t.nbytes for t in tensors.values()))
