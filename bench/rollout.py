@@ -34,6 +34,15 @@ one file, float32 here) and the streamed one (``weight_sync.export_hf``,
 threads), to /dev/shm and to ``--export_dir`` (disk), then a whole sync
 (export + our SGLang-API server loading it) and a second sync of the same
 weights (skipped: no export).
+
+  python bench/rollout.py --lora_sync 16 [--presets tiny,small-25m]
+
+compares a weight sync of the whole model with one of LoRA adapters of
+that rank (models/lora.py, issue 39): the bytes a sync must move (the
+model in the engine's dtype; the adapters in float32), the seconds of an
+in-process JaxEngine sync (LoRA: merged on device, W + (alpha / r) A B,
+then handed over) and of the export an SGLang sync writes (the HF
+directory; LoRA: the PEFT adapter directory alone).
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ def main(argv=None):
   p.add_argument("--sync", action="store_true",
                  help="time weight syncs instead of collections")
   p.add_argument("--presets", default="tiny,small-25m")
+  p.add_argument("--lora_sync", type=int, default=0,
+                 help="a LoRA rank: compare full and LoRA weight syncs")
   p.add_argument("--repeats", type=int, default=3,
                  help="timed runs: collections (engines take turns, median"
                  " reported), syncs and server steps (best of)")
@@ -94,6 +105,8 @@ def main(argv=None):
                  help="the --sglang_url server's log: count its prefill"
                  " forwards ('Prefill batch' lines) per collection")
   args = p.parse_args(argv)
+  if args.lora_sync:
+    return bench_lora_sync(args)
   if args.sync:
     return bench_sync(args)
   if args.shared_heads:
@@ -449,6 +462,66 @@ def bench_sync(args):
     srv.server_close()
   if shm:
     shutil.rmtree(shm, ignore_errors=True)
+
+
+def bench_lora_sync(args):
+  """One JSON line per (preset, full | lora): bytes and seconds of a sync
+  (module docstring, ``--lora_sync``)."""
+  import dataclasses
+  import shutil
+
+  import jax
+  import jax.numpy as jnp
+
+  from rspo_jax import build, models, sharding, train_step as ts
+  from rspo_jax import weight_sync
+  from rspo_jax.learner import Learner
+  from rspo_jax.models import lora
+  from rspo_jax.rollout.jax_engine import JaxEngine
+
+  root = tempfile.mkdtemp(prefix="bench_lora_sync_")
+  rank = args.lora_sync
+  for preset in args.presets.split(","):
+    mcfg = models.get_model_config(preset)
+    module = models.create_model(mcfg, seed=0)
+    lcfg = dataclasses.replace(mcfg, lora_rank=rank, lora_alpha=2.0 * rank)
+    cases = (("full", mcfg, module),
+             ("lora", lcfg, lora.add_adapters(module, lcfg, seed=1)))
+    for name, cfg, mod in cases:
+      learner = Learner(mod, ts.make_optimizer(1e-3), ts.make_sft_loss(),
+                        mesh=sharding.make_mesh((1, -1, 1)),
+                        rules=sharding.DEFAULT_RULES)
+      engine = JaxEngine(build.inference_model(learner.module(), cfg),
+                         build.engine_config(cfg), pad_id=0, eos_ids=(0,))
+      sync = build.make_sync_engine(cfg, None, root)
+      version = [0]
+
+      def one():  # new trained arrays each time (no skip), then the sync
+        learner.state = jax.tree.map(jnp.copy, learner.state)
+        version[0] += 1
+        sync(engine, learner, version[0])
+        jax.block_until_ready(engine._params)  # pylint: disable=protected-access
+
+      one()  # compiles the cast / merge
+      seconds = _best_seconds(one, args.repeats)
+      out = os.path.join(root, name)
+      if name == "lora":
+        export = lambda: lora.save_peft(learner.module(), cfg, out)
+      else:
+        export = lambda: weight_sync.export_hf(learner.module(), cfg, out)
+      nbytes = export()
+      export_s = _best_seconds(export, args.repeats)
+      moved = (lora.nbytes(learner.params) if name == "lora" else
+               lora.nbytes(build.inference_model(learner.module(), cfg)[1]))
+      print(json.dumps({
+          "preset": preset, "what": name, "rank": rank if name == "lora"
+          else 0, "params": mcfg.num_params(),
+          "trainable": int(sum(x.size for x in jax.tree.leaves(
+              learner.params))),
+          "sync_bytes": moved, "jax_engine_sync_s": seconds,
+          "export_bytes": int(nbytes), "export_s": export_s}), flush=True)
+      getattr(engine, "close", lambda: None)()
+  shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
