@@ -128,11 +128,12 @@ def train_flops(shape: dict, tokens: int, seq_len: int) -> float:
 #   attn(pairs) = 4 * L * H * Dh * pairs      (QK^T and PV)
 #   model    = 3 * (blocks + head + attn(S^2 / 2))     (causal counted at
 #                                                      half, as MaxText)
-#   executed = (3 + remat) * (blocks + attn(pairs_x)) + 3 * head
+#   executed = (3 + remat) * (blocks + attn(pairs_x)) + 3 * head   (full)
 #
 # pairs_x = S^2 / 2 for a fused causal kernel (cuDNN, splash: masked tiles
 # skipped), S^2 for XLA's attention (every score computed, then masked);
-# remat (1) runs each block's forward again in the backward. MFU = model /
+# remat (1) runs each block's forward again in the backward ('dots': only
+# the attention's, whose dots have batch dimensions). MFU = model /
 # s / (devices * peak); HFU = executed / s / (devices * peak).
 
 
@@ -149,13 +150,18 @@ def model_train_flops(shape: dict, rows: int, seq_len: int,
 
 
 def executed_train_flops(shape: dict, rows: int, seq_len: int, window: int,
-                         *, remat: bool, fused: bool) -> float:
+                         *, remat, fused: bool) -> float:
   """The FLOPs one train step executes (above): remat's second forward of
-  each block and the attention the kernel computes."""
+  each block ('full'; 'dots' recomputes only the attention's dots, the
+  weight matmuls' outputs are kept; 'none' nothing; the old bools read as
+  'full' / 'none') and the attention the kernel computes."""
+  from rspo_jax.models.config import remat_policy
+
   blocks, head, attn = _train_terms(shape, seq_len, window)
-  passes = 3 + int(bool(remat))
-  return rows * (passes * (blocks + attn(attention_pairs(seq_len, fused)))
-                 + 3.0 * head)
+  policy = remat_policy(remat)
+  a = attn(attention_pairs(seq_len, fused))
+  again = {"none": 0.0, "dots": a, "full": blocks + a}[policy]
+  return rows * (3.0 * (blocks + a) + again + 3.0 * head)
 
 
 def _train_terms(shape: dict, seq_len: int, window: int):

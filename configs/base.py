@@ -204,6 +204,14 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # the prefill's columns and no measurable time here; it pays with long
   # shared heads (256 of 700 tokens: ~1.3x prefill; docs/performance.md).
   c.rollout.shared_prefix_prefill = False
+  # The in-process engine prefills a prompt's columns in blocks of this
+  # many (each attending the slots written so far: float32 scores of
+  # [rows, heads, block, prompt] instead of [rows, heads, prompt, prompt +
+  # new]; rollout/jax_engine.py, step 2); 0 = one pass. None: chosen by the
+  # plan (rspo_jax/plan.py ``choose``: one pass if it fits the device,
+  # else the widest block that does; without a known device memory the
+  # engine's default, 64 on CPU, one pass elsewhere).
+  c.rollout.prefill_chunk = None
   c.rollout.b_server_urls = ""  # SGLang servers for B (decoupled, sglang)
   c.rollout.decoupled_timeout_s = 1800.0
   # Stop the run when more than this share of a collection's (or an
@@ -429,6 +437,36 @@ def _one_of(value, choices: tuple, key: str, other_ok: bool = False,
           did_you_mean(value, choices))
 
 
+def _prefill_chunk_ok(c):
+  """A `validate` check of rollout.prefill_chunk (None or an int >= 0;
+  a command line gives a float: made an int)."""
+  v = c.rollout.prefill_chunk
+  ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                     and v >= 0 and float(v).is_integer())
+  if ok and v is not None:
+    c.rollout.prefill_chunk = int(v)
+  return (ok, "rollout.prefill_chunk", v,
+          "None (the plan chooses), 0 (one pass) or a block width > 0")
+
+
+def _remat_ok(value):
+  """A `validate` check of model.remat: 'auto' (the plan chooses) or a
+  policy of models.config.REMAT_POLICIES (the old bools read as 'none' /
+  'full')."""
+  from rspo_jax.models.config import REMAT_POLICIES, remat_policy
+
+  ok = isinstance(value, str) and value.strip().lower() == "auto"
+  if not ok:
+    try:
+      remat_policy(value)
+      ok = True
+    except ValueError:
+      pass
+  return (ok, "model.remat", value,
+          "auto (the plan picks) or one of " + ", ".join(REMAT_POLICIES)
+          + " (True / False: full / none)")
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Fails at start with a message naming the bad key."""
   if c.rspo.dense_reward == "env":  # the deprecated name of 'oracle'
@@ -481,6 +519,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        "rollout.turn_barriers", c.rollout.turn_barriers,
        "True with rollout.engine='jax' (one batched decode a turn; False"
        " is for SGLang servers)"),
+      _prefill_chunk_ok(c),
+      _remat_ok(c.model.remat),
       (c.rollout.engine_tensor >= 0, "rollout.engine_tensor",
        c.rollout.engine_tensor, ">= 0 (0: the learner mesh's tensor axis)"),
       (0 <= c.rollout.max_failed_episode_frac <= 1,

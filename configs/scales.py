@@ -126,11 +126,15 @@ PAPER = {
     # preset's shape at random).
     "model.checkpoint_dir": "",
     # [paper] fp32 master weights and optimizer state, bf16 compute
-    # (model.dtype is the compute dtype); [va:*] enable_gradient_
-    # checkpointing=True.
+    # (model.dtype is the compute dtype). [va:*] enable_gradient_
+    # checkpointing=True saves nothing but each block's input ('full');
+    # not a result-changing value (the same loss and gradients): 'auto'
+    # lets the plan pick the lightest policy that fits the device
+    # (none > dots > full in memory, the reverse in recompute; rspo_jax/
+    # plan.py ``choose``, shown by --dry_run).
     "model.dtype": "bfloat16",
     "model.param_dtype": "float32",
-    "model.remat": True,
+    "model.remat": "auto",
     # Not a result-changing value (the same outputs and gradients):
     # compile time. The 28 blocks are one jax.lax.scan, XLA compiles one
     # block per shape instead of 28 (MaxText's scan_layers); the rollout
@@ -247,7 +251,7 @@ CPU = {
                                   toy="", spell=""),
     "model.dtype": "float32",
     "model.param_dtype": "float32",
-    "model.remat": False,
+    "model.remat": "none",
     # 2-4 blocks: little to save. Measured on 2 CPU cores, a forward +
     # backward of nano (64 x 768) / tiny (16 x 256): scanned 1-6 % slower
     # a step and 0.4-0.6 s slower to compile than unrolled.

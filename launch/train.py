@@ -55,7 +55,9 @@ _MESH = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _DRY_RUN = flags.DEFINE_bool(
-    "dry_run", False, "Print the resolved plan and exit without training."
+    "dry_run", False, "Print the resolved plan (with the remat policy and"
+    " prefill blocks it chose) and exit without training; a plan that does"
+    " not fit the devices exits 1 with one line naming the key to change."
 )
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide progress bars.")
 _LOG_LEVEL = flags.DEFINE_enum(
@@ -85,7 +87,12 @@ def main(argv):
   if _DRY_RUN.value:
     from rspo_jax import plan
 
-    print(plan.describe(cfg, workdir))
+    p = plan.make_plan(cfg, workdir)
+    print(json.dumps(p, indent=1))
+    if p.get("stop"):  # one line naming the config key to change
+      from rspo_jax.errors import ConfigError
+
+      raise ConfigError(p["stop"])
     return
   check_inputs(cfg)  # paths and servers exist
   from rspo_jax import build, compile_cache, distributed, preemption

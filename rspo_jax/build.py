@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rspo_jax import compile_cache, distributed, models, sharding
+from rspo_jax import compile_cache, distributed, models, plan, sharding
 from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner
@@ -119,7 +119,7 @@ def model_numerics(cfg) -> dict:
   remat, scanned layers, attention implementation, activation sharding
   rules."""
   return {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
-          "remat": bool(cfg.model.remat),
+          "remat": plan.remat_of(cfg),
           "scan_layers": bool(cfg.model.get("scan_layers", False)),
           "attention": cfg.model.attention,
           "logical_axis_rules": cfg.logical_axis_rules}
@@ -263,7 +263,7 @@ def inference_model(model, mcfg):
     rest = [tfm.unrolled_state(r) if "layers" in r else r for r in rest]
   else:
     params = cast_floating(params, mcfg.inference_dtype)
-  if mcfg.scan_layers or mcfg.remat:
+  if mcfg.scan_layers or mcfg.remat != "none":
     graphdef = tfm.graphdef_of(engine_config(mcfg))
   return (graphdef, params, *rest)
 
@@ -396,6 +396,8 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
       decode_fn=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
       shared_prefix_prefill=bool(cfg.rollout.get("shared_prefix_prefill",
                                                  False)),
+      prefill_chunk=(None if cfg.rollout.get("prefill_chunk") is None
+                     else int(cfg.rollout.prefill_chunk)),
       seed=cfg.seed,
   )
 
@@ -607,6 +609,13 @@ def check_multihost(cfg) -> None:
 
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   check_multihost(cfg)
+  # model.remat=auto and rollout.prefill_chunk=None: the plan's choices
+  # (the ones --dry_run shows), written into cfg before anything is built.
+  chosen = plan.resolve_run(cfg)
+  log.info("plan: %s", ", ".join(f"{k}={v['value']} ({v['by']})" for k, v
+                                 in chosen.items() if k != "warning"))
+  if chosen.get("warning"):
+    log.warning("the memory plan does not fit: %s", chosen["warning"])
   push = make_weight_push(cfg)  # before any work: needs torch if distributed
   compile_log = compile_cache.CompileLog()  # from the warm start on
   # rspo.dense_reward=package.module:function, resolved before any work.

@@ -242,6 +242,22 @@ def _block_bytes(x, rows, length, fused, backward):
   return rows * length * 4 * width + scores
 
 
+def remat_carries(x, rows, length, policy: str) -> float:
+  """What the forward keeps of every block for the backward under the
+  remat ``policy`` (``models.config.REMAT_POLICIES``), on ``rows`` x
+  ``length`` tokens a device (``_dims`` ``x``), in the compute dtype c:
+
+    full  L r T d c                        (each block's input)
+    dots  L r T c (3 d + ((H + 2K) hd + 2 F) / t)   (the input and the
+          weight matmuls' outputs: q, k, v, gate, up split over 'tensor';
+          o and down [r, T, d] before their reduction)
+    none  0 (every block's internals are kept instead: L x one block)"""
+  per_token = {"full": x["d"], "none": 0.0,
+               "dots": 3 * x["d"] + ((x["h"] + 2 * x["k"]) * x["hd"]
+                                     + 2 * x["f"]) / x["t"]}[policy]
+  return x["layers"] * rows * length * per_token * x["c"]
+
+
 def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
                      window: int, n_micro: int = 1,
                      platform: str = "gpu") -> dict:
@@ -255,12 +271,13 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
     backward  = P / shard (w [grads] + w [accumulator, n_micro > 1]
                            + c [compute copy, c != w]) + gathered + acts
     gathered  = GATHERED_LAYERS P_layer c / t     (fsdp > 1)
-    acts      = L r T d c [block inputs under remat]
-                + max(block, LOGIT_COPIES r W V / t x 4)
+    acts      = carries + max(block, LOGIT_COPIES r W V / t x 4)
+    carries   = what remat keeps of each block (``remat_carries``: 'full'
+                L r T d c, 'dots' adds the weight matmuls' outputs)
     peak      = state + batch + max(update, backward)
 
   r = ceil(rows / n_micro / ways) rows a device computes at once; without
-  remat every block's internals are kept (L x block). A fused kernel with
+  remat ('none') every block's internals are kept (L x block). A fused kernel with
   unrolled layers: the last block's plain-path scores on the response
   window, TRAIN_SCORE_COPIES r H / t x W x T x 4, are added (scanned
   layers take the window after the last block)."""
@@ -282,11 +299,11 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
     # plain path (an offset window): [r, H / t, W, T] float32 scores.
     window_scores = (TRAIN_SCORE_COPIES * r * x["h"] / x["t"] * window
                      * length * 4)
-  if mcfg.remat:
-    carries = x["layers"] * r * length * x["d"] * c
-    block += window_scores
+  carries = remat_carries(x, r, length, mcfg.remat)
+  if mcfg.remat == "none":
+    block = x["layers"] * block + window_scores
   else:
-    carries, block = 0.0, x["layers"] * block + window_scores
+    block += window_scores
   logits = LOGIT_COPIES * r * window * x["v"] / x["t"] * 4
   acts = carries + max(block, logits)
   backward = grads + copy + gathered + acts
@@ -347,28 +364,36 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
                 + FORWARD_SCORE_COPIES r H / t x q x S x 4
     peak      = weights + cache + transient
 
-  r = ceil(rows / ways), q = chunk or prompt - 1, t_kv = t when it divides
-  K else 1."""
+  r = ceil(rows / ways), t_kv = t when it divides K else 1; one pass: q =
+  prompt - 1 queries over S keys; blocks of ``chunk`` columns (as the
+  engine widens them: ``jax_engine.prefill_block``): the last block's q =
+  chunk queries over prompt - 1 keys."""
+  from rspo_jax.rollout.jax_engine import prefill_block
+
   x = _dims(mcfg, mesh_shape)
   r = -(-rows // x["ways"])
   s = prompt + new
   t_kv = x["t"] if x["k"] % x["t"] == 0 else 1
   weights = x["inf"] * x["p"] / x["t"]
   cache = r * s * x["layers"] * 2 * x["k"] * x["hd"] * x["c"] / t_kv
-  q = chunk or prompt - 1
-  scores = FORWARD_SCORE_COPIES * r * x["h"] / x["t"] * q * s * 4
+  chunk = prefill_block(chunk, prompt)
+  q, keys = ((chunk, prompt - 1) if 0 < chunk < prompt - 1
+             else (prompt - 1, s))
+  scores = FORWARD_SCORE_COPIES * r * x["h"] / x["t"] * q * keys * 4
   return dict(weights=weights, cache=cache, scores=scores,
               transient=cache + scores, peak=weights + 2 * cache + scores,
               rows=r)
 
 
-def engine_shapes(cfg, layout) -> dict:
+def engine_shapes(cfg, layout, chunk="config") -> dict:
   """What one prefill of the in-process engine holds (its defaults,
   ``rollout/jax_engine.py``): a host's episodes of a turn in one call on
-  an accelerator (``length_group_rows`` 0, one pass over the prompt:
-  ``prefill_chunk`` 0), chunks of 8 rows and column blocks of 64 on CPU;
-  rows padded to a batch bucket, prompts to a prompt bucket, new tokens to
-  a multiple of 16. Rows split over the engine mesh's data x fsdp (one
+  an accelerator (``length_group_rows`` 0), chunks of 8 rows on CPU; the
+  prompt's columns in blocks of ``rollout.prefill_chunk`` (None: the
+  engine's default, 64 on CPU and one pass elsewhere, unless the plan
+  chose it: ``choose``), widened to at most ``MAX_PREFILL_BLOCKS``; rows
+  padded to a batch bucket, prompts to a prompt bucket, new tokens to a
+  multiple of 16. Rows split over the engine mesh's data x fsdp (one
   host: the learner's mesh; several: each host's own devices)."""
   from rspo_jax.rollout import jax_engine as je
 
@@ -382,10 +407,11 @@ def engine_shapes(cfg, layout) -> dict:
                               max(je.PROMPT_BUCKETS)), je.PROMPT_BUCKETS,
                           "prompt length")
   new = je.round_up(cfg.rollout.max_new_tokens, 16)
-  chunk = 0
-  if on_cpu:
-    chunk = max(je.CPU_PREFILL_CHUNK,
-                -(-(prompt - 1) // je.MAX_PREFILL_BLOCKS))
+  if chunk == "config":  # else the block width to plan with
+    chunk = cfg.rollout.get("prefill_chunk", None)
+  if chunk is None:
+    chunk = je.CPU_PREFILL_CHUNK if on_cpu else 0
+  chunk = je.prefill_block(int(chunk), prompt)
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
   own = int(cfg.rollout.get("engine_tensor", 0))  # build.make_engine_mesh
   per = layout["devices_per_host"] if layout["hosts"] > 1 else math.prod(mesh)
@@ -450,12 +476,13 @@ def run_dtypes(cfg, mcfg) -> dict:
       "engine": (mcfg.inference_dtype if cfg.rollout.engine == "jax"
                  else export),
       "export": export,
-      "remat": bool(mcfg.remat),
+      "remat": mcfg.remat,
       "scan_layers": bool(mcfg.scan_layers),
   }
 
 
-def memory_per_device(cfg, mcfg, mesh_shape, layout=None) -> dict:
+def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
+                      prefill_chunk="config") -> dict:
   """The run's bytes per device (module docstring), in GiB for the
   ``*_GB`` keys. ``layout`` (``resolve_layout``): platform and hosts; a
   one-host GPU by default."""
@@ -500,7 +527,7 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None) -> dict:
   engine = kv_cache = prefill = 0.0
   eng = None
   if in_process:
-    eng = engine_shapes(cfg, layout)
+    eng = engine_shapes(cfg, layout, prefill_chunk)
     pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
                         eng["new"], chunk=eng["chunk"])
     engine, kv_cache, prefill = pre["weights"], pre["cache"], pre["scores"]
@@ -597,6 +624,248 @@ def layout_warnings(cfg, mcfg, mesh_shape, hosts: int) -> list:
 
 
 # --------------------------------------------------------------------------
+# What the plan chooses: remat policy, prefill blocks; what else to change
+# --------------------------------------------------------------------------
+
+AUTO = "auto"  # model.remat=auto: the plan picks (rollout.prefill_chunk: None)
+# A choice must fit in this share of the usable memory: the estimate of a
+# step without remat came out at 0.78-0.95 of what XLA compiled
+# (docs/scale_out.md), so a choice at 98 % of the device would not be one.
+CHOICE_HEADROOM = 0.9
+REMAT_BY = ("plan: the lightest of none, dots, full whose train step fits"
+            f" in {CHOICE_HEADROOM:g} of the usable memory")
+CHUNK_BY = (f"plan: one pass (0) if the prefill fits in {CHOICE_HEADROOM:g}"
+            " of the usable memory, else the widest block that does")
+
+
+def remat_of(cfg) -> str:
+  """``model.remat`` as a ModelConfig policy (``models.config.
+  remat_policy``: 'none' | 'dots' | 'full', the old bools accepted);
+  'auto' not yet planned (``resolve_run``) reads as 'full', the policy
+  that keeps least."""
+  from rspo_jax.models.config import remat_policy
+
+  value = cfg.model.remat
+  if isinstance(value, str) and value.strip().lower() == AUTO:
+    return "full"
+  return remat_policy(value)
+
+
+def prefill_chunks(prompt: int) -> list:
+  """The prefill block widths the plan tries for prompt bucket ``prompt``,
+  widest first: 0 (one pass), then powers of 2 below ``prompt - 1`` down to
+  the narrowest block the engine runs (``jax_engine.prefill_block``: at
+  most ``MAX_PREFILL_BLOCKS`` blocks)."""
+  from rspo_jax.rollout.jax_engine import prefill_block
+
+  out = [0]
+  for k in range(max(prompt - 2, 1).bit_length() - 1, 5, -1):
+    block = prefill_block(1 << k, prompt)
+    if block not in out:
+      out.append(block)
+  return out
+
+
+def with_keys(cfg, keys: Mapping):
+  """A copy of ``cfg`` with the dotted ``keys`` set (``{'model.remat':
+  'dots'}``)."""
+  import copy
+
+  out = copy.deepcopy(cfg)
+  with out.unlocked():
+    for key, value in keys.items():
+      node, _, leaf = key.rpartition(".")
+      target = out
+      for part in filter(None, node.split(".")):
+        target = target[part]
+      target[leaf] = value
+  return out
+
+
+def _memory(cfg, mesh, layout, mcfg=None, **kw) -> dict:
+  return memory_per_device(cfg, mcfg or plan_model_config(cfg), mesh,
+                           layout, **kw)
+
+
+def _fits(mem, usable, phase=None) -> bool:
+  key = {"train": "train_transient_GB",
+         "rollout": "rollout_transient_GB"}.get(phase)
+  need = mem["resident_GB"] + mem[key] if key else mem["total_GB"]
+  return need <= usable
+
+
+def choose(cfg, layout, usable: Optional[float]) -> dict:
+  """{config key: {"value", "by"}} for ``model.remat`` and
+  ``rollout.prefill_chunk`` (in-process engine only), each as given or, at
+  'auto' / None, chosen on ``usable`` GiB a device: the lightest remat
+  policy (none, dots, full) whose train step fits beside the resident
+  state, and one pass over the prompt if the rollout's prefill fits, else
+  the widest block of ``prefill_chunks`` that fits (the narrowest when
+  none does); "fits" in ``CHOICE_HEADROOM`` of ``usable``. Unknown ``usable`` (None): remat 'full', the engine's
+  default blocks."""
+  from rspo_jax.models.config import REMAT_POLICIES
+
+  mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
+  remat_auto = str(cfg.model.remat).strip().lower() == AUTO
+  chunk = cfg.rollout.get("prefill_chunk", None)
+  in_process = cfg.rollout.engine == "jax"
+  out = {"model.remat": {"value": remat_of(cfg), "by": "config"}}
+  if in_process:
+    out["rollout.prefill_chunk"] = {
+        "value": chunk, "by": "config" if chunk is not None else
+        "engine default (64 on CPU, one pass elsewhere)"}
+  if usable is None:
+    if remat_auto:
+      out["model.remat"]["by"] = ("plan: no device memory to plan with"
+                                  " (mesh.device_memory_gb)")
+    return out
+  import dataclasses
+
+  mcfg = plan_model_config(cfg)
+  room = usable * CHOICE_HEADROOM
+  if remat_auto:
+    for policy in REMAT_POLICIES:
+      mem = _memory(cfg, mesh, layout,
+                    dataclasses.replace(mcfg, remat=policy))
+      if _fits(mem, room, "train"):
+        break
+    out["model.remat"] = {"value": policy, "by": REMAT_BY}
+  if in_process and chunk is None:
+    prompt = engine_shapes(cfg, layout)["prompt"]
+    for chunk in prefill_chunks(prompt):
+      mem = _memory(cfg, mesh, layout, mcfg, prefill_chunk=chunk)
+      if _fits(mem, room, "rollout"):
+        break
+    out["rollout.prefill_chunk"] = {"value": chunk, "by": CHUNK_BY}
+  return out
+
+
+def resolved(cfg, choices: dict):
+  """``cfg`` with the plan's choices (``choose``) written in."""
+  return with_keys(cfg, {k: v["value"] for k, v in choices.items()})
+
+
+def _trial_fixes(cfg, layout) -> list:
+  """One-key changes that cut a device's memory, least disruptive first:
+  ({key: value}, what it does)."""
+  mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
+  per = (layout["devices_per_host"] if layout["hosts"] > 1
+         else math.prod(mesh))
+  fixes = []
+  if cfg.rollout.engine == "jax":
+    t_now = int(cfg.rollout.get("engine_tensor", 0) or 0) or mesh[2]
+    for t in range(t_now + 1, per + 1):
+      if per % t == 0:
+        fixes.append(({"rollout.engine_tensor": t},
+                      "the engine's weights split over more devices"))
+  if mesh[0] > 1:
+    fixes.append(({"mesh.shape": (1, mesh[0] * mesh[1], mesh[2])},
+                  "FSDP over every device (--mesh=...:data=1)"))
+  if cfg.rollout.engine == "jax":
+    fixes.append(({"rollout.engine": "sglang"},
+                  "rollout on SGLang servers, off the learner devices"))
+  micro = train_rows(cfg)
+  ways = mesh[0] * mesh[1]
+  while micro // 2 >= ways and micro > 1:
+    micro //= 2
+    fixes.append(({"train.micro_batch_rows": micro},
+                  "smaller micro-batches"))
+  return fixes
+
+
+def fit_message(cfg, layout, usable: float) -> Optional[str]:
+  """None when the run fits ``usable`` GiB a device with the plan's
+  choices; else one line: what does not fit and the config key to change
+  (the first one-key change of ``_trial_fixes`` that fits, with its
+  estimate, or the closest when none does)."""
+  mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
+  plan_cfg = resolved(cfg, choose(cfg, layout, usable))
+  mem = _memory(plan_cfg, mesh, layout)
+  if _fits(mem, usable):
+    return None
+  what = (f"{cfg.model.preset} {cfg.env.name} {cfg.algo.name} on mesh"
+          f" {'x'.join(map(str, mesh))} ({layout['devices']}"
+          f" {layout['platform']} devices): {mem['total_GB']:.1f} GB a device"
+          f" (resident {mem['resident_GB']:.1f} + {mem['peak_phase']})"
+          f" exceeds the {usable:.1f} GB usable")
+  best = None
+  for keys, why in _trial_fixes(cfg, layout):
+    trial = with_keys(cfg, keys)
+    tl = dict(layout)
+    if "mesh.shape" in keys:
+      tl = dict(layout, mesh=dict(zip(("data", "fsdp", "tensor"),
+                                      keys["mesh.shape"])))
+    tmesh = [tl["mesh"][a] for a in ("data", "fsdp", "tensor")]
+    try:
+      got = _memory(resolved(trial, choose(trial, tl, usable)), tmesh, tl)
+    except ValueError:
+      continue
+    change = ",".join(f"{k}={v}" for k, v in keys.items()).replace(" ", "")
+    if _fits(got, usable):
+      return (f"{what}; set {change} ({why}: {got['total_GB']:.1f} GB)")
+    if best is None or got["total_GB"] < best[0]:
+      best = (got["total_GB"], change, why)
+  closest = (f"; no one key fits it (closest: {best[1]}, {best[2]}:"
+             f" {best[0]:.1f} GB)" if best else "")
+  return (f"{what}{closest}: add devices (a larger mesh, --mesh) or take a"
+          " smaller model (model=)")
+
+
+def usable_gb(cfg, layout, environ) -> tuple:
+  """(GiB a device JAX may use, (fraction, where it came from)), or (None,
+  None) without ``mesh.device_memory_gb``."""
+  device_gb = float(cfg.mesh.get("device_memory_gb", 0) or 0)
+  if not device_gb:
+    return None, None
+  fraction, source = mem_fraction(environ, layout["platform"])
+  return device_gb * fraction, (fraction, source)
+
+
+def resolve_run(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
+  """At the start of a run (``build.build_run``): writes the plan's
+  choices (``choose``) into ``cfg`` -- ``model.remat`` at 'auto',
+  ``rollout.prefill_chunk`` at None -- on the mesh config's device memory,
+  else the devices' own limit (``memory_stats()['bytes_limit']``, the
+  smallest of every host's; none on CPU: no plan). Returns the choices
+  and, when the estimate does not fit, ``"warning"``: the dry run's
+  message (the run goes on; ``--dry_run`` stops)."""
+  environ = os.environ if environ is None else environ
+  layout = resolve_layout(cfg, environ)
+  usable, _ = usable_gb(cfg, layout, environ)
+  if usable is None:
+    usable = _device_limit_gb()
+  choices = choose(cfg, layout, usable)
+  with cfg.unlocked():
+    for key, v in choices.items():
+      node, _, leaf = key.partition(".")
+      cfg[node][leaf] = v["value"]
+  out = dict(choices)
+  if usable is not None:
+    message = fit_message(cfg, layout, usable)
+    if message:
+      out["warning"] = message
+  return out
+
+
+def _device_limit_gb() -> Optional[float]:
+  import jax
+
+  from rspo_jax import distributed
+
+  limits = []
+  for d in jax.local_devices():
+    try:
+      stats = d.memory_stats() or {}
+    except Exception:  # CPU and some backends have none
+      stats = {}
+    if stats.get("bytes_limit"):
+      limits.append(int(stats["bytes_limit"]))
+  if not limits:
+    return None
+  return -float(distributed.global_max(-min(limits))) / GB
+
+
+# --------------------------------------------------------------------------
 # The plan
 # --------------------------------------------------------------------------
 
@@ -612,7 +881,7 @@ def plan_model_config(cfg):
   overrides = {"dtype": m.dtype,  # as build.model_numerics sets them
                "param_dtype": str(m.get("param_dtype", "float32") or
                                   "float32"),
-               "remat": bool(m.remat),
+               "remat": remat_of(cfg),
                "scan_layers": bool(m.get("scan_layers", False)),
                "attention": m.get("attention", "auto")}
   for item in filter(None, str(m.get("overrides", "") or "").split(";")):
@@ -633,6 +902,10 @@ def make_plan(cfg, workdir: str,
   environ = os.environ if environ is None else environ
   layout = resolve_layout(cfg, environ)
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
+  usable, fraction = usable_gb(cfg, layout, environ)
+  choices = choose(cfg, layout, usable)
+  given = cfg
+  cfg = resolved(cfg, choices)
   mcfg = plan_model_config(cfg)
   mem = memory_per_device(cfg, mcfg, mesh, layout)
   servers = [u.strip() for u in cfg.rollout.server_urls.split(",")
@@ -672,10 +945,10 @@ def make_plan(cfg, workdir: str,
           for k, v in mem.items()
       },
   }
+  plan["choices"] = choices
   warnings = layout_warnings(cfg, mcfg, mesh, layout["hosts"])
   if device_gb:
-    fraction, source = mem_fraction(environ, layout["platform"])
-    usable = device_gb * fraction
+    fraction, source = fraction
     plan["device_memory_GB"] = device_gb
     plan["mem_fraction"] = {"value": fraction, "from": source}
     plan["usable_GB"] = round(usable, 2)
@@ -686,14 +959,17 @@ def make_plan(cfg, workdir: str,
           f" {usable:.1f} GB JAX may use ({fraction:g} of the"
           f" {device_gb:g} GB of mesh.device_memory_gb, {source})"
       )
+      # launch/train.py --dry_run ends with this line (the key to change)
+      plan["stop"] = fit_message(given, layout, usable)
     if mem["prefill_scores_GB"] > usable / 4:
       warnings.append(
           f"the in-process engine's prefill holds"
           f" {mem['prefill_scores_GB']:.1f} GB of attention scores"
           f" ({mem['engine_prefill']['rows']} rows of a"
-          f" {mem['engine_prefill']['prompt']}-token prompt bucket at once):"
-          " fewer episodes a host, rollout.engine=sglang, or a larger mesh"
-          " cut it")
+          f" {mem['engine_prefill']['prompt']}-token prompt bucket,"
+          f" blocks of {mem['engine_prefill']['chunk'] or 'all'} columns):"
+          " a narrower rollout.prefill_chunk, fewer episodes a host,"
+          " rollout.engine=sglang, or a larger mesh cut it")
   plan["warnings"] = warnings
   return plan
 

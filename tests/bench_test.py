@@ -174,6 +174,10 @@ def test_paper_flops_by_hand():
   assert _common.executed_train_flops(TINY, 2, 128, 16, remat=True,
                                       fused=False) == (
       2 * (4 * (blocks + full) + 3 * head))
+  # 'dots' keeps the weight matmuls' outputs: only attention runs again.
+  assert _common.executed_train_flops(TINY, 2, 128, 16, remat="dots",
+                                      fused=False) == (
+      2 * (3 * (blocks + full) + full + 3 * head))
   # A fused causal kernel without remat executes the model's FLOPs.
   assert _common.executed_train_flops(
       TINY, 2, 128, 16, remat=False, fused=True) == (

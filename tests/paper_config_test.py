@@ -25,7 +25,7 @@ PAPER_COMMON = {
     "model.preset": "qwen2.5-1.5b",
     "model.dtype": "bfloat16",  # compute
     "model.param_dtype": "float32",  # master weights, Adam state
-    "model.remat": True,
+    "model.remat": "auto",  # the plan picks none / dots / full
     "model.scan_layers": True,  # one compiled block (MaxText scan_layers)
     "env.history_length": 2,
     "env.num_eval_tasks": 128,  # verl-agent val_data_size=128

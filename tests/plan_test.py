@@ -80,10 +80,16 @@ def test_dry_run_prints_the_16_gpu_plan():
   assert (mem["update_rows"], mem["micro_batches"]) == (256, 16)
   assert mem["grads_GB"] == round(2 * 4 * P_7B / 8 / GB, 2)
   assert mem["logits_GB"] == round(2 * 512 * 152064 * 4 / GB, 2)
-  # Each host's engine: its 64 episodes over its 8 GPUs in one prefill.
+  # Each host's engine: its 64 episodes over its 8 GPUs in one prefill, in
+  # blocks of 1024 prompt columns (one pass does not fit in 0.9 of the
+  # device beside the resident 39 GB); remat 'full' ('dots' does not fit
+  # either at JAX's default 0.75; tests/plan_fit_test.py).
   assert mem["engine_prefill"] == {"rows": 64, "prompt": 2048, "new": 512,
-                                   "chunk": 0}
-  assert mem["peak_phase"] == "rollout prefill"
+                                   "chunk": 1024}
+  assert {k: v["value"] for k, v in p["choices"].items()} == {
+      "model.remat": "full", "rollout.prefill_chunk": 1024}
+  assert p["dtype"]["remat"] == "full"
+  assert mem["peak_phase"] == "train step"
   assert p["device_memory_GB"] == 80.0 and p["usable_GB"] == 60.0
   assert p["mem_fraction"] == {"value": 0.75, "from": "JAX default"}
   assert p["fits"] and p["warnings"] == []
@@ -316,16 +322,26 @@ def test_usable_memory_follows_the_preallocation_fraction():
       "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
   total = low["memory_per_device"]["total_GB"]
   assert total > 40 and not low["fits"]
-  # 3 fp32 score copies [64 / 8 rows, 28 heads, 2047, 2560 slots]: 13.1 GB,
-  # over a quarter of the 40 GB.
-  scores = 3 * 8 * 28 * 2047 * 2560 * 4 / GB
   assert low["warnings"] == [
       f"estimated {total:.1f} GB a device exceeds the 40.0 GB JAX may use"
       " (0.5 of the 80 GB of mesh.device_memory_gb,"
-      " XLA_PYTHON_CLIENT_MEM_FRACTION)",
+      " XLA_PYTHON_CLIENT_MEM_FRACTION)"]
+  # The dry run's last line: the key to change (FSDP over all 16 GPUs
+  # halves the resident state).
+  assert low["stop"].endswith(
+      "exceeds the 40.0 GB usable; set mesh.shape=(1,16,1) (FSDP over every"
+      " device (--mesh=...:data=1): 34.9 GB)")
+  # A prefill given in one pass (rollout.prefill_chunk=0): 3 fp32 score
+  # copies [64 / 8 rows, 28 heads, 2047, 2560 slots], 13.1 GB, over a
+  # quarter of the 40 GB.
+  one = plan.make_plan(paper_7b(arg=",rollout.prefill_chunk=0"), "w", {
+      "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
+  scores = 3 * 8 * 28 * 2047 * 2560 * 4 / GB
+  assert one["warnings"][-1] == (
       f"the in-process engine's prefill holds {scores:.1f} GB of attention"
-      " scores (64 rows of a 2048-token prompt bucket at once): fewer"
-      " episodes a host, rollout.engine=sglang, or a larger mesh cut it"]
+      " scores (64 rows of a 2048-token prompt bucket, blocks of all"
+      " columns): a narrower rollout.prefill_chunk, fewer episodes a host,"
+      " rollout.engine=sglang, or a larger mesh cut it")
 
 
 def test_gpu_launchers_set_the_fraction_the_plan_uses():
@@ -359,11 +375,13 @@ def test_table_of_the_documented_plans():
                          " gigpo + RSPO; 1 x 8 gpu devices, mesh 1x8x1")
   assert "dtypes: params float32, optimizer_state float32," in text
   assert "| **resident** | 7.91 |" in text
-  assert "| **total** = resident + rollout prefill | **21.34** |" in text
+  assert "| **total** = resident + train step | **31.81** |" in text
+  assert "remat none, scan_layers True" in text  # the plan's choice
   text = plan.table(plan.make_plan(paper_7b(), "w", env))
   assert "updates of 256 rows in 16 micro-batches of 16 (1 a device)" in text
   assert "| **resident** | 39.01 |" in text
-  assert "| **total** = resident + rollout prefill | **54.32** |" in text
+  assert "| **total** = resident + train step | **56.28** |" in text
+  assert "remat dots, scan_layers True" in text
   assert ("| usable: 80 GB x 0.92 (XLA_PYTHON_CLIENT_MEM_FRACTION) | 73.60 |"
           in text)
   proc = subprocess.run(
@@ -453,7 +471,7 @@ def test_plan_model_config_follows_overrides_and_checkpoint(tmp_path):
       f"model=qwen2.5-7b,model.checkpoint_dir={tmp_path}")
   m = plan.plan_model_config(cfg)
   assert (m.num_layers, m.vocab_size, m.dtype, m.remat) == (
-      2, 300, "bfloat16", True)
+      2, 300, "bfloat16", "full")  # model.remat=auto before the plan
 
 
 # --------------------------------------------------------------------------

@@ -221,7 +221,7 @@ def test_build_loads_masters_and_bf16_inference_copies(bf16_checkpoint):
   mesh = sharding.make_mesh((1, 1, 1))
   mcfg, module = build.warm_started_policy(cfg, None, path, mesh, "unused")
   assert (mcfg.dtype, mcfg.param_dtype, mcfg.remat) == (
-      "bfloat16", "float32", True)
+      "bfloat16", "float32", "full")  # model.remat=auto, no plan: full
   policy = build.make_policy_learner(cfg, module, mesh, lr=1e-6,
                                      loss_fn=ts.make_sft_loss(0.0))
   ref = build.inference_params(policy.params, mcfg, policy.state_sh.params)
@@ -265,8 +265,8 @@ def test_plan_reports_the_dtypes():
       "params": "float32", "optimizer_state": "float32",
       "grad_accumulation": "float32", "compute": "bfloat16",
       "reference": "bfloat16", "engine": "bfloat16", "export": "bfloat16",
-      "remat": True, "scan_layers": True,
-  }
+      "remat": "none", "scan_layers": True,  # the plan's choice: 1.5B
+  }                                          # fits without remat
   mcfg = plan.plan_model_config(paper_cfg())
   n, gb = mcfg.num_params(), 1024**3
   mem = plan.memory_per_device(paper_cfg(), mcfg, (1, 8, 1))
@@ -290,4 +290,5 @@ def test_plan_reports_the_dtypes():
                                   "rollout.server_urls=http://a:1")
   assert set(plan.make_plan(cpu, "w", {"RSPO_NUM_HOSTS": "1",
                                        "RSPO_DEVICES_PER_HOST": "1"}
-                            )["dtype"].values()) == {"float32", False}
+                            )["dtype"].values()) == {"float32", "none",
+                                                      False}

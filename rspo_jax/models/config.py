@@ -20,6 +20,27 @@ ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}  # name -> bytes
 ATTENTION = ("auto", "xla", "cudnn", "splash", "plain")
+# Activation checkpointing of the learner's blocks, lightest recompute first
+# (transformer.py): 'none' keeps every block's internals, 'dots' keeps the
+# weight matmuls' outputs (jax.checkpoint_policies.
+# dots_with_no_batch_dims_saveable) and recomputes the rest, 'full' keeps
+# only each block's input.
+REMAT_POLICIES = ("none", "dots", "full")
+
+
+def remat_policy(value) -> str:
+  """``value`` as one of REMAT_POLICIES; the old bools (and their strings,
+  as a command line gives them) still mean False -> 'none', True ->
+  'full'. ValueError for anything else."""
+  if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+    value = value.strip().lower() == "true"
+  if isinstance(value, bool):
+    return "full" if value else "none"
+  if isinstance(value, str) and value.strip().lower() in REMAT_POLICIES:
+    return value.strip().lower()
+  raise ValueError(
+      f"remat {value!r} unknown; use one of {REMAT_POLICIES} (or the old"
+      " bools: False = 'none', True = 'full')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +87,7 @@ class ModelConfig:
   max_position_embeddings: int = 32768
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
-  remat: bool = False
+  remat: str = "none"  # REMAT_POLICIES; False / True read as none / full
   scan_layers: bool = False
   bos_token_id: Optional[int] = None
   eos_token_id: Optional[Any] = None  # int or tuple of ints
@@ -131,6 +152,7 @@ class ModelConfig:
             f" {tuple(DTYPES)}"
         )
       object.__setattr__(self, name, value)
+    object.__setattr__(self, "remat", remat_policy(self.remat))
     if self.attention not in ATTENTION:
       raise ValueError(
           f"ModelConfig.attention {self.attention!r} unknown; use one of"

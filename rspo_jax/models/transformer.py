@@ -217,9 +217,12 @@ def _einsum(shard, subscripts: str, x, var: nnx.Variable, **kw):
   """``einsum(subscripts, x, var)`` in x's dtype, the parameter cast on its
   own shards (FSDP gathers the compute-dtype copy) and its gradient taken
   and reduced over the devices in float32 (``ActivationSharding.einsum``).
+  Its output is named ``WEIGHT_DOT`` for the 'dots' remat policy (the dot
+  sits inside a custom_vjp there, which a dot-saving policy cannot see).
   """
   names = var.get_metadata().get("out_sharding")
-  return shard.einsum(subscripts, x, var.value, names, **kw)
+  return jax.ad_checkpoint.checkpoint_name(
+      shard.einsum(subscripts, x, var.value, names, **kw), WEIGHT_DOT)
 
 
 def _apply(shard, fn, x, var: nnx.Variable):
@@ -510,7 +513,22 @@ def _run_block(
   return block(x, positions, mask, kv_cache, index, starts, window, shard)
 
 
-_run_block_remat = nnx.remat(_run_block, static_argnums=(7, 8))
+# cfg.remat -> the jax.checkpoint policy (None: save nothing but the
+# block's input). 'dots' keeps the outputs of the weight matmuls (no batch
+# dimension in the dot: q, k, v, o, gate, up, down), so the backward
+# recomputes only the norms, RoPE, attention and the activation function.
+WEIGHT_DOT = "weight_dot"
+REMAT = {
+    "full": None,
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(WEIGHT_DOT)),
+}
+_RUN_BLOCK = {
+    name: nnx.remat(_run_block, static_argnums=(7, 8), policy=policy)
+    for name, policy in REMAT.items()
+}
+_RUN_BLOCK["none"] = _run_block
 
 
 class Transformer(nnx.Module):
@@ -595,7 +613,7 @@ class Transformer(nnx.Module):
       if r:  # the window after the last block (same values at its rows)
         x = shard(take_window(x, starts, r), ACTIVATION)
     else:
-      run = _run_block_remat if cfg.remat else _run_block
+      run = _RUN_BLOCK[cfg.remat]
       last = cfg.num_layers - 1
       for i in range(cfg.num_layers):
         kv = None if cache is None else (cache.k[i], cache.v[i])
@@ -634,8 +652,9 @@ class Transformer(nnx.Module):
       block = nnx.merge(graphdef, nnx.spmd.remove_axis(layer, 0, _LAYER_AXIS))
       return block(h, positions, mask, shard=shard)[0], None
 
-    if self.cfg.remat:
-      body = jax.checkpoint(body, prevent_cse=False)
+    if self.cfg.remat != "none":
+      body = jax.checkpoint(body, prevent_cse=False,
+                            policy=REMAT[self.cfg.remat])
     return jax.lax.scan(body, x, stacked)[0]
 
   def _embed(self, tokens, shard) -> jax.Array:

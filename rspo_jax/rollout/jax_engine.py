@@ -83,6 +83,17 @@ CPU_GROUP_ROWS = 8
 CPU_PREFILL_CHUNK = 64
 # A prefill is unrolled into at most this many column blocks (compile time).
 MAX_PREFILL_BLOCKS = 12
+
+
+def prefill_block(chunk: int, pb: int) -> int:
+  """Prefill block width for prompt bucket ``pb``: ``chunk``, widened so
+  there are at most ``MAX_PREFILL_BLOCKS`` blocks; 0 = one pass (as is a
+  block of ``pb - 1`` or more columns)."""
+  if not chunk:
+    return 0
+  return max(int(chunk), -(-(pb - 1) // MAX_PREFILL_BLOCKS))
+
+
 # Shared prefix widths are this (or the prefill block width) times a power
 # of 2 (few widths: few compiled shapes).
 PREFIX_GRAIN = 64
@@ -468,12 +479,7 @@ class JaxEngine(Engine):
     ]
 
   def _chunk_for(self, pb: int) -> int:
-    """Prefill block width for prompt bucket ``pb``: ``prefill_chunk``,
-    widened so there are at most ``MAX_PREFILL_BLOCKS`` blocks; 0 = one
-    pass."""
-    if not self._prefill_chunk:
-      return 0
-    return max(self._prefill_chunk, -(-(pb - 1) // MAX_PREFILL_BLOCKS))
+    return prefill_block(self._prefill_chunk, pb)
 
   def _put_rows(self, x: np.ndarray):
     if self._mesh is None:

@@ -1,0 +1,197 @@
+"""Every shipped paper preset x mesh fits, by the plan's own choices (remat
+policy, prefill blocks), or stops with one line naming the key to change.
+
+plan.py's functions only: no model is built, nothing compiles (~2 s)."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from configs import (alfworld_gigpo, alfworld_grpo, alfworld_ppo,
+                     webshop_gigpo, webshop_grpo, webshop_ppo)
+from configs.mesh import gpu8, gpu16, tpu_v5e_16
+from rspo_jax import models, plan
+
+GB = 1024**3
+CONFIGS = {"webshop_grpo": webshop_grpo, "webshop_gigpo": webshop_gigpo,
+           "webshop_ppo": webshop_ppo, "alfworld_grpo": alfworld_grpo,
+           "alfworld_gigpo": alfworld_gigpo, "alfworld_ppo": alfworld_ppo}
+MESHES = {"gpu8": gpu8, "gpu16": gpu16, "tpu_v5e_16": tpu_v5e_16}
+MODELS = ("qwen2.5-1.5b", "qwen2.5-7b")
+# What does not fit at JAX's default 0.75 of a GPU (what `launch/train.py
+# --dry_run` plans with when nothing sets XLA_PYTHON_CLIENT_MEM_FRACTION),
+# with the key the stop line names. 7B on 16 GB chips: A, B, pi_ref, the
+# PRM and the engine's weights are 29 GB a chip before anything runs. 7B
+# PPO on GPUs: the critic's 10.6 GB more.
+STOPS = {
+    ("qwen2.5-7b", "webshop_ppo", "gpu8"): "set rollout.engine_tensor=2",
+    ("qwen2.5-7b", "webshop_ppo", "gpu16"): "set rollout.engine_tensor=2",
+    ("qwen2.5-7b", "alfworld_ppo", "gpu8"): "set rollout.engine_tensor=2",
+    ("qwen2.5-7b", "alfworld_ppo", "gpu16"): "set rollout.engine_tensor=2",
+    **{("qwen2.5-7b", c, "tpu_v5e_16"): "no one key fits it (closest:"
+       " rollout.engine=sglang" for c in CONFIGS},
+}
+
+
+def paper(config: str, model: str, mesh: str, arg: str = ""):
+  cfg = CONFIGS[config].get_config(f"model={model}{arg}")
+  mesh_cfg = MESHES[mesh].get_config()
+  with cfg.unlocked():  # what launch/train.py --mesh=... does
+    cfg.mesh.update(mesh_cfg)
+    cfg.mesh.shape = tuple(mesh_cfg.shape)
+  return cfg
+
+
+def test_every_preset_and_mesh_fits_or_names_the_key_to_change():
+  table = {}
+  for model, config, mesh in itertools.product(MODELS, CONFIGS, MESHES):
+    p = plan.make_plan(paper(config, model, mesh), "w", {})
+    mem, usable = p["memory_per_device"], p["usable_GB"]
+    chosen = {k: v["value"] for k, v in p["choices"].items()}
+    assert p["choices"]["model.remat"]["by"] == plan.REMAT_BY
+    assert p["choices"]["rollout.prefill_chunk"]["by"] == plan.CHUNK_BY
+    assert p["dtype"]["remat"] == chosen["model.remat"]
+    assert mem["engine_prefill"]["chunk"] == chosen["rollout.prefill_chunk"]
+    table[model, config, mesh] = p.get("stop")
+    if p["fits"]:
+      assert "stop" not in p and mem["total_GB"] <= usable
+      continue
+    stop = p["stop"]
+    assert "\n" not in stop and stop.startswith(
+        f"{model} {p['env']} {p['algorithm']} on mesh")
+    assert f"exceeds the {usable:.1f} GB usable" in stop
+  stops = {k: v for k, v in table.items() if v}
+  assert set(stops) == set(STOPS), sorted(stops)
+  for key, stop in stops.items():
+    assert STOPS[key] in stop, (key, stop)
+
+
+def test_the_named_change_fits():
+  """The key a stop line names, set as it says, makes the plan fit."""
+  p = plan.make_plan(paper("alfworld_ppo", "qwen2.5-7b", "gpu8"), "w", {})
+  assert not p["fits"]
+  fixed = plan.make_plan(paper("alfworld_ppo", "qwen2.5-7b", "gpu8",
+                               ",rollout.engine_tensor=2"), "w", {})
+  assert fixed["fits"] and "stop" not in fixed
+  assert fixed["memory_per_device"]["engine_weights_GB"] == pytest.approx(
+      p["memory_per_device"]["engine_weights_GB"] / 2, abs=0.01)
+
+
+def test_prefill_chunk_is_the_widest_that_fits():
+  """7B WebShop on 8 GPUs: one pass over a 4096-token prompt bucket holds
+  94 GB of scores a GPU; the plan takes the widest block that fits."""
+  cfg = paper("webshop_grpo", "qwen2.5-7b", "gpu8")
+  layout = plan.resolve_layout(cfg, {})
+  room = 0.75 * 80 * plan.CHOICE_HEADROOM
+  assert plan.prefill_chunks(4096) == [0, 2048, 1024, 512, 342]
+  p = plan.make_plan(cfg, "w", {})
+  chunk = p["choices"]["rollout.prefill_chunk"]["value"]
+  assert p["fits"] and chunk == 342
+  mcfg = plan.plan_model_config(plan.resolved(cfg, p["choices"]))
+
+  def rollout(c):
+    mem = plan.memory_per_device(cfg, mcfg, (1, 8, 1), layout,
+                                 prefill_chunk=c)
+    return mem["resident_GB"] + mem["rollout_transient_GB"]
+
+  assert rollout(0) > rollout(1024) > rollout(512) > room >= rollout(342)
+  # Scores [16 rows a GPU, 28 heads, block, keys], 3 float32 copies: one
+  # pass 4095 queries x 4608 slots; blocks of 342 (4095 / 12: the engine's
+  # narrowest) over 4095 slots.
+  assert p["memory_per_device"]["prefill_scores_GB"] == round(
+      3 * 16 * 28 * 342 * 4095 * 4 / GB, 2)
+  # A given chunk is kept; 0 is one pass.
+  given = plan.make_plan(paper("webshop_grpo", "qwen2.5-7b", "gpu8",
+                               ",rollout.prefill_chunk=0"), "w", {})
+  assert given["choices"]["rollout.prefill_chunk"] == {"value": 0,
+                                                       "by": "config"}
+  assert not given["fits"] and "rollout.prefill_chunk" in given["warnings"][
+      -1]
+  # 1.5B ALFWorld on 8 GPUs: the whole prefill fits, one pass.
+  small = plan.make_plan(paper("alfworld_grpo", "qwen2.5-1.5b", "gpu8"), "w",
+                         {})
+  assert small["choices"]["rollout.prefill_chunk"]["value"] == 0
+
+
+def test_remat_activations_order_none_dots_full():
+  for preset, mesh in (("qwen2.5-1.5b", (1, 8, 1)), ("qwen2.5-7b",
+                                                     (1, 4, 2))):
+    acts = {}
+    for policy in ("none", "dots", "full"):
+      mcfg = models.get_model_config(preset, dtype="bfloat16", remat=policy,
+                                     scan_layers=True)
+      acts[policy] = plan.train_step_bytes(
+          mcfg, mesh, 16, 2560, window=512, n_micro=2)["activations"]
+    assert acts["none"] > acts["dots"] > acts["full"] > 0, acts
+
+
+def test_remat_choice_by_hand():
+  """7B ALFWorld on 2 x 8 GPUs at the launchers' 0.92 (micro-batches of 16
+  rows: 1 row of 2560 tokens a GPU): without remat the 28 blocks'
+  internals do not fit beside the 39 GB resident in 0.9 of the 73.6 GB;
+  'dots' keeps each block's input and weight matmul outputs, L r T c (3 d
+  + (H + 2K) hd + 2 F), and fits."""
+  env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"}
+  cfg = paper("alfworld_gigpo", "qwen2.5-7b", "gpu16")
+  p = plan.make_plan(cfg, "w", env)
+  assert p["choices"]["model.remat"]["value"] == "dots" and p["fits"]
+  L, r, T, c = 28, 1, 2560, 2
+  d, H, K, hd, F = 3584, 28, 4, 128, 18944
+  dots = L * r * T * c * (3 * d + (H + 2 * K) * hd + 2 * F)
+  full = L * r * T * c * d
+  mcfg = plan.plan_model_config(plan.resolved(cfg, p["choices"]))
+  x = plan._dims(mcfg, (2, 8, 1))
+  assert plan.remat_carries(x, r, T, "dots") == dots
+  assert plan.remat_carries(x, r, T, "full") == full
+  assert plan.remat_carries(x, r, T, "none") == 0
+  layout = plan.resolve_layout(cfg, env)
+
+  def train(policy):
+    mem = plan.memory_per_device(cfg, dataclasses.replace(
+        mcfg, remat=policy), (2, 8, 1), layout)
+    return mem["resident_GB"] + mem["train_transient_GB"]
+
+  room = 0.92 * 80 * 0.9
+  assert train("none") > room >= train("dots") > train("full")
+  assert p["dtype"]["remat"] == "dots"
+  # At JAX's default 0.75 'dots' does not fit in 0.9 of 60 GB: 'full'.
+  assert plan.make_plan(cfg, "w", {})["choices"]["model.remat"][
+      "value"] == "full"
+  # Given, a policy is kept; the old bools still read.
+  for given, policy in (("full", "full"), ("True", "full"),
+                        ("False", "none")):
+    q = plan.make_plan(paper("alfworld_gigpo", "qwen2.5-7b", "gpu16",
+                             f",model.remat={given}"), "w", {})
+    assert q["choices"]["model.remat"] == {"value": policy, "by": "config"}
+
+
+def test_remat_key_accepts_policies_and_old_bools_only():
+  from configs.base import validate
+  from rspo_jax.errors import ConfigError
+
+  from rspo_jax.models.config import remat_policy
+
+  assert [remat_policy(v) for v in (False, True, "none", "DOTS", "full",
+                                    "true")] == [
+      "none", "full", "none", "dots", "full", "full"]
+  with pytest.raises(ValueError, match="remat 'some' unknown; use one of"):
+    remat_policy("some")
+  with pytest.raises(ValueError, match="remat 1 unknown"):
+    models.get_model_config("tiny", remat=1)
+  cfg = paper("alfworld_gigpo", "qwen2.5-7b", "gpu16")
+  cfg.model.remat = "some"
+  with pytest.raises(ConfigError, match="bad config value model.remat="):
+    validate(cfg)
+  cfg = paper("alfworld_gigpo", "qwen2.5-7b", "gpu16")
+  cfg.rollout.prefill_chunk = -1
+  with pytest.raises(ConfigError,
+                     match="bad config value rollout.prefill_chunk=-1"):
+    validate(cfg)
+  # Without a device memory to plan with: 'auto' is 'full', the engine
+  # keeps its default blocks.
+  cfg = paper("alfworld_gigpo", "qwen2.5-7b", "gpu16")
+  cfg.mesh.device_memory_gb = 0.0
+  chosen = plan.choose(cfg, plan.resolve_layout(cfg, {}), None)
+  assert chosen["model.remat"]["value"] == "full"
+  assert chosen["rollout.prefill_chunk"]["value"] is None
