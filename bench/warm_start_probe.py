@@ -26,13 +26,6 @@ import re
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file.", lock_config=True
-)
-_POLICY = flags.DEFINE_string("policy_dir", None, "HF dir of the policy.")
-_TASKS = flags.DEFINE_integer("num_tasks", 24, "Held-out goals to play.")
-
-
 def decision_kind(action: str) -> str:
   if action.startswith("search["):
     return "search"
@@ -87,5 +80,10 @@ def main(argv):
   print(json.dumps(dict(score)))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # flags here: tests import decision_kind() alone
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", None, "Experiment config file.", lock_config=True
+  )
+  _POLICY = flags.DEFINE_string("policy_dir", None, "HF dir of the policy.")
+  _TASKS = flags.DEFINE_integer("num_tasks", 24, "Held-out goals to play.")
   app.run(main)
