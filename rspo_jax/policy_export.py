@@ -18,6 +18,13 @@ Nothing is trained and no tokenizer is made: a missing starting policy or
 tokenizer is an error. ``max_bytes``: a policy whose params take more bytes
 than that (counted from the shapes before any weight is read) is not
 exported.
+
+LoRA runs (``model.lora_rank`` > 0): the checkpoint holds A's adapters;
+the export writes the merged weights, W + (alpha / r) A B in float32, as
+the HF directory above (the base config: any HF tool loads it), and the
+adapters alone as a PEFT directory in ``<out>/adapter``
+(``adapter_config.json``, ``adapter_model.safetensors`` with PEFT's names,
+``lora.save_peft``) for tools that load adapters onto the base.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 EXPORT_JSON = "export.json"
+ADAPTER_DIR = "adapter"  # LoRA runs: the PEFT adapter directory in out
 
 
 def starting_policy_dir(cfg, workdir: str) -> str:
@@ -65,6 +73,7 @@ def export_latest_policy(cfg, workdir: str, out: str, *,
   from rspo_jax import train_step as ts
   from rspo_jax.checkpoint import RunCheckpointer
   from rspo_jax.errors import ConfigError
+  from rspo_jax.models import lora
   from rspo_jax.models.hf_io import read_config
 
   start, tok = starting_policy_dir(cfg, workdir), tokenizer_dir(cfg, workdir)
@@ -84,6 +93,7 @@ def export_latest_policy(cfg, workdir: str, out: str, *,
             "reason": f"{size} bytes of params > max_bytes={max_bytes}"}
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   mcfg, module = build.load_policy(cfg, start, mesh)
+  mcfg, module = build.with_lora(cfg, mcfg, module, mesh)
   learner = build.make_policy_learner(
       cfg, module, mesh, lr=cfg.train.lr,
       loss_fn=ts.make_policy_loss(build.policy_loss_config(
@@ -97,10 +107,15 @@ def export_latest_policy(cfg, workdir: str, out: str, *,
   finally:
     ckpt.close()
   learner.state = states["policy"]
-  models.save_hf_model(learner.module(), mcfg, out, tokenizer_dir=tok,
+  base_cfg, merged = build.merged(learner, mcfg)
+  models.save_hf_model(merged, base_cfg, out, tokenizer_dir=tok,
                        dtype=mcfg.param_dtype)
   info = {"exported": True, "bytes": size, "step": int(step),
           "a_steps": int(meta.get("a_steps", 0))}
+  if lora.enabled(mcfg):
+    info["adapter_bytes"] = lora.save_peft(
+        learner.module(), mcfg, os.path.join(out, ADAPTER_DIR),
+        base_model=os.path.abspath(start))
   with open(os.path.join(out, EXPORT_JSON), "w") as f:
     json.dump(info, f, indent=1)
   return info

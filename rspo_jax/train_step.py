@@ -258,9 +258,9 @@ def split_micro(batch, n_micro: int, *, pad: bool = True):
 
 def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
   """``micro_batches(params, frozen, batch, rng, totals)`` run by each
-  'data' shard on its own rows (``jax.shard_map``, manual over 'data' only: 'fsdp' and
-  'tensor' stay with the partitioner), its gradients accumulated there,
-  then reduced once:
+  'data' shard on its own rows (``jax.shard_map``, manual over 'data'
+  only: 'fsdp' and 'tensor' stay with the partitioner), its gradients
+  accumulated there, then reduced once:
 
     grads = psum_data(sum_i grads(micro-batch i of the shard's rows))
 

@@ -216,3 +216,56 @@ def test_train_step_hlo_has_no_activation_collectives():
   # The base is one bf16 copy, sharded: per device under half of it.
   n_base = sum(x.size for x in jax.tree.leaves(base))
   assert c.memory["argument"] < n_base * 2 / 2
+
+
+# A toy RSPO run small enough for a test (tests/multihost_test.py's).
+TOY = ("model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
+       "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
+       "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
+       "train.batch_tasks=4,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
+       "steps=2,env.max_steps=3,env.num_eval_tasks=4,env.num_workers=1,"
+       "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256,"
+       "model.lora_rank=4,model.lora_alpha=8,train.lr=1e-3")
+
+
+@pytest.mark.slow
+def test_rspo_run_with_lora_resumes_and_exports(tmp_path):
+  """build_run -> RSPO loop (B := A's adapters, the engine synced with
+  merged weights) -> checkpoint; a new run in the workdir resumes A's
+  adapters and Adam state exactly; launch/export's function writes the
+  merged HF directory (the LoRA model's outputs) and the PEFT directory."""
+  from configs import toy_grpo
+  from rspo_jax import policy_export
+
+  cfg = toy_grpo.get_config(TOY)
+  with cfg.unlocked():
+    cfg.mesh.shape = (1, 1, 1)
+  workdir = str(tmp_path / "run")
+  run = build.build_run(cfg, workdir, progress=False)
+  try:
+    a = run.trainer.a
+    assert lora.enabled(run.mcfg) and run.trainer.ref_params is not None
+    assert jax.tree.structure(a.params) == jax.tree.structure(
+        nnx.state(a.module(), nnx.LoRAParam))
+    run.trainer.run()
+    want = jax.device_get(a.state)
+    assert int(want.step) > 0
+  finally:
+    run.close()
+  again = build.build_run(cfg, workdir, progress=False)
+  try:
+    assert again.trainer.try_resume()
+    for x, y in zip(jax.tree.leaves(jax.device_get(again.trainer.a.state)),
+                    jax.tree.leaves(want)):
+      np.testing.assert_array_equal(x, y)
+    model = again.trainer.a.module()
+  finally:
+    again.close()
+  out = str(tmp_path / "export")
+  info = policy_export.export_latest_policy(cfg, workdir, out)
+  assert info["exported"] and info["adapter_bytes"] > 0
+  conf = json.load(open(os.path.join(out, "adapter", "adapter_config.json")))
+  assert conf["r"] == 4
+  cfg0, exported = hf_io.load_hf_model(out)
+  assert cfg0.lora_rank == 0
+  np.testing.assert_allclose(logits(exported), logits(model), atol=1e-4)
