@@ -450,7 +450,7 @@ def response_window(loss_mask, minimum: int = 16) -> int:
 
 def policy_forward(
     model, tokens, positions, attention_mask, loss_mask, *,
-    window: int = 0, entropy: bool = False,
+    window: int = 0, entropy: bool = False, by_gather: bool = False,
 ):
   """(logp [B, T], entropy [B, T] or None) of the tokens under ``model``.
 
@@ -460,7 +460,7 @@ def policy_forward(
   ``window = 0``: every position (``logp[:, 0] = 0``). ``window = R``: the
   last block, LM head and log-softmax on rows' windows ``[s_b, s_b + R)``
   only (module docstring); hidden state ``t - 1`` predicts token ``t``; 0
-  outside.
+  outside. ``by_gather``: forward-only (``tfm.target_logprobs``).
   """
   if not window:
     logits, _, _ = model(tokens, positions, attention_mask)
@@ -468,7 +468,7 @@ def policy_forward(
     if entropy:  # aligned like logp: H of the distribution that drew token t
       ent = losses.entropy_from_logits(logits[:, :-1])
       ent = jnp.concatenate([jnp.zeros_like(ent[:, :1]), ent], axis=1)
-    return tfm.token_logprobs(logits, tokens), ent
+    return tfm.token_logprobs(logits, tokens, by_gather=by_gather), ent
   t = tokens.shape[1]
   starts = tfm.window_starts(loss_mask, window)
   _, hidden, _ = model(  # hidden [B, R, D] of positions starts - 1 + i
@@ -476,7 +476,8 @@ def policy_forward(
       window=(starts - 1, window),
   )
   logits = model.logits(hidden)
-  logp = tfm.target_logprobs(logits, tfm.take_window(tokens, starts, window))
+  logp = tfm.target_logprobs(
+      logits, tfm.take_window(tokens, starts, window), by_gather=by_gather)
   ent = None
   if entropy:
     ent = tfm.put_window(losses.entropy_from_logits(logits), starts, t)
@@ -628,8 +629,9 @@ def make_logprob_fn(
 
   def fn(params, tokens, positions, attention_mask, loss_mask, frozen):
     model = nnx.merge(graphdef, params, frozen)
-    logp, _ = policy_forward(
-        model, tokens, positions, attention_mask, loss_mask, window=window
+    logp, _ = policy_forward(  # forward only: pick by gather
+        model, tokens, positions, attention_mask, loss_mask, window=window,
+        by_gather=True,
     )
     return logp
 

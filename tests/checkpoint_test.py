@@ -114,7 +114,8 @@ def train(workdir: str, cfg: str, fault: str = "",
   env.update(fault_env or {})
   cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
          f"--config={ROOT}/configs/toy_grpo.py:{cfg}",
-         f"--workdir={workdir}", "--no_progress"]
+         f"--workdir={workdir}", "--no_progress",
+         "--log_level=info"]  # the checkpoint and resume lines
   return subprocess.run(cmd, capture_output=True, text=True, env=env,
                         timeout=900)
 

@@ -45,7 +45,8 @@ def _train(workdir: str, fault: str = "") -> subprocess.CompletedProcess:
     env[faults.ENV_VAR] = fault
   cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
          f"--config={ROOT}/configs/toy_grpo.py:{MICRO}",
-         f"--workdir={workdir}", "--no_progress"]
+         f"--workdir={workdir}", "--no_progress",
+         "--log_level=info"]  # the checkpoint and resume lines
   return subprocess.run(cmd, capture_output=True, text=True, env=env,
                         timeout=900)
 
