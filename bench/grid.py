@@ -270,3 +270,82 @@ def study_grid(envs=None, algos=None, seeds=None, variants=None):
 def study_extra(env: str, extra: str = "") -> str:
   return ",".join(p for p in (STUDY_OVERRIDES.get(env, ""),
                               extra.strip(" ,")) if p)
+
+
+# --------------------------------------------------------------------------
+# The spell study (third_party_envs/spell.py; bench/spell_study.py)
+# --------------------------------------------------------------------------
+
+# Does RSPO+GiGPO beat GiGPO where outcomes are sparse, and does the dense
+# reward alone find wins faster, with an aligned and a misaligned dense
+# reward, as the word (the horizon) grows? One env, one algorithm, the
+# word length L from ``--extra env.kwargs.word_length=L`` (default
+# SPELL_LENGTH); each L has its own root (spell_root) and so its own shared
+# warm start: the world changes with L.
+SPELL_ENV, SPELL_ALGO, SPELL_LENGTH = "spell", "gigpo", 4
+SPELL_SEEDS = (0, 200, 400, 600, 800)
+SPELL_ROOT = os.path.join(ROOT, "runs", "spell")
+# The recipe (the warm start's and every run's; --extra after it wins):
+# a sparse warm start -- 'nano' cloned from an expert that knows the
+# cipher of digits 0-4 only (env.kwargs.expert_digits=5; docs in
+# bench/spell_study.py) -- prompts without history (the observation shows
+# the letters so far), 8 tasks x 8 samples, alpha 1/8 (7 fresh groups + 1
+# replayed), 30 A steps (10 RSPO loops), every row trained, 256 held-out
+# tasks (valid_seen).
+SPELL_OVERRIDES = (
+    "model.preset=nano,env.history_length=0,env.kwargs.expert_digits=5,"
+    "sft.num_episodes=1024,sft.steps=600,sft.lr=2e-3,sft.batch_rows=16,"
+    "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
+    "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")
+MISALIGNED = "env.kwargs.dense=misaligned"  # B's dense reward farmable
+SPELL_VARIANTS = {
+    "baseline": f"rspo=0,{DENSE}",
+    "rspo": f"rspo=1,rspo.sampling=reward,{DENSE}",
+    "rspo_misaligned": f"rspo=1,rspo.sampling=reward,{DENSE},{MISALIGNED}",
+    "rspo_o": f"rspo=1,rspo.sampling=reward,rspo.data_source=outcome,"
+              f"{DENSE}",
+    "dense_only": f"rspo=0,rspo.dense_only=1,{DENSE}",
+    "dense_only_misaligned": f"rspo=0,rspo.dense_only=1,{DENSE},"
+                             f"{MISALIGNED}",
+}
+# Sampled evaluations beside greedy: the training temperature, 3 seeds.
+SPELL_SAMPLED = (("T = 1.0 (training), 3 seeds", "t10", 1.0),)
+
+
+def spell_grid(envs=None, algos=None, seeds=None, variants=None):
+  """spell x GiGPO x SPELL_VARIANTS x seeds (default SPELL_SEEDS),
+  filtered; ValueError on another env or algorithm."""
+  _pick("env", envs, (SPELL_ENV,), (SPELL_ENV,))
+  _pick("algo", algos, (SPELL_ALGO,), (SPELL_ALGO,))
+  names = _pick("variant", variants, tuple(SPELL_VARIANTS),
+                tuple(SPELL_VARIANTS))
+  seeds = (list(dict.fromkeys(int(s) for s in seeds)) if seeds
+           else list(SPELL_SEEDS))
+  # Seed-major: a cut-short pass leaves whole seeds of every cell.
+  return [RunSpec(SPELL_ENV, SPELL_ALGO, v, s, SPELL_VARIANTS[v])
+          for s in seeds for v in names]
+
+
+def spell_length(extra: str = "") -> int:
+  """The word length L an ``--extra`` sets (its last
+  env.kwargs.word_length=), else SPELL_LENGTH; ValueError when not an
+  integer >= 1."""
+  length = str(SPELL_LENGTH)
+  for item in extra.split(","):
+    key, _, value = item.partition("=")
+    if key.strip() == "env.kwargs.word_length":
+      length = value.strip()
+  if not length.isdigit() or int(length) < 1:
+    raise ValueError(f"env.kwargs.word_length wants an integer >= 1, got"
+                     f" {length!r}")
+  return int(length)
+
+
+def spell_root(extra: str = "") -> str:
+  """``runs/spell/L<L>``: one root, so one warm start, per word length."""
+  return os.path.join(SPELL_ROOT, f"L{spell_length(extra)}")
+
+
+def spell_extra(extra: str = "") -> str:
+  """SPELL_OVERRIDES, then ``--extra`` (which may override them)."""
+  return ",".join(p for p in (SPELL_OVERRIDES, extra.strip(" ,")) if p)

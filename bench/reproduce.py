@@ -6,6 +6,9 @@ r"""Runs the paper's results grid, resumably, and writes its tables and curves.
   python bench/reproduce.py --grid main --report_only      # tables only
   python bench/reproduce.py --grid study --seeds 0          # CPU study
   python bench/reproduce.py --grid study --envs alfworld --seeds 0
+  python bench/reproduce.py --grid spell --seeds 0          # spell, L = 4
+  python bench/reproduce.py --grid spell --seeds 0 \
+      --extra env.kwargs.word_length=6                     # L = 6
   python bench/reproduce.py --envs toy --algos grpo --seeds 0 \
       --extra 'steps=2,train.batch_tasks=2'                # smoke test
 
@@ -30,6 +33,15 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              eval_start_t04.json, _t10; resumable); report
              ``study_<env>.{json,md}`` with 95 % bootstrap intervals
              (rspo_jax/intervals.py).
+  spell      the spell task (third_party_envs/spell.py, bench/spell_study.py):
+             GiGPO x {baseline, rspo, rspo_misaligned, rspo_o, dense_only,
+             dense_only_misaligned} x seeds {0, 200, 400, 600, 800} at
+             SPELL_OVERRIDES, from one sparse warm start per word length L
+             (``--extra env.kwargs.word_length=L``, default 4; root
+             runs/spell/L<L>); greedy and T = 1.0 (3 seeds) on 256
+             held-out tasks; report ``study_spell_L<L>.{json,md}``
+             (intervals, B's lift, the dense-only runs' dense return
+             against success). ``--grid study --envs spell`` is the same.
 ``toy`` is accepted by ``--envs`` (configs/toy_grpo.py, ``algo.name=<algo>``)
 for tests and smoke runs; it is in no default grid.
 
@@ -109,24 +121,27 @@ from typing import Optional, Sequence
 
 import run_archive as ra
 from ablation_report import ablation_report
-from grid import (ROOT, SAMPLED, STUDY_ROOT, RunSpec, ablation_grid,
-                  from_warm_start, main_grid, sampled_flags, sampled_names,
-                  study_extra, study_grid, with_rl_extra)
+from grid import (ROOT, SAMPLED, SPELL_ENV, SPELL_SAMPLED, STUDY_ROOT,
+                  RunSpec, ablation_grid, from_warm_start, main_grid,
+                  sampled_flags, sampled_names, spell_extra, spell_grid,
+                  spell_root, study_extra, study_grid, with_rl_extra)
 from main_report import env_report
 from run_files import START, is_finished, warm_start_workdir
 from runner import (command, run_grid, sft_command, shared_start_eval,
                     shared_warm_start)
 from sampled_eval import sampled_final_eval
+from spell_study import spell_report
 from study_report import study_report
 
 
-def _run_study(specs: list[RunSpec], args, failed: list) -> None:
+def _run_study(specs: list[RunSpec], args, failed: list,
+               sampled=SAMPLED) -> None:
   """The study's extra evaluations: the warm start and every finished run
-  at each SAMPLED temperature, 3 seeds (each skipped once written, under
-  root or in --archive)."""
+  at each ``sampled`` temperature, 3 seeds (each skipped once written,
+  under root or in --archive)."""
   envs = dict.fromkeys(s.env for s in specs)
   results = []
-  for _, tag, temperature in SAMPLED:
+  for _, tag, temperature in sampled:
     for env in envs:
       if os.path.isdir(os.path.join(warm_start_workdir(args.root, env),
                                     "warm_start")):
@@ -160,7 +175,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(
       description="Run the results grid (resumable) and write its reports.")
   p.add_argument("--grid", default="main",
-                 choices=("main", "ablations", "study"))
+                 choices=("main", "ablations", "study", "spell"))
   p.add_argument("--envs", default=None, help="e.g. webshop,alfworld (toy)")
   p.add_argument("--algos", default=None, help="e.g. grpo,ppo,gigpo")
   p.add_argument("--variants", default=None,
@@ -232,6 +247,14 @@ def _start_from_shared_warm_starts(specs, args):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
+  if args.grid == "study" and _csv(args.envs) == [SPELL_ENV]:
+    args.grid = "spell"  # the spell task's study is its own grid
+  try:
+    if args.root is None and args.grid == "spell":
+      args.root = spell_root(args.extra)  # one root per word length
+  except ValueError as e:
+    print(f"reproduce.py: error: {e}", file=sys.stderr)
+    return 2
   if args.root is None:
     args.root = STUDY_ROOT if args.grid == "study" else os.path.join(
         ROOT, "runs", "reproduce")
@@ -258,6 +281,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       if len(envs) != 1:
         raise ValueError(f"--grid study runs one env at a time, got {envs}")
       args.extra = study_extra(envs[0], args.extra)
+    elif args.grid == "spell":
+      specs = spell_grid(_csv(args.envs), _csv(args.algos), seeds,
+                         _csv(args.variants))
+      args.extra = spell_extra(args.extra)
     else:
       specs = ablation_grid(_csv(args.envs), _csv(args.algos), seeds,
                             _csv(args.variants))
@@ -281,10 +308,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failed += [r for r in results if r["status"] == "failed"]
     if args.grid == "study":
       _run_study(specs, args, failed)
+    elif args.grid == "spell":
+      _run_study(specs, args, failed, SPELL_SAMPLED)
   if args.archive:
     print(json.dumps({"archive": args.archive, "written": ra.archive_root(
         args.root, args.archive, args.python)}), flush=True)
-  if args.grid == "study":
+  if args.grid == "spell":
+    report = spell_report(args.root, args.out, extra=args.extra,
+                          rl_extra=args.rl_extra, archive=args.archive)
+    print(json.dumps({"report": report["markdown"]}))
+  elif args.grid == "study":
     for env in dict.fromkeys(e for e, _ in pairs):
       study_report(args.root, env, args.out, rl_extra=args.rl_extra,
                    archive=args.archive, extra=args.extra)

@@ -1,0 +1,385 @@
+r"""The spell study (issue 36, item 6): its report, ``study_spell_L<L>``.
+
+  python bench/reproduce.py --grid spell --seeds 0            # L = 4
+  python bench/reproduce.py --grid spell --seeds 0 \
+      --extra env.kwargs.word_length=6                         # L = 6
+  python bench/reproduce.py --grid spell --report_only        # tables only
+
+The task (third_party_envs/spell.py): spell a hidden word of L letters one
+letter a turn; letter i is a fixed cipher of code digit i shown in the
+task; won iff every letter is right (outcome 10 * won), so a policy that
+knows a share p of the letters wins ~p^L: the sparsity grows with L. The
+dense reward B trains on (``rspo.dense_reward=oracle``, the env's):
+'aligned' pays 1/L for each letter that extends a correct prefix,
+'misaligned' 1/L for any letter of the word in any position (farmable:
+typing the word's commonest letter every turn earns it without winning).
+
+The grid (bench/grid.py, ``spell_grid``): GiGPO x {baseline (GiGPO),
+rspo (RSPO+GiGPO, aligned), rspo_misaligned, rspo_o (B trained on the
+outcome: B's extra data without the dense reward), dense_only (one policy
+on the aligned dense reward alone), dense_only_misaligned} x seeds {0,
+200, 400, 600, 800}, at ``SPELL_OVERRIDES``, all from one shared warm
+start per L (``runs/spell/L<L>/warm_start_spell``). A sparse warm start:
+'nano' behaviour-cloned from an expert that knows the cipher of digits
+0-4 only (``env.kwargs.expert_digits=5``: its won episodes are those
+whose code has no digit above 4; the clone has never seen the other
+digits' letters), so A starts knowing about half the letters and wins a
+few % of the held-out words; RL must find the other half.
+
+The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
+held-out tasks (valid_seen), with 95 % bootstrap intervals
+(rspo_jax/intervals.py): success, final - start (paired, the shared warm
+start), cell - GiGPO and the contrasts ``CONTRASTS`` (method_difference:
+goals shared, training seeds resampled within each cell); A's rollout
+success over its first ``EARLY_STEPS`` steps (does a cell find wins
+sooner?); B's lift per loop (metrics.jsonl B_collect rows:
+``b_lift_success``, ``b_lift_dense_return``) with an interval over loops
+within seeds and seeds; for the dense-only cells, the dense return
+(L x dense reward per turn) against success over training, first
+``EDGE_STEPS`` A steps against the last (reward hacking: dense return up,
+success down); curves of rollout success and dense reward per turn.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+import run_archive as ra
+from grid import (DENSE, SPELL_ALGO, SPELL_ENV, SPELL_SAMPLED,
+                  SPELL_VARIANTS, RunSpec, config_key, sampled_names,
+                  spell_length, with_rl_extra)
+from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
+from run_files import (FINAL, START, finished_runs, run_config,
+                       warm_start_workdir, write_json, write_text)
+from study_report import _outcomes
+
+DECODINGS = (("greedy", START, FINAL),) + tuple(
+    (label, *sampled_names(tag)) for label, tag, _ in SPELL_SAMPLED)
+LABELS = {
+    "baseline": "GiGPO",
+    "rspo": "RSPO+GiGPO (aligned)",
+    "rspo_misaligned": "RSPO+GiGPO (misaligned)",
+    "rspo_o": "RSPO_O+GiGPO (B on the outcome)",
+    "dense_only": "Dense only (aligned)",
+    "dense_only_misaligned": "Dense only (misaligned)",
+}
+RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_o")
+DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned")
+# (a, b, what a - b answers), besides every cell - GiGPO.
+CONTRASTS = (
+    ("rspo", "rspo_o", "what B's dense reward adds to RSPO's extra data"),
+    ("rspo", "rspo_misaligned", "aligned vs misaligned dense reward in RSPO"),
+    ("rspo_misaligned", "dense_only_misaligned",
+     "RSPO vs the misaligned dense reward alone"),
+    ("dense_only", "dense_only_misaligned",
+     "aligned vs misaligned, dense reward alone"),
+)
+LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
+EARLY_STEPS = 12  # issue 36 item 5b's gate: 12 steps
+EDGE_STEPS = 3  # the first / last A steps of the hacking table
+
+
+def nested_interval(groups: Sequence[Sequence[float]], *, seed: int = 0,
+                    num_draws: int = 2000, level: float = 0.95
+                    ) -> Optional[dict]:
+  """Mean over groups (training seeds) of each group's mean (its loops or
+  steps), with a percentile bootstrap interval: groups resampled, then
+  values within each drawn group; None without values."""
+  groups = [np.asarray(g, np.float64) for g in groups if len(g)]
+  if not groups:
+    return None
+  rng = np.random.default_rng(seed)
+  picked = rng.integers(0, len(groups), (num_draws, len(groups)))
+  draws = np.zeros(num_draws)
+  for j in range(len(groups)):  # slot j of every draw: a group, resampled
+    for i, g in enumerate(groups):
+      rows = picked[:, j] == i
+      draws[rows] += g[rng.integers(0, len(g), (rows.sum(), len(g)))].mean(1)
+  draws /= len(groups)
+  lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+  return {"mean": float(np.mean([g.mean() for g in groups])),
+          "lo": float(lo), "hi": float(hi), "level": level,
+          "draws": num_draws, "n_groups": len(groups),
+          "n_values": int(sum(len(g) for g in groups))}
+
+
+def _rows(workdir: str, phase: str) -> list[dict]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    return []
+  out = []
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        row = json.loads(line)
+        if row.get("phase") == phase:
+          out.append(row)
+  # A resumed run may write a step twice: the last row of a step wins.
+  by_step = {}
+  for row in out:
+    by_step[(row.get("step"), row.get("loop"))] = row
+  return list(by_step.values())
+
+
+def lift_values(workdir: str) -> dict[str, list[float]]:
+  """{key: [value of each loop]} of a run's B_collect rows (LIFT_KEYS)."""
+  rows = _rows(workdir, "B_collect")
+  return {k: [float(r[k]) for r in rows if r.get(k) is not None]
+          for k in LIFT_KEYS}
+
+
+def a_series(workdir: str, key: str, scale: float = 1.0) -> list[float]:
+  """``key`` of a run's A rows in step order, times ``scale``."""
+  rows = sorted(_rows(workdir, "A"), key=lambda r: r["step"])
+  return [scale * float(r[key]) for r in rows if r.get(key) is not None]
+
+
+def _ci_pct(ci: Optional[dict]) -> Optional[dict]:
+  return None if ci is None else pct(ci)
+
+
+def _other_config_seeds(variant: str, configs: dict, extra: str,
+                        rl_extra: str) -> list[int]:
+  spec = lambda s: with_rl_extra(RunSpec(  # noqa: E731
+      SPELL_ENV, SPELL_ALGO, variant, s, SPELL_VARIANTS[variant]), rl_extra)
+  return [s for s, c in configs.items() if c is not None
+          and config_key(c) != config_key(spec(s).config_arg(extra))]
+
+
+def spell_report(root: str, out_dir: str, *, extra: str = "",
+                 rl_extra: str = "", archive: str = "", seed: int = 0,
+                 echo: bool = True) -> dict:
+  """Writes ``study_spell_L<L>.{json,md}`` and its curves into ``out_dir``
+  from the finished runs under ``root`` (else in ``archive``); ``extra``:
+  the grid's (SPELL_OVERRIDES and --extra; gives L and the configs the
+  runs should have been trained with). Returns the JSON object, with
+  ``markdown``: the .md path."""
+  from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
+
+  length = spell_length(extra)
+  name = f"study_spell_L{length}"
+  ws = warm_start_workdir(root, SPELL_ENV)
+  starts = {d: _outcomes([ra.find_file(ws, archive, s)])
+            for d, s, _ in DECODINGS}
+  runs = {v: finished_runs(root, SPELL_ENV, SPELL_ALGO, v, archive)
+          for v in SPELL_VARIANTS}
+  finals = {(v, d): _outcomes([os.path.join(w, f) for _, w in runs[v]])
+            for v in SPELL_VARIANTS for d, _, f in DECODINGS}
+
+  def diff(a, b):
+    if a is None or b is None or a.shape[1] != b.shape[1]:
+      return None
+    return pct(intervals.method_difference(a, b, seed=seed))
+
+  cells = []
+  for v in SPELL_VARIANTS:
+    configs = {s: run_config(w) for s, w in runs[v]}
+    cell = {"variant": v, "label": LABELS[v], "n": len(runs[v]),
+            "seeds": [s for s, _ in runs[v]],
+            "configs": sorted(set(configs.values()) - {None}),
+            "other_config_seeds": _other_config_seeds(v, configs, extra,
+                                                      rl_extra)}
+    for d, _, _ in DECODINGS:
+      x, start = finals[v, d], starts[d]
+      if start is not None and x is not None and x.shape[1] != (
+          start.shape[1]):
+        start = None
+      cell[d] = {
+          "success": None if x is None else pct(
+              intervals.success_interval(x, seed=seed)),
+          "final_minus_start": None if x is None or start is None else pct(
+              intervals.paired_difference(x, start[0], seed=seed)),
+          "minus_baseline": None if v == "baseline" else diff(
+              x, finals["baseline", d]),
+      }
+    wds = [w for _, w in runs[v]]
+    cell["early_success"] = _ci_pct(nested_interval(
+        [a_series(w, "rollout_success_rate")[:EARLY_STEPS] for w in wds],
+        seed=seed))
+    if v in RSPO_CELLS:
+      lifts = [lift_values(w) for w in wds]
+      cell["b_lift"] = {k: nested_interval([lv[k] for lv in lifts],
+                                           seed=seed) for k in LIFT_KEYS}
+      cell["b_lift"]["b_lift_success"] = _ci_pct(
+          cell["b_lift"]["b_lift_success"])
+    if v in DENSE_ONLY_CELLS or v == "baseline":
+      cell["hacking"] = _hacking(wds, length, seed)
+    cells.append(cell)
+  contrasts = [{"a": a, "b": b, "question": q, **{
+      d: diff(finals[a, d], finals[b, d]) for d, _, _ in DECODINGS}}
+      for a, b, q in CONTRASTS]
+  curves = _curves(runs, out_dir, name, echo)
+  report = {
+      "env": SPELL_ENV, "algo": SPELL_ALGO, "word_length": length,
+      "root": os.path.abspath(root),
+      "archive": os.path.abspath(archive) if archive else None,
+      "generated": datetime.datetime.now().isoformat(timespec="seconds"),
+      "units": "percent (success) and points (differences); dense return "
+               "in units of a won episode's (1); 95 % bootstrap intervals",
+      "overrides": ",".join(p for p in (extra, rl_extra) if p),
+      "rl_extra": rl_extra, "dense_reward": DENSE,
+      "start": {d: None if x is None else pct(
+          intervals.success_interval(x[0], seed=seed))
+          for d, x in starts.items()},
+      "cells": cells, "contrasts": contrasts, "curves": curves,
+  }
+  md = os.path.join(out_dir, f"{name}.md")
+  write_json(os.path.join(out_dir, f"{name}.json"), report)
+  write_text(md, spell_markdown(report))
+  return {**report, "markdown": md}
+
+
+def _hacking(workdirs: Sequence[str], length: int, seed: int) -> dict:
+  """First vs last EDGE_STEPS A steps of each run: rollout success (%)
+  and dense return (L x dense reward per turn; an episode is L turns),
+  means with intervals over seeds and steps, and the change (last -
+  first) with one over seeds."""
+  out = {}
+  for key, scale, unit in (("rollout_success_rate", 100.0, "success"),
+                           ("dense_reward_mean", float(length),
+                            "dense_return")):
+    series = [a_series(w, key, scale) for w in workdirs]
+    series = [s for s in series if len(s) >= 2 * EDGE_STEPS]
+    first = [s[:EDGE_STEPS] for s in series]
+    last = [s[-EDGE_STEPS:] for s in series]
+    out[unit] = {
+        "first": nested_interval(first, seed=seed),
+        "last": nested_interval(last, seed=seed),
+        "change": nested_interval(
+            [[np.mean(b) - np.mean(a)] for a, b in zip(first, last)],
+            seed=seed),
+    }
+  return out
+
+
+def _curves(runs: dict, out_dir: str, name: str, echo: bool) -> list[str]:
+  groups = {LABELS[v]: [w for _, w in r] for v, r in runs.items()}
+  made = []
+  for xa in X_AXES:
+    png = f"{name}_success_{xa}.png"
+    if plot_atomic(groups, "rollout_success_rate", xa,
+                   os.path.join(out_dir, png), echo=echo, phase="A",
+                   band="std", title="Spell: A's rollout success"):
+      made.append(png)
+  dense = {LABELS[v]: groups[LABELS[v]]
+           for v in ("baseline",) + DENSE_ONLY_CELLS}
+  png = f"{name}_dense_step.png"
+  if plot_atomic(dense, "dense_reward_mean", "step",
+                 os.path.join(out_dir, png), echo=echo, phase="A",
+                 band="std", title="Spell: dense reward per turn (x L ="
+                 " dense return)"):
+    made.append(png)
+  return made
+
+
+def _fmt2(ci: Optional[dict], signed: bool = False) -> str:
+  """fmt_ci with 2 decimals (dense returns are fractions of 1)."""
+  if ci is None:
+    return "—"
+  sign = "+" if signed else ""
+  return (f"{ci['mean']:{sign}.2f} [{ci['lo']:{sign}.2f},"
+          f" {ci['hi']:{sign}.2f}]")
+
+
+def spell_markdown(report: dict) -> str:
+  L = report["word_length"]
+  cells = {c["variant"]: c for c in report["cells"]}
+  lines = [
+      f"# Spell, L = {L}: RSPO+GiGPO vs GiGPO, and the dense reward alone",
+      "",
+      "Written by `python bench/reproduce.py --grid spell"
+      + (f" --extra env.kwargs.word_length={L}" if L != 4 else "")
+      + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
+         else "") + f"` ({report['generated']}) from the finished runs"
+      f" under `{report['root']}`{archive_note(report)}. Overrides:"
+      f" `{report['overrides']}`; B's dense reward: `{report['dense_reward']}`"
+      " (the environment's own, aligned or misaligned by"
+      " `env.kwargs.dense`).",
+  ]
+  other = [f"{c['label']} (seeds"
+           f" {', '.join(str(s) for s in c['other_config_seeds'])})"
+           for c in report["cells"] if c.get("other_config_seeds")]
+  if other:
+    lines += ["", "**Trained with other overrides than these** (their"
+              " run.json): " + "; ".join(other) + "."]
+  lines += [
+      "",
+      "Success rate (%) of A on the 256 held-out words after training;"
+      " *final − start*: points over the shared warm start on the same"
+      " words (paired); *− GiGPO*: points over the GiGPO cell. Mean [95 %"
+      " bootstrap interval]: words resampled (shared by both sides of a"
+      " difference), sampling seeds within a word, training seeds within a"
+      " cell (rspo_jax/intervals.py).",
+  ]
+  for d, _, _ in DECODINGS:
+    lines += ["", f"## {d}", "",
+              f"Start (shared warm start): {fmt_ci(report['start'][d])}",
+              "", "| Method | n | Success | Final − start | − GiGPO |",
+              "|---|---:|---:|---:|---:|"]
+    for c in report["cells"]:
+      x = c[d]
+      lines.append(f"| {c['label']} | {c['n']} | {fmt_ci(x['success'])}"
+                   f" | {fmt_ci(x['final_minus_start'], True)}"
+                   f" | {fmt_ci(x['minus_baseline'], True)} |")
+  lines += ["", "## Contrasts", "",
+            "Points, a − b (method_difference, words shared).", "",
+            "| a − b | question | "
+            + " | ".join(d for d, _, _ in DECODINGS) + " |",
+            "|---|---|" + "---:|" * len(DECODINGS)]
+  for k in report["contrasts"]:
+    lines.append(f"| {LABELS[k['a']]} − {LABELS[k['b']]} | {k['question']}"
+                 " | " + " | ".join(fmt_ci(k[d], True)
+                                    for d, _, _ in DECODINGS) + " |")
+  lines += ["", f"## Finding wins: A's rollout success, first {EARLY_STEPS}"
+            " A steps", "",
+            "Mean rollout success (%) of A's fresh training episodes over"
+            f" its first {EARLY_STEPS} steps (T = 1.0; a dense-only run's"
+            " A is the policy trained on the dense reward), 95 % interval"
+            " over seeds and steps.", "", "| Method | n | Success |",
+            "|---|---:|---:|"]
+  for c in report["cells"]:
+    lines.append(f"| {c['label']} | {c['n']} |"
+                 f" {fmt_ci(c['early_success'])} |")
+  lines += ["", "## B's lift per loop", "",
+            "B's stored collection against its first training collection"
+            " (B = A), same tasks and sampling seeds: success (points) and"
+            " dense return (a won episode's = 1), mean [95 % interval over"
+            " loops within seeds and seeds]; loops counted.", "",
+            "| Method | loops | Success lift | Dense-return lift |",
+            "|---|---:|---:|---:|"]
+  for v in RSPO_CELLS:
+    c = cells[v]
+    s, dr = c["b_lift"]["b_lift_success"], c["b_lift"]["b_lift_dense_return"]
+    n = 0 if s is None else s["n_values"]
+    lines.append(f"| {c['label']} | {n} | {fmt_ci(s, True)}"
+                 f" | {_fmt2(dr, True)} |")
+  lines += ["", "## Reward hacking: dense return against success", "",
+            f"A's first {EDGE_STEPS} and last {EDGE_STEPS} training steps:"
+            " rollout success (%) and dense return per episode (L x the"
+            " dense reward per turn; a won episode earns 1 under either"
+            " dense reward), and the change (last − first), mean [95 %"
+            " interval over seeds]. Hacked: dense return up, success"
+            " down.", "",
+            "| Method | n | Success first | last | change"
+            " | Dense return first | last | change |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for v in ("baseline",) + DENSE_ONLY_CELLS:
+    h = cells[v]["hacking"]
+    su, de = h["success"], h["dense_return"]
+    lines.append(
+        f"| {cells[v]['label']} | {cells[v]['n']} | {fmt_ci(su['first'])}"
+        f" | {fmt_ci(su['last'])} | {fmt_ci(su['change'], True)}"
+        f" | {_fmt2(de['first'])} | {_fmt2(de['last'])}"
+        f" | {_fmt2(de['change'], True)} |")
+  if report["curves"]:
+    lines += ["", "## Curves", "",
+              "A's rollout success by A step and by environment steps (all"
+              " roles), and the dense reward per turn of the GiGPO and"
+              " dense-only cells, mean ± std over seeds.", ""]
+    lines += [f"![{n}]({n})" for n in report["curves"]]
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,253 @@
+"""The spell study (bench/reproduce.py --grid spell; bench/grid.py's
+spell_grid, bench/spell_study.py): its cells and overrides, one root and
+warm start per word length, the dry run's commands, and the report's
+numbers from synthetic runs (seconds; nothing is trained)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from configs import spell_gigpo, spell_grpo
+from rspo_jax.metrics import MetricsWriter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import grid  # noqa: E402
+import reproduce as rp  # noqa: E402
+import spell_study  # noqa: E402
+
+VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_o", "dense_only",
+            "dense_only_misaligned")
+
+
+def parse(spec, extra):
+  path, arg = spec.config_arg(extra).split(":", 1)
+  assert path == os.path.join(ROOT, "configs", "spell_gigpo.py")
+  return spell_gigpo.get_config(arg)
+
+
+def test_grid_cells_seeds_and_order():
+  specs = grid.spell_grid()
+  assert len(specs) == 6 * 5 and len({s.name for s in specs}) == 30
+  assert tuple(grid.SPELL_VARIANTS) == VARIANTS
+  assert {s.seed for s in specs} == {0, 200, 400, 600, 800}
+  assert {(s.env, s.algo) for s in specs} == {("spell", "gigpo")}
+  # Seed-major: a cut-short pass leaves whole seeds of every cell.
+  assert [s.variant for s in specs[:6]] == list(VARIANTS)
+  assert {s.seed for s in specs[:6]} == {0}
+  assert specs[0].name == "spell_gigpo_baseline_s0"
+  (one,) = grid.spell_grid(["spell"], ["gigpo"], [400], ["rspo_o"])
+  assert one.name == "spell_gigpo_rspo_o_s400"
+  for bad in ({"envs": ["webshop"]}, {"algos": ["grpo"]},
+              {"variants": ["sample_random"]}):
+    with pytest.raises(ValueError, match="unknown"):
+      grid.spell_grid(**bad)
+
+
+def test_every_cell_parses_to_its_recipe():
+  extra = grid.spell_extra()
+  by = {s.variant: parse(s, extra) for s in grid.spell_grid(seeds=[200])}
+  for v, c in by.items():
+    assert c.seed == 200 and c.env.name == "spell" and c.algo.name == "gigpo"
+    assert c.model.preset == "nano" and c.env.history_length == 0
+    assert c.env.kwargs.word_length == 4 and c.env.max_steps == 4
+    assert c.env.kwargs.expert_digits == 5 and c.env.eval_split == (
+        "valid_seen")
+    assert (c.train.batch_tasks, c.train.group_size) == (8, 8)
+    assert c.rspo.alpha == 0.125 and c.train.total_steps == 30
+    assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
+    assert c.rspo.dense_reward == "oracle"
+    assert c.env.kwargs.dense == ("misaligned" if v.endswith("misaligned")
+                                  else "aligned")
+  assert not by["baseline"].rspo.enabled and not by["baseline"].rspo.dense_only
+  for v in ("rspo", "rspo_misaligned"):
+    assert by[v].rspo.enabled and by[v].rspo.data_source == "rspo"
+    assert by[v].rspo.sampling == "reward"
+  assert by["rspo_o"].rspo.enabled
+  assert by["rspo_o"].rspo.data_source == "outcome"
+  for v in ("dense_only", "dense_only_misaligned"):
+    assert by[v].rspo.dense_only and not by[v].rspo.enabled
+
+
+def test_word_length_comes_from_extra_and_picks_the_root():
+  assert grid.spell_length() == grid.spell_length("steps=2") == 4
+  assert grid.spell_length("env.kwargs.word_length=6") == 6
+  assert grid.spell_length("env.kwargs.word_length=3,x=1,"
+                           "env.kwargs.word_length=5") == 5  # the last
+  assert grid.spell_root("env.kwargs.word_length=6") == os.path.join(
+      grid.SPELL_ROOT, "L6")
+  assert grid.spell_root() == os.path.join(grid.SPELL_ROOT, "L4")
+  for bad in ("env.kwargs.word_length=six", "env.kwargs.word_length=0"):
+    with pytest.raises(ValueError, match="word_length"):
+      grid.spell_length(bad)
+  extra = grid.spell_extra("env.kwargs.word_length=6,steps=2")
+  assert extra.startswith(grid.SPELL_OVERRIDES + ",")
+  (spec,) = grid.spell_grid(seeds=[0], variants=["rspo"])
+  c = parse(spec, extra)
+  assert c.env.kwargs.word_length == 6 and c.env.max_steps == 6
+  assert c.train.total_steps == 2  # --extra after the recipe wins
+  # The warm start's config (launch/sft.py) has the recipe and L too.
+  import runner  # noqa: PLC0415
+  sft = runner.sft_config_arg("spell", extra)
+  path, arg = sft.split(":", 1)
+  assert path.endswith("configs/spell_grpo.py")
+  w = spell_grpo.get_config(arg)
+  assert w.model.preset == "nano" and w.env.kwargs.expert_digits == 5
+  assert w.env.kwargs.word_length == 6 and w.sft.enabled
+
+
+def dry_run(capsys, *args):
+  assert rp.main(["--dry_run", *args]) == 0
+  return capsys.readouterr().out.splitlines()
+
+
+def test_dry_run_one_warm_start_per_word_length(tmp_path, capsys,
+                                                monkeypatch):
+  monkeypatch.setattr(grid, "SPELL_ROOT", str(tmp_path / "spell"))
+  cmds = dry_run(capsys, "--grid", "spell", "--seeds", "0")
+  root = tmp_path / "spell" / "L4"
+  assert len(cmds) == 1 + 6 and "launch/sft.py" in cmds[0]
+  assert f"--workdir={root}/warm_start_spell" in cmds[0]
+  assert ":seed=0," + grid.SPELL_OVERRIDES + " " in cmds[0]
+  policy = f"{root}/warm_start_spell/warm_start"
+  assert [c.split("--workdir=")[1].split()[0] for c in cmds[1:]] == [
+      f"{root}/spell_gigpo_{v}_s0" for v in VARIANTS]
+  assert all("launch/train.py" in c and f"model.checkpoint_dir={policy},"
+             in c and "configs/spell_gigpo.py:" in c for c in cmds[1:])
+  # L = 6: its own root and warm start, the length in every command.
+  six = dry_run(capsys, "--grid", "spell", "--seeds", "0", "--variants",
+                "baseline", "--extra", "env.kwargs.word_length=6")
+  assert len(six) == 2
+  assert f"--workdir={tmp_path}/spell/L6/warm_start_spell" in six[0]
+  assert all(",env.kwargs.word_length=6 " in c for c in six)
+  # --grid study --envs spell is the same grid; other envs are refused.
+  assert dry_run(capsys, "--grid", "study", "--envs", "spell", "--seeds",
+                 "0") == cmds
+  assert dry_run(capsys, "--grid", "spell", "--envs", "spell", "--seeds",
+                 "0", "--root", str(root)) == cmds
+  assert rp.main(["--grid", "spell", "--envs", "webshop", "--dry_run"]) == 2
+  assert rp.main(["--grid", "spell", "--extra", "env.kwargs.word_length=x",
+                  "--dry_run"]) == 2
+  # --rl_extra reaches the runs, not the warm start.
+  rl = dry_run(capsys, "--grid", "spell", "--seeds", "0", "--variants",
+               "rspo", "--root", str(root), "--rl_extra",
+               "rspo.dense_scale=10")
+  assert rl[0] == cmds[0] and "dense_scale" in rl[1]
+
+
+# --------------------------------------------------------------------------
+# The report, from synthetic runs
+# --------------------------------------------------------------------------
+
+
+def write_eval(path, wins, seeds=(0,)):
+  per_task = [{"seed": s, "task_id": g, "won": int(w), "score": float(w)}
+              for s in seeds for g, w in enumerate(wins)]
+  os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump({"success_rate": sum(wins) / len(wins), "score": 0.0,
+               "per_task": per_task}, f)
+
+
+def fake_spell_run(root, variant, seed, wins, config=None, success=(),
+                   dense=(), lifts=()):
+  wd = os.path.join(str(root), f"spell_gigpo_{variant}_s{seed}")
+  w = MetricsWriter(wd, tensorboard=False)
+  for i, (s, d) in enumerate(zip(success, dense), start=1):
+    w.write(i, "A", {"rollout_success_rate": s, "dense_reward_mean": d,
+                     "env_steps": 10 * i})
+  for loop, (ls, ld) in enumerate(lifts):
+    w.write(3 * loop, "B_collect", {"loop": loop, "b_lift_success": ls,
+                                    "b_lift_dense_return": ld})
+  w.close()
+  with open(os.path.join(wd, "run.json"), "w") as f:
+    json.dump({"config": config or "cfg"}, f)
+  write_eval(os.path.join(wd, "eval_start.json"), [0] * len(wins))
+  write_eval(os.path.join(wd, "eval_final.json"), wins)
+  return wd
+
+
+def test_nested_interval():
+  ci = spell_study.nested_interval([[1.0, 1.0], [3.0, 3.0, 3.0, 3.0]])
+  assert ci["mean"] == 2.0 and ci["n_groups"] == 2 and ci["n_values"] == 6
+  assert 1.0 <= ci["lo"] <= ci["hi"] <= 3.0
+  one = spell_study.nested_interval([[0.5, 0.5, 0.5]])
+  assert (one["mean"], one["lo"], one["hi"]) == (0.5, 0.5, 0.5)
+  assert spell_study.nested_interval([[], []]) is None
+
+
+def test_report_numbers_by_hand(tmp_path, monkeypatch):
+  plots = []
+  monkeypatch.setattr(spell_study, "plot_atomic",
+                      lambda groups, metric, x, path, **kw: plots.append(
+                          (sorted(groups), metric, x)) or True)
+  root, out = tmp_path / "runs", str(tmp_path / "results")
+  ws = root / "warm_start_spell"
+  write_eval(ws / "eval_start.json", [0, 0, 0, 0])
+  write_eval(ws / "eval_start_t10.json", [1, 0, 0, 0], seeds=(0, 1, 2))
+  extra = grid.spell_extra()
+  spec = lambda v, s: grid.spell_grid(seeds=[s], variants=[v])[0]  # noqa
+  # GiGPO wins word 0 (seeds 0, 200); RSPO words 0 and 1 (seed 0).
+  for seed in (0, 200):
+    fake_spell_run(root, "baseline", seed, [1, 0, 0, 0],
+                   spec("baseline", seed).config_arg(extra),
+                   success=[0.0] * 6, dense=[0.25] * 6)
+  fake_spell_run(root, "rspo", 0, [1, 1, 0, 0],
+                 spec("rspo", 0).config_arg(extra),
+                 lifts=[(0.25, 0.5), (0.75, 0.5)])
+  fake_spell_run(root, "rspo_o", 0, [1, 0, 0, 0], "another config",
+                 lifts=[(0.0, -0.1)])
+  # The misaligned dense reward farmed: success 0.5 -> 0, dense return up.
+  fake_spell_run(root, "dense_only_misaligned", 0, [0, 0, 0, 0],
+                 success=[0.5, 0.5, 0.5, 0.0, 0.0, 0.0],
+                 dense=[0.25, 0.25, 0.25, 0.5, 0.5, 0.5])
+  report = spell_study.spell_report(str(root), out, extra=extra)
+  cells = {c["variant"]: c for c in report["cells"]}
+  assert report["word_length"] == 4 and report["markdown"].endswith(
+      "study_spell_L4.md")
+  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 1, 0, 1]
+  base, rspo = cells["baseline"]["greedy"], cells["rspo"]["greedy"]
+  assert base["success"]["mean"] == pytest.approx(25.0)
+  assert base["final_minus_start"]["mean"] == pytest.approx(25.0)
+  assert base["minus_baseline"] is None
+  assert rspo["minus_baseline"]["mean"] == pytest.approx(25.0)
+  assert cells["rspo_misaligned"]["greedy"]["success"] is None
+  assert report["start"]["greedy"]["mean"] == 0.0
+  assert report["start"]["T = 1.0 (training), 3 seeds"]["mean"] == 25.0
+  assert cells["rspo_o"]["other_config_seeds"] == [0]
+  assert cells["rspo"]["other_config_seeds"] == []
+  # B's lift: loops 0.25 and 0.75 -> +50 points; dense return +0.5.
+  lift = cells["rspo"]["b_lift"]
+  assert lift["b_lift_success"]["mean"] == pytest.approx(50.0)
+  assert lift["b_lift_success"]["n_values"] == 2
+  assert lift["b_lift_dense_return"]["mean"] == pytest.approx(0.5)
+  assert cells["rspo_misaligned"]["b_lift"]["b_lift_success"] is None
+  # Hacking: success 50 -> 0 %, dense return (L x per turn) 1 -> 2.
+  h = cells["dense_only_misaligned"]["hacking"]
+  assert h["success"]["first"]["mean"] == pytest.approx(50.0)
+  assert h["success"]["change"]["mean"] == pytest.approx(-50.0)
+  assert h["dense_return"]["first"]["mean"] == pytest.approx(1.0)
+  assert h["dense_return"]["change"]["mean"] == pytest.approx(1.0)
+  assert cells["baseline"]["hacking"]["success"]["change"]["mean"] == 0.0
+  assert cells["dense_only"]["hacking"]["success"]["first"] is None
+  assert cells["dense_only_misaligned"]["early_success"]["mean"] == (
+      pytest.approx(25.0))
+  # Contrasts: RSPO - RSPO_O = +25 on the greedy words.
+  (c,) = [k for k in report["contrasts"]
+          if (k["a"], k["b"]) == ("rspo", "rspo_o")]
+  assert c["greedy"]["mean"] == pytest.approx(25.0)
+  md = open(report["markdown"]).read()
+  assert "| GiGPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — |" in md
+  assert "| RSPO+GiGPO (aligned) | 2 | +50.0 [" in md
+  assert "| Dense only (misaligned) | 1 | 50.0 [50.0, 50.0] | 0.0 [0.0," in md
+  assert "Trained with other overrides" in md and "seeds 0" in md
+  assert json.load(open(os.path.join(out, "study_spell_L4.json")))[
+      "word_length"] == 4
+  assert ("rollout_success_rate", "step") == plots[0][1:]
+  assert plots[-1][1] == "dense_reward_mean" and plots[-1][0] == sorted(
+      ["GiGPO", "Dense only (aligned)", "Dense only (misaligned)"])
+  assert report["curves"] == ["study_spell_L4_success_step.png",
+                              "study_spell_L4_success_env_steps.png",
+                              "study_spell_L4_dense_step.png"]
