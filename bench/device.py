@@ -266,7 +266,7 @@ def paper_train(cfg, mesh, run, peak_flops, out, label):
   del state, params
 
   def one():
-    holder[0], last["metrics"] = compiled(holder[0], batch, key)
+    holder[0], last["metrics"] = compiled(holder[0], batch, key, frozen)
     return last["metrics"]
 
   t = _common.time_calls(one, iters=run["iters"], sync=jax.block_until_ready)

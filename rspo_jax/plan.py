@@ -140,6 +140,8 @@ def resolve_layout(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
       hosts = hosts or jax.process_count()
       per_host = per_host or jax.local_device_count()
       platform = platform or jax.default_backend()
+      if explicit and hosts == 1 and 0 < math.prod(shape) < per_host:
+        per_host = math.prod(shape)  # sharding.make_mesh takes the first
   n_devices = hosts * per_host
   if shape.count(-1) > 1:
     raise ValueError(f"mesh.shape {tuple(shape)}: at most one -1 entry")
