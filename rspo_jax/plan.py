@@ -48,6 +48,23 @@ against ``memory_analysis()`` of small compiled shapes on CPU):
     [r_e, H / t, Pb - 1, S] (the KV-cache path never uses a fused kernel)
 
   total  = resident + max(train, log-prob, rollout transients)
+
+  LoRA (``model.lora_rank`` = r > 0, ``models/lora.py``): the trained
+  parameters are the adapters, P_a = L r sum over targets of (in + out)
+  (``adapter_params``: q d + H hd, k and v d + K hd, o H hd + d, gate and
+  up d + F, down F + d), float32; the whole model is a frozen base held
+  once in the inference dtype and shared by A, B, pi_ref and a critic:
+    base     = i P / shard               (the frozen base, once)
+    policy_A = 3 w P_a / shard           (adapters, Adam m and v)
+    policy_B = policy_A; critic (PPO) the same (its value head's d + 1
+               parameters ignored, as without LoRA)
+    ref      = w P_a / shard             (pi_ref: A's adapters zeroed; no
+                                          copy of the base)
+    engine   = i P / t                   (merged weights, as without LoRA)
+  and in the train step P_a takes P's place in the gradients, the update
+  and the compute copy (the base needs none: i = c); the FSDP gather,
+  remat carries, block and logits are those of the full model (the
+  backward runs through the frozen base).
   usable = mesh.device_memory_gb x the fraction JAX preallocates
            (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's default 0.75; the
            launchers set it)
@@ -225,7 +242,25 @@ def _dims(mcfg, mesh_shape):
       c=DTYPES[mcfg.dtype], inf=DTYPES[mcfg.inference_dtype],
       d=mcfg.hidden_size, f=mcfg.intermediate_size, h=mcfg.num_heads,
       k=mcfg.num_kv_heads, hd=mcfg.head_dim, v=mcfg.vocab_size,
-      layers=mcfg.num_layers)
+      layers=mcfg.num_layers, p_a=adapter_params(mcfg))
+
+
+# target -> (input width, output width) of its base matmul (lora.TARGETS)
+def _lora_widths(mcfg) -> dict:
+  d, f = mcfg.hidden_size, mcfg.intermediate_size
+  q, kv = mcfg.num_heads * mcfg.head_dim, mcfg.num_kv_heads * mcfg.head_dim
+  return {"q": (d, q), "k": (d, kv), "v": (d, kv), "o": (q, d),
+          "gate": (d, f), "up": (d, f), "down": (f, d)}
+
+
+def adapter_params(mcfg) -> int:
+  """Parameters of a LoRA model's adapters (0 without LoRA): per block and
+  target, A [in, r] and B [r, out], r (in + out)."""
+  r = int(getattr(mcfg, "lora_rank", 0) or 0)
+  if r <= 0:
+    return 0
+  widths = _lora_widths(mcfg)
+  return mcfg.num_layers * r * sum(sum(widths[t]) for t in mcfg.lora_targets)
 
 
 def _block_bytes(x, rows, length, fused, backward):
@@ -279,7 +314,10 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
     peak      = state + batch + max(update, backward)
 
   r = ceil(rows / n_micro / ways) rows a device computes at once; without
-  remat ('none') every block's internals are kept (L x block). A fused kernel with
+  remat ('none') every block's internals are kept (L x block). LoRA: the
+  trained P_a (adapters) in state, update, grads and the compute copy, and
+  the frozen base, i P / shard, an argument beside them (``base``, in the
+  peak). A fused kernel with
   unrolled layers: the last block's plain-path scores on the response
   window, TRAIN_SCORE_COPIES r H / t x W x T x 4, are added (scanned
   layers take the window after the last block)."""
@@ -287,11 +325,15 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
   p, shard, w, c = x["p"], x["shard"], x["w"], x["c"]
   r = -(-rows // (n_micro * x["ways"]))
   fused = attention_fused(mcfg, platform)
-  state = 3 * w * p / shard
+  pt = x["p_a"] or p  # trained: the adapters under LoRA, else every weight
+  base = x["inf"] * p / shard if x["p_a"] else 0.0
+  state = 3 * w * pt / shard
   batch = -(-rows // x["ways"]) * length * BATCH_BYTES
-  update = UPDATE_COPIES * w * p / shard
-  grads = w * p / shard * (2 if n_micro > 1 else 1)
-  copy = c * p / shard if c != w else 0.0
+  update = UPDATE_COPIES * w * pt / shard
+  grads = w * pt / shard * (2 if n_micro > 1 else 1)
+  copy = c * pt / shard if c != w else 0.0
+  if x["p_a"] and x["inf"] != c:  # a base narrower than the compute dtype
+    copy += c * p / shard
   gathered = GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 \
       else 0.0
   block = _block_bytes(x, r, length, fused, backward=True)
@@ -309,11 +351,11 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
   logits = LOGIT_COPIES * r * window * x["v"] / x["t"] * 4
   acts = carries + max(block, logits)
   backward = grads + copy + gathered + acts
-  return dict(state=state, batch=batch, update=update, grads=grads,
-              compute_copy=copy, gathered=gathered, carries=carries,
-              block=block, logits=logits, activations=carries + block,
-              transient=max(update, backward),
-              peak=state + batch + max(update, backward), rows=r,
+  return dict(base=base, state=state, batch=batch, update=update,
+              grads=grads, compute_copy=copy, gathered=gathered,
+              carries=carries, block=block, logits=logits,
+              activations=carries + block, transient=max(update, backward),
+              peak=base + state + batch + max(update, backward), rows=r,
               fused=fused)
 
 
@@ -331,7 +373,9 @@ def logprob_bytes(mcfg, mesh_shape, rows: int, length: int, *, window: int,
                 + max(block forward, FORWARD_LOGIT_COPIES r W V / t x 4)
     peak      = params + io + transient
 
-  r = ceil(rows / n_chunks / ways): rows a device computes at once."""
+  r = ceil(rows / n_chunks / ways): rows a device computes at once. LoRA:
+  params = the frozen base, i P / shard, and the float32 adapters (A's, or
+  pi_ref's zeroed ones), w P_a / shard, whatever ``param_dtype``."""
   from rspo_jax.models.config import DTYPES
 
   x = _dims(mcfg, mesh_shape)
@@ -341,6 +385,10 @@ def logprob_bytes(mcfg, mesh_shape, rows: int, length: int, *, window: int,
   params = b * p / shard
   io = -(-rows // x["ways"]) * length * 20
   copy = c * p / shard if b != c else 0.0
+  if x["p_a"]:
+    params = x["inf"] * p / shard + x["w"] * x["p_a"] / shard
+    copy = ((c * p / shard if x["inf"] != c else 0.0)
+            + (c * x["p_a"] / shard if x["w"] != c else 0.0))
   gathered = GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 \
       else 0.0
   block = _block_bytes(x, r, length, attention_fused(mcfg, platform),
@@ -469,7 +517,7 @@ def run_dtypes(cfg, mcfg) -> dict:
   weights in ``mcfg.inference_dtype``; weight exports (SGLang syncs) in the
   compute dtype."""
   export = str(mcfg.dtype)
-  return {
+  out = {
       "params": mcfg.param_dtype,
       "optimizer_state": mcfg.param_dtype,
       "grad_accumulation": mcfg.param_dtype,
@@ -481,6 +529,9 @@ def run_dtypes(cfg, mcfg) -> dict:
       "remat": mcfg.remat,
       "scan_layers": bool(mcfg.scan_layers),
   }
+  if adapter_params(mcfg):  # LoRA: params are the adapters
+    out["frozen_base"] = mcfg.inference_dtype
+  return out
 
 
 def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
@@ -514,11 +565,14 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
                            n_chunks=chunks, param_dtype=mcfg.inference_dtype,
                            platform=platform)
 
-  state = train["state"]
+  state, base = train["state"], train["base"]
+  lora_p = x["p_a"]
   uses_b = cfg.rspo.enabled and cfg.rspo.data_source in ("rspo", "outcome")
   policy_b = state if uses_b else 0.0
   critic = state if cfg.algo.name == "ppo" else 0.0
-  ref = ref_pass["params"]
+  # pi_ref: the inference copy; with LoRA A's adapters zeroed over the
+  # shared base (``lora.adapters_off``).
+  ref = x["w"] * lora_p / shard if lora_p else ref_pass["params"]
   # The PRM's backbone: on the run's mesh with one host, else on each
   # host's own devices (build.prm_mesh), split over all of them.
   prm_shard = (layout["devices_per_host"] if layout["hosts"] > 1
@@ -533,7 +587,7 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
     pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
                         eng["new"], chunk=eng["chunk"])
     engine, kv_cache, prefill = pre["weights"], pre["cache"], pre["scores"]
-  resident = state + policy_b + critic + ref + engine + prm
+  resident = base + state + policy_b + critic + ref + engine + prm
   train_transient = train["batch"] + train["transient"]
   logprob_transient = max(old["transient"], ref_pass["transient"])
   rollout = 2 * kv_cache + prefill
@@ -543,10 +597,12 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
   total = resident + phases[peak_phase]
   out = {
       "params": p,
+      "adapter_params": lora_p,
       "update_rows": rows,
       "micro_batches": n_micro,
       "train_rows_per_device": train["rows"],
       "attention": "fused" if train["fused"] else "materialised scores",
+      "base_GB": base,
       "policy_A_GB": state,
       "policy_B_GB": policy_b,
       "critic_GB": critic,
@@ -876,8 +932,13 @@ def plan_model_config(cfg):
   """The policy's ModelConfig as the run will build it, without loading
   anything: ``model.checkpoint_dir``'s config.json when it exists, else the
   preset; ``model.overrides`` (``"num_layers=1;hidden_size=64"``) applied;
-  CPU presets take the locally trained tokenizer's vocabulary size."""
+  CPU presets take the locally trained tokenizer's vocabulary size;
+  ``model.lora_rank`` > 0 adds the LoRA fields (as ``build.lora_config``).
+  """
+  import dataclasses
+
   from rspo_jax import models
+  from rspo_jax.models import lora
 
   m = cfg.model
   overrides = {"dtype": m.dtype,  # as build.model_numerics sets them
@@ -892,11 +953,20 @@ def plan_model_config(cfg):
   config_json = os.path.join(m.checkpoint_dir or "", "config.json")
   if m.checkpoint_dir and os.path.exists(config_json):
     with open(config_json) as f:
-      return models.ModelConfig.from_hf_dict(json.load(f), **overrides)
-  if m.preset in models.LOCAL_TOKENIZER_PRESETS:
-    overrides.setdefault("vocab_size",
-                         models.local_vocab_size(int(m.tokenizer_vocab)))
-  return models.get_model_config(m.preset, **overrides)
+      mcfg = models.ModelConfig.from_hf_dict(json.load(f), **overrides)
+  else:
+    if m.preset in models.LOCAL_TOKENIZER_PRESETS:
+      overrides.setdefault("vocab_size",
+                           models.local_vocab_size(int(m.tokenizer_vocab)))
+    mcfg = models.get_model_config(m.preset, **overrides)
+  rank = int(m.get("lora_rank", 0) or 0)
+  if rank:
+    mcfg = dataclasses.replace(
+        mcfg, lora_rank=rank, lora_alpha=float(m.get("lora_alpha", 32.0)),
+        lora_targets=lora.parse_targets(m.get("lora_targets",
+                                              ",".join(lora.TARGETS))))
+    lora.check(mcfg)
+  return mcfg
 
 
 def make_plan(cfg, workdir: str,
@@ -940,6 +1010,7 @@ def make_plan(cfg, workdir: str,
           "micro_batch_rows": train_rows(cfg),
           "micro_batches": micro_batches(cfg),
       },
+      **({"lora": lora_plan(mcfg)} if adapter_params(mcfg) else {}),
       "steps_of_A": cfg.train.total_steps,
       "rspo_loops": -(-cfg.train.total_steps // cfg.rspo.k),
       "memory_per_device": {
@@ -976,6 +1047,21 @@ def make_plan(cfg, workdir: str,
   return plan
 
 
+def lora_plan(mcfg) -> dict:
+  """LoRA's part of the plan: rank, alpha, targets, adapter parameters
+  (``adapter_params``) and their float32 bytes (what an adapter sync or a
+  PEFT directory moves), beside the base's."""
+  from rspo_jax.models.config import DTYPES
+
+  p_a = adapter_params(mcfg)
+  return {"rank": int(mcfg.lora_rank), "alpha": float(mcfg.lora_alpha),
+          "targets": list(mcfg.lora_targets), "adapter_params": p_a,
+          "adapter_fraction": round(p_a / mcfg.num_params(), 5),
+          "adapter_MB": round(DTYPES[mcfg.param_dtype] * p_a / 2**20, 1),
+          "frozen_base_GB": round(DTYPES[mcfg.inference_dtype]
+                                  * mcfg.num_params() / GB, 2)}
+
+
 def describe(cfg, workdir: str,
              environ: Optional[Mapping[str, str]] = None) -> str:
   """The plan as indented JSON."""
@@ -1002,6 +1088,16 @@ _TABLE = (  # (memory_per_device key, what it holds)
     ("prefill_scores_GB", "rollout: prefill attention scores"),
     ("rollout_transient_GB", "**rollout transient** (cache twice + scores)"),
 )
+_LORA_TABLE = {  # LoRA's rows in place of _TABLE's
+    "policy_A_GB": "policy A: float32 adapters, Adam m and v",
+    "policy_B_GB": "policy B (RSPO): a copy of A's adapters, the same",
+    "critic_GB": "critic (PPO): its own adapters, the same",
+    "ref_GB": "pi_ref: the base with A's adapters zeroed (no copy)",
+    "engine_weights_GB": "engine weights (in-process rollout): merged",
+    "grads_GB": "train step: adapter gradients (+ their sum)",
+    "compute_copy_GB": "train step: compute-dtype copy of the adapters",
+    "optimizer_update_GB": "train step: the adapters' update (4 copies)",
+}
 
 
 def table(p: dict) -> str:
@@ -1021,7 +1117,16 @@ def table(p: dict) -> str:
       f" {mem['attention']}; dtypes: " + ", ".join(
           f"{k} {v}" for k, v in p["dtype"].items()), "",
       "| per device | GiB |", "|---|---:|"]
-  lines += [f"| {what} | {mem[k]:.2f} |" for k, what in _TABLE]
+  rows = list(_TABLE)
+  if p.get("lora"):
+    lo = p["lora"]
+    lines[0] += (f"; LoRA r={lo['rank']} on {','.join(lo['targets'])}:"
+                 f" {lo['adapter_params']:,} adapter parameters"
+                 f" ({lo['adapter_MB']:g} MB float32)")
+    rows = [("base_GB", "frozen base (LoRA): compute dtype, shared by A, B,"
+             " pi_ref, critic")] + [(k, _LORA_TABLE.get(k, what))
+                                    for k, what in rows]
+  lines += [f"| {what} | {mem[k]:.2f} |" for k, what in rows]
   lines.append(f"| **total** = resident + {mem['peak_phase']} |"
                f" **{mem['total_GB']:.2f}** |")
   if "usable_GB" in p:

@@ -10,7 +10,7 @@ import pytest
 
 from configs import (alfworld_gigpo, alfworld_grpo, alfworld_ppo,
                      webshop_gigpo, webshop_grpo, webshop_ppo)
-from configs.mesh import gpu8, gpu16, tpu_v5e_16
+from configs.mesh import gpu1, gpu8, gpu16, tpu_v5e_16
 from rspo_jax import models, plan
 
 GB = 1024**3
@@ -18,6 +18,7 @@ CONFIGS = {"webshop_grpo": webshop_grpo, "webshop_gigpo": webshop_gigpo,
            "webshop_ppo": webshop_ppo, "alfworld_grpo": alfworld_grpo,
            "alfworld_gigpo": alfworld_gigpo, "alfworld_ppo": alfworld_ppo}
 MESHES = {"gpu8": gpu8, "gpu16": gpu16, "tpu_v5e_16": tpu_v5e_16}
+ONE_GPU = {"gpu1": gpu1}
 MODELS = ("qwen2.5-1.5b", "qwen2.5-7b")
 # What does not fit at JAX's default 0.75 of a GPU (what `launch/train.py
 # --dry_run` plans with when nothing sets XLA_PYTHON_CLIENT_MEM_FRACTION),
@@ -34,9 +35,24 @@ STOPS = {
 }
 
 
+# LoRA (model.lora_rank=16) on one 80 GB GPU at JAX's default 0.75, GRPO:
+# None = fits, else what the stop line names. The frozen bf16 base, the
+# engine's merged weights and the PRM's backbone are 3 x 2 P (8.6 GiB at
+# 1.5B, 42.6 at 7B); what does not fit is the engine's prefill of a
+# host's episodes (the KV cache twice and the scores), which SGLang
+# servers take off the device.
+ONE_GPU_LORA = {
+    ("qwen2.5-1.5b", "webshop_grpo"): "set rollout.engine=sglang",
+    ("qwen2.5-1.5b", "alfworld_grpo"): None,
+    ("qwen2.5-7b", "webshop_grpo"): "no one key fits it (closest:"
+                                    " rollout.engine=sglang",
+    ("qwen2.5-7b", "alfworld_grpo"): "set rollout.engine=sglang",
+}
+
+
 def paper(config: str, model: str, mesh: str, arg: str = ""):
   cfg = CONFIGS[config].get_config(f"model={model}{arg}")
-  mesh_cfg = MESHES[mesh].get_config()
+  mesh_cfg = {**MESHES, **ONE_GPU}[mesh].get_config()
   with cfg.unlocked():  # what launch/train.py --mesh=... does
     cfg.mesh.update(mesh_cfg)
     cfg.mesh.shape = tuple(mesh_cfg.shape)
@@ -195,3 +211,32 @@ def test_remat_key_accepts_policies_and_old_bools_only():
   chosen = plan.choose(cfg, plan.resolve_layout(cfg, {}), None)
   assert chosen["model.remat"]["value"] == "full"
   assert chosen["rollout.prefill_chunk"]["value"] is None
+
+
+@pytest.mark.parametrize("model,config", sorted(ONE_GPU_LORA))
+def test_lora_on_one_gpu_fits_or_names_the_key(model, config):
+  """docs/scale_out.md's one-GPU rows: LoRA r=16, the plan's own answer."""
+  p = plan.make_plan(paper(config, model, "gpu1", ",model.lora_rank=16"),
+                     "w", {})
+  assert p["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
+  assert p["usable_GB"] == 60.0 and p["lora"]["rank"] == 16
+  mem, expected = p["memory_per_device"], ONE_GPU_LORA[model, config]
+  n, n_a = mem["params"], mem["adapter_params"]
+  assert n_a == plan.adapter_params(plan.plan_model_config(
+      paper(config, model, "gpu1", ",model.lora_rank=16")))
+  # One bf16 base; float32 adapters, m, v for A and B; pi_ref = A's
+  # adapters zeroed; the engine's merged bf16 weights; the PRM's backbone.
+  assert mem["base_GB"] == pytest.approx(2 * n / GB, abs=0.01)
+  assert mem["policy_A_GB"] == mem["policy_B_GB"] == pytest.approx(
+      12 * n_a / GB, abs=0.01)
+  assert mem["ref_GB"] == pytest.approx(4 * n_a / GB, abs=0.01)
+  assert mem["engine_weights_GB"] == mem["prm_GB"] == mem["base_GB"]
+  assert mem["resident_GB"] == pytest.approx(
+      6 * n / GB + 28 * n_a / GB, abs=0.02)
+  assert mem["grads_GB"] == pytest.approx(2 * 4 * n_a / GB, abs=0.01)
+  if expected is None:
+    assert p["fits"] and "stop" not in p
+    return
+  assert not p["fits"] and expected in p["stop"], p["stop"]
+  assert "\n" not in p["stop"] and p["stop"].startswith(
+      f"{model} {p['env']} grpo on mesh 1x1x1 (1 gpu devices)")
