@@ -260,19 +260,25 @@ def _compile_partitioned(lowered):
   as the partitioner placed it, in its own dtype. (The optimised CPU
   program widens bfloat16 reductions to float32 -- ``all-reduce-promotion``
   -- and combines them; a GPU's keeps them.) Compiled with the persistent
-  cache off: a cached program is not recompiled, so dumps nothing."""
+  cache off: a cached program is not recompiled, so dumps nothing. JAX
+  decides once a process whether the cache is used (``is_cache_used``),
+  so turning it off takes ``reset_cache`` before and after."""
   import glob
   import os
   import tempfile
 
+  from jax.experimental.compilation_cache import compilation_cache as cc
+
   cached = jax.config.jax_enable_compilation_cache
   with tempfile.TemporaryDirectory() as d:
     jax.config.update("jax_enable_compilation_cache", False)
+    cc.reset_cache()
     try:
       compiled = lowered.compile(compiler_options={
           "xla_dump_to": d, "xla_dump_hlo_pass_re": "spmd-partitioning"})
     finally:
       jax.config.update("jax_enable_compilation_cache", cached)
+      cc.reset_cache()
     (path,) = glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt"))
     with open(path) as f:
       return compiled, f.read()

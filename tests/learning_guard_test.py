@@ -130,12 +130,12 @@ def flipped_advantages(compute):
 
 
 def unshifted_forward(model, tokens, positions, attention_mask, loss_mask, *,
-                      window=0, entropy=False):
+                      window=0, entropy=False, by_gather=False):
   """policy_forward with the one-token shift left out (every position)."""
   del loss_mask, window
   logits, _, _ = model(tokens, positions, attention_mask)
   ent = losses.entropy_from_logits(logits) if entropy else None
-  return tfm.target_logprobs(logits, tokens), ent
+  return tfm.target_logprobs(logits, tokens, by_gather=by_gather), ent
 
 
 @pytest.mark.parametrize(
