@@ -72,7 +72,7 @@ PAPER = dict(preset="qwen2.5-1.5b", rows=16, prompt_len=4096, resp_len=512,
 PAPER_SMOKE = dict(preset="tiny", rows=16, prompt_len=112, resp_len=16,
                    micro_rows_per_device=1, gen_batch=8, gen_prompt_len=32,
                    new_tokens=8, iters=1)
-PAPER_FLAGS = dict(dtype="bfloat16", param_dtype="float32", remat=True,
+PAPER_FLAGS = dict(dtype="bfloat16", param_dtype="float32", remat="full",
                    scan_layers=True, attention="auto")
 LOSS = dict(alpha=0.125, clip_eps=0.2, kl_coef=0.01, entropy_coef=0.001)
 # Batches start with a padding row (all zero, as records_to_batch's bucket

@@ -223,7 +223,7 @@ def test_device_check_smoke(tmp_path):
   assert summary["platform"] == "cpu" and summary["devices"] == 8
   assert summary["skipped"] == []
   assert summary["model_flags"] == {
-      "dtype": "bfloat16", "param_dtype": "float32", "remat": True,
+      "dtype": "bfloat16", "param_dtype": "float32", "remat": "full",
       "scan_layers": True, "attention": "auto"}
   # The sharding check (bench/sharding_check.py) on (2, 4, 1).
   step, data = json.loads(
