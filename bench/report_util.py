@@ -55,12 +55,11 @@ def fmt(ms: dict, digits: int = 1) -> str:
   return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}"
 
 
-def fmt_ci(ci: Optional[dict], signed: bool = False) -> str:
+def fmt_ci(ci: Optional[dict], signed: bool = False, digits: int = 1) -> str:
   if ci is None:
     return "—"
-  sign = "+" if signed else ""
-  return (f"{ci['mean']:{sign}.1f} [{ci['lo']:{sign}.1f},"
-          f" {ci['hi']:{sign}.1f}]")
+  f = f"{'+' if signed else ''}.{digits}f"
+  return f"{ci['mean']:{f}} [{ci['lo']:{f}}, {ci['hi']:{f}}]"
 
 
 def pct(ci: dict) -> dict:

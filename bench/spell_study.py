@@ -277,15 +277,6 @@ def _curves(runs: dict, out_dir: str, name: str, echo: bool) -> list[str]:
   return made
 
 
-def _fmt2(ci: Optional[dict], signed: bool = False) -> str:
-  """fmt_ci with 2 decimals (dense returns are fractions of 1)."""
-  if ci is None:
-    return "—"
-  sign = "+" if signed else ""
-  return (f"{ci['mean']:{sign}.2f} [{ci['lo']:{sign}.2f},"
-          f" {ci['hi']:{sign}.2f}]")
-
-
 def spell_markdown(report: dict) -> str:
   L = report["word_length"]
   cells = {c["variant"]: c for c in report["cells"]}
@@ -357,7 +348,7 @@ def spell_markdown(report: dict) -> str:
     s, dr = c["b_lift"]["b_lift_success"], c["b_lift"]["b_lift_dense_return"]
     n = 0 if s is None else s["n_values"]
     lines.append(f"| {c['label']} | {n} | {fmt_ci(s, True)}"
-                 f" | {_fmt2(dr, True)} |")
+                 f" | {fmt_ci(dr, True, 2)} |")
   lines += ["", "## Reward hacking: dense return against success", "",
             f"A's first {EDGE_STEPS} and last {EDGE_STEPS} training steps:"
             " rollout success (%) and dense return per episode (L x the"
@@ -374,8 +365,8 @@ def spell_markdown(report: dict) -> str:
     lines.append(
         f"| {cells[v]['label']} | {cells[v]['n']} | {fmt_ci(su['first'])}"
         f" | {fmt_ci(su['last'])} | {fmt_ci(su['change'], True)}"
-        f" | {_fmt2(de['first'])} | {_fmt2(de['last'])}"
-        f" | {_fmt2(de['change'], True)} |")
+        f" | {fmt_ci(de['first'], digits=2)} | {fmt_ci(de['last'], digits=2)}"
+        f" | {fmt_ci(de['change'], True, 2)} |")
   if report["curves"]:
     lines += ["", "## Curves", "",
               "A's rollout success by A step and by environment steps (all"

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import grid  # noqa: E402
 import reproduce as rp  # noqa: E402
 import spell_study  # noqa: E402
+from reproduce_test import write_eval  # noqa: E402
 
 VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_o", "dense_only",
             "dense_only_misaligned")
@@ -140,15 +141,6 @@ def test_dry_run_one_warm_start_per_word_length(tmp_path, capsys,
 # --------------------------------------------------------------------------
 # The report, from synthetic runs
 # --------------------------------------------------------------------------
-
-
-def write_eval(path, wins, seeds=(0,)):
-  per_task = [{"seed": s, "task_id": g, "won": int(w), "score": float(w)}
-              for s in seeds for g, w in enumerate(wins)]
-  os.makedirs(os.path.dirname(str(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump({"success_rate": sum(wins) / len(wins), "score": 0.0,
-               "per_task": per_task}, f)
 
 
 def fake_spell_run(root, variant, seed, wins, config=None, success=(),
