@@ -320,13 +320,13 @@ CPU = {
                                     spell=16),
     "rollout.max_prompt_tokens": ByEnv(webshop=768, alfworld=768, toy=256,
                                        spell=256),
-    # 2 RSPO loops of k=3. WebShop at 16 x 8, every row, on 2 cores (the
-    # CPU study's step times): an A step ~54 s, a B step ~50 s, B's stored
-    # collection ~25 s, so ~11.5 min, plus two greedy evaluations of the
-    # 256 goals (the study's, compiled: 14-23 s; measured niced beside a
-    # training run: 41 s compiled, 156 s with the first's compiles): the
-    # whole default run in ~13 of its 15 minutes. 3 loops would not fit.
-    "train.total_steps": 6,
+    # WebShop: 1 RSPO loop of k = 3 at 16 x 8, every row. Measured alone
+    # on 2 cores (docs/results/default_run, 2026-12-03): an A step ~78 s,
+    # a B step ~90 s, B's stored collection ~20 s, ~9.5 min a loop with
+    # its compiles, plus two greedy evaluations of the 256 goals at ~1 min
+    # each: 2 loops took 20.2 min, over the default run's 15; 1 loop fits.
+    # The others: 2 loops of k = 3.
+    "train.total_steps": ByEnv(webshop=3, alfworld=6, toy=6, spell=6),
     # WebShop: the paper's batch (16 x 8; PPO 128 x 1), what the CPU study
     # found to learn (GRPO +6.4 points [+1.8, +11.1] at T = 0.4 in 30 A
     # steps, every row trained; 4 x 4 with 64 rows: +0.0 [-5.5, +5.3];
