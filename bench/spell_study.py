@@ -21,10 +21,16 @@ on the aligned dense reward alone), dense_only_misaligned} x seeds {0,
 200, 400, 600, 800}, at ``SPELL_OVERRIDES``, all from one shared warm
 start per L (``runs/spell/L<L>/warm_start_spell``). A sparse warm start:
 'nano' behaviour-cloned from an expert that knows the cipher of digits
-0-4 only (``env.kwargs.expert_digits=5``: its won episodes are those
-whose code has no digit above 4; the clone has never seen the other
-digits' letters), so A starts knowing about half the letters and wins a
-few % of the held-out words; RL must find the other half.
+0-1 only and types a uniformly drawn letter at the others
+(``env.kwargs.expert_digits=2,env.kwargs.expert_unknown=guess``; every
+episode it finishes is cloned, won or lost), so A types the known
+digits' letters and is uniform at the others: it wins about
+(0.2 + 0.8 / 5)^4 = 1.7 % of the words at T = 1 and explores where it
+does not know; RL must learn 8 of the 10 digits' letters. (The first
+recipe, an expert that knows digits 0-4 and abstains elsewhere, gave a
+clone with entropy 0.08 nats a token that never tried another letter:
+no cell moved in 30 steps, and lr 1e-3 / 3e-3 did not help; it
+collapsed at 3e-3.)
 
 The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
 held-out tasks (valid_seen), with 95 % bootstrap intervals

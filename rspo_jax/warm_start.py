@@ -50,8 +50,9 @@ def expert_episodes(
     env_name: str, env_kwargs: dict, task_ids: Iterable[int], *,
     split: str, max_steps: int,
 ) -> list[list[tuple[object, str]]]:
-  """[(EnvStep before the action, expert action), ...] per won episode;
-  the expert's thought, when it states one, in the EnvStep's
+  """[(EnvStep before the action, expert action), ...] per won episode
+  (per finished episode where the env's ``expert_keeps_lost``); the
+  expert's thought, when it states one, in the EnvStep's
   ``info[THOUGHT]``."""
   env = registry.make_env(env_name, **env_kwargs)
   episodes = []
@@ -69,7 +70,7 @@ def expert_episodes(
         obs = env.step(action)
         if obs.done:
           break
-      if obs.won:
+      if obs.won or (env.expert_keeps_lost and obs.done and steps):
         episodes.append(steps)
   finally:
     env.close()

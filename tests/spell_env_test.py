@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from configs import spell_gigpo, spell_grpo
@@ -108,6 +109,41 @@ def test_expert_digits_abstains_on_the_digits_it_does_not_know():
   assert len(eps) == len(known)
   assert not warm_start.expert_episodes(
       "spell", dict(expert_digits=0), range(64), split="train", max_steps=4)
+
+
+def test_guessing_expert_is_uniform_where_it_does_not_know():
+  # expert_unknown='guess': known digits typed right, the others a drawn
+  # letter, played to the end; every finished episode is kept for cloning.
+  kwargs = dict(expert_digits=2, expert_unknown="guess")
+  eps = warm_start.expert_episodes("spell", kwargs, range(1024),
+                                   split="train", max_steps=4)
+  assert len(eps) == 1024  # lost episodes kept: 4 letters each
+  table = spell.cipher(5)
+  right = {True: [], False: []}
+  guesses = collections.Counter()
+  won = 0
+  for task_id, steps in enumerate(eps):
+    code = spell.code_of("train", task_id, 4)
+    assert len(steps) == 4
+    letters = [a[len("type[")] for _, a in steps]
+    won += "".join(letters) == "".join("abcde"[table[d]] for d in code)
+    for d, x in zip(code, letters):
+      ok = x == "abcde"[table[d]]
+      right[d < 2].append(ok)
+      if d >= 2:
+        guesses[x] += 1
+  assert all(right[True])  # the digits it knows: always right
+  # The others: right about 1 / 5 of the time, every letter about as often.
+  assert 0.17 < np.mean(right[False]) < 0.23
+  assert min(guesses.values()) > 0.85 * sum(guesses.values()) / 5
+  # Wins about (0.2 + 0.8 / 5)^4 = 1.7 % of the words.
+  assert 5 <= won <= 35
+  # The default expert still abstains: only its won episodes are kept.
+  assert len(warm_start.expert_episodes(
+      "spell", dict(expert_digits=2), range(1024), split="train",
+      max_steps=4)) < 5
+  with pytest.raises(ValueError, match="expert_unknown"):
+    spell.SpellEnv(expert_unknown="random")
 
 
 @pytest.mark.parametrize("length, size", [(3, 2), (2, 5), (4, 3)])
@@ -224,7 +260,7 @@ def test_configs_and_knob_overrides():
                                                        "tiny")
   assert dict(c.env.kwargs) == dict(word_length=4, alphabet_size=5,
                                     dense="aligned", expert_digits=10,
-                                    slack=0)
+                                    slack=0, expert_unknown="abstain")
   assert (c.env.max_steps, c.rollout.max_new_tokens,
           c.rollout.max_prompt_tokens) == (4, 16, 256)
   c = spell_gigpo.get_config("env.kwargs.word_length=6,env.kwargs.slack=1,"

@@ -54,7 +54,7 @@ def test_every_cell_parses_to_its_recipe():
     assert c.seed == 200 and c.env.name == "spell" and c.algo.name == "gigpo"
     assert c.model.preset == "nano" and c.env.history_length == 0
     assert c.env.kwargs.word_length == 4 and c.env.max_steps == 4
-    assert c.env.kwargs.expert_digits == 5 and c.env.eval_split == (
+    assert c.env.kwargs.expert_digits == 2 and c.env.eval_split == (
         "valid_seen")
     assert (c.train.batch_tasks, c.train.group_size) == (8, 8)
     assert c.rspo.alpha == 0.125 and c.train.total_steps == 30
@@ -95,7 +95,7 @@ def test_word_length_comes_from_extra_and_picks_the_root():
   path, arg = sft.split(":", 1)
   assert path.endswith("configs/spell_grpo.py")
   w = spell_grpo.get_config(arg)
-  assert w.model.preset == "nano" and w.env.kwargs.expert_digits == 5
+  assert w.model.preset == "nano" and w.env.kwargs.expert_digits == 2
   assert w.env.kwargs.word_length == 6 and w.sft.enabled
 
 

@@ -62,6 +62,11 @@ class TextEnv(abc.ABC):
   def expert_action(self) -> Optional[str]:
     """The scripted solver's next action in the current state (None if lost)."""
 
+  # Behaviour cloning keeps the expert's won episodes only; an env whose
+  # expert plays a deliberate policy that can lose (spell's guessing
+  # expert) sets True to keep every episode the expert played to its end.
+  expert_keeps_lost = False
+
   def expert_thought(self) -> Optional[str]:
     """What the scripted solver states before ``expert_action()`` (the
     warm start's ``<think>`` text); None: a fixed placeholder."""

@@ -49,7 +49,13 @@ the cipher of digits 0..k-1 only and abstains (``expert_action`` None) at a
 position whose digit it does not know: a clone of it has never seen the
 other digits' letters (a weaker warm start; the warm start keeps won
 episodes only, so about (k / 10)^L of its tasks, and sft.num_episodes
-may need to grow). Its thought names the digit it reads
+may need to grow). ``expert_unknown='guess'`` makes it type a uniformly
+drawn letter there instead (drawn by ``random.Random`` of the task and
+position) and play on after a wrong letter; the warm start then keeps
+every episode it finishes (``expert_keeps_lost``), so a clone types the
+known digits' letters and is uniform over the alphabet at the others:
+it wins about (k / 10 + (1 - k / 10) / A)^L and explores where it does
+not know (k = 2, A = 5, L = 4: 0.36^4 = 1.7 %). Its thought names the digit it reads
 (``digit 4``). Everything is a pure function of ``(split, task_id)`` and
 the knobs.
 """
@@ -68,6 +74,7 @@ SPLIT_SIZES = {"train": 1024, "valid_seen": 256, "valid_unseen": 256,
 HELD_OUT = ("valid_seen", "valid_unseen", "test")
 DIGITS = 10
 DENSE = ("aligned", "misaligned")
+EXPERT_UNKNOWN = ("abstain", "guess")
 
 
 def cipher(alphabet_size: int) -> tuple[int, ...]:
@@ -121,7 +128,7 @@ class SpellEnv(base.TextEnv):
 
   def __init__(self, word_length: int = 4, alphabet_size: int = 5,
                dense: str = "aligned", expert_digits: int = DIGITS,
-               slack: int = 0):
+               slack: int = 0, expert_unknown: str = "abstain"):
     if word_length < 1:
       raise ValueError(f"word_length must be >= 1, got {word_length}")
     if not 2 <= alphabet_size <= DIGITS:  # every letter has a digit
@@ -134,11 +141,16 @@ class SpellEnv(base.TextEnv):
                        f" {expert_digits}")
     if slack < 0:
       raise ValueError(f"slack must be >= 0, got {slack}")
+    if expert_unknown not in EXPERT_UNKNOWN:
+      raise ValueError(f"expert_unknown must be one of {EXPERT_UNKNOWN},"
+                       f" got {expert_unknown!r}")
     self.word_length = word_length
     self.alphabet_size = alphabet_size
     self.dense = dense
     self.expert_digits = expert_digits
     self.slack = slack
+    self.expert_unknown = expert_unknown
+    self.expert_keeps_lost = expert_unknown == "guess"
     self.letters = string.ascii_lowercase[:alphabet_size]
     self.actions = [action_of(x) for x in self.letters]
     self.code, self.word, self.typed = (), "", ""
@@ -182,12 +194,16 @@ class SpellEnv(base.TextEnv):
 
   def expert_action(self) -> Optional[str]:
     i = len(self.typed)
-    if self._done or not self.word.startswith(self.typed):
+    guessing = self.expert_unknown == "guess"
+    if self._done or not (guessing or self.word.startswith(self.typed)):
       return None  # finished, or a wrong letter typed: lost
     if self.word_length - i > self.word_length + self.slack - self._t:
       return None  # out of turns
-    if self.code[i] >= self.expert_digits:
-      return None  # a digit this expert does not know
+    if self.code[i] >= self.expert_digits:  # a digit it does not know
+      if not guessing:
+        return None
+      rng = random.Random(f"spell:guess:{self._task}:{i}")
+      return action_of(rng.choice(self.letters))
     return action_of(self.word[i])
 
   def expert_thought(self) -> Optional[str]:
