@@ -181,6 +181,12 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.rollout.weight_sync_master_address = ""
   c.rollout.weight_sync_master_port = 0
   c.rollout.weight_sync_bucket_mb = 512
+  # LoRA policies (model.lora_rank > 0) on SGLang servers, disk sync:
+  # adapter: each sync writes and loads only the PEFT adapter (the servers
+  # run with --enable-lora --max-lora-rank R --lora-target-modules ...; the
+  # base is loaded once); merged: the full merged export every sync; auto:
+  # adapter, or merged from the first sync on when a server refuses it.
+  c.rollout.sglang_lora_sync = "auto"
   c.rollout.top_p = 1.0
   # colocated: B's stored collection finishes before A's phase starts.
   # decoupled: B's collection runs on its own engine (second half of the

@@ -402,8 +402,22 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
   )
 
 
+LORA_SYNCS = ("auto", "adapter", "merged")
+
+
+def base_model(learner_or_module, mcfg):
+  """(base config, Transformer) of a LoRA model's frozen base: the merged
+  weights with every adapter zero, i.e. the base exactly (``merged``)."""
+  module = learner_or_module
+  if isinstance(module, Learner):
+    module = module.module()
+  graphdef, adapters, rest = nnx.split(module, nnx.LoRAParam, ...)
+  zero = jax.tree.map(jnp.zeros_like, adapters)
+  return lora.merged_model(nnx.merge(graphdef, zero, rest), mcfg)
+
+
 def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
-                     threads: int = 8, push=None):
+                     threads: int = 8, push=None, lora_sync: str = "auto"):
   """Pushes a learner's weights to the engine: in-process state for the JAX
   engine (cast to its ``mcfg.inference_dtype`` weights); for SGLang servers
   an HF directory exported in the compute dtype (``weight_sync.export_hf``:
@@ -417,8 +431,63 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
   A sync whose weights the engine already has does nothing
   (``weight_sync.SyncedWeights``). ``sync.log`` (``weight_sync.SyncLog``)
   counts exports, broadcasts and skips and keeps each sync's seconds (also
-  logged); ``sync.close()`` closes ``push``'s groups."""
+  logged); ``sync.close()`` closes ``push``'s groups.
+
+  LoRA policies on SGLang servers (``lora_sync``, the config's
+  ``rollout.sglang_lora_sync``; one process, disk sync): 'adapter' writes
+  only the PEFT adapter directory (``lora.save_peft``, float32) into slot
+  ``adapter_v{version % 2}`` and has the servers load it
+  (``SGLangClient.update_adapter``); the frozen base is exported once, at
+  the first such sync, into ``export_dir/lora_base`` (kept for servers that
+  restart) and loaded by each server once. 'merged' exports W + (alpha / r)
+  A B in full every sync, as without LoRA. 'auto' (default) tries the
+  adapter at an engine's first sync and, when a server refuses it (started
+  without --enable-lora, or with a smaller --max-lora-rank), warns once and
+  syncs that engine merged for the rest of the run; a refusal after
+  adapters worked is an error. ``sync.log``'s entries then carry
+  ``adapter`` (True for adapter syncs) and ``base_bytes`` (the one base
+  export)."""
+  if lora_sync not in LORA_SYNCS:
+    raise ConfigError(f"rollout.sglang_lora_sync={lora_sync!r}: one of"
+                      f" {LORA_SYNCS}")
+  from rspo_jax.rollout.sglang_client import SGLangAdapterRefused  # pylint: disable=g-import-not-at-top
+
   synced, sync_log = weight_sync.SyncedWeights(), weight_sync.SyncLog()
+  lora_modes = {}  # id(engine) -> 'adapter' | 'merged', once decided
+  base_dir = os.path.join(export_dir, "lora_base")
+  base_written = []
+
+  def sync_adapter(engine, learner, version, start):
+    """The adapter route; False when 'auto' falls back to merged."""
+    base_bytes = None
+    if not base_written:
+      base_bytes = weight_sync.export_hf(
+          *base_model(learner, mcfg)[::-1], base_dir,
+          tokenizer_dir=tokenizer_dir, threads=threads)
+      base_written.append(base_dir)
+    path = os.path.join(export_dir, f"adapter_v{version % 2}")
+    shutil.rmtree(path, ignore_errors=True)
+    nbytes = lora.save_peft(learner.module(), mcfg, path,
+                            base_model=os.path.abspath(base_dir))
+    export_s = time.perf_counter() - start
+    try:
+      engine.update_adapter(path, version, base_dir=base_dir)
+    except SGLangAdapterRefused as e:
+      if lora_sync == "adapter" or lora_modes.get(id(engine)) == "adapter":
+        raise
+      log.warning("LoRA adapter sync refused (%s); syncing merged weights"
+                  " (rollout.sglang_lora_sync=merged) from now on", e)
+      lora_modes[id(engine)] = "merged"
+      return False
+    lora_modes[id(engine)] = "adapter"
+    shutil.rmtree(os.path.join(export_dir, f"adapter_v{(version + 1) % 2}"),
+                  ignore_errors=True)
+    synced.record(engine, learner)
+    sync_log.add(version=version, export_s=export_s,
+                 load_s=time.perf_counter() - start - export_s,
+                 total_s=time.perf_counter() - start, bytes=nbytes,
+                 adapter=True, base_bytes=base_bytes)
+    return True
 
   def sync(engine, learner: Learner, version: int):
     if synced.unchanged(engine, learner):
@@ -455,6 +524,12 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       synced.record(engine, learner)
       sync_log.add(version=version, total_s=time.perf_counter() - start)
       return
+    if (lora.enabled(mcfg) and lora_sync != "merged" and not multihost
+        and lora_modes.get(id(engine)) != "merged"
+        and hasattr(engine, "update_adapter")):
+      if sync_adapter(engine, learner, version, start):
+        return
+      start = time.perf_counter()
     path = os.path.join(export_dir, f"v{version % 2}")
     nbytes = 0
     if multihost:
@@ -671,7 +746,8 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
           mcfg, tok_dir, weight_sync.export_dir(
               cfg, workdir, multihost=distributed.is_multihost()),
           threads=cfg.rollout.get("export_threads", 8),
-          push=push),
+          push=push,
+          lora_sync=cfg.rollout.get("sglang_lora_sync", "auto")),
       num_train_tasks=num_train_tasks(cfg),
       progress=progress,
   )

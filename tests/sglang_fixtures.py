@@ -4,7 +4,9 @@ Two server kinds speak SGLang's native API over HTTP:
   - "sglang": real SGLang 0.5.23 from the separate venv whose python is
     ``$RSPO_SGLANG_PYTHON`` (scripts/install_sglang.sh), run on the CPU with
     the import stubs of tests/sglang_stubs;
-  - "jax": launch/serve_rollout.py (our JaxEngine) under this interpreter.
+  - "jax": launch/serve_rollout.py (our JaxEngine) under this interpreter;
+and ``lora_sglang_server``: real SGLang with ``--enable-lora`` (the
+torch_native backend, with tests/sglang_cpu_lora on its PYTHONPATH).
 
 Servers run in their own process group and are killed at fixture teardown.
 Loaded by tests with ``pytest_plugins = ("sglang_fixtures",)``.
@@ -176,11 +178,13 @@ class ServerProcess:
     self._log.close()
 
 
-def start_sglang_server(python, model_path, log_path) -> ServerProcess:
+def start_sglang_server(python, model_path, log_path, extra_args=(),
+                        extra_path=()) -> ServerProcess:
   port = free_port()
   env = dict(os.environ)
   env.update(
-      PYTHONPATH=STUBS, SGLANG_USE_CPU_ENGINE="1",
+      PYTHONPATH=os.pathsep.join((STUBS,) + tuple(extra_path)),
+      SGLANG_USE_CPU_ENGINE="1",
       # Behaviour log-probs at temperature 1 whatever the sampling T.
       SGLANG_RETURN_ORIGINAL_LOGPROB="1",
   )
@@ -190,9 +194,42 @@ def start_sglang_server(python, model_path, log_path) -> ServerProcess:
       "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
       "--attention-backend", "torch_native", "--dtype", "float32",
       "--max-total-tokens", "4096", "--max-running-requests", "16",
-      "--disable-overlap-schedule", "--sleep-on-idle",
+      "--disable-overlap-schedule", "--sleep-on-idle", *extra_args,
   ]
   return ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}")
+
+
+# SGLang's LoRA on the CPU: the torch_native backend (pure torch; the
+# default csgmv and triton backends are triton kernels) with pinned host
+# memory made a no-op (tests/sglang_cpu_lora/sitecustomize.py).
+LORA_CPU_SHIM = os.path.join(REPO, "tests", "sglang_cpu_lora")
+LORA_RANK, LORA_ALPHA = 4, 8.0
+LORA_SERVER_ARGS = (
+    "--enable-lora", "--lora-backend", "torch_native",
+    "--max-lora-rank", str(LORA_RANK), "--max-loras-per-batch", "2",
+    "--lora-target-modules", "q_proj", "k_proj", "v_proj", "o_proj",
+    "gate_proj", "up_proj", "down_proj",
+)
+
+
+@pytest.fixture(scope="module")
+def lora_sglang_server(tmp_path_factory, tiny_checkpoint):
+  """A real SGLang server on ``tiny_checkpoint`` with LoRA enabled (rank
+  ``LORA_RANK``, every projection a target); skips without the venv."""
+  python = sglang_python()
+  if python is None:
+    pytest.skip(
+        f"real SGLang needs its venv: run scripts/install_sglang.sh and set"
+        f" {SGLANG_PYTHON_ENV} to its bin/python"
+    )
+  log = str(tmp_path_factory.mktemp("sglang_lora_server") / "server.log")
+  server = start_sglang_server(python, tiny_checkpoint.path, log,
+                               LORA_SERVER_ARGS, (LORA_CPU_SHIM,))
+  try:
+    server.wait_healthy()
+    yield server
+  finally:
+    server.stop()
 
 
 def start_jax_server(model_path, log_path) -> ServerProcess:

@@ -607,6 +607,253 @@ def test_streamed_export_loads_into_sglang_and_unchanged_syncs_skip(
   client.close()
 
 
+# ------------------------------------- LoRA adapters to SGLang (issue 39 #3)
+
+
+def _lora_learner(ck, seed):
+  """A Learner of a LoRA model on ``ck.model`` (rank and alpha of the LoRA
+  server fixture, every projection) whose B adapters are random (non-zero:
+  the adapters change the outputs); (ModelConfig, Learner)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import nnx
+  from rspo_jax import sharding
+  from rspo_jax import train_step as ts
+  from rspo_jax.learner import Learner
+  from rspo_jax.models import lora
+
+  fx = _fixtures_module()
+  cfg = dataclasses.replace(ck.cfg, lora_rank=fx.LORA_RANK,
+                            lora_alpha=fx.LORA_ALPHA,
+                            lora_targets=tuple(lora.TARGETS))
+  graphdef, state = nnx.split(lora.add_adapters(ck.model, cfg, seed=seed))
+  keys = iter(jax.random.split(jax.random.key(seed), 64))
+  flat = [(p, v.replace(0.3 * jax.random.normal(next(keys), v.value.shape))
+           if p[-1] == "b" and isinstance(v, nnx.LoRAParam) else v)
+          for p, v in nnx.to_flat_state(state)]
+  model = nnx.merge(graphdef, nnx.from_flat_state(flat))
+  return cfg, Learner(model, ts.make_optimizer(1e-3), ts.make_sft_loss(),
+                      mesh=sharding.make_mesh((1, 1, 1),
+                                              devices=jax.devices()[:1]),
+                      rules=sharding.DEFAULT_RULES)
+
+
+def _dir_bytes(path):
+  return sum(os.path.getsize(os.path.join(d, f))
+             for d, _, fs in os.walk(path) for f in fs)
+
+
+@pytest.mark.sglang
+def test_lora_adapter_sync_on_the_real_sglang_server(lora_sglang_server,
+                                                     tiny_checkpoint,
+                                                     tmp_path):
+  """rollout.sglang_lora_sync=adapter on SGLang with --enable-lora (CPU:
+  the torch_native backend): each sync writes and loads the PEFT adapter
+  alone (the base once), and the server's greedy tokens and log-probs are
+  the in-process JAX engine's with the merged weights, across two
+  adapters."""
+  from rspo_jax import build  # pylint: disable=g-import-not-at-top
+  from rspo_jax.models import lora
+  from rspo_jax.rollout.jax_engine import JaxEngine
+
+  ck = tiny_checkpoint
+  export = str(tmp_path / "export")
+  sync = None
+  client = SGLangClient(lora_sglang_server.url, vocab_size=ck.cfg.vocab_size,
+                        original_logprobs=True, timeout_s=120)
+  prompts = [ck.tokenizer.encode(t) for t in ("the quick brown fox",
+                                              "put a clean mug in")]
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+  model_bytes = None
+  previous = None
+  for version, seed in ((1, 1), (2, 2)):
+    cfg, learner = _lora_learner(ck, seed)
+    if sync is None:
+      sync = build.make_sync_engine(cfg, ck.tokenizer_dir, export, threads=2,
+                                    lora_sync="adapter")
+    sync(client, learner, version)
+    entry = sync.log.history[-1]
+    adapter_dir = os.path.join(export, f"adapter_v{version % 2}")
+    adapter = lora.peft_tensors(learner.module(), cfg)
+    assert entry["adapter"] and client.adapter.endswith(f"-v{version}")
+    # (b) a sync writes the adapter: its tensors' bytes, not the model's.
+    assert entry["bytes"] == sum(t.nbytes for t in adapter.values())
+    assert _dir_bytes(adapter_dir) < entry["bytes"] + 8192
+    if version == 1:  # the base, once
+      model_bytes = entry["base_bytes"]
+      assert model_bytes > 0
+    else:
+      assert entry["base_bytes"] is None
+      assert not os.path.exists(os.path.join(export, "adapter_v1"))
+    assert 8 * entry["bytes"] < model_bytes
+    assert client.model_info()["weight_version"] == client.base_version
+    # (a) greedy decoding on the server = the JAX engine on merged weights.
+    engine = JaxEngine(build.inference_model(learner.module(), cfg),
+                       build.engine_config(cfg), pad_id=0,
+                       eos_ids=[ck.cfg.eos_token_id])
+    want = engine.generate(prompts, greedy)
+    got = client.generate(prompts, greedy)
+    merged = build.merged(learner, cfg)[1]
+    ours = _fixtures_module().our_logprobs(merged, prompts, got)
+    for g, w, o in zip(got, want, ours):
+      np.testing.assert_array_equal(g.token_ids, w.token_ids)
+      np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-3, rtol=0)
+      np.testing.assert_allclose(g.logprobs, o, atol=1e-3, rtol=0)
+    if previous is not None:  # the second adapter replaced the first
+      assert any(not np.array_equal(g.token_ids, p.token_ids)
+                 for g, p in zip(got, previous))
+    previous = got
+  client.close()
+
+
+class _FakeLoRAServer(http.server.BaseHTTPRequestHandler):
+  """SGLang's LoRA and weight routes, recording each JSON body in
+  ``server.seen``; ``server.lora`` False answers loads as a server without
+  --enable-lora does (HTTP 400)."""
+
+  def log_message(self, *args):
+    pass
+
+  def _send(self, status, obj):
+    data = json.dumps(obj).encode()
+    self.send_response(status)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(data)))
+    self.end_headers()
+    self.wfile.write(data)
+
+  def do_GET(self):  # pylint: disable=invalid-name
+    srv = self.server
+    if self.path == "/health":
+      return self._send(200, {})
+    return self._send(200, {"weight_version": srv.version})
+
+  def do_POST(self):  # pylint: disable=invalid-name
+    srv = self.server
+    n = int(self.headers.get("Content-Length", 0))
+    body = json.loads(self.rfile.read(n) or b"null")
+    srv.seen.append((self.path, body))
+    if self.path == "/update_weights_from_disk":
+      srv.version = body["weight_version"]
+      return self._send(200, {"success": True})
+    if self.path == "/load_lora_adapter":
+      if not srv.lora:
+        return self._send(400, {"success": False, "error_message":
+                                "LoRA is not enabled. Please set"
+                                " `--enable-lora` to enable LoRA."})
+      srv.adapters[body["lora_name"]] = body["lora_path"]
+      return self._send(200, {"success": True,
+                              "loaded_adapters": dict(srv.adapters)})
+    if self.path == "/unload_lora_adapter":
+      srv.adapters.pop(body["lora_name"])
+      return self._send(200, {"success": True,
+                              "loaded_adapters": dict(srv.adapters)})
+    if self.path == "/generate":
+      item = {"meta_info": {"output_token_logprobs": [[-0.5, 7, None]],
+                            "finish_reason": {"type": "length"},
+                            "weight_version": srv.version}}
+      return self._send(200, [item] * len(body["input_ids"]))
+    return self._send(404, {"message": "no route"})
+
+
+def _fake_lora_server(serve, lora_on):
+  srv, url = serve(_FakeLoRAServer)
+  srv.seen, srv.version, srv.adapters, srv.lora = [], "default", {}, lora_on
+  srv.adapters["rspo-left-over-v7"] = "/old"  # an earlier run's
+  return srv, url
+
+
+def test_lora_adapter_sync_requests_and_files(serve, tmp_path):
+  """Without SGLang: the adapter route's requests (load the new adapter,
+  the base once, unload every other rspo- adapter, /generate names the
+  adapter), its files (a PEFT directory per slot, the base once), 'auto'
+  falling back to merged exports on a server without LoRA, 'adapter'
+  refusing, and 'merged' never trying."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+  from rspo_jax import build, sharding
+  from rspo_jax import train_step as ts
+  from rspo_jax.learner import Learner
+  from rspo_jax.models import create_model, get_model_config, lora
+  from rspo_jax.rollout.sglang_client import (  # pylint: disable=g-import-not-at-top
+      SGLangAdapterRefused, make_adapter_request, stale_adapters)
+
+  assert make_adapter_request("a", "/p") == {
+      "lora_name": "a", "lora_path": "/p", "pinned": False}
+  assert stale_adapters({"rspo-x-v1": "/a", "rspo-x-v2": "/b", "mine": "/c"},
+                        "rspo-x-v2") == ["rspo-x-v1"]
+  body = make_generate_request([[1, 2]], SamplingParams(max_new_tokens=3),
+                               adapter="rspo-x-v2")
+  assert body["lora_path"] == "rspo-x-v2"
+  cfg0 = get_model_config("nano", vocab_size=128)
+  cfg = dataclasses.replace(cfg0, lora_rank=2, lora_alpha=4.0,
+                            lora_targets=("q", "v"))
+  model = lora.add_adapters(create_model(cfg0, seed=0), cfg, seed=1)
+  learner = Learner(model, ts.make_optimizer(1e-3), ts.make_sft_loss(),
+                    mesh=sharding.make_mesh((1, 1, 1),
+                                            devices=jax.devices()[:1]),
+                    rules=sharding.DEFAULT_RULES)
+
+  srv, url = _fake_lora_server(serve, True)
+  export = str(tmp_path / "a")
+  sync = build.make_sync_engine(cfg, None, export, threads=2)
+  client = SGLangClient(url, max_retries=0)
+  sync(client, learner, 1)
+  learner.state = learner.state.replace(params=jax.tree.map(
+      lambda x: x + 0.0, learner.state.params))  # new arrays: not skipped
+  sync(client, learner, 2)
+  routes = [r for r, _ in srv.seen]
+  assert routes == ["/load_lora_adapter", "/update_weights_from_disk",
+                    "/unload_lora_adapter", "/load_lora_adapter",
+                    "/unload_lora_adapter"]
+  loads = [b for r, b in srv.seen if r == "/load_lora_adapter"]
+  assert [b["lora_path"] for b in loads] == [
+      os.path.join(export, "adapter_v1"), os.path.join(export, "adapter_v0")]
+  assert loads[1]["lora_name"] == client.adapter
+  assert client.adapter.startswith("rspo-") and client.adapter.endswith("-v2")
+  assert [b["lora_name"] for r, b in srv.seen
+          if r == "/unload_lora_adapter"] == ["rspo-left-over-v7",
+                                              loads[0]["lora_name"]]
+  assert srv.seen[1][1] == {"model_path": os.path.join(export, "lora_base"),
+                            "weight_version": client.base_version}
+  assert sorted(os.listdir(export)) == ["adapter_v0", "lora_base"]
+  assert sorted(os.listdir(os.path.join(export, "adapter_v0"))) == [
+      "adapter_config.json", "adapter_model.safetensors"]
+  assert [e["base_bytes"] is not None for e in sync.log.history] == [
+      True, False]
+  client.generate([[1, 2]], SamplingParams(max_new_tokens=1))
+  assert srv.seen[-1][1]["lora_path"] == client.adapter == loads[1]["lora_name"]
+  client.close()
+
+  # auto on a server without LoRA: one warning, merged exports from then on.
+  srv, url = _fake_lora_server(serve, False)
+  sync = build.make_sync_engine(cfg, None, str(tmp_path / "b"), threads=2)
+  client = SGLangClient(url, max_retries=0)
+  sync(client, learner, 3)
+  assert [r for r, _ in srv.seen] == ["/load_lora_adapter",
+                                      "/update_weights_from_disk"]
+  assert srv.version == "3" and client.adapter is None
+  assert not sync.log.history[-1].get("adapter")
+  client.generate([[1, 2]], SamplingParams(max_new_tokens=1))
+  assert "lora_path" not in srv.seen[-1][1]
+  # adapter: the refusal is an error naming the flags.
+  sync = build.make_sync_engine(cfg, None, str(tmp_path / "c"), threads=2,
+                                lora_sync="adapter")
+  with pytest.raises(SGLangAdapterRefused, match="--enable-lora"):
+    sync(client, learner, 4)
+  # merged: never tries the adapter.
+  srv.seen.clear()
+  sync = build.make_sync_engine(cfg, None, str(tmp_path / "d"), threads=2,
+                                lora_sync="merged")
+  sync(client, learner, 5)
+  assert [r for r, _ in srv.seen] == ["/update_weights_from_disk"]
+  with pytest.raises(Exception, match="sglang_lora_sync"):
+    build.make_sync_engine(cfg, None, str(tmp_path), lora_sync="full")
+  client.close()
+
+
 # --------------------------- collection without turn barriers (issue 17 #4)
 
 

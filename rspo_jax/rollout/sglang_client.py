@@ -33,6 +33,27 @@ reported ``weight_version`` is the new one. After a sync, generation answers
 whose ``meta_info.weight_version`` differs are treated as a failure of that
 server (stale weights would silently make the data off-policy).
 
+LoRA adapters (``update_adapter``). With a LoRA policy the servers can
+keep the frozen base and take only the adapters: SGLang's
+
+    POST /load_lora_adapter {lora_name, lora_path, pinned: false}
+    POST /unload_lora_adapter {lora_name}
+
+(srt/entrypoints/http_server.py 1652-1684 in 0.5.23; the servers run with
+``--enable-lora --max-lora-rank R --lora-target-modules ...``) load a PEFT
+directory under a name, and a ``/generate`` body naming it in
+``lora_path`` (the name, despite the field's name) decodes with base +
+adapter. The client loads each version as ``rspo-<client>-v<version>``,
+then unloads every other ``rspo-`` adapter the server lists, and names the
+new one in every later ``/generate``: a server that lacks it refuses the
+request, so no answer comes from another adapter. The base is loaded once
+per server and client, by ``/update_weights_from_disk`` with
+``weight_version = "lora-base-<client>"``, at the first adapter sync or when
+a server reports another ``weight_version`` (it restarted), after the
+adapter loaded; generations are then checked against that version. A server that refuses an adapter (LoRA
+off, rank or targets beyond its flags) raises ``SGLangAdapterRefused``;
+``update_weights`` (a full export) goes back to no adapter.
+
 Failures. Every HTTP call has a timeout. Connection errors, timeouts, 5xx
 answers and answers that are not the expected JSON are retried, up to
 ``max_retries`` times with exponential backoff ``backoff_s * 2**k``; with
@@ -60,6 +81,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 import urllib.error
@@ -90,6 +112,14 @@ class SGLangUnreachableError(SGLangError):
   """No attempt got an HTTP answer from the server (down or unreachable)."""
 
 
+class SGLangAdapterRefused(SGLangError):
+  """A server answered a LoRA adapter load with a refusal (LoRA not
+  enabled, rank or target modules beyond its flags, a bad directory)."""
+
+
+ADAPTER_PREFIX = "rspo-"  # names of the adapters this client loads
+
+
 class _RetriableError(Exception):
   """One attempt failed in a way another attempt may not.
 
@@ -112,12 +142,14 @@ def make_generate_request(
     *,
     first_index: int = 0,
     vocab_size: Optional[int] = None,
+    adapter: Optional[str] = None,
 ) -> dict[str, Any]:
   """The ``/generate`` JSON body for ``prompts`` (always the batched form).
 
   Prompt ``j`` is global prompt ``first_index + j``; with a seed ``s`` it
   gets ``sampling_seed = s + first_index + j``, which makes a prompt's draw
-  independent of how a call is split over servers.
+  independent of how a call is split over servers. ``adapter``: the name of
+  a loaded LoRA adapter every prompt decodes with (SGLang's ``lora_path``).
   """
   if not prompts:
     raise ValueError("prompts is empty")
@@ -141,6 +173,8 @@ def make_generate_request(
       "sampling_params": sampling,
       "return_logprob": True,
   }
+  if adapter is not None:
+    body["lora_path"] = str(adapter)
   if params.seed is not None:
     # One sampling_params per prompt, each with its own seed.
     body["sampling_params"] = [
@@ -148,6 +182,23 @@ def make_generate_request(
         for j in range(len(ids))
     ]
   return body
+
+
+def make_adapter_request(name: str, path: str) -> dict[str, Any]:
+  """``/load_lora_adapter`` body loading the PEFT directory ``path`` as
+  ``name`` (not pinned: SGLang refuses to pin every slot)."""
+  if not name or not path:
+    raise ValueError("an adapter needs a name and a directory")
+  return {"lora_name": str(name), "lora_path": str(path), "pinned": False}
+
+
+def stale_adapters(loaded: Any, keep: str) -> list[str]:
+  """The ``rspo-`` adapters in a load answer's ``loaded_adapters`` (name ->
+  path) other than ``keep``, sorted: what to unload after loading ``keep``."""
+  if not isinstance(loaded, dict):
+    return []
+  return sorted(n for n in loaded
+                if str(n).startswith(ADAPTER_PREFIX) and n != keep)
 
 
 def parse_generate_response(
@@ -308,6 +359,10 @@ class SGLangClient(Engine):
     self._check_version = bool(check_weight_version)
     self._version = int(version)
     self._synced = False  # True once update_weights set a version
+    # What the servers' weight_version must read (the last full load's).
+    self._served = str(self._version)
+    self._token = secrets.token_hex(4)  # names this client's adapters
+    self._adapter: Optional[str] = None  # the adapter /generate names
     self._rr = itertools.count()
     self._rr_lock = threading.Lock()
     self._down: set[str] = set()  # guarded by _rr_lock
@@ -345,6 +400,16 @@ class SGLangClient(Engine):
   @property
   def weight_version(self) -> int:
     return self._version
+
+  @property
+  def adapter(self) -> Optional[str]:
+    """The LoRA adapter generations use (``update_adapter``), or None."""
+    return self._adapter
+
+  @property
+  def base_version(self) -> str:
+    """The ``weight_version`` of the base ``update_adapter`` loads."""
+    return f"lora-base-{self._token}"
 
   @property
   def timeout_s(self) -> float:
@@ -413,19 +478,53 @@ class SGLangClient(Engine):
       )
     path = os.fspath(params_or_path)
     version = int(version)
+    self._sync_all(
+        lambda u, retries: self._update_one(u, path, str(version), retries),
+        f"weight update to version {version} from {path}")
+    self._version, self._served = version, str(version)
+    self._adapter = None
+    self._synced = True
+
+  def update_adapter(self, adapter_dir, version: int, *, base_dir) -> None:
+    """Makes every server decode with the PEFT adapter directory
+    ``adapter_dir`` on the frozen base (module docstring, LoRA adapters):
+    each server loads the adapter as ``rspo-<client>-v<version>``, then,
+    without this client's base (``GET /model_info``'s ``weight_version``
+    is not ``base_version``), the HF directory ``base_dir``, then unloads
+    every other ``rspo-`` adapter.
+    Membership and errors as ``update_weights``; SGLangAdapterRefused when
+    a server refused the adapter."""
+    adapter_dir, base_dir = os.fspath(adapter_dir), os.fspath(base_dir)
+    version = int(version)
+    name = f"{ADAPTER_PREFIX}{self._token}-v{version}"
+    make_adapter_request(name, adapter_dir)  # validates
+    self._sync_all(
+        lambda u, retries: self._adapter_one(u, adapter_dir, name, base_dir,
+                                             retries),
+        f"adapter update to version {version} from {adapter_dir}")
+    self._version, self._served = version, self.base_version
+    self._adapter = name
+    self._synced = True
+
+  def _sync_all(self, update_one, what: str) -> None:
+    """Runs ``update_one(url, retries)`` on every server (a down one once,
+    without retries) and keeps membership (``update_weights``)."""
     down = set(self.down_urls)
     futures = {
-        u: self._pool.submit(self._update_one, u, path, version,
+        u: self._pool.submit(update_one, u,
                              0 if u in down else self._max_retries)
         for u in self._urls
     }
-    errors, unreachable, loaded = [], [], []
+    errors, unreachable, loaded, refused = [], [], [], []
     for u, f in futures.items():
       try:
         f.result()
         loaded.append(u)
       except SGLangUnreachableError as e:
         unreachable.append((u, str(e)))
+      except SGLangAdapterRefused as e:
+        refused.append(str(e))
+        errors.append(str(e))
       except SGLangError as e:
         errors.append(str(e))
     with self._rr_lock:
@@ -437,18 +536,17 @@ class SGLangClient(Engine):
       self._mark_down(u, e)
     if unreachable and not errors and loaded:
       log.warning(
-          "weight update to version %d skipped %d of %d servers that did not"
-          " answer: %s", version, len(unreachable), len(self._urls),
+          "%s skipped %d of %d servers that did not answer: %s", what,
+          len(unreachable), len(self._urls),
           ", ".join(u for u, _ in unreachable),
       )
     if errors or not loaded:
       errors += [e for _, e in unreachable]
-      raise SGLangError(
-          f"weight update to version {version} from {path} failed on"
-          f" {len(errors)} of {len(self._urls)} servers: " + "; ".join(errors)
+      kind = SGLangAdapterRefused if refused else SGLangError
+      raise kind(
+          f"{what} failed on {len(errors)} of {len(self._urls)} servers: "
+          + "; ".join(errors)
       )
-    self._version = version
-    self._synced = True
 
   def weights_updated(self, version: int) -> None:
     """Every server took weights ``version`` by another channel (a
@@ -464,7 +562,8 @@ class SGLangClient(Engine):
                           f" weight_version {got!r}, expected {str(version)!r}")
     with self._rr_lock:
       self._down.clear()
-    self._version = version
+    self._version, self._served = version, str(version)
+    self._adapter = None
     self._synced = True
 
   def flush_cache(self) -> None:
@@ -525,9 +624,10 @@ class SGLangClient(Engine):
 
   def _generate_chunk(self, prompts, params, first_index, urls, server):
     body = make_generate_request(
-        prompts, params, first_index=first_index, vocab_size=self._vocab_size
+        prompts, params, first_index=first_index, vocab_size=self._vocab_size,
+        adapter=self._adapter,
     )
-    expected = str(self._version) if self._synced and self._check_version \
+    expected = self._served if self._synced and self._check_version \
         else None
     last = None
     for attempt in range(self._max_retries + 1):
@@ -550,6 +650,34 @@ class SGLangClient(Engine):
         f"/generate failed after {self._max_retries + 1} attempts; last"
         f" failure: {last}"
     )
+
+  def _adapter_one(self, url, adapter_dir, name, base_dir, retries):
+    # The adapter first: a server that refuses it gets no base either.
+    try:
+      answer = self._call(url, "POST", "/load_lora_adapter",
+                          make_adapter_request(name, adapter_dir),
+                          retries=retries)
+    except SGLangRequestError as e:
+      if "already loaded" not in str(e):  # else: a retry after a lost answer
+        raise SGLangAdapterRefused(
+            f"{url} refused LoRA adapter {adapter_dir} ({e}); start the"
+            " servers with --enable-lora --max-lora-rank R"
+            " --lora-target-modules ... or set"
+            " rollout.sglang_lora_sync=merged") from e
+      answer = {"success": True}
+    if not isinstance(answer, dict) or answer.get("success") is not True:
+      raise SGLangAdapterRefused(f"{url}/load_lora_adapter: answered"
+                                 f" {answer!r}")
+    info = self._call(url, "GET", "/model_info", None, retries=retries)
+    got = info.get("weight_version") if isinstance(info, dict) else info
+    if str(got) != self.base_version:  # first sync, or it restarted
+      self._update_one(url, base_dir, self.base_version, retries)
+    for old in stale_adapters(answer.get("loaded_adapters"), name):
+      try:
+        self._call(url, "POST", "/unload_lora_adapter", {"lora_name": old},
+                   retries=retries)
+      except SGLangError as e:  # memory, not correctness: requests name new
+        log.warning("%s: could not unload LoRA adapter %s: %s", url, old, e)
 
   def _update_one(self, url, path, version, retries):
     body = {"model_path": path, "weight_version": str(version)}
