@@ -290,12 +290,12 @@ SPELL_ROOT = os.path.join(ROOT, "runs", "spell")
 # cipher of digits 0-1 only and guesses a uniform letter at the others
 # (env.kwargs.expert_digits=2,expert_unknown=guess; docs in
 # bench/spell_study.py) -- prompts without history (the observation shows
-# the letters so far), 8 tasks x 8 samples, alpha 1/8 (7 fresh groups + 1
+# the letters so far and the next position's digit, show_digit=True), 8 tasks x 8 samples, alpha 1/8 (7 fresh groups + 1
 # replayed), 30 A steps (10 RSPO loops), every row trained, 256 held-out
 # tasks (valid_seen).
 SPELL_OVERRIDES = (
     "model.preset=nano,env.history_length=0,env.kwargs.expert_digits=2,"
-    "env.kwargs.expert_unknown=guess,"
+    "env.kwargs.expert_unknown=guess,env.kwargs.show_digit=True,"
     "sft.num_episodes=1024,sft.steps=600,sft.lr=2e-3,sft.batch_rows=16,"
     "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
     "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")

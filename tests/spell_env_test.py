@@ -146,6 +146,18 @@ def test_guessing_expert_is_uniform_where_it_does_not_know():
     spell.SpellEnv(expert_unknown="random")
 
 
+def test_show_digit_names_the_next_positions_digit():
+  env = spell.SpellEnv(show_digit=True)
+  obs = env.reset(0)  # code 4 7 5 8
+  assert obs.observation == "Letters so far: _ _ _ _; next digit 4"
+  obs = env.step("type[a]")
+  assert obs.observation == "Letters so far: a _ _ _; next digit 7"
+  for _ in range(3):
+    obs = env.step("type[a]")
+  assert obs.done and obs.observation == "Letters so far: a a a a"
+  assert spell.SpellEnv().reset(0).observation == "Letters so far: _ _ _ _"
+
+
 @pytest.mark.parametrize("length, size", [(3, 2), (2, 5), (4, 3)])
 def test_random_policy_wins_one_in_a_to_the_l(length, size):
   env = spell.SpellEnv(word_length=length, alphabet_size=size)
@@ -260,7 +272,8 @@ def test_configs_and_knob_overrides():
                                                        "tiny")
   assert dict(c.env.kwargs) == dict(word_length=4, alphabet_size=5,
                                     dense="aligned", expert_digits=10,
-                                    slack=0, expert_unknown="abstain")
+                                    slack=0, expert_unknown="abstain",
+                                    show_digit=False)
   assert (c.env.max_steps, c.rollout.max_new_tokens,
           c.rollout.max_prompt_tokens) == (4, 16, 256)
   c = spell_gigpo.get_config("env.kwargs.word_length=6,env.kwargs.slack=1,"

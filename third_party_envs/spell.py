@@ -16,7 +16,11 @@ never saw, so the held-out splits (codes not in train) measure that.
 
 One turn: ``type[x]`` (x a letter of the alphabet; the admissible actions)
 appends x. The observation never says whether a letter is right:
-``Letters so far: c a _ _``. The episode ends after L letters (won iff the
+``Letters so far: c a _ _``; with ``show_digit`` it also names the digit
+of the next position (``Letters so far: c a _ _; next digit 4``), so a
+small policy need not learn to find digit i in the code itself and the
+task is the cipher alone: 10 digit -> letter choices, rewarded only when
+all L of an episode are right. The episode ends after L letters (won iff the
 word is spelled) or after L + ``slack`` turns. A wrong letter does not end
 the episode: it is played to the end and lost, so the horizon is L turns
 unless actions are invalid. An inadmissible action changes nothing
@@ -128,7 +132,8 @@ class SpellEnv(base.TextEnv):
 
   def __init__(self, word_length: int = 4, alphabet_size: int = 5,
                dense: str = "aligned", expert_digits: int = DIGITS,
-               slack: int = 0, expert_unknown: str = "abstain"):
+               slack: int = 0, expert_unknown: str = "abstain",
+               show_digit: bool = False):
     if word_length < 1:
       raise ValueError(f"word_length must be >= 1, got {word_length}")
     if not 2 <= alphabet_size <= DIGITS:  # every letter has a digit
@@ -151,6 +156,7 @@ class SpellEnv(base.TextEnv):
     self.slack = slack
     self.expert_unknown = expert_unknown
     self.expert_keeps_lost = expert_unknown == "guess"
+    self.show_digit = bool(show_digit)
     self.letters = string.ascii_lowercase[:alphabet_size]
     self.actions = [action_of(x) for x in self.letters]
     self.code, self.word, self.typed = (), "", ""
@@ -218,6 +224,8 @@ class SpellEnv(base.TextEnv):
   def _env_step(self, won: bool, dense: float, valid: bool) -> base.EnvStep:
     shown = list(self.typed) + ["_"] * (self.word_length - len(self.typed))
     obs = f"Letters so far: {' '.join(shown)}"
+    if self.show_digit and len(self.typed) < self.word_length:
+      obs += f"; next digit {self.code[len(self.typed)]}"
     right = sum(a == b for a, b in zip(self.typed, self.word))
     return base.EnvStep(
         observation=obs,
