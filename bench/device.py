@@ -4,6 +4,7 @@
   python bench/device.py --smoke          # tiny shapes, runs on a CPU
   python bench/device.py --paper [--out=device.json]
   python bench/device.py --paper --smoke  # the same parts, tiny, on a CPU
+  python bench/device.py --kernel_check [--smoke]  # fused attention vs XLA
   bash bench/device_check.sh [--smoke]    # --paper into one JSON file
 
 Random weights (no checkpoint needed), bf16 compute with float32 master
@@ -50,6 +51,24 @@ visible devices (mesh (1, N, 1)) and on one device (when N > 1):
   paper_decode  the rollout engine as the run builds it (the unrolled
               bfloat16 copy: build.inference_model / engine_config), all
               devices.
+
+--kernel_check (bench/device_check.sh runs it first): the attention kernel
+model.attention='auto' picks here (cuDNN on GPU, splash on TPU; on CPU
+none, XLA's path only; --kernel_impl names another) against XLA's path, at
+Qwen2.5-1.5B's attention shape (12 / 2 heads of 128), bf16 inputs with a large-activation kv head (KERNEL_SHIFT), causal,
+on rows of 0, 1, 640, 704 and 768 real tokens padded to 768, and 0, 1,
+640, 704 to 704 (--smoke: 4 / 2 heads of 32; 0, 1, 96, 128 padded to 128; 0, 1,
+40, 64 to 64). Each row is run as the model gives
+it to the kernel (a padding row, 0 real tokens, as length 1:
+transformer.kernel_lengths) and, for 0, once more with length 0 (a call a
+run never makes: what the installed kernel does with it). Per row
+(``kernel_check_row``): forward output and gradients w.r.t. q, k, v of the
+fused kernel and of XLA's path in bf16, each against XLA's in float32:
+non-finite counts and heads, max abs / relative error (by head). Last, a
+``kernel_check`` row: ``recommend`` 'fused' or 'xla' and why (KERNEL_TOL_*:
+'xla' if the fused kernel is non-finite on a length >= 1 or off by more
+than the tolerance), and how a run picks the path (model.attention;
+--config.model.attention=xla forces XLA's).
 """
 
 from __future__ import annotations
@@ -395,6 +414,280 @@ def run_paper(args, run, out, summary, start):
     summary["skipped"].append("decode")
 
 
+# ---------------------------------------------------------- --kernel_check
+
+# Qwen2.5-1.5B's attention (12 query heads, 2 kv heads, head width 128) on
+# (padded length, real tokens per row): 768 (a batch bucket, 0 mod 128)
+# and 704 (64 mod 128: cuDNN's backward has returned NaN grad_q there when
+# a mask is given and a query row's logsumexp is below -88.7, pytorch
+# issue 196678 / TRL issue 7181). Real tokens 0: a padding row, which the
+# model gives the kernel as length 1 (transformer.kernel_lengths).
+KERNEL = dict(heads=12, kv_heads=2, head_dim=128,
+              shapes=((768, (0, 1, 704, 640, 768)), (704, (0, 1, 704, 640))))
+KERNEL_SMOKE = dict(heads=4, kv_heads=2, head_dim=32,
+                    shapes=((128, (0, 1, 96, 128)), (64, (0, 1, 40, 64))))
+# Large-activation inputs (Qwen2.5's massive-activation heads, as TRL
+# issue 7181 reduced them) on kv head 0 and its query heads: key feature 0
+# is KERNEL_SHIFT sqrt(Dh) on every key and q[..., 0] = 1 on query head 0,
+# so its every logit is near KERNEL_SHIFT (logsumexp < -88.7); query head
+# 1 is scaled by KERNEL_SHARP (a near one-hot softmax); the group's other
+# heads have q[..., 0] = 0 (normal logits; their grad_q still carries the
+# large key feature). kv heads >= 1 and their query heads are plain normal
+# inputs.
+KERNEL_SHIFT = -120.0
+KERNEL_SHARP = 30.0
+# Tolerance, on the normal heads: the XLA path in bfloat16 (bf16 inputs,
+# softmax probabilities, outputs and gradients; f32 accumulation) is what
+# a bf16 attention gets wrong against the float32 reference by itself. A
+# fused kernel computes the same bf16 products with f32 accumulation in
+# another order (online softmax), so its error should be of that size: it
+# passes within KERNEL_TOL_FACTOR x the XLA bf16 path's max abs error, or
+# within KERNEL_TOL_FLOOR = 2^-7 of the reference's largest magnitude (two
+# bf16 roundings of it: a flash backward rounds O and dO before D, below)
+# -- a max over a few thousand values is a noisy statistic, and a kernel
+# fault (NaN, a wrong tile) is off by far more. The large-activation
+# group must be finite (the cuDNN NaN above) but its error is only
+# reported: a flash backward takes D = rowsum(dO * O) from the bf16 output
+# O, and grad_q = scale dS K multiplies D's rounding by the large key
+# feature (|120 sqrt(Dh)| scale = 120) -- splash in Pallas's interpreter
+# gives grad_q errors there as large as grad_q itself, XLA's autodiff (D
+# from float32 probabilities) under 1 % of it. Every flash backward has
+# that arithmetic (not a kernel fault): the rows show its size, and
+# model.attention='xla' avoids it.
+KERNEL_TOL_FACTOR = 2.0
+KERNEL_TOL_FLOOR = 2.0**-7
+KERNEL_QUANTITIES = ("out", "grad_q", "grad_k", "grad_v")
+
+
+def kernel_inputs(spec, t, real, seed=0):
+  """(q, k, v bfloat16 [B, T, H|Hkv, Dh], real [B] int32, cotangent
+  float32 [B, T, H, Dh]): normal q, k, v with kv head 0's group made
+  large-activation (KERNEL_SHIFT, KERNEL_SHARP); the cotangent zero on
+  padding queries (i >= real tokens), as the loss mask makes it in a
+  run."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  h, kv, dh = spec["heads"], spec["kv_heads"], spec["head_dim"]
+  b, g = len(real), h // kv
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((b, t, h, dh), np.float32)
+  k = rng.standard_normal((b, t, kv, dh), np.float32)
+  v = rng.standard_normal((b, t, kv, dh), np.float32)
+  k[:, :, 0, 0] = KERNEL_SHIFT * np.sqrt(dh)
+  q[:, :, :g, 0] = 0.0
+  q[:, :, 0, 0] = 1.0
+  q[:, :, 1] *= KERNEL_SHARP
+  real = np.asarray(real, np.int32)
+  live = np.arange(t)[None, :] < real[:, None]
+  cot = rng.standard_normal((b, t, h, dh), np.float32)
+  cot *= live[:, :, None, None]
+  bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)
+  return bf16(q), bf16(k), bf16(v), real, jnp.asarray(cot)
+
+
+def kernel_fn(impl: str, dtype: str):
+  """jit (q, k, v, lengths, cot) -> (out, (grad_q, grad_k, grad_v)) of
+  causal attention by ``impl`` ('xla' / 'cudnn': jax.nn.
+  dot_product_attention; 'splash': splash.attention) on q, k, v cast to
+  ``dtype``, key_value_seq_lengths = lengths, as the model calls it."""
+  import jax
+  from rspo_jax.models import splash
+  from rspo_jax.models.transformer import NO_SHARDING
+
+  def attend(q, k, v, lengths):
+    if impl == "splash":
+      return splash.attention(q, k, v, lengths, NO_SHARDING)
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, key_value_seq_lengths=lengths,
+        implementation=impl)
+
+  def fn(q, k, v, lengths, cot):
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, lengths), q, k, v)
+    return out, vjp(cot.astype(out.dtype))
+
+  return jax.jit(fn)
+
+
+def kernel_run(impl, dtype, inputs, lengths):
+  """(out, grads) as float32 numpy of ``kernel_fn`` on ``inputs``; the
+  float32 reference with exact (not TF32) matmuls."""
+  import jax
+  import numpy as np
+
+  q, k, v, _, cot = inputs
+  precision = "highest" if dtype == "float32" else None
+  with jax.default_matmul_precision(precision):
+    out, grads = kernel_fn(impl, dtype)(q, k, v, np.asarray(lengths), cot)
+    out, grads = jax.block_until_ready((out, grads))
+  f32 = lambda x: np.asarray(x, dtype=np.float32)
+  return dict(zip(KERNEL_QUANTITIES, [f32(out)] + [f32(x) for x in grads]))
+
+
+def kernel_compare(got, ref, b, real, group):
+  """Row ``b``: per quantity, non-finite values (the whole row: the model
+  carries every position forward) and the heads holding them; max abs
+  error (all heads, by head, and on the normal heads: kv heads >= 1 and
+  query heads >= ``group``) and the reference's largest magnitude there
+  (out: real queries only; the gradients everywhere -- zero past the real
+  tokens in both)."""
+  import numpy as np
+
+  row = {}
+  for name in KERNEL_QUANTITIES:
+    x, r = got[name][b], ref[name][b]  # [T, heads, Dh]
+    bad = ~np.isfinite(x)
+    if name == "out":
+      x, r = x[:real], r[:real]
+    first = group if name in ("out", "grad_q") else 1
+    if x.shape[0]:
+      by_head = np.abs(x - r).max(axis=(0, 2))
+      top = np.abs(r).max(axis=(0, 2))
+    else:
+      by_head = top = np.zeros(x.shape[1], np.float32)
+    clean = lambda e: float(e) if np.isfinite(e) else None  # JSON: no NaN
+    err, err_n = clean(by_head.max()), clean(by_head[first:].max())
+    row[name] = dict(
+        nonfinite=int(bad.sum()),
+        nonfinite_heads=[int(i) for i in np.nonzero(bad.any(axis=(0, 2)))[0]],
+        max_abs_err=err, ref_max_abs=float(top.max()),
+        rel_err=err / float(top.max()) if err is not None and top.max() > 0
+        else None,
+        max_abs_err_by_head=[clean(float(f"{e:.4g}")) for e in by_head],
+        normal_heads_max_abs_err=err_n,
+        normal_heads_ref_max_abs=float(top[first:].max()))
+  return row
+
+
+def _kernel_ok(fused, xla) -> tuple[bool, str]:
+  """Whether a fused row passes (finite everywhere; on the normal heads
+  within KERNEL_TOL_* of the XLA bf16 path's error) and, if not, why."""
+  for name in KERNEL_QUANTITIES:
+    f, x = fused[name], xla[name]
+    if f["nonfinite"]:
+      return False, (f"{f['nonfinite']} non-finite {name} (heads"
+                     f" {f['nonfinite_heads']})")
+    tol = max(KERNEL_TOL_FACTOR * (x["normal_heads_max_abs_err"] or 0.0),
+              KERNEL_TOL_FLOOR * x["normal_heads_ref_max_abs"])
+    err = f["normal_heads_max_abs_err"]
+    if err is None or err > tol:
+      return False, (f"{name} max abs error {err} on the normal heads >"
+                     f" {tol:.3g} ({KERNEL_TOL_FACTOR:g} x the XLA bf16"
+                     f" path's {x['normal_heads_max_abs_err']})")
+  return True, ""
+
+
+def kernel_check(spec, fused_impl, out, platform, auto_impl):
+  """Emits one ``kernel_check_row`` per (padded length, batch, row) and the
+  ``kernel_check`` verdict (module docstring: --kernel_check)."""
+  import jax.numpy as jnp
+  import numpy as np
+  from rspo_jax.models import transformer
+
+  fails, errors, failed, zero = [], [], [], []
+  group = spec["heads"] // spec["kv_heads"]
+  for t, real in spec["shapes"]:
+    inputs = kernel_inputs(spec, t, real)
+    mask = jnp.arange(t)[None, :] < jnp.asarray(inputs[3])[:, None]
+    model_lengths = np.asarray(transformer.kernel_lengths(mask))
+    # "model": lengths as the model gives them (padding rows: 1); "raw":
+    # the real counts, 0 included -- a call the model never makes, to
+    # record what the installed kernel does with a zero length.
+    for batch, lengths in (("model", model_lengths),
+                           ("raw", np.asarray(real, np.int32))):
+      ref = kernel_run("xla", "float32", inputs, lengths)
+      paths = {"xla_bf16": kernel_run("xla", "bfloat16", inputs, lengths)}
+      if fused_impl:
+        try:
+          paths["fused"] = kernel_run(fused_impl, "bfloat16", inputs,
+                                      lengths)
+        except Exception as e:  # pylint: disable=broad-except
+          errors.append(f"{fused_impl} at T={t} ({batch} batch):"
+                        f" {type(e).__name__}: {e}"[:300])
+          if batch == "model":  # the raw call is one a run never makes
+            failed.append(errors[-1])
+      for b, n in enumerate(real):
+        if batch == "raw" and lengths[b] == model_lengths[b]:
+          continue  # the same call as the model batch's row
+        row = {"bench": "kernel_check_row", "padded_length": t,
+               "batch": batch, "real_tokens": int(n),
+               "kernel_length": int(lengths[b]),
+               "padding_row": int(n) == 0}
+        for name, got in paths.items():
+          row[name] = kernel_compare(got, ref, b, int(n), group)
+        if "fused" in paths:
+          ok, why = _kernel_ok(row["fused"], row["xla_bf16"])
+          row["fused_ok"] = ok
+          if not ok:
+            row["fused_problem"] = why
+            if lengths[b] >= 1:  # a length a run can give the kernel
+              fails.append(f"T={t} length {int(lengths[b])}"
+                           f" ({batch} batch): {why}")
+        if batch == "raw" and "fused" in paths and lengths[b] == 0:
+          zero.append(not any(row["fused"][q]["nonfinite"]
+                              for q in KERNEL_QUANTITIES))
+        if batch == "raw":  # the other rows of the raw call: unchanged?
+          row["other_rows_finite"] = {
+              name: bool(all(np.isfinite(got[q][i]).all()
+                             for q in KERNEL_QUANTITIES
+                             for i in range(len(real)) if i != b))
+              for name, got in paths.items()}
+        out.emit(row)
+  auto = f"'auto' picks {auto_impl} on {platform}"
+  if not fused_impl:
+    recommend, reason = "xla", (
+        f"{auto}: no fused kernel here to check; the XLA bf16 path against"
+        " the float32 reference is in the rows")
+  elif failed:
+    recommend, reason = "xla", "the fused kernel failed: " + failed[0]
+  elif fails:
+    recommend, reason = "xla", (
+        f"{fused_impl} on a length a run gives it (>= 1): " + fails[0]
+        + (f" (and {len(fails) - 1} more rows)" if len(fails) > 1 else ""))
+  else:
+    recommend, reason = "fused", (
+        f"{fused_impl} finite on every length a run gives it (>= 1), and"
+        f" within {KERNEL_TOL_FACTOR:g} x the XLA bf16 path's error on the"
+        " normal heads (the large-activation heads' errors are in the"
+        " rows)")
+  out.emit({
+      "bench": "kernel_check", "recommend": recommend, "reason": reason,
+      "platform": platform, "fused_impl": fused_impl,
+      "shape": {k: spec[k] for k in ("heads", "kv_heads", "head_dim")},
+      "tolerance": {"factor": KERNEL_TOL_FACTOR, "floor": KERNEL_TOL_FLOOR},
+      "errors": errors,
+      # What the kernel does with a raw length 0 (never given it by a run).
+      "fused_finite_at_length_0": all(zero) if zero else None,
+      "config_key": "model.attention",
+      "how_a_run_picks": (
+          "model.attention (configs/base.py, default 'auto'): 'auto' is"
+          " splash on TPU, cudnn on GPU for bf16/fp16 and head_dim % 8 == 0"
+          " <= 128, else xla; 'xla' / 'plain' force XLA's path (scores"
+          " materialised: more memory, plan.train_step_bytes counts it),"
+          " 'cudnn' / 'splash' force a fused one. " + auto + "."),
+      "set": ("keep model.attention='auto'" if recommend == "fused" else
+              "--config.model.attention=xla"),
+  })
+  return recommend
+
+
+def run_kernel_check(args, out):
+  import types
+
+  import jax
+  from rspo_jax.models import transformer
+
+  spec = KERNEL_SMOKE if args.smoke else KERNEL
+  platform = jax.devices()[0].platform
+  # What a run's model.attention='auto' calls here.
+  auto = transformer.attention_implementation(types.SimpleNamespace(
+      attention="auto", dtype="bfloat16", head_dim=spec["head_dim"]))
+  impl = auto if args.kernel_impl == "auto" else args.kernel_impl
+  kernel_check(spec, None if impl in ("xla", "none") else impl, out,
+               platform, auto)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--smoke", action="store_true",
@@ -412,6 +705,13 @@ def main(argv=None):
                  " (--paper: train[all],train[one],logprob,decode)")
   p.add_argument("--out", default="", help="also write every row to this"
                  " JSON file")
+  p.add_argument("--kernel_check", action="store_true",
+                 help="only the fused attention kernel against XLA's"
+                 " (module docstring)")
+  p.add_argument("--kernel_impl", default="auto",
+                 help="--kernel_check's fused side: auto (what"
+                 " model.attention='auto' picks here; none on CPU), cudnn,"
+                 " splash, none")
   args = p.parse_args(argv)
   if args.paper:
     run = dict(PAPER_SMOKE if args.smoke else PAPER)
@@ -429,6 +729,9 @@ def main(argv=None):
   import jax
   from rspo_jax import models, sharding
 
+  if args.kernel_check:
+    run_kernel_check(args, out)
+    return
   summary = {"bench": "paper_summary" if args.paper else "device_summary",
              "platform": jax.devices()[0].platform,
              "device_kind": jax.devices()[0].device_kind,

@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # The first accelerator check (issue 16 item 8), one command, JSON files:
 #
-#   bash bench/device_check.sh [OUT.json]           # one H200: < 9 minutes
+#   bash bench/device_check.sh [OUT.json]           # one H200: < 12 minutes
 #   bash bench/device_check.sh --smoke [OUT.json]   # tiny shapes, CPU
 #
+# 0. bench/device.py --kernel_check (issue 37 item 2), into
+#    OUT_kernel.json: the fused attention kernel a run's
+#    model.attention='auto' picks (cuDNN on GPU, splash on TPU; none on
+#    CPU) against XLA's path in bf16, both against XLA's in float32, at
+#    Qwen2.5-1.5B's attention shape with a large-activation head, rows of
+#    0 (a padding row: length 1 as the model gives it, and raw length 0),
+#    1, 640, 704 and 768 tokens padded to 768 and to 704 (64 mod 128:
+#    cuDNN's backward has returned NaN grad_q there, pytorch issue
+#    196678): non-finite values and errors of the output and grad q / k /
+#    v, then a row recommending 'fused' or 'xla' (model.attention=xla) for
+#    a run. Not yet run on a GPU or TPU.
 # 1. bench/device.py --paper: the Qwen2.5-1.5B learner step (16 rows x
 #    (4096 + 512), fp32 masters, bf16 compute, remat, scanned layers,
 #    micro-batches; the batch starts with an all-zero padding row, as a
@@ -52,6 +63,8 @@ if [[ "${1:-}" == "--smoke" ]]; then
   # 8 fake CPU devices: the all-devices mesh is (1, 8, 1), as on a node.
   export JAX_PLATFORMS=cpu
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
+  step kernel_check 120 "$PYTHON" bench/device.py --kernel_check --smoke \
+      --out="${OUT%.json}_kernel.json"
   step device.py 300 "$PYTHON" bench/device.py --paper --smoke \
       --peak_tflops=1 --budget_s=120 --out="$OUT"
   step sharding_check.py 300 "$PYTHON" bench/sharding_check.py --smoke \
@@ -69,6 +82,9 @@ unset JAX_COMPILATION_CACHE_DIR
 # The launchers' XLA flags (launch/xla_flags.py); the summary row lists
 # them (xla_flags_set).
 export RSPO_XLA_PLATFORM=${RSPO_XLA_PLATFORM:-gpu}
+# The kernel check: a few small compiles, seconds on a GPU.
+step kernel_check 90 "$PYTHON" bench/device.py --kernel_check \
+    --out="${OUT%.json}_kernel.json"
 # H200 dense bf16 peak: 989 TFLOP/s (PEAK_TFLOPS for another device).
 # budget_s: no part starts after 6 minutes; the step stops at 8.
 step device.py 475 "$PYTHON" bench/device.py --paper \

@@ -5,6 +5,7 @@ Behaviour only -- no timing is asserted anywhere (benchmarks measure speed).
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -233,6 +234,78 @@ def test_device_check_smoke(tmp_path):
   assert step["gradient_reductions_not_f32"] == 0
   assert data["data_all_reduces_per_update"] == {
       "2": data["parameters"], "4": data["parameters"]}
+  # The kernel check (--kernel_check --smoke), run first: CPU, XLA only.
+  kernel = json.loads((tmp_path / "check_kernel.json").read_text())["rows"]
+  assert kernel[-1]["bench"] == "kernel_check"
+  assert kernel[-1]["fused_impl"] is None
+
+
+def _kernel_quantity(nonfinite=0, err=0.01, top=2.0):
+  return dict(nonfinite=nonfinite, nonfinite_heads=[0] if nonfinite else [],
+              normal_heads_max_abs_err=err, normal_heads_ref_max_abs=top)
+
+
+def test_kernel_check_verdict_and_padding_lengths():
+  """The kernel check's pass rule (bench/device.py KERNEL_TOL_*): any
+  non-finite value fails; an error within 2x the XLA bf16 path's, or
+  within 2^-7 of the reference's magnitude, passes. Padding rows reach a
+  kernel as length 1 (transformer.kernel_lengths)."""
+  ok = _load("device")._kernel_ok
+  xla = {q: _kernel_quantity(err=0.01) for q in ("out", "grad_q", "grad_k",
+                                                  "grad_v")}
+  fine = dict(xla, grad_q=_kernel_quantity(err=0.019))
+  assert ok(fine, xla) == (True, "")
+  bad = dict(xla, grad_q=_kernel_quantity(nonfinite=3, err=None))
+  assert not ok(bad, xla)[0] and "3 non-finite grad_q" in ok(bad, xla)[1]
+  assert not ok(dict(xla, grad_k=_kernel_quantity(err=0.05)), xla)[0]
+  # Near-exact XLA rows: the floor, 2^-7 of the reference's magnitude.
+  exact = {q: _kernel_quantity(err=0.0, top=2.0) for q in xla}
+  assert ok(dict(exact, out=_kernel_quantity(err=0.015)), exact)[0]
+  assert not ok(dict(exact, out=_kernel_quantity(err=0.02)), exact)[0]
+  from rspo_jax.models import transformer  # pylint: disable=g-import-not-at-top
+
+  mask = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0]], np.int32)
+  assert transformer.kernel_lengths(mask).tolist() == [1, 1, 2]
+
+
+@pytest.mark.slow
+def test_kernel_check_smoke_on_cpu(tmp_path):
+  """bench/device.py --kernel_check --smoke on CPU: no fused kernel there,
+  so XLA's path in bf16 against its float32 reference on every row --
+  finite, within a few bf16 roundings -- and a verdict row naming the
+  setting (model.attention). ~12 s of CPU: slow."""
+  out = tmp_path / "kernel.json"
+  subprocess.run(
+      [sys.executable, str(BENCH / "device.py"), "--kernel_check", "--smoke",
+       f"--out={out}"], check=True, timeout=600, capture_output=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  rows = json.loads(out.read_text())["rows"]
+  *per_row, verdict = rows
+  # Model batch: every row (padding rows as length 1); raw: the 0 again.
+  assert [(r["padded_length"], r["batch"], r["real_tokens"],
+           r["kernel_length"]) for r in per_row] == [
+      (128, "model", 0, 1), (128, "model", 1, 1), (128, "model", 96, 96),
+      (128, "model", 128, 128), (128, "raw", 0, 0),
+      (64, "model", 0, 1), (64, "model", 1, 1), (64, "model", 40, 40),
+      (64, "model", 64, 64), (64, "raw", 0, 0)]
+  for r in per_row:
+    assert "fused" not in r and r["padding_row"] == (r["real_tokens"] == 0)
+    for q in ("out", "grad_q", "grad_k", "grad_v"):
+      got = r["xla_bf16"][q]
+      assert got["nonfinite"] == 0 and got["nonfinite_heads"] == []
+      assert got["max_abs_err"] <= 2**-6 * max(got["ref_max_abs"], 1.0)
+      assert len(got["max_abs_err_by_head"]) == (4 if q in ("out", "grad_q")
+                                                 else 2)
+    if r["batch"] == "raw":
+      assert r["other_rows_finite"] == {"xla_bf16": True}
+  # Rows of real tokens: a real comparison (non-zero reference).
+  assert per_row[3]["xla_bf16"]["grad_q"]["rel_err"] > 0
+  assert verdict["bench"] == "kernel_check"
+  assert (verdict["recommend"], verdict["platform"]) == ("xla", "cpu")
+  assert verdict["fused_impl"] is None and verdict["errors"] == []
+  assert verdict["fused_finite_at_length_0"] is None  # no fused kernel
+  assert verdict["config_key"] == "model.attention"
+  assert verdict["set"] == "--config.model.attention=xla"
 
 
 def test_warm_start_probe_decision_kinds():

@@ -99,6 +99,20 @@ def attention_implementation(cfg: ModelConfig) -> Optional[str]:
   return "cudnn" if fused else "xla"
 
 
+def kernel_lengths(attention_mask: jax.Array) -> jax.Array:
+  """[B] int32: each row's real tokens (``attention_mask`` [B, T], real
+  tokens first) as an attention kernel receives them, at least 1.
+
+  At least 1: a padding row (no real token; zero loss mask) given to a
+  kernel as length 0 has come back NaN from cuDNN's fused attention before
+  9.25 (cudnn-frontend issue 943), and NaN activations make NaN gradients
+  (0 x NaN). Length 1 attends slot 0: finite, and the row counts nothing
+  either way (``bench/device.py --kernel_check`` runs the kernel on such a
+  row)."""
+  real = attention_mask.astype(jnp.bool_)
+  return jnp.maximum(jnp.sum(real, axis=1, dtype=jnp.int32), 1)
+
+
 class AttentionMask(NamedTuple):
   """Which key slots each query may attend: slot s by query i iff
   ``keys[b, s]`` and ``s <= query_slots[b, i]`` (causal).
@@ -594,12 +608,7 @@ class Transformer(nnx.Module):
       index = None
       lengths = None
       if attention_implementation(cfg) is not None:
-        # At least 1: a padding row (no real token; zero loss mask) given
-        # to a kernel as length 0 has come back NaN from cuDNN's fused
-        # attention before 9.25 (cudnn-frontend issue 943), and NaN
-        # activations make NaN gradients (0 x NaN). Length 1 attends slot
-        # 0: finite, and the row counts nothing either way.
-        lengths = jnp.maximum(jnp.sum(real, axis=1, dtype=jnp.int32), 1)
+        lengths = kernel_lengths(real)
       mask = AttentionMask(real, slots, lengths)
     else:
       index = cache.index
