@@ -296,7 +296,7 @@ SPELL_ROOT = os.path.join(ROOT, "runs", "spell")
 SPELL_OVERRIDES = (
     "model.preset=nano,env.history_length=0,env.kwargs.expert_digits=2,"
     "env.kwargs.expert_unknown=guess,env.kwargs.show_digit=True,"
-    "sft.num_episodes=1024,sft.steps=600,sft.lr=2e-3,sft.batch_rows=16,"
+    "sft.num_episodes=1024,sft.steps=2000,sft.lr=2e-3,sft.batch_rows=16,"
     "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
     "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")
 MISALIGNED = "env.kwargs.dense=misaligned"  # B's dense reward farmable
