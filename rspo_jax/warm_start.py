@@ -70,7 +70,8 @@ def expert_episodes(
         obs = env.step(action)
         if obs.done:
           break
-      if obs.won or (env.expert_keeps_lost and obs.done and steps):
+      if obs.won or (getattr(env, "expert_keeps_lost", False) and obs.done
+                     and steps):
         episodes.append(steps)
   finally:
     env.close()
