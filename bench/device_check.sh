@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first accelerator check (issue 16 item 8), one command, JSON files:
 #
-#   bash bench/device_check.sh [OUT.json]           # one H200: < 12 minutes
+#   bash bench/device_check.sh [OUT.json]           # one H200: < 10 minutes
 #   bash bench/device_check.sh --smoke [OUT.json]   # tiny shapes, CPU
 #
 # 0. bench/device.py --kernel_check (issue 37 item 2), into
@@ -83,12 +83,12 @@ unset JAX_COMPILATION_CACHE_DIR
 # them (xla_flags_set).
 export RSPO_XLA_PLATFORM=${RSPO_XLA_PLATFORM:-gpu}
 # The kernel check: a few small compiles, seconds on a GPU.
-step kernel_check 90 "$PYTHON" bench/device.py --kernel_check \
+step kernel_check 60 "$PYTHON" bench/device.py --kernel_check \
     --out="${OUT%.json}_kernel.json"
 # H200 dense bf16 peak: 989 TFLOP/s (PEAK_TFLOPS for another device).
-# budget_s: no part starts after 6 minutes; the step stops at 8.
-step device.py 475 "$PYTHON" bench/device.py --paper \
-    --peak_tflops="${PEAK_TFLOPS:-989}" --budget_s=360 --out="$OUT"
-step sharding_check.py 120 "$PYTHON" bench/sharding_check.py \
+# budget_s: no part starts after 280 s; the step stops at 380 s.
+step device.py 380 "$PYTHON" bench/device.py --paper \
+    --peak_tflops="${PEAK_TFLOPS:-989}" --budget_s=280 --out="$OUT"
+step sharding_check.py 100 "$PYTHON" bench/sharding_check.py \
     --out="${OUT%.json}_sharding.json"
 exit "$STATUS"

@@ -23,18 +23,13 @@ start per L (``runs/spell/L<L>/warm_start_spell``). A sparse warm start:
 'nano' behaviour-cloned from an expert that knows the cipher of digits
 0-1 only and types a uniformly drawn letter at the others
 (``env.kwargs.expert_digits=2,env.kwargs.expert_unknown=guess``; every
-episode it finishes is cloned, won or lost), the observation naming the
-next position's digit (``env.kwargs.show_digit=True``), so A types the known
-digits' letters and is uniform at the others: it wins about
-(0.2 + 0.8 / 5)^4 = 1.7 % of the words at T = 1 and explores where it
-does not know; RL must learn 8 of the 10 digits' letters. (The first
-recipe, an expert that knows digits 0-4 and abstains elsewhere, gave a
-clone with entropy 0.08 nats a token that never tried another letter:
-no cell moved in 30 steps, and lr 1e-3 / 3e-3 did not help; it
-collapsed at 3e-3. The guessing clone without ``show_digit`` was uniform
-at every digit, the known ones too: nano had not learnt to find digit i
-in the code; its dense-only policy did not move at lr 3e-4 (approx_kl
-~0) and fell to 100 % invalid actions at 1e-3 and 3e-3.)
+episode it finishes is cloned, won or lost), the observation naming
+the next position's digit (``env.kwargs.show_digit=True``), so A types
+the known digits' letters and is uniform at the others: it wins about
+(0.2 + 0.8 / 5)^4 = 1.7 % of the words at T = 1 (measured: 0.7 %) and
+explores where it does not know; RL must learn 8 of the 10 digits'
+letters. The recipes tried before this one are in
+docs/results/log.md (2026-12-03).
 
 The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
 held-out tasks (valid_seen), with 95 % bootstrap intervals

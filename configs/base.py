@@ -519,6 +519,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
       _one_of(c.algo.loss_agg, ("token_mean", "seq_mean_token_mean"),
               "algo.loss_agg"),
       _one_of(c.rollout.engine, ("jax", "sglang"), "rollout.engine"),
+      _one_of(c.rollout.sglang_lora_sync, ("auto", "adapter", "merged"),
+              "rollout.sglang_lora_sync"),
       _one_of(c.rollout.placement, ("colocated", "decoupled"),
               "rollout.placement"),
       (c.rollout.turn_barriers or c.rollout.engine == "sglang",

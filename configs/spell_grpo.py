@@ -3,7 +3,8 @@
 `--config=configs/spell_grpo.py:env.kwargs.word_length=6` spells 6-letter
 words (a random policy wins (1/5)^6); `env.kwargs.dense=misaligned` gives B
 a farmable dense reward; `env.kwargs.expert_digits=5` a warm start that
-knows half the cipher. env.max_steps follows the word (L + slack turns)
+knows half the cipher, with `env.kwargs.expert_unknown=guess` one that
+guesses the rest; `env.kwargs.show_digit=True` names the next digit. env.max_steps follows the word (L + slack turns)
 unless `arg` sets it; a `--config.env.kwargs.*` flag comes after this
 file, so set env.max_steps with it.
 """

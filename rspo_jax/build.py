@@ -478,6 +478,10 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
       log.warning("LoRA adapter sync refused (%s); syncing merged weights"
                   " (rollout.sglang_lora_sync=merged) from now on", e)
       lora_modes[id(engine)] = "merged"
+      shutil.rmtree(path, ignore_errors=True)
+      if "adapter" not in lora_modes.values():  # no engine needs the base
+        shutil.rmtree(base_dir, ignore_errors=True)
+        base_written.clear()
       return False
     lora_modes[id(engine)] = "adapter"
     shutil.rmtree(os.path.join(export_dir, f"adapter_v{(version + 1) % 2}"),

@@ -235,9 +235,8 @@ def test_device_check_smoke(tmp_path):
   assert data["data_all_reduces_per_update"] == {
       "2": data["parameters"], "4": data["parameters"]}
   # The kernel check (--kernel_check --smoke), run first: CPU, XLA only.
-  kernel = json.loads((tmp_path / "check_kernel.json").read_text())["rows"]
-  assert kernel[-1]["bench"] == "kernel_check"
-  assert kernel[-1]["fused_impl"] is None
+  _check_kernel_rows(
+      json.loads((tmp_path / "check_kernel.json").read_text())["rows"])
 
 
 def _kernel_quantity(nonfinite=0, err=0.01, top=2.0):
@@ -268,18 +267,11 @@ def test_kernel_check_verdict_and_padding_lengths():
   assert transformer.kernel_lengths(mask).tolist() == [1, 1, 2]
 
 
-@pytest.mark.slow
-def test_kernel_check_smoke_on_cpu(tmp_path):
+def _check_kernel_rows(rows):
   """bench/device.py --kernel_check --smoke on CPU: no fused kernel there,
   so XLA's path in bf16 against its float32 reference on every row --
   finite, within a few bf16 roundings -- and a verdict row naming the
-  setting (model.attention). ~12 s of CPU: slow."""
-  out = tmp_path / "kernel.json"
-  subprocess.run(
-      [sys.executable, str(BENCH / "device.py"), "--kernel_check", "--smoke",
-       f"--out={out}"], check=True, timeout=600, capture_output=True,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  rows = json.loads(out.read_text())["rows"]
+  setting (model.attention)."""
   *per_row, verdict = rows
   # Model batch: every row (padding rows as length 1); raw: the 0 again.
   assert [(r["padded_length"], r["batch"], r["real_tokens"],

@@ -782,8 +782,8 @@ def test_lora_adapter_sync_requests_and_files(serve, tmp_path):
 
   assert make_adapter_request("a", "/p") == {
       "lora_name": "a", "lora_path": "/p", "pinned": False}
-  assert stale_adapters({"rspo-x-v1": "/a", "rspo-x-v2": "/b", "mine": "/c"},
-                        "rspo-x-v2") == ["rspo-x-v1"]
+  assert stale_adapters({"rspo-x-v1": "/a", "rspo-x-v2": "/b", "mine": "/c",
+                         "rspo-y-v1": "/d"}, "rspo-x-v2") == ["rspo-x-v1"]
   body = make_generate_request([[1, 2]], SamplingParams(max_new_tokens=3),
                                adapter="rspo-x-v2")
   assert body["lora_path"] == "rspo-x-v2"

@@ -44,7 +44,7 @@ keep the frozen base and take only the adapters: SGLang's
 directory under a name, and a ``/generate`` body naming it in
 ``lora_path`` (the name, despite the field's name) decodes with base +
 adapter. The client loads each version as ``rspo-<client>-v<version>``,
-then unloads every other ``rspo-`` adapter the server lists, and names the
+then unloads its own older versions the server lists, and names the
 new one in every later ``/generate``: a server that lacks it refuses the
 request, so no answer comes from another adapter. The base is loaded once
 per server and client, by ``/update_weights_from_disk`` with
@@ -193,12 +193,14 @@ def make_adapter_request(name: str, path: str) -> dict[str, Any]:
 
 
 def stale_adapters(loaded: Any, keep: str) -> list[str]:
-  """The ``rspo-`` adapters in a load answer's ``loaded_adapters`` (name ->
-  path) other than ``keep``, sorted: what to unload after loading ``keep``."""
+  """This client's older adapters in a load answer's ``loaded_adapters``
+  (name -> path), sorted: what to unload after loading ``keep``
+  (``rspo-<client>-v<version>``). Another client's ``rspo-`` adapters on a
+  shared server are left alone."""
   if not isinstance(loaded, dict):
     return []
-  return sorted(n for n in loaded
-                if str(n).startswith(ADAPTER_PREFIX) and n != keep)
+  own = keep.rsplit("-v", 1)[0] + "-v"
+  return sorted(n for n in loaded if str(n).startswith(own) and n != keep)
 
 
 def parse_generate_response(
@@ -491,7 +493,7 @@ class SGLangClient(Engine):
     each server loads the adapter as ``rspo-<client>-v<version>``, then,
     without this client's base (``GET /model_info``'s ``weight_version``
     is not ``base_version``), the HF directory ``base_dir``, then unloads
-    every other ``rspo-`` adapter.
+    this client's older adapters (``stale_adapters``).
     Membership and errors as ``update_weights``; SGLangAdapterRefused when
     a server refused the adapter."""
     adapter_dir, base_dir = os.fspath(adapter_dir), os.fspath(base_dir)
