@@ -150,12 +150,15 @@ def test_both_tables_set_exactly_the_scale_keys_with_one_type(env, algo):
 
 def test_cpu_preset_keeps_its_budget_choices():
   # WebShop: the paper's batch, alpha and every row (the CPU study's recipe
-  # that learns) with CPU's learning rate, updates and steps.
+  # that learns) with CPU's learning rate and updates; one RSPO loop (the
+  # 15-minute default run), the other environments two.
   c = get("webshop", "grpo")
   assert (c.rspo.alpha, c.train.max_train_rows, c.env.history_length,
           c.train.eval_every) == (0.125, 0, 1, 0)
   assert (c.train.batch_tasks, c.train.group_size, c.train.total_steps,
-          c.train.lr, c.train.updates_per_step) == (16, 8, 6, 3e-4, 4)
+          c.train.lr, c.train.updates_per_step) == (16, 8, 3, 3e-4, 4)
+  assert c.train.total_steps == c.rspo.k
+  assert get("alfworld", "grpo").train.total_steps == 2 * c.rspo.k
   assert c.rspo.dense_reward == "oracle"
   # alpha 1/8 of 128 episodes: 16 replayed trajectories (two groups).
   assert c.rspo.alpha * 128 == 16 == 2 * c.train.group_size
