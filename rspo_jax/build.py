@@ -209,14 +209,17 @@ def reference_params(policy: Learner, mcfg):
   return inference_params(policy.params, mcfg, policy.state_sh.params)
 
 
+def _module(learner_or_module):
+  if isinstance(learner_or_module, Learner):
+    return learner_or_module.module()
+  return learner_or_module
+
+
 def merged(learner_or_module, mcfg):
   """(ModelConfig, Transformer) the engine and exports see: with LoRA the
   base config and the merged weights (``lora.merged_model``, on device);
   else the module as it is."""
-  module = learner_or_module
-  if isinstance(module, Learner):
-    module = module.module()
-  return lora.merged_model(module, mcfg)
+  return lora.merged_model(_module(learner_or_module), mcfg)
 
 
 def cast_floating(tree, dtype):
@@ -408,12 +411,10 @@ LORA_SYNCS = ("auto", "adapter", "merged")
 def base_model(learner_or_module, mcfg):
   """(base config, Transformer) of a LoRA model's frozen base: the merged
   weights with every adapter zero, i.e. the base exactly (``merged``)."""
-  module = learner_or_module
-  if isinstance(module, Learner):
-    module = module.module()
-  graphdef, adapters, rest = nnx.split(module, nnx.LoRAParam, ...)
+  graphdef, adapters, rest = nnx.split(_module(learner_or_module),
+                                       nnx.LoRAParam, ...)
   zero = jax.tree.map(jnp.zeros_like, adapters)
-  return lora.merged_model(nnx.merge(graphdef, zero, rest), mcfg)
+  return merged(nnx.merge(graphdef, zero, rest), mcfg)
 
 
 def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,

@@ -20,8 +20,8 @@ appends x. The observation never says whether a letter is right:
 of the next position (``Letters so far: c a _ _; next digit 4``), so a
 small policy need not learn to find digit i in the code itself and the
 task is the cipher alone: 10 digit -> letter choices, rewarded only when
-all L of an episode are right. The episode ends after L letters (won iff the
-word is spelled) or after L + ``slack`` turns. A wrong letter does not end
+all L of an episode are right. The episode ends after L letters (won iff
+the word is spelled) or after L + ``slack`` turns. A wrong letter does not end
 the episode: it is played to the end and lost, so the horizon is L turns
 unless actions are invalid. An inadmissible action changes nothing
 (``valid_action=False``) but uses a turn, so with ``slack = 0`` it loses.
@@ -59,9 +59,9 @@ position) and play on after a wrong letter; the warm start then keeps
 every episode it finishes (``expert_keeps_lost``), so a clone types the
 known digits' letters and is uniform over the alphabet at the others:
 it wins about (k / 10 + (1 - k / 10) / A)^L and explores where it does
-not know (k = 2, A = 5, L = 4: 0.36^4 = 1.7 %). Its thought names the digit it reads
-(``digit 4``). Everything is a pure function of ``(split, task_id)`` and
-the knobs.
+not know (k = 2, A = 5, L = 4: 0.36^4 = 1.7 %). Its thought names the
+digit it reads (``digit 4``). Everything is a pure function of
+``(split, task_id)`` and the knobs.
 """
 
 from __future__ import annotations
