@@ -47,6 +47,8 @@ and PPO (its per-token critic, 32 x 1 episodes, 6 steps, same warm start):
   PPO             up: 0.000 -> 1.000  (passes)
 and GRPO on LoRA adapters (rank 8, alpha 16, lr 1e-3; issue 39):
   GRPO + LoRA     up: 0.000 -> 1.000  (passes)
+and GiGPO (step groups on the toy's observation; the GRPO recipe):
+  GiGPO           up: 0.000 -> 1.000  (passes; 69 s alone, 2026-12-04)
 """
 
 import pytest
@@ -67,7 +69,7 @@ GRPO = (f"steps={STEPS},train.lr=1e-4,train.batch_tasks=4,train.group_size=8,"
 # PPO in the paper's shape, tasks x 1 episode.
 PPO = ("steps=6,train.lr=1e-4,train.batch_tasks=32,train.group_size=1,"
        "train.updates_per_step=2,train.max_train_rows=0,train.eval_every=0")
-RECIPES = {"grpo": GRPO, "ppo": PPO}
+RECIPES = {"grpo": GRPO, "gigpo": GRPO, "ppo": PPO}
 
 
 def config(env_kwargs: dict, overrides: str, algo: str = "grpo"):
@@ -191,5 +193,18 @@ def test_grpo_with_lora_raises_greedy_success(warm_start, tmp_path):
     cfg.train.lr = 1e-3
   final = trained_success(cfg, tmp_path)
   record = f"{direction}: {start:.3f} -> {final:.3f} (GRPO, LoRA r=8)"
+  print(record)
+  assert start <= 0.3 and final >= 0.7, record
+
+
+def test_gigpo_raises_greedy_success(warm_start, tmp_path):
+  """GiGPO (episode plus step-group advantages, anchors the toy's
+  observation text) with the GRPO recipe from the same weak warm start.
+  Added 2026-12-04 when GiGPO fell where GRPO held on a one-turn spell
+  probe: the toy shows GiGPO's credit path learns."""
+  checkpoint, direction, start = warm_start
+  final = trained_success(rl_config(checkpoint, direction, "gigpo"),
+                          tmp_path)
+  record = f"{direction}: {start:.3f} -> {final:.3f} (GiGPO)"
   print(record)
   assert start <= 0.3 and final >= 0.7, record
