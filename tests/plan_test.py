@@ -363,6 +363,123 @@ def test_gpu_launchers_set_the_fraction_the_plan_uses():
         ":-0.92}" in text, script
 
 
+# Stand-ins for the launchers' commands: python (learner and SGLang servers
+# alike) records its arguments; curl answers /health once the server on that
+# port has recorded its own (waiting up to 10 s); srun drops its options and runs the command;
+# scontrol lists $STUB_NODES.
+_LAUNCH_STUBS = {
+    "python": r"""#!/bin/bash
+if [[ "$1 $2" == "-m sglang.launch_server" ]]; then
+  for ((i = 1; i < $#; i++)); do
+    j=$((i + 1)); [[ "${!i}" == --port ]] && port=${!j}
+  done
+  printf '%s\n' "$@" > "$STUB_OUT/tmp-$port"
+  mv "$STUB_OUT/tmp-$port" "$STUB_OUT/server-$port"
+else
+  n=$(ls "$STUB_OUT" | grep -c '^learner' || true)
+  printf '%s\n' "$@" > "$STUB_OUT/learner-$n"
+  [[ " $* " == *" --dry_run "* ]] && echo '{}'
+fi
+exit 0
+""",
+    "curl": r"""#!/bin/bash
+url=${!#}; url=${url%/health}
+for ((t = 0; t < 100; t++)); do
+  [[ -s "$STUB_OUT/server-${url##*:}" ]] && exit 0
+  sleep 0.1
+done
+exit 1
+""",
+    "srun": r"""#!/bin/bash
+while [[ $# -gt 0 && $1 == -* ]]; do [[ $1 == -w ]] && shift; shift; done
+exec "$@"
+""",
+    "scontrol": r"""#!/bin/bash
+printf '%s\n' $STUB_NODES
+""",
+}
+
+
+def run_launcher(tmp_path, script, **env):
+  """Runs launch/cluster/<script> on the stubs; (servers, learners): each
+  SGLang server's and learner invocation's arguments."""
+  stubs, out = tmp_path / "bin", tmp_path / "out"
+  stubs.mkdir(parents=True)
+  out.mkdir()
+  for name, text in _LAUNCH_STUBS.items():
+    (stubs / name).write_text(text)
+    (stubs / name).chmod(0o755)
+  full_env = dict(PATH=f"{stubs}:{os.environ['PATH']}",
+                  HOME=os.environ.get("HOME", "/"),
+                  PYTHON=str(stubs / "python"), STUB_OUT=str(out),
+                  WORKDIR=str(tmp_path / "run"), **env)
+  proc = subprocess.run(["bash", f"launch/cluster/{script}"], cwd=ROOT,
+                        env=full_env, capture_output=True, text=True,
+                        timeout=120)
+  read = lambda prefix: [(out / f).read_text().split("\n")[:-1]
+                         for f in sorted(os.listdir(out))
+                         if f.startswith(prefix)]
+  return proc, read("server-"), read("learner-")
+
+
+ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+               "up_proj", "down_proj"]
+
+
+def test_gpu_launchers_start_sglang_with_lora_for_lora_rank(tmp_path):
+  """LORA_RANK: the learner's model.lora_rank (LORA_ALPHA, LORA_TARGETS
+  too when set), and SGLang servers that take the PEFT adapter: LoRA on,
+  the rank, the targets' HF names (lora.peft_config's target_modules)."""
+  proc, servers, learners = run_launcher(
+      tmp_path / "one", "single_node_8gpu.sh", ROLLOUT="sglang",
+      MODEL_DIR="/m", SERVER_GPUS="2", LORA_RANK="8", LORA_ALPHA="16",
+      LORA_TARGETS="q,v,down")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert len(servers) == 2 and len(learners) == 1
+  for argv in servers:
+    assert argv[argv.index("--enable-lora"):] == [
+        "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules",
+        "q_proj", "v_proj", "down_proj"]
+  for arg in ("--config.model.lora_rank=8", "--config.model.lora_alpha=16",
+              "--config.model.lora_targets=q,v,down",
+              "--config.rollout.engine=sglang"):
+    assert arg in learners[0]
+  # Off by default.
+  proc, servers, learners = run_launcher(
+      tmp_path / "off", "single_node_8gpu.sh", ROLLOUT="sglang",
+      MODEL_DIR="/m", SERVER_GPUS="1")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "--enable-lora" not in servers[0]
+  assert not any("lora" in a for a in learners[0])
+  proc, _, _ = run_launcher(tmp_path / "bad", "single_node_8gpu.sh",
+                            LORA_RANK="8", LORA_TARGETS="q,qkv")
+  assert proc.returncode == 1 and "qkv is not one of" in proc.stderr
+  # SLURM, one training node: the default targets, all seven projections;
+  # the plan's dry run and the learners both train LoRA.
+  slurm = dict(ROLLOUT="sglang", MODEL_DIR="/m", GPUS_PER_NODE="2",
+               LORA_RANK="16", REPO=ROOT, SLURM_JOB_NAME="rspo",
+               SLURM_JOB_ID="1", SLURM_JOB_NODELIST="n[0-1]")
+  proc, servers, learners = run_launcher(
+      tmp_path / "slurm", "slurm_gpu.sbatch", TRAIN_NODES="1",
+      STUB_NODES="n0 n1", **slurm)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert len(servers) == 2 and len(learners) == 2
+  for argv in servers:
+    assert argv[argv.index("--enable-lora"):] == [
+        "--enable-lora", "--max-lora-rank", "16", "--lora-target-modules",
+        *ALL_MODULES]
+  for argv in learners:
+    assert "--config.model.lora_rank=16" in argv
+    assert not any("lora_targets" in a or "lora_alpha" in a for a in argv)
+  # Multi-host learners sync merged weights: servers without LoRA.
+  proc, servers, learners = run_launcher(
+      tmp_path / "multi", "slurm_gpu.sbatch", TRAIN_NODES="2",
+      STUB_NODES="n0 n1 n2", **slurm)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert servers and all("--enable-lora" not in a for a in servers)
+  assert all("--config.model.lora_rank=16" in a for a in learners)
+
+
 def test_table_of_the_documented_plans():
   """``... --dry_run | python -m rspo_jax.plan``: docs/scale_out.md's
   tables for Qwen2.5-1.5B on gpu8 and 7B on gpu16 (ALFWorld, paper
