@@ -158,6 +158,23 @@ def test_show_digit_names_the_next_positions_digit():
   assert spell.SpellEnv().reset(0).observation == "Letters so far: _ _ _ _"
 
 
+def test_cipher_digits_reads_digits_modulo_d():
+  table = spell.cipher(5)
+  for split in SPLITS:
+    for i in (0, 7, 255):
+      code, full = spell.spell_task(split, i)
+      assert full == spell.spell_task(split, i, cipher_digits=10)[1]
+      _, one = spell.spell_task(split, i, cipher_digits=1)
+      assert one == "abcde"[table[0]] * 4  # 'cccc': one letter to find
+      _, parity = spell.spell_task(split, i, cipher_digits=2)
+      assert parity == "".join("abcde"[table[d % 2]] for d in code)
+  env = spell.SpellEnv(cipher_digits=1, expert_digits=0,
+                       expert_unknown="guess")
+  env.reset(3)
+  dense, step = play(env, ["type[c]"] * 4)
+  assert dense == [0.25] * 4 and step.won  # the same letter everywhere
+
+
 @pytest.mark.parametrize("length, size", [(3, 2), (2, 5), (4, 3)])
 def test_random_policy_wins_one_in_a_to_the_l(length, size):
   env = spell.SpellEnv(word_length=length, alphabet_size=size)
@@ -232,6 +249,8 @@ def test_invalid_actions_change_nothing_and_use_a_turn():
     (dict(dense="prefix"), "dense"),
     (dict(expert_digits=11), "expert_digits"),
     (dict(slack=-1), "slack"),
+    (dict(cipher_digits=0), "cipher_digits"),
+    (dict(cipher_digits=11), "cipher_digits"),
 ])
 def test_bad_knobs_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
@@ -273,7 +292,7 @@ def test_configs_and_knob_overrides():
   assert dict(c.env.kwargs) == dict(word_length=4, alphabet_size=5,
                                     dense="aligned", expert_digits=10,
                                     slack=0, expert_unknown="abstain",
-                                    show_digit=False)
+                                    show_digit=False, cipher_digits=10)
   assert (c.env.max_steps, c.rollout.max_new_tokens,
           c.rollout.max_prompt_tokens) == (4, 16, 256)
   c = spell_gigpo.get_config("env.kwargs.word_length=6,env.kwargs.slack=1,"

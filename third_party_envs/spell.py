@@ -26,6 +26,12 @@ the episode: it is played to the end and lost, so the horizon is L turns
 unless actions are invalid. An inadmissible action changes nothing
 (``valid_action=False``) but uses a turn, so with ``slack = 0`` it loses.
 
+``cipher_digits = D`` (default 10) makes the cipher read each digit
+modulo D: D = 1 hides the same letter ``alphabet[cipher_A[0]]`` at every
+position of every word (the task is then one letter to find, a choice a
+small policy learns from reward as a marginal, not a lookup), D = 2 a
+letter by the digit's parity, D = 10 the full cipher.
+
 A policy typing uniformly at random wins with probability (1 / A)^L:
 A = 5 gives 1 / 25, 1 / 125, 1 / 625, 1 / 3125, 1 / 15625 at L = 2..6.
 
@@ -114,11 +120,14 @@ def code_of(split: str, task_id: int, word_length: int) -> tuple[int, ...]:
 
 
 def spell_task(split: str, task_id: int, word_length: int = 4,
-               alphabet_size: int = 5) -> tuple[tuple[int, ...], str]:
-  """(code digits, hidden word) of a task; deterministic in the arguments."""
+               alphabet_size: int = 5,
+               cipher_digits: int = DIGITS) -> tuple[tuple[int, ...], str]:
+  """(code digits, hidden word) of a task; deterministic in the arguments.
+  The cipher reads each digit modulo ``cipher_digits``."""
   code = code_of(split, task_id, word_length)
   table = cipher(alphabet_size)
-  return code, "".join(string.ascii_lowercase[table[d]] for d in code)
+  return code, "".join(string.ascii_lowercase[table[d % cipher_digits]]
+                       for d in code)
 
 
 def action_of(letter: str) -> str:
@@ -133,7 +142,7 @@ class SpellEnv(base.TextEnv):
   def __init__(self, word_length: int = 4, alphabet_size: int = 5,
                dense: str = "aligned", expert_digits: int = DIGITS,
                slack: int = 0, expert_unknown: str = "abstain",
-               show_digit: bool = False):
+               show_digit: bool = False, cipher_digits: int = DIGITS):
     if word_length < 1:
       raise ValueError(f"word_length must be >= 1, got {word_length}")
     if not 2 <= alphabet_size <= DIGITS:  # every letter has a digit
@@ -144,6 +153,9 @@ class SpellEnv(base.TextEnv):
     if not 0 <= expert_digits <= DIGITS:
       raise ValueError(f"expert_digits must be in [0, {DIGITS}], got"
                        f" {expert_digits}")
+    if not 1 <= cipher_digits <= DIGITS:
+      raise ValueError(f"cipher_digits must be in [1, {DIGITS}], got"
+                       f" {cipher_digits}")
     if slack < 0:
       raise ValueError(f"slack must be >= 0, got {slack}")
     if expert_unknown not in EXPERT_UNKNOWN:
@@ -157,6 +169,7 @@ class SpellEnv(base.TextEnv):
     self.expert_unknown = expert_unknown
     self.expert_keeps_lost = expert_unknown == "guess"
     self.show_digit = bool(show_digit)
+    self.cipher_digits = cipher_digits
     self.letters = string.ascii_lowercase[:alphabet_size]
     self.actions = [action_of(x) for x in self.letters]
     self.code, self.word, self.typed = (), "", ""
@@ -172,7 +185,8 @@ class SpellEnv(base.TextEnv):
     if not 0 <= task_id < n:
       raise ValueError(f"task_id {task_id} out of range [0, {n}) for {split}")
     self.code, self.word = spell_task(split, task_id, self.word_length,
-                                      self.alphabet_size)
+                                      self.alphabet_size,
+                                      self.cipher_digits)
     self.typed, self._t, self._done = "", 0, False
     self._task = (f"spell the hidden word of {self.word_length} letters,"
                   f" code {' '.join(map(str, self.code))}")
