@@ -286,17 +286,22 @@ SPELL_ENV, SPELL_ALGO, SPELL_LENGTH = "spell", "gigpo", 4
 SPELL_SEEDS = (0, 200, 400, 600, 800)
 SPELL_ROOT = os.path.join(ROOT, "runs", "spell")
 # The recipe (the warm start's and every run's; --extra after it wins):
-# a sparse warm start -- 'nano' cloned from an expert that knows the
-# cipher of digits 0-1 only and guesses a uniform letter at the others
-# (env.kwargs.expert_digits=2,expert_unknown=guess; docs in
-# bench/spell_study.py) -- prompts without history (the observation shows
-# the letters so far and the next position's digit, show_digit=True), 8 tasks x 8 samples, alpha 1/8 (7 fresh groups + 1
-# replayed), 30 A steps (10 RSPO loops), every row trained, 256 held-out
-# tasks (valid_seen).
+# one hidden letter (env.kwargs.cipher_digits=1: the word is that letter L
+# times, so a random policy wins (1/5)^L and a clone of the guessing
+# expert that knows no digit, expert_digits=0, is uniform over the
+# letters), a short warm start (300 behaviour-cloning steps: the reply
+# format, no letter preferred), prompts without history, 8 tasks x 8
+# samples, alpha 1/8 (7 fresh groups + 1 replayed), 30 A steps (10 RSPO
+# loops), every row trained, 256 held-out tasks (valid_seen). Why one
+# letter: the nano policy does not learn the full cipher (a 10-digit
+# lookup) from reward at this batch size, even as a one-turn bandit with
+# 20 % random success; it does learn one letter (docs/results/log.md,
+# 2026-12-04). The pilot's full-cipher recipe: docs/results/study_spell_L4.md.
 SPELL_OVERRIDES = (
-    "model.preset=nano,env.history_length=0,env.kwargs.expert_digits=2,"
-    "env.kwargs.expert_unknown=guess,env.kwargs.show_digit=True,"
-    "sft.num_episodes=1024,sft.steps=2000,sft.lr=2e-3,sft.batch_rows=16,"
+    "model.preset=nano,env.history_length=0,env.kwargs.cipher_digits=1,"
+    "env.kwargs.expert_digits=0,env.kwargs.expert_unknown=guess,"
+    "env.kwargs.show_digit=True,"
+    "sft.num_episodes=1024,sft.steps=300,sft.lr=2e-3,sft.batch_rows=16,"
     "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
     "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")
 MISALIGNED = "env.kwargs.dense=misaligned"  # B's dense reward farmable
@@ -343,9 +348,22 @@ def spell_length(extra: str = "") -> int:
   return int(length)
 
 
+def spell_name(extra: str = "") -> str:
+  """``L<L>``, or ``L<L>_D<D>`` when the recipe and ``extra`` (last wins)
+  set env.kwargs.cipher_digits=D other than 10: the world's name."""
+  digits = "10"
+  for item in f"{SPELL_OVERRIDES},{extra}".split(","):
+    key, _, value = item.partition("=")
+    if key.strip() == "env.kwargs.cipher_digits":
+      digits = value.strip()
+  tag = "" if digits == "10" else f"_D{digits}"
+  return f"L{spell_length(extra)}{tag}"
+
+
 def spell_root(extra: str = "") -> str:
-  """``runs/spell/L<L>``: one root, so one warm start, per word length."""
-  return os.path.join(SPELL_ROOT, f"L{spell_length(extra)}")
+  """``runs/spell/<spell_name>``: one root, so one warm start, per
+  world (word length and cipher)."""
+  return os.path.join(SPELL_ROOT, spell_name(extra))
 
 
 def spell_extra(extra: str = "") -> str:

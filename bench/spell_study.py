@@ -57,7 +57,7 @@ import numpy as np
 import run_archive as ra
 from grid import (DENSE, SPELL_ALGO, SPELL_ENV, SPELL_SAMPLED,
                   SPELL_VARIANTS, RunSpec, config_key, sampled_names,
-                  spell_length, with_rl_extra)
+                  spell_length, spell_name, with_rl_extra)
 from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
 from run_files import (FINAL, START, finished_runs, run_config,
                        warm_start_workdir, write_json, write_text)
@@ -167,7 +167,7 @@ def spell_report(root: str, out_dir: str, *, extra: str = "",
   from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
 
   length = spell_length(extra)
-  name = f"study_spell_L{length}"
+  name = f"study_spell_{spell_name(extra)}"
   ws = warm_start_workdir(root, SPELL_ENV)
   starts = {d: _outcomes([ra.find_file(ws, archive, s)])
             for d, s, _ in DECODINGS}

@@ -54,8 +54,9 @@ def test_every_cell_parses_to_its_recipe():
     assert c.seed == 200 and c.env.name == "spell" and c.algo.name == "gigpo"
     assert c.model.preset == "nano" and c.env.history_length == 0
     assert c.env.kwargs.word_length == 4 and c.env.max_steps == 4
-    assert c.env.kwargs.expert_digits == 2 and c.env.eval_split == (
+    assert c.env.kwargs.expert_digits == 0 and c.env.eval_split == (
         "valid_seen")
+    assert c.env.kwargs.cipher_digits == 1  # one letter to find
     assert (c.train.batch_tasks, c.train.group_size) == (8, 8)
     assert c.rspo.alpha == 0.125 and c.train.total_steps == 30
     assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
@@ -78,8 +79,12 @@ def test_word_length_comes_from_extra_and_picks_the_root():
   assert grid.spell_length("env.kwargs.word_length=3,x=1,"
                            "env.kwargs.word_length=5") == 5  # the last
   assert grid.spell_root("env.kwargs.word_length=6") == os.path.join(
-      grid.SPELL_ROOT, "L6")
-  assert grid.spell_root() == os.path.join(grid.SPELL_ROOT, "L4")
+      grid.SPELL_ROOT, "L6_D1")
+  assert grid.spell_root() == os.path.join(grid.SPELL_ROOT, "L4_D1")
+  # The full cipher (the pilot's world) keeps the plain name.
+  assert grid.spell_name("env.kwargs.cipher_digits=10") == "L4"
+  assert grid.spell_name("env.kwargs.cipher_digits=2,"
+                         "env.kwargs.word_length=3") == "L3_D2"
   for bad in ("env.kwargs.word_length=six", "env.kwargs.word_length=0"):
     with pytest.raises(ValueError, match="word_length"):
       grid.spell_length(bad)
@@ -95,7 +100,7 @@ def test_word_length_comes_from_extra_and_picks_the_root():
   path, arg = sft.split(":", 1)
   assert path.endswith("configs/spell_grpo.py")
   w = spell_grpo.get_config(arg)
-  assert w.model.preset == "nano" and w.env.kwargs.expert_digits == 2
+  assert w.model.preset == "nano" and w.env.kwargs.expert_digits == 0
   assert w.env.kwargs.word_length == 6 and w.sft.enabled
 
 
@@ -108,7 +113,7 @@ def test_dry_run_one_warm_start_per_word_length(tmp_path, capsys,
                                                 monkeypatch):
   monkeypatch.setattr(grid, "SPELL_ROOT", str(tmp_path / "spell"))
   cmds = dry_run(capsys, "--grid", "spell", "--seeds", "0")
-  root = tmp_path / "spell" / "L4"
+  root = tmp_path / "spell" / "L4_D1"
   assert len(cmds) == 1 + 6 and "launch/sft.py" in cmds[0]
   assert f"--workdir={root}/warm_start_spell" in cmds[0]
   assert ":seed=0," + grid.SPELL_OVERRIDES + " " in cmds[0]
@@ -121,7 +126,7 @@ def test_dry_run_one_warm_start_per_word_length(tmp_path, capsys,
   six = dry_run(capsys, "--grid", "spell", "--seeds", "0", "--variants",
                 "baseline", "--extra", "env.kwargs.word_length=6")
   assert len(six) == 2
-  assert f"--workdir={tmp_path}/spell/L6/warm_start_spell" in six[0]
+  assert f"--workdir={tmp_path}/spell/L6_D1/warm_start_spell" in six[0]
   assert all(",env.kwargs.word_length=6 " in c for c in six)
   # --grid study --envs spell is the same grid; other envs are refused.
   assert dry_run(capsys, "--grid", "study", "--envs", "spell", "--seeds",
@@ -198,7 +203,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   report = spell_study.spell_report(str(root), out, extra=extra)
   cells = {c["variant"]: c for c in report["cells"]}
   assert report["word_length"] == 4 and report["markdown"].endswith(
-      "study_spell_L4.md")
+      "study_spell_L4_D1.md")
   assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 1, 0, 1]
   base, rspo = cells["baseline"]["greedy"], cells["rspo"]["greedy"]
   assert base["success"]["mean"] == pytest.approx(25.0)
@@ -235,11 +240,11 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   assert "| RSPO+GiGPO (aligned) | 2 | +50.0 [" in md
   assert "| Dense only (misaligned) | 1 | 50.0 [50.0, 50.0] | 0.0 [0.0," in md
   assert "Trained with other overrides" in md and "seeds 0" in md
-  assert json.load(open(os.path.join(out, "study_spell_L4.json")))[
+  assert json.load(open(os.path.join(out, "study_spell_L4_D1.json")))[
       "word_length"] == 4
   assert ("rollout_success_rate", "step") == plots[0][1:]
   assert plots[-1][1] == "dense_reward_mean" and plots[-1][0] == sorted(
       ["GiGPO", "Dense only (aligned)", "Dense only (misaligned)"])
-  assert report["curves"] == ["study_spell_L4_success_step.png",
-                              "study_spell_L4_success_env_steps.png",
-                              "study_spell_L4_dense_step.png"]
+  assert report["curves"] == ["study_spell_L4_D1_success_step.png",
+                              "study_spell_L4_D1_success_env_steps.png",
+                              "study_spell_L4_D1_dense_step.png"]
