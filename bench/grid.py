@@ -287,16 +287,19 @@ SPELL_SEEDS = (0, 200, 400, 600, 800)
 SPELL_ROOT = os.path.join(ROOT, "runs", "spell")
 # The recipe (the warm start's and every run's; --extra after it wins):
 # one hidden letter (env.kwargs.cipher_digits=1: the word is that letter L
-# times, so a random policy wins (1/5)^L and a clone of the guessing
+# times, so a random policy wins (1/5)^L, and a clone of the guessing
 # expert that knows no digit, expert_digits=0, is uniform over the
 # letters), a short warm start (300 behaviour-cloning steps: the reply
 # format, no letter preferred), prompts without history, 8 tasks x 8
-# samples, alpha 1/8 (7 fresh groups + 1 replayed), 30 A steps (10 RSPO
-# loops), every row trained, 256 held-out tasks (valid_seen). Why one
-# letter: the nano policy does not learn the full cipher (a 10-digit
-# lookup) from reward at this batch size, even as a one-turn bandit with
-# 20 % random success; it does learn one letter (docs/results/log.md,
-# 2026-12-04). The pilot's full-cipher recipe: docs/results/study_spell_L4.md.
+# samples, alpha 1/8 (7 fresh groups + 1 replayed), 30 A steps, every row
+# trained, 256 held-out tasks (valid_seen). The RSPO cells set k = 10
+# (3 loops: B's 10 dense-reward steps reach wins, 3 do not; rspo_k3
+# keeps k = 3); k sits in the variants because the recipe comes after
+# them and would win. Why one letter: the nano policy does not learn the
+# full cipher, a 10-digit lookup, from reward at this batch size, not
+# even as a one-turn bandit with 20 % random success; it does learn one
+# letter (docs/results/log.md, 2026-12-04). The pilot's full cipher:
+# docs/results/study_spell_L4.md.
 SPELL_OVERRIDES = (
     "model.preset=nano,env.history_length=0,env.kwargs.cipher_digits=1,"
     "env.kwargs.expert_digits=0,env.kwargs.expert_unknown=guess,"
@@ -304,16 +307,19 @@ SPELL_OVERRIDES = (
     "sft.num_episodes=1024,sft.steps=300,sft.lr=2e-3,sft.batch_rows=16,"
     "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
     "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")
+K10 = "rspo.k=10"
 MISALIGNED = "env.kwargs.dense=misaligned"  # B's dense reward farmable
 SPELL_VARIANTS = {
     "baseline": f"rspo=0,{DENSE}",
-    "rspo": f"rspo=1,rspo.sampling=reward,{DENSE}",
-    "rspo_misaligned": f"rspo=1,rspo.sampling=reward,{DENSE},{MISALIGNED}",
+    "rspo": f"rspo=1,rspo.sampling=reward,{K10},{DENSE}",
+    "rspo_misaligned": f"rspo=1,rspo.sampling=reward,{K10},{DENSE},"
+                       f"{MISALIGNED}",
     "rspo_o": f"rspo=1,rspo.sampling=reward,rspo.data_source=outcome,"
-              f"{DENSE}",
+              f"{K10},{DENSE}",
     "dense_only": f"rspo=0,rspo.dense_only=1,{DENSE}",
     "dense_only_misaligned": f"rspo=0,rspo.dense_only=1,{DENSE},"
                              f"{MISALIGNED}",
+    "rspo_k3": f"rspo=1,rspo.sampling=reward,rspo.k=3,{DENSE}",
 }
 # Sampled evaluations beside greedy: the training temperature, 3 seeds.
 SPELL_SAMPLED = (("T = 1.0 (training), 3 seeds", "t10", 1.0),)

@@ -72,8 +72,9 @@ LABELS = {
     "rspo_o": "RSPO_O+GiGPO (B on the outcome)",
     "dense_only": "Dense only (aligned)",
     "dense_only_misaligned": "Dense only (misaligned)",
+    "rspo_k3": "RSPO+GiGPO (aligned), k = 3",
 }
-RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_o")
+RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_o", "rspo_k3")
 DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned")
 # (a, b, what a - b answers), besides every cell - GiGPO.
 CONTRASTS = (
@@ -83,6 +84,7 @@ CONTRASTS = (
      "RSPO vs the misaligned dense reward alone"),
     ("dense_only", "dense_only_misaligned",
      "aligned vs misaligned, dense reward alone"),
+    ("rspo", "rspo_k3", "B's steps a loop: k = 10 vs k = 3"),
 )
 LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
 EARLY_STEPS = 12  # issue 36 item 5b's gate: 12 steps

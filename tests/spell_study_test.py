@@ -20,7 +20,7 @@ import spell_study  # noqa: E402
 from reproduce_test import write_eval  # noqa: E402
 
 VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_o", "dense_only",
-            "dense_only_misaligned")
+            "dense_only_misaligned", "rspo_k3")
 
 
 def parse(spec, extra):
@@ -31,13 +31,13 @@ def parse(spec, extra):
 
 def test_grid_cells_seeds_and_order():
   specs = grid.spell_grid()
-  assert len(specs) == 6 * 5 and len({s.name for s in specs}) == 30
+  assert len(specs) == 7 * 5 and len({s.name for s in specs}) == 35
   assert tuple(grid.SPELL_VARIANTS) == VARIANTS
   assert {s.seed for s in specs} == {0, 200, 400, 600, 800}
   assert {(s.env, s.algo) for s in specs} == {("spell", "gigpo")}
   # Seed-major: a cut-short pass leaves whole seeds of every cell.
-  assert [s.variant for s in specs[:6]] == list(VARIANTS)
-  assert {s.seed for s in specs[:6]} == {0}
+  assert [s.variant for s in specs[:7]] == list(VARIANTS)
+  assert {s.seed for s in specs[:7]} == {0}
   assert specs[0].name == "spell_gigpo_baseline_s0"
   (one,) = grid.spell_grid(["spell"], ["gigpo"], [400], ["rspo_o"])
   assert one.name == "spell_gigpo_rspo_o_s400"
@@ -59,12 +59,14 @@ def test_every_cell_parses_to_its_recipe():
     assert c.env.kwargs.cipher_digits == 1  # one letter to find
     assert (c.train.batch_tasks, c.train.group_size) == (8, 8)
     assert c.rspo.alpha == 0.125 and c.train.total_steps == 30
+    if c.rspo.enabled:
+      assert c.rspo.k == (3 if v == "rspo_k3" else 10)
     assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
     assert c.rspo.dense_reward == "oracle"
     assert c.env.kwargs.dense == ("misaligned" if v.endswith("misaligned")
                                   else "aligned")
   assert not by["baseline"].rspo.enabled and not by["baseline"].rspo.dense_only
-  for v in ("rspo", "rspo_misaligned"):
+  for v in ("rspo", "rspo_misaligned", "rspo_k3"):
     assert by[v].rspo.enabled and by[v].rspo.data_source == "rspo"
     assert by[v].rspo.sampling == "reward"
   assert by["rspo_o"].rspo.enabled
@@ -114,7 +116,7 @@ def test_dry_run_one_warm_start_per_word_length(tmp_path, capsys,
   monkeypatch.setattr(grid, "SPELL_ROOT", str(tmp_path / "spell"))
   cmds = dry_run(capsys, "--grid", "spell", "--seeds", "0")
   root = tmp_path / "spell" / "L4_D1"
-  assert len(cmds) == 1 + 6 and "launch/sft.py" in cmds[0]
+  assert len(cmds) == 1 + 7 and "launch/sft.py" in cmds[0]
   assert f"--workdir={root}/warm_start_spell" in cmds[0]
   assert ":seed=0," + grid.SPELL_OVERRIDES + " " in cmds[0]
   policy = f"{root}/warm_start_spell/warm_start"
@@ -204,7 +206,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   cells = {c["variant"]: c for c in report["cells"]}
   assert report["word_length"] == 4 and report["markdown"].endswith(
       "study_spell_L4_D1.md")
-  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 1, 0, 1]
+  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 1, 0, 1, 0]
   base, rspo = cells["baseline"]["greedy"], cells["rspo"]["greedy"]
   assert base["success"]["mean"] == pytest.approx(25.0)
   assert base["final_minus_start"]["mean"] == pytest.approx(25.0)
