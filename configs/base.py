@@ -28,7 +28,8 @@ from configs import scales
 from rspo_jax import sharding
 from rspo_jax.errors import ConfigError, did_you_mean
 from third_party_envs import registry
-from rspo_jax.models.config import ATTENTION, LOCAL_TOKENIZER_PRESETS
+from rspo_jax.models.config import (ATTENTION, LOCAL_TOKENIZER_PRESETS,
+                                     LORA_SYNCS)
 
 # The from-scratch presets (a locally trained tokenizer; CPU recipe).
 CPU_PRESETS = LOCAL_TOKENIZER_PRESETS
@@ -519,7 +520,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
       _one_of(c.algo.loss_agg, ("token_mean", "seq_mean_token_mean"),
               "algo.loss_agg"),
       _one_of(c.rollout.engine, ("jax", "sglang"), "rollout.engine"),
-      _one_of(c.rollout.sglang_lora_sync, ("auto", "adapter", "merged"),
+      _one_of(c.rollout.sglang_lora_sync, LORA_SYNCS,
               "rollout.sglang_lora_sync"),
       _one_of(c.rollout.placement, ("colocated", "decoupled"),
               "rollout.placement"),

@@ -34,6 +34,7 @@ from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner
 from rspo_jax.models import lora
+from rspo_jax.models.config import LORA_SYNCS
 from rspo_jax.models import transformer as tfm
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
@@ -403,9 +404,6 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
                      else int(cfg.rollout.prefill_chunk)),
       seed=cfg.seed,
   )
-
-
-LORA_SYNCS = ("auto", "adapter", "merged")
 
 
 def base_model(learner_or_module, mcfg):

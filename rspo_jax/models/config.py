@@ -20,6 +20,10 @@ ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}  # name -> bytes
 ATTENTION = ("auto", "xla", "cudnn", "splash", "plain")
+# rollout.sglang_lora_sync: how a LoRA policy reaches SGLang servers
+# (build.sglang_sync_fn): the adapter, the merged model, or the adapter
+# with the merged model as the fallback.
+LORA_SYNCS = ("auto", "adapter", "merged")
 # Activation checkpointing of the learner's blocks, lightest recompute first
 # (transformer.py): 'none' keeps every block's internals, 'dots' keeps the
 # weight matmuls' outputs (jax.checkpoint_policies.
