@@ -35,13 +35,14 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              (rspo_jax/intervals.py).
   spell      the spell task (third_party_envs/spell.py, bench/spell_study.py):
              GiGPO x {baseline, rspo, rspo_misaligned, rspo_o, dense_only,
-             dense_only_misaligned} x seeds {0, 200, 400, 600, 800} at
-             SPELL_OVERRIDES, from one sparse warm start per word length L
-             (``--extra env.kwargs.word_length=L``, default 4; root
-             runs/spell/L<L>); greedy and T = 1.0 (3 seeds) on 256
-             held-out tasks; report ``study_spell_L<L>.{json,md}``
-             (intervals, B's lift, the dense-only runs' dense return
-             against success). ``--grid study --envs spell`` is the same.
+             dense_only_misaligned, rspo_k3} x seeds {0, 200, 400, 600,
+             800} at SPELL_OVERRIDES (one hidden letter, L = 4), from one
+             sparse warm start per world (``--extra
+             env.kwargs.word_length=L``; root runs/spell/L<L>_D1);
+             greedy and T = 1.0 (3 seeds) on 256 held-out tasks; report
+             ``study_spell_L<L>_D1.{json,md}`` (intervals, B's lift, the
+             dense-only runs' dense return against success). ``--grid
+             study --envs spell`` is the same.
 ``toy`` is accepted by ``--envs`` (configs/toy_grpo.py, ``algo.name=<algo>``)
 for tests and smoke runs; it is in no default grid.
 

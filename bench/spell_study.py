@@ -1,6 +1,6 @@
-r"""The spell study (issue 36, item 6): its report, ``study_spell_L<L>``.
+r"""The spell study (issue 36, item 6): its report, ``study_spell_<world>``.
 
-  python bench/reproduce.py --grid spell --seeds 0            # L = 4
+  python bench/reproduce.py --grid spell --seeds 0            # L4_D1
   python bench/reproduce.py --grid spell --seeds 0 \
       --extra env.kwargs.word_length=6                         # L = 6
   python bench/reproduce.py --grid spell --report_only        # tables only
@@ -15,21 +15,24 @@ dense reward B trains on (``rspo.dense_reward=oracle``, the env's):
 typing the word's commonest letter every turn earns it without winning).
 
 The grid (bench/grid.py, ``spell_grid``): GiGPO x {baseline (GiGPO),
-rspo (RSPO+GiGPO, aligned), rspo_misaligned, rspo_o (B trained on the
-outcome: B's extra data without the dense reward), dense_only (one policy
-on the aligned dense reward alone), dense_only_misaligned} x seeds {0,
-200, 400, 600, 800}, at ``SPELL_OVERRIDES``, all from one shared warm
-start per L (``runs/spell/L<L>/warm_start_spell``). A sparse warm start:
-'nano' behaviour-cloned from an expert that knows the cipher of digits
-0-1 only and types a uniformly drawn letter at the others
-(``env.kwargs.expert_digits=2,env.kwargs.expert_unknown=guess``; every
-episode it finishes is cloned, won or lost), the observation naming
-the next position's digit (``env.kwargs.show_digit=True``), so A types
-the known digits' letters and is uniform at the others: it wins about
-(0.2 + 0.8 / 5)^4 = 1.7 % of the words at T = 1 (measured: 0.7 %) and
-explores where it does not know; RL must learn 8 of the 10 digits'
-letters. The recipes tried before this one are in
-docs/results/log.md (2026-12-03).
+rspo (RSPO+GiGPO, aligned, k = 10), rspo_misaligned, rspo_o (B trained
+on the outcome: B's extra data without the dense reward), dense_only
+(one policy on the aligned dense reward alone), dense_only_misaligned,
+rspo_k3 (RSPO+GiGPO with k = 3)} x seeds {0, 200, 400, 600, 800}, at
+``SPELL_OVERRIDES``, all from one shared warm start per world
+(``runs/spell/<spell_name>/warm_start_spell``, e.g. L4_D1). The world:
+one hidden letter (``env.kwargs.cipher_digits=1``: every word is one
+letter L times), so a random policy wins (1/5)^L; the warm start is
+'nano' behaviour-cloned for 300 steps from the guessing expert that
+knows no digit (``expert_digits=0,expert_unknown=guess``): the reply
+format, uniform over the letters. With one letter the misaligned dense
+reward pays the right letter at any position, regardless of the prefix:
+it is not farmable there, so the misaligned cells need D > 1, where the
+nano policy does not learn the cipher from reward
+(docs/results/log.md, 2026-12-04). The first recipe, the full cipher
+with an expert that knows digits 0-1 (the pilot,
+docs/results/study_spell_L4.md), is ``--extra
+env.kwargs.cipher_digits=10,env.kwargs.expert_digits=2,sft.steps=2000``.
 
 The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
 held-out tasks (valid_seen), with 95 % bootstrap intervals
