@@ -365,8 +365,8 @@ def test_gpu_launchers_set_the_fraction_the_plan_uses():
 
 # Stand-ins for the launchers' commands: python (learner and SGLang servers
 # alike) records its arguments; curl answers /health once the server on that
-# port has recorded its own (waiting up to 10 s); srun drops its options and runs the command;
-# scontrol lists $STUB_NODES.
+# port has recorded its own (waiting up to 10 s); srun drops its options
+# and runs the command; scontrol lists $STUB_NODES.
 _LAUNCH_STUBS = {
     "python": r"""#!/bin/bash
 if [[ "$1 $2" == "-m sglang.launch_server" ]]; then
@@ -454,6 +454,16 @@ def test_gpu_launchers_start_sglang_with_lora_for_lora_rank(tmp_path):
   proc, _, _ = run_launcher(tmp_path / "bad", "single_node_8gpu.sh",
                             LORA_RANK="8", LORA_TARGETS="q,qkv")
   assert proc.returncode == 1 and "qkv is not one of" in proc.stderr
+  # Targets separated by spaces (or ;) reach the learner joined by commas:
+  # lora.parse_targets splits on , and ; only.
+  proc, servers, learners = run_launcher(
+      tmp_path / "spaces", "single_node_8gpu.sh", ROLLOUT="sglang",
+      MODEL_DIR="/m", SERVER_GPUS="1", LORA_RANK="8",
+      LORA_TARGETS="q v;gate, up")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert servers[0][servers[0].index("--lora-target-modules"):] == [
+      "--lora-target-modules", "q_proj", "v_proj", "gate_proj", "up_proj"]
+  assert "--config.model.lora_targets=q,v,gate,up" in learners[0]
   # SLURM, one training node: the default targets, all seven projections;
   # the plan's dry run and the learners both train LoRA.
   slurm = dict(ROLLOUT="sglang", MODEL_DIR="/m", GPUS_PER_NODE="2",

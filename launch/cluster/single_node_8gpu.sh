@@ -11,7 +11,7 @@
 #   (7B with RSPO needs ~85 GB a GPU on 4 GPUs -- see --dry_run; give it all 8
 #   GPUs with the in-process engine, or servers on other nodes.)
 #   LORA_RANK=16 ROLLOUT=sglang MODEL_DIR=/data/Qwen2.5-7B-Instruct \
-#     launch/cluster/single_node_8gpu.sh                     # LoRA; servers load
+#     launch/cluster/single_node_8gpu.sh                     # LoRA: servers get
 #                                                            # only the adapters
 #   launch/cluster/single_node_8gpu.sh --dry_run             # print the plan only
 #
@@ -29,8 +29,10 @@ ROLLOUT=${ROLLOUT:-jax}                  # jax | sglang
 SERVER_GPUS=${SERVER_GPUS:-4}            # ROLLOUT=sglang: GPUs given to servers
 SGLANG_PYTHON=${SGLANG_PYTHON:-$PYTHON}
 SGLANG_PORT=${SGLANG_PORT:-30000}
-LORA_RANK=${LORA_RANK:-}                 # > 0: train LoRA adapters (model.lora_rank)
-LORA_ALPHA=${LORA_ALPHA:-}               # model.lora_alpha (empty: the config's)
+LORA_RANK=${LORA_RANK:-}                 # > 0: train LoRA adapters
+                                         # (model.lora_rank)
+LORA_ALPHA=${LORA_ALPHA:-}               # model.lora_alpha (empty: the
+                                         # config's)
 LORA_TARGETS=${LORA_TARGETS:-}           # model.lora_targets, e.g. q,v (empty:
                                          # the config's; the servers: all 7)
 
@@ -47,33 +49,9 @@ export RSPO_XLA_PLATFORM=${RSPO_XLA_PLATFORM:-gpu}
 ARGS=(--config="$CONFIG" --workdir="$WORKDIR")
 [[ -n "$MODEL_DIR" ]] && ARGS+=(--config.model.checkpoint_dir="$MODEL_DIR")
 
-# LoRA (LORA_RANK > 0): the learner trains adapters on a frozen base, and
-# each SGLang server starts with LoRA on, so a weight sync loads only the
-# PEFT adapter (rollout.sglang_lora_sync, docs/scale_out.md "LoRA").
-# --lora-target-modules: the HF names of the targets (q -> q_proj, gate ->
-# gate_proj, ...), as the adapter's target_modules (rspo_jax/models/lora.py
-# peft_config). A CONFIG that sets model.lora_targets needs the same list
-# in LORA_TARGETS (the script does not read the config).
-SERVER_ARGS=()
-if [[ -n "$LORA_RANK" && "$LORA_RANK" != 0 ]]; then
-  [[ "$LORA_RANK" =~ ^[0-9]+$ ]] || {
-    echo "LORA_RANK=$LORA_RANK: a positive integer, or 0 / empty for off" >&2
-    exit 1; }
-  ARGS+=(--config.model.lora_rank="$LORA_RANK")
-  [[ -n "$LORA_ALPHA" ]] && ARGS+=(--config.model.lora_alpha="$LORA_ALPHA")
-  [[ -n "$LORA_TARGETS" ]] && ARGS+=(--config.model.lora_targets="$LORA_TARGETS")
-  MODULES=()
-  IFS=',; ' read -ra TARGETS <<< "${LORA_TARGETS:-q,k,v,o,gate,up,down}"
-  for t in "${TARGETS[@]}"; do
-    case "$t" in
-      q|k|v|o|gate|up|down) MODULES+=("${t}_proj") ;;
-      *) echo "LORA_TARGETS: $t is not one of q,k,v,o,gate,up,down" >&2
-         exit 1 ;;
-    esac
-  done
-  SERVER_ARGS+=(--enable-lora --max-lora-rank "$LORA_RANK"
-                --lora-target-modules "${MODULES[@]}")
-fi
+# LORA_RANK > 0: the learner's model.lora_* flags in ARGS, the servers'
+# LoRA flags in SERVER_ARGS.
+source launch/cluster/lora_args.sh
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
