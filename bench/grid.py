@@ -24,6 +24,8 @@ import itertools
 import os
 from typing import Optional, Sequence
 
+from third_party_envs import spell
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ENVS = ("webshop", "alfworld")
@@ -280,8 +282,8 @@ def study_extra(env: str, extra: str = "") -> str:
 # reward alone find wins faster, with an aligned and a misaligned dense
 # reward, as the word (the horizon) grows? One env, one algorithm, the
 # word length L from ``--extra env.kwargs.word_length=L`` (default
-# SPELL_LENGTH); each L has its own root (spell_root) and so its own shared
-# warm start: the world changes with L.
+# SPELL_LENGTH); each world (L and the cipher's D) has its own root
+# (spell_root) and so its own shared warm start.
 SPELL_ENV, SPELL_ALGO, SPELL_LENGTH = "spell", "gigpo", 4
 SPELL_SEEDS = (0, 200, 400, 600, 800)
 SPELL_ROOT = os.path.join(ROOT, "runs", "spell")
@@ -308,7 +310,11 @@ SPELL_OVERRIDES = (
     "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
     "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")
 K10 = "rspo.k=10"
-MISALIGNED = "env.kwargs.dense=misaligned"  # B's dense reward farmable
+# B's dense reward farmable by typing a letter of the word anywhere; in
+# the one-letter world that letter is the answer, so the misaligned
+# cells are not in the default grid (``--variants`` runs them, with
+# env.kwargs.cipher_digits > 1 to mean something).
+MISALIGNED = "env.kwargs.dense=misaligned"
 SPELL_VARIANTS = {
     "baseline": f"rspo=0,{DENSE}",
     "rspo": f"rspo=1,rspo.sampling=reward,{K10},{DENSE}",
@@ -321,17 +327,20 @@ SPELL_VARIANTS = {
                              f"{MISALIGNED}",
     "rspo_k3": f"rspo=1,rspo.sampling=reward,rspo.k=3,{DENSE}",
 }
+SPELL_DEFAULT_VARIANTS = ("baseline", "rspo", "rspo_o", "dense_only",
+                         "rspo_k3")
 # Sampled evaluations beside greedy: the training temperature, 3 seeds.
 SPELL_SAMPLED = (("T = 1.0 (training), 3 seeds", "t10", 1.0),)
 
 
 def spell_grid(envs=None, algos=None, seeds=None, variants=None):
-  """spell x GiGPO x SPELL_VARIANTS x seeds (default SPELL_SEEDS),
-  filtered; ValueError on another env or algorithm."""
+  """spell x GiGPO x variants (default SPELL_DEFAULT_VARIANTS, any of
+  SPELL_VARIANTS) x seeds (default SPELL_SEEDS); ValueError on another
+  env or algorithm."""
   _pick("env", envs, (SPELL_ENV,), (SPELL_ENV,))
   _pick("algo", algos, (SPELL_ALGO,), (SPELL_ALGO,))
   names = _pick("variant", variants, tuple(SPELL_VARIANTS),
-                tuple(SPELL_VARIANTS))
+                SPELL_DEFAULT_VARIANTS)
   seeds = (list(dict.fromkeys(int(s) for s in seeds)) if seeds
            else list(SPELL_SEEDS))
   # Seed-major: a cut-short pass leaves whole seeds of every cell.
@@ -339,30 +348,40 @@ def spell_grid(envs=None, algos=None, seeds=None, variants=None):
           for s in seeds for v in names]
 
 
+def _last_override(overrides: str, key: str, default: str) -> str:
+  """The value of the last ``key=value`` in a comma-separated override
+  string, else ``default``."""
+  value = default
+  for item in overrides.split(","):
+    k, _, v = item.partition("=")
+    if k.strip() == key:
+      value = v.strip()
+  return value
+
+
+def _int_in(value: str, key: str, lo: int, hi: Optional[int] = None) -> int:
+  if not value.isdigit() or int(value) < lo or (hi and int(value) > hi):
+    bound = f"in [{lo}, {hi}]" if hi else f">= {lo}"
+    raise ValueError(f"{key} wants an integer {bound}, got {value!r}")
+  return int(value)
+
+
 def spell_length(extra: str = "") -> int:
   """The word length L an ``--extra`` sets (its last
   env.kwargs.word_length=), else SPELL_LENGTH; ValueError when not an
   integer >= 1."""
-  length = str(SPELL_LENGTH)
-  for item in extra.split(","):
-    key, _, value = item.partition("=")
-    if key.strip() == "env.kwargs.word_length":
-      length = value.strip()
-  if not length.isdigit() or int(length) < 1:
-    raise ValueError(f"env.kwargs.word_length wants an integer >= 1, got"
-                     f" {length!r}")
-  return int(length)
+  key = "env.kwargs.word_length"
+  return _int_in(_last_override(extra, key, str(SPELL_LENGTH)), key, 1)
 
 
 def spell_name(extra: str = "") -> str:
-  """``L<L>``, or ``L<L>_D<D>`` when the recipe and ``extra`` (last wins)
-  set env.kwargs.cipher_digits=D other than 10: the world's name."""
-  digits = "10"
-  for item in f"{SPELL_OVERRIDES},{extra}".split(","):
-    key, _, value = item.partition("=")
-    if key.strip() == "env.kwargs.cipher_digits":
-      digits = value.strip()
-  tag = "" if digits == "10" else f"_D{digits}"
+  """The world's name: ``L<L>``, or ``L<L>_D<D>`` when SPELL_OVERRIDES
+  and then ``extra`` (the last wins) set env.kwargs.cipher_digits=D below
+  the full cipher's 10; ValueError when D is not in [1, 10]."""
+  key = "env.kwargs.cipher_digits"
+  digits = _int_in(_last_override(f"{SPELL_OVERRIDES},{extra}", key,
+                                  str(spell.DIGITS)), key, 1, spell.DIGITS)
+  tag = "" if digits == spell.DIGITS else f"_D{digits}"
   return f"L{spell_length(extra)}{tag}"
 
 

@@ -6,7 +6,7 @@ r"""Runs the paper's results grid, resumably, and writes its tables and curves.
   python bench/reproduce.py --grid main --report_only      # tables only
   python bench/reproduce.py --grid study --seeds 0          # CPU study
   python bench/reproduce.py --grid study --envs alfworld --seeds 0
-  python bench/reproduce.py --grid spell --seeds 0          # spell, L = 4
+  python bench/reproduce.py --grid spell --seeds 0          # spell, L4_D1
   python bench/reproduce.py --grid spell --seeds 0 \
       --extra env.kwargs.word_length=6                     # L = 6
   python bench/reproduce.py --envs toy --algos grpo --seeds 0 \
@@ -34,10 +34,10 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              ``study_<env>.{json,md}`` with 95 % bootstrap intervals
              (rspo_jax/intervals.py).
   spell      the spell task (third_party_envs/spell.py, bench/spell_study.py):
-             GiGPO x {baseline, rspo, rspo_misaligned, rspo_o, dense_only,
-             dense_only_misaligned, rspo_k3} x seeds {0, 200, 400, 600,
+             GiGPO x {baseline, rspo, rspo_o, dense_only, rspo_k3} (and by
+             name rspo_misaligned, dense_only_misaligned) x seeds {0, 200, 400, 600,
              800} at SPELL_OVERRIDES (one hidden letter, L = 4), from one
-             sparse warm start per world (``--extra
+             warm start per world (``--extra
              env.kwargs.word_length=L``; root runs/spell/L<L>_D1);
              greedy and T = 1.0 (3 seeds) on 256 held-out tasks; report
              ``study_spell_L<L>_D1.{json,md}`` (intervals, B's lift, the
@@ -252,7 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.grid = "spell"  # the spell task's study is its own grid
   try:
     if args.root is None and args.grid == "spell":
-      args.root = spell_root(args.extra)  # one root per word length
+      args.root = spell_root(args.extra)  # one root per world
   except ValueError as e:
     print(f"reproduce.py: error: {e}", file=sys.stderr)
     return 2

@@ -29,10 +29,12 @@ format, uniform over the letters. With one letter the misaligned dense
 reward pays the right letter at any position, regardless of the prefix:
 it is not farmable there, so the misaligned cells need D > 1, where the
 nano policy does not learn the cipher from reward
-(docs/results/log.md, 2026-12-04). The first recipe, the full cipher
-with an expert that knows digits 0-1 (the pilot,
-docs/results/study_spell_L4.md), is ``--extra
-env.kwargs.cipher_digits=10,env.kwargs.expert_digits=2,sft.steps=2000``.
+(docs/results/log.md, 2026-12-04). The pilot's world, the full cipher
+with an expert that knows digits 0-1 (docs/results/study_spell_L4.md),
+is ``--extra env.kwargs.cipher_digits=10,env.kwargs.expert_digits=2,
+sft.steps=2000`` with its own ``--root``: the same world and warm start
+recipe, not the same config strings (its RSPO cells ran k = 3), so the
+pilot's archive refuses to be resumed from it.
 
 The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
 held-out tasks (valid_seen), with 95 % bootstrap intervals
@@ -58,8 +60,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 import run_archive as ra
-from grid import (DENSE, SPELL_ALGO, SPELL_ENV, SPELL_SAMPLED,
-                  SPELL_VARIANTS, RunSpec, config_key, sampled_names,
+from grid import (DENSE, SPELL_ALGO, SPELL_ENV, SPELL_OVERRIDES,
+                  SPELL_SAMPLED, SPELL_VARIANTS, RunSpec, config_key,
+                  sampled_names,
                   spell_length, spell_name, with_rl_extra)
 from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
 from run_files import (FINAL, START, finished_runs, run_config,
@@ -70,7 +73,7 @@ DECODINGS = (("greedy", START, FINAL),) + tuple(
     (label, *sampled_names(tag)) for label, tag, _ in SPELL_SAMPLED)
 LABELS = {
     "baseline": "GiGPO",
-    "rspo": "RSPO+GiGPO (aligned)",
+    "rspo": "RSPO+GiGPO (aligned), k = 10",
     "rspo_misaligned": "RSPO+GiGPO (misaligned)",
     "rspo_o": "RSPO_O+GiGPO (B on the outcome)",
     "dense_only": "Dense only (aligned)",
@@ -164,10 +167,11 @@ def _other_config_seeds(variant: str, configs: dict, extra: str,
 def spell_report(root: str, out_dir: str, *, extra: str = "",
                  rl_extra: str = "", archive: str = "", seed: int = 0,
                  echo: bool = True) -> dict:
-  """Writes ``study_spell_L<L>.{json,md}`` and its curves into ``out_dir``
-  from the finished runs under ``root`` (else in ``archive``); ``extra``:
-  the grid's (SPELL_OVERRIDES and --extra; gives L and the configs the
-  runs should have been trained with). Returns the JSON object, with
+  """Writes ``study_spell_<world>.{json,md}`` (``spell_name``: L4_D1)
+  and its curves into ``out_dir`` from the finished runs under ``root``
+  (else in ``archive``); ``extra``: the grid's (SPELL_OVERRIDES and
+  --extra; gives the world and the configs the runs should have been
+  trained with). Returns the JSON object, with
   ``markdown``: the .md path."""
   from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
 
@@ -226,6 +230,8 @@ def spell_report(root: str, out_dir: str, *, extra: str = "",
   curves = _curves(runs, out_dir, name, echo)
   report = {
       "env": SPELL_ENV, "algo": SPELL_ALGO, "word_length": length,
+      "world": spell_name(extra),
+      "extra": extra.removeprefix(SPELL_OVERRIDES).strip(","),
       "root": os.path.abspath(root),
       "archive": os.path.abspath(archive) if archive else None,
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -290,11 +296,12 @@ def _curves(runs: dict, out_dir: str, name: str, echo: bool) -> list[str]:
 def spell_markdown(report: dict) -> str:
   L = report["word_length"]
   cells = {c["variant"]: c for c in report["cells"]}
+  world, extra = report.get("world", f"L{L}"), report.get("extra")
   lines = [
-      f"# Spell, L = {L}: RSPO+GiGPO vs GiGPO, and the dense reward alone",
+      f"# Spell, {world}: RSPO+GiGPO vs GiGPO, and the dense reward alone",
       "",
       "Written by `python bench/reproduce.py --grid spell"
-      + (f" --extra env.kwargs.word_length={L}" if L != 4 else "")
+      + (f" --extra {extra}" if extra else "")
       + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
          else "") + f"` ({report['generated']}) from the finished runs"
       f" under `{report['root']}`{archive_note(report)}. Overrides:"

@@ -34,8 +34,8 @@ from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner
 from rspo_jax.models import lora
-from rspo_jax.models.config import LORA_SYNCS
 from rspo_jax.models import transformer as tfm
+from rspo_jax.models.config import LORA_SYNCS
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
 from rspo_jax.rollout.jax_engine import JaxEngine

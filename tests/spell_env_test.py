@@ -171,6 +171,7 @@ def test_cipher_digits_reads_digits_modulo_d():
   env = spell.SpellEnv(cipher_digits=1, expert_digits=0,
                        expert_unknown="guess")
   env.reset(3)
+  assert env.expert_action() in env.actions  # a guess: it knows no digit
   dense, step = play(env, ["type[c]"] * 4)
   assert dense == [0.25] * 4 and step.won  # the same letter everywhere
 

@@ -31,13 +31,15 @@ def parse(spec, extra):
 
 def test_grid_cells_seeds_and_order():
   specs = grid.spell_grid()
-  assert len(specs) == 7 * 5 and len({s.name for s in specs}) == 35
+  default = ("baseline", "rspo", "rspo_o", "dense_only", "rspo_k3")
+  assert len(specs) == 5 * 5 and len({s.name for s in specs}) == 25
   assert tuple(grid.SPELL_VARIANTS) == VARIANTS
+  assert grid.SPELL_DEFAULT_VARIANTS == default  # misaligned: by name
   assert {s.seed for s in specs} == {0, 200, 400, 600, 800}
   assert {(s.env, s.algo) for s in specs} == {("spell", "gigpo")}
   # Seed-major: a cut-short pass leaves whole seeds of every cell.
-  assert [s.variant for s in specs[:7]] == list(VARIANTS)
-  assert {s.seed for s in specs[:7]} == {0}
+  assert [s.variant for s in specs[:5]] == list(default)
+  assert {s.seed for s in specs[:5]} == {0}
   assert specs[0].name == "spell_gigpo_baseline_s0"
   (one,) = grid.spell_grid(["spell"], ["gigpo"], [400], ["rspo_o"])
   assert one.name == "spell_gigpo_rspo_o_s400"
@@ -49,7 +51,8 @@ def test_grid_cells_seeds_and_order():
 
 def test_every_cell_parses_to_its_recipe():
   extra = grid.spell_extra()
-  by = {s.variant: parse(s, extra) for s in grid.spell_grid(seeds=[200])}
+  by = {s.variant: parse(s, extra)
+        for s in grid.spell_grid(seeds=[200], variants=VARIANTS)}
   for v, c in by.items():
     assert c.seed == 200 and c.env.name == "spell" and c.algo.name == "gigpo"
     assert c.model.preset == "nano" and c.env.history_length == 0
@@ -111,17 +114,17 @@ def dry_run(capsys, *args):
   return capsys.readouterr().out.splitlines()
 
 
-def test_dry_run_one_warm_start_per_word_length(tmp_path, capsys,
+def test_dry_run_one_warm_start_per_world(tmp_path, capsys,
                                                 monkeypatch):
   monkeypatch.setattr(grid, "SPELL_ROOT", str(tmp_path / "spell"))
   cmds = dry_run(capsys, "--grid", "spell", "--seeds", "0")
   root = tmp_path / "spell" / "L4_D1"
-  assert len(cmds) == 1 + 7 and "launch/sft.py" in cmds[0]
+  assert len(cmds) == 1 + 5 and "launch/sft.py" in cmds[0]
   assert f"--workdir={root}/warm_start_spell" in cmds[0]
   assert ":seed=0," + grid.SPELL_OVERRIDES + " " in cmds[0]
   policy = f"{root}/warm_start_spell/warm_start"
   assert [c.split("--workdir=")[1].split()[0] for c in cmds[1:]] == [
-      f"{root}/spell_gigpo_{v}_s0" for v in VARIANTS]
+      f"{root}/spell_gigpo_{v}_s0" for v in grid.SPELL_DEFAULT_VARIANTS]
   assert all("launch/train.py" in c and f"model.checkpoint_dir={policy},"
              in c and "configs/spell_gigpo.py:" in c for c in cmds[1:])
   # L = 6: its own root and warm start, the length in every command.

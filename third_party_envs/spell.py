@@ -5,11 +5,12 @@ hides a word of L letters over the first A letters of the alphabet
 (``word_length`` = L, ``alphabet_size`` = A). Letter i of the word is a
 fixed substitution of code digit i,
 
-  word_i = alphabet[cipher_A[code_i]],
+  word_i = alphabet[cipher_A[code_i mod D]],
   cipher_A = the list [j mod A for j in 0..9], shuffled by
              random.Random(f"spell:cipher:{A}") (``cipher(A)``),
 
-so every letter stands for 10 / A digits (A = 5: 0->c 1->a 2->e 3->b 4->d
+with D = ``cipher_digits`` (10 by default, the full cipher, below), so
+every letter stands for 10 / A digits (A = 5: 0->c 1->a 2->e 3->b 4->d
 5->c 6->b 7->e 8->d 9->a). The cipher is the same for every task and
 split: a policy that learns it from reward spells the words of codes it
 never saw, so the held-out splits (codes not in train) measure that.
@@ -30,7 +31,9 @@ unless actions are invalid. An inadmissible action changes nothing
 modulo D: D = 1 hides the same letter ``alphabet[cipher_A[0]]`` at every
 position of every word (the task is then one letter to find, a choice a
 small policy learns from reward as a marginal, not a lookup), D = 2 a
-letter by the digit's parity, D = 10 the full cipher.
+letter by the digit's parity, D = 10 the full cipher. The expert's
+``expert_digits`` counts code digits as shown (it knows digits below
+k), whatever D.
 
 A policy typing uniformly at random wins with probability (1 / A)^L:
 A = 5 gives 1 / 25, 1 / 125, 1 / 625, 1 / 3125, 1 / 15625 at L = 2..6.
