@@ -242,7 +242,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   assert c["greedy"]["mean"] == pytest.approx(25.0)
   md = open(report["markdown"]).read()
   assert "| GiGPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — |" in md
-  assert "| RSPO+GiGPO (aligned) | 2 | +50.0 [" in md
+  assert "| RSPO+GiGPO (aligned), k = 10 | 2 | +50.0 [" in md
   assert "| Dense only (misaligned) | 1 | 50.0 [50.0, 50.0] | 0.0 [0.0," in md
   assert "Trained with other overrides" in md and "seeds 0" in md
   assert json.load(open(os.path.join(out, "study_spell_L4_D1.json")))[
