@@ -34,9 +34,9 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              ``study_<env>.{json,md}`` with 95 % bootstrap intervals
              (rspo_jax/intervals.py).
   spell      the spell task (third_party_envs/spell.py, bench/spell_study.py):
-             GiGPO x {baseline, rspo, rspo_o, dense_only, rspo_k3} (and by
-             name rspo_misaligned, dense_only_misaligned) x seeds {0, 200, 400, 600,
-             800} at SPELL_OVERRIDES (one hidden letter, L = 4), from one
+             GiGPO x {baseline, rspo, rspo_o, dense_only, rspo_k3} (and
+             by name rspo_misaligned, dense_only_misaligned) x seeds {0,
+             200, 400, 600, 800} at SPELL_OVERRIDES (one hidden letter, L = 4), from one
              warm start per world (``--extra
              env.kwargs.word_length=L``; root runs/spell/L<L>_D1);
              greedy and T = 1.0 (3 seeds) on 256 held-out tasks; report

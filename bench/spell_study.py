@@ -62,8 +62,7 @@ import numpy as np
 import run_archive as ra
 from grid import (DENSE, SPELL_ALGO, SPELL_ENV, SPELL_OVERRIDES,
                   SPELL_SAMPLED, SPELL_VARIANTS, RunSpec, config_key,
-                  sampled_names,
-                  spell_length, spell_name, with_rl_extra)
+                  sampled_names, spell_length, spell_name, with_rl_extra)
 from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
 from run_files import (FINAL, START, finished_runs, run_config,
                        warm_start_workdir, write_json, write_text)
@@ -175,8 +174,8 @@ def spell_report(root: str, out_dir: str, *, extra: str = "",
   ``markdown``: the .md path."""
   from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
 
-  length = spell_length(extra)
-  name = f"study_spell_{spell_name(extra)}"
+  length, world = spell_length(extra), spell_name(extra)
+  name = f"study_spell_{world}"
   ws = warm_start_workdir(root, SPELL_ENV)
   starts = {d: _outcomes([ra.find_file(ws, archive, s)])
             for d, s, _ in DECODINGS}
@@ -230,7 +229,7 @@ def spell_report(root: str, out_dir: str, *, extra: str = "",
   curves = _curves(runs, out_dir, name, echo)
   report = {
       "env": SPELL_ENV, "algo": SPELL_ALGO, "word_length": length,
-      "world": spell_name(extra),
+      "world": world,
       "extra": extra.removeprefix(SPELL_OVERRIDES).strip(","),
       "root": os.path.abspath(root),
       "archive": os.path.abspath(archive) if archive else None,

@@ -6,8 +6,9 @@ a farmable dense reward; `env.kwargs.expert_digits=5` a warm start that
 knows half the cipher, with `env.kwargs.expert_unknown=guess` one that
 guesses the rest; `env.kwargs.show_digit=True` names the next digit;
 `env.kwargs.cipher_digits=1` hides one letter, the same in every word.
-env.max_steps follows the word (L + slack turns) unless `arg` sets it; a `--config.env.kwargs.*` flag comes after this
-file, so set env.max_steps with it.
+env.max_steps follows the word (L + slack turns) unless `arg` sets it; a
+`--config.env.kwargs.*` flag comes after this file, so set env.max_steps
+with it.
 """
 
 from configs import base
