@@ -9,6 +9,7 @@ r"""Runs the paper's results grid, resumably, and writes its tables and curves.
   python bench/reproduce.py --grid spell --seeds 0          # spell, L4_D1
   python bench/reproduce.py --grid spell --seeds 0 \
       --extra env.kwargs.word_length=6                     # L = 6
+  python bench/reproduce.py --grid sparse --seeds 0         # WebShop, sparse
   python bench/reproduce.py --envs toy --algos grpo --seeds 0 \
       --extra 'steps=2,train.batch_tasks=2'                # smoke test
 
@@ -43,6 +44,15 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              ``study_spell_L<L>_D1.{json,md}`` (intervals, B's lift, the
              dense-only runs' dense return against success). ``--grid
              study --envs spell`` is the same.
+  sparse     WebShop where outcomes are sparse (bench/grid.py,
+             SPARSE_OVERRIDES): the study's world and 16 x 8 batch, every
+             row trained, alpha 1/8, from a 300-step warm start (5 % at
+             T = 1); the spell study's cells (GiGPO x {baseline, rspo,
+             rspo_o, dense_only, rspo_k3}) x seeds {0, 200, 400}; greedy,
+             T = 0.4 and T = 1.0 (3 seeds); root runs/webshop_sparse;
+             report ``study_webshop_sparse.{json,md}`` (as spell's). The
+             gate: ``--variants baseline,dense_only --rl_extra steps=12
+             --root runs/webshop_sparse_gate``.
 ``toy`` is accepted by ``--envs`` (configs/toy_grpo.py, ``algo.name=<algo>``)
 for tests and smoke runs; it is in no default grid.
 
@@ -122,9 +132,10 @@ from typing import Optional, Sequence
 
 import run_archive as ra
 from ablation_report import ablation_report
-from grid import (ROOT, SAMPLED, SPELL_ENV, SPELL_SAMPLED, STUDY_ROOT,
-                  RunSpec, ablation_grid, from_warm_start, main_grid,
-                  sampled_flags, sampled_names, spell_extra, spell_grid,
+from grid import (ROOT, SAMPLED, SPARSE_ENV, SPARSE_ROOT, SPELL_ENV,
+                  SPELL_SAMPLED, STUDY_ROOT, RunSpec, ablation_grid,
+                  from_warm_start, main_grid, sampled_flags, sampled_names,
+                  sparse_extra, sparse_grid, spell_extra, spell_grid,
                   spell_root, study_extra, study_grid, with_rl_extra)
 from main_report import env_report
 from run_files import START, is_finished, warm_start_workdir
@@ -176,7 +187,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(
       description="Run the results grid (resumable) and write its reports.")
   p.add_argument("--grid", default="main",
-                 choices=("main", "ablations", "study", "spell"))
+                 choices=("main", "ablations", "study", "spell", "sparse"))
   p.add_argument("--envs", default=None, help="e.g. webshop,alfworld (toy)")
   p.add_argument("--algos", default=None, help="e.g. grpo,ppo,gigpo")
   p.add_argument("--variants", default=None,
@@ -257,8 +268,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"reproduce.py: error: {e}", file=sys.stderr)
     return 2
   if args.root is None:
-    args.root = STUDY_ROOT if args.grid == "study" else os.path.join(
-        ROOT, "runs", "reproduce")
+    args.root = {"study": STUDY_ROOT, "sparse": SPARSE_ROOT}.get(
+        args.grid, os.path.join(ROOT, "runs", "reproduce"))
   args.root = os.path.abspath(args.root)
   args.archive = os.path.abspath(args.archive) if args.archive else ""
   if args.parallel < 1:
@@ -286,6 +297,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       specs = spell_grid(_csv(args.envs), _csv(args.algos), seeds,
                          _csv(args.variants))
       args.extra = spell_extra(args.extra)
+    elif args.grid == "sparse":
+      specs = sparse_grid(_csv(args.envs), _csv(args.algos), seeds,
+                          _csv(args.variants))
+      args.extra = sparse_extra(args.extra)
     else:
       specs = ablation_grid(_csv(args.envs), _csv(args.algos), seeds,
                             _csv(args.variants))
@@ -307,15 +322,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results = run_grid(specs, args.root, args.extra, args.parallel,
                        args.python, mesh=args.mesh, archive=args.archive)
     failed += [r for r in results if r["status"] == "failed"]
-    if args.grid == "study":
+    if args.grid in ("study", "sparse"):
       _run_study(specs, args, failed)
     elif args.grid == "spell":
       _run_study(specs, args, failed, SPELL_SAMPLED)
   if args.archive:
     print(json.dumps({"archive": args.archive, "written": ra.archive_root(
         args.root, args.archive, args.python)}), flush=True)
-  if args.grid == "spell":
-    report = spell_report(args.root, args.out, extra=args.extra,
+  if args.grid in ("spell", "sparse"):
+    env = SPELL_ENV if args.grid == "spell" else SPARSE_ENV
+    report = spell_report(args.root, args.out, env=env, extra=args.extra,
                           rl_extra=args.rl_extra, archive=args.archive)
     print(json.dumps({"report": report["markdown"]}))
   elif args.grid == "study":

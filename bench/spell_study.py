@@ -60,16 +60,22 @@ from typing import Optional, Sequence
 import numpy as np
 
 import run_archive as ra
-from grid import (DENSE, SPELL_ALGO, SPELL_ENV, SPELL_OVERRIDES,
-                  SPELL_SAMPLED, SPELL_VARIANTS, RunSpec, config_key,
-                  sampled_names, spell_length, spell_name, with_rl_extra)
+from grid import (DENSE, SAMPLED, SPARSE_OVERRIDES, SPARSE_VARIANTS,
+                  SPELL_ALGO, SPELL_ENV, SPELL_OVERRIDES, SPELL_SAMPLED,
+                  SPELL_VARIANTS, config_key, sampled_names, sparse_grid,
+                  spell_grid, spell_length, spell_name, with_rl_extra)
 from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
 from run_files import (FINAL, START, finished_runs, run_config,
                        warm_start_workdir, write_json, write_text)
 from study_report import _outcomes
 
-DECODINGS = (("greedy", START, FINAL),) + tuple(
-    (label, *sampled_names(tag)) for label, tag, _ in SPELL_SAMPLED)
+
+
+def decodings(sampled) -> tuple:
+  """(label, start file, final file): greedy, then each sampled one."""
+  return (("greedy", START, FINAL),) + tuple(
+      (label, *sampled_names(tag)) for label, tag, _ in sampled)
+
 LABELS = {
     "baseline": "GiGPO",
     "rspo": "RSPO+GiGPO (aligned), k = 10",
@@ -155,34 +161,54 @@ def _ci_pct(ci: Optional[dict]) -> Optional[dict]:
   return None if ci is None else pct(ci)
 
 
-def _other_config_seeds(variant: str, configs: dict, extra: str,
+def _other_config_seeds(env: str, variant: str, configs: dict, extra: str,
                         rl_extra: str) -> list[int]:
-  spec = lambda s: with_rl_extra(RunSpec(  # noqa: E731
-      SPELL_ENV, SPELL_ALGO, variant, s, SPELL_VARIANTS[variant]), rl_extra)
+  grid = spell_grid if env == SPELL_ENV else sparse_grid
+  spec = lambda s: with_rl_extra(  # noqa: E731
+      grid(seeds=[s], variants=[variant])[0], rl_extra)
   return [s for s, c in configs.items() if c is not None
           and config_key(c) != config_key(spec(s).config_arg(extra))]
 
 
-def spell_report(root: str, out_dir: str, *, extra: str = "",
-                 rl_extra: str = "", archive: str = "", seed: int = 0,
-                 echo: bool = True) -> dict:
-  """Writes ``study_spell_<world>.{json,md}`` (``spell_name``: L4_D1)
-  and its curves into ``out_dir`` from the finished runs under ``root``
-  (else in ``archive``); ``extra``: the grid's (SPELL_OVERRIDES and
-  --extra; gives the world and the configs the runs should have been
-  trained with). Returns the JSON object, with
+def _study(env: str, root: str, extra: str) -> dict:
+  """What differs between the spell study and WebShop's sparse one."""
+  if env == SPELL_ENV:
+    world = spell_name(extra)
+    return {"name": f"study_spell_{world}", "world": world,
+            "length": spell_length(extra), "variants": tuple(SPELL_VARIANTS),
+            "overrides": SPELL_OVERRIDES, "sampled": SPELL_SAMPLED,
+            "tasks": "words", "grid": "--grid spell",
+            "title": f"Spell, {world}"}
+  world = os.path.basename(os.path.abspath(root))
+  return {"name": f"study_{world}", "world": world, "length": 1,
+          "variants": SPARSE_VARIANTS, "overrides": SPARSE_OVERRIDES,
+          "sampled": SAMPLED, "tasks": "goals",
+          "grid": f"--grid sparse --root runs/{world}",
+          "title": "WebShop, sparse outcomes"}
+
+
+def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
+                 extra: str = "", rl_extra: str = "", archive: str = "",
+                 seed: int = 0, echo: bool = True) -> dict:
+  """Writes ``study_spell_<world>.{json,md}`` (``spell_name``: L4_D1;
+  ``env="webshop"``: ``study_<root's name>``, WebShop's sparse study) and
+  its curves into ``out_dir`` from the finished runs under ``root`` (else
+  in ``archive``); ``extra``: the grid's (SPELL_OVERRIDES or
+  SPARSE_OVERRIDES, and --extra; gives the world and the configs the runs
+  should have been trained with). Returns the JSON object, with
   ``markdown``: the .md path."""
   from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
 
-  length, world = spell_length(extra), spell_name(extra)
-  name = f"study_spell_{world}"
-  ws = warm_start_workdir(root, SPELL_ENV)
+  study = _study(env, root, extra)
+  length, world, name = study["length"], study["world"], study["name"]
+  variants, decs = study["variants"], decodings(study["sampled"])
+  ws = warm_start_workdir(root, env)
   starts = {d: _outcomes([ra.find_file(ws, archive, s)])
-            for d, s, _ in DECODINGS}
-  runs = {v: finished_runs(root, SPELL_ENV, SPELL_ALGO, v, archive)
-          for v in SPELL_VARIANTS}
+            for d, s, _ in decs}
+  runs = {v: finished_runs(root, env, SPELL_ALGO, v, archive)
+          for v in variants}
   finals = {(v, d): _outcomes([os.path.join(w, f) for _, w in runs[v]])
-            for v in SPELL_VARIANTS for d, _, f in DECODINGS}
+            for v in variants for d, _, f in decs}
 
   def diff(a, b):
     if a is None or b is None or a.shape[1] != b.shape[1]:
@@ -190,14 +216,14 @@ def spell_report(root: str, out_dir: str, *, extra: str = "",
     return pct(intervals.method_difference(a, b, seed=seed))
 
   cells = []
-  for v in SPELL_VARIANTS:
+  for v in variants:
     configs = {s: run_config(w) for s, w in runs[v]}
     cell = {"variant": v, "label": LABELS[v], "n": len(runs[v]),
             "seeds": [s for s, _ in runs[v]],
             "configs": sorted(set(configs.values()) - {None}),
-            "other_config_seeds": _other_config_seeds(v, configs, extra,
-                                                      rl_extra)}
-    for d, _, _ in DECODINGS:
+            "other_config_seeds": _other_config_seeds(env, v, configs,
+                                                      extra, rl_extra)}
+    for d, _, _ in decs:
       x, start = finals[v, d], starts[d]
       if start is not None and x is not None and x.shape[1] != (
           start.shape[1]):
@@ -224,13 +250,14 @@ def spell_report(root: str, out_dir: str, *, extra: str = "",
       cell["hacking"] = _hacking(wds, length, seed)
     cells.append(cell)
   contrasts = [{"a": a, "b": b, "question": q, **{
-      d: diff(finals[a, d], finals[b, d]) for d, _, _ in DECODINGS}}
-      for a, b, q in CONTRASTS]
-  curves = _curves(runs, out_dir, name, echo)
+      d: diff(finals[a, d], finals[b, d]) for d, _, _ in decs}}
+      for a, b, q in CONTRASTS if a in variants and b in variants]
+  curves = _curves(runs, out_dir, name, study["title"], echo)
   report = {
-      "env": SPELL_ENV, "algo": SPELL_ALGO, "word_length": length,
-      "world": world,
-      "extra": extra.removeprefix(SPELL_OVERRIDES).strip(","),
+      "env": env, "algo": SPELL_ALGO, "word_length": length,
+      "world": world, "title": study["title"], "tasks": study["tasks"],
+      "grid": study["grid"], "decodings": [d for d, _, _ in decs],
+      "extra": extra.removeprefix(study["overrides"]).strip(","),
       "root": os.path.abspath(root),
       "archive": os.path.abspath(archive) if archive else None,
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -272,41 +299,43 @@ def _hacking(workdirs: Sequence[str], length: int, seed: int) -> dict:
   return out
 
 
-def _curves(runs: dict, out_dir: str, name: str, echo: bool) -> list[str]:
+def _curves(runs: dict, out_dir: str, name: str, title: str,
+            echo: bool) -> list[str]:
   groups = {LABELS[v]: [w for _, w in r] for v, r in runs.items()}
   made = []
   for xa in X_AXES:
     png = f"{name}_success_{xa}.png"
     if plot_atomic(groups, "rollout_success_rate", xa,
                    os.path.join(out_dir, png), echo=echo, phase="A",
-                   band="std", title="Spell: A's rollout success"):
+                   band="std", title=f"{title}: A's rollout success"):
       made.append(png)
   dense = {LABELS[v]: groups[LABELS[v]]
-           for v in ("baseline",) + DENSE_ONLY_CELLS}
+           for v in ("baseline",) + DENSE_ONLY_CELLS if v in runs}
   png = f"{name}_dense_step.png"
   if plot_atomic(dense, "dense_reward_mean", "step",
                  os.path.join(out_dir, png), echo=echo, phase="A",
-                 band="std", title="Spell: dense reward per turn (x L ="
-                 " dense return)"):
+                 band="std", title=f"{title}: dense reward per turn"):
     made.append(png)
   return made
 
 
 def spell_markdown(report: dict) -> str:
-  L = report["word_length"]
   cells = {c["variant"]: c for c in report["cells"]}
-  world, extra = report.get("world", f"L{L}"), report.get("extra")
+  extra, tasks = report.get("extra"), report["tasks"]
+  decs = report["decodings"]
+  per_turn = report["env"] != SPELL_ENV  # no fixed episode length
   lines = [
-      f"# Spell, {world}: RSPO+GiGPO vs GiGPO, and the dense reward alone",
+      f"# {report['title']}: RSPO+GiGPO vs GiGPO, and the dense reward"
+      " alone",
       "",
-      "Written by `python bench/reproduce.py --grid spell"
+      f"Written by `python bench/reproduce.py {report['grid']}"
       + (f" --extra {extra}" if extra else "")
       + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
          else "") + f"` ({report['generated']}) from the finished runs"
       f" under `{report['root']}`{archive_note(report)}. Overrides:"
       f" `{report['overrides']}`; B's dense reward: `{report['dense_reward']}`"
-      " (the environment's own, aligned or misaligned by"
-      " `env.kwargs.dense`).",
+      + ("" if per_turn else " (the environment's own, aligned or"
+         " misaligned by `env.kwargs.dense`)") + ".",
   ]
   other = [f"{c['label']} (seeds"
            f" {', '.join(str(s) for s in c['other_config_seeds'])})"
@@ -316,14 +345,14 @@ def spell_markdown(report: dict) -> str:
               " run.json): " + "; ".join(other) + "."]
   lines += [
       "",
-      "Success rate (%) of A on the 256 held-out words after training;"
+      f"Success rate (%) of A on the 256 held-out {tasks} after training;"
       " *final − start*: points over the shared warm start on the same"
-      " words (paired); *− GiGPO*: points over the GiGPO cell. Mean [95 %"
-      " bootstrap interval]: words resampled (shared by both sides of a"
-      " difference), sampling seeds within a word, training seeds within a"
-      " cell (rspo_jax/intervals.py).",
+      f" {tasks} (paired); *− GiGPO*: points over the GiGPO cell. Mean"
+      f" [95 % bootstrap interval]: {tasks} resampled (shared by both"
+      " sides of a difference), sampling seeds within one, training seeds"
+      " within a cell (rspo_jax/intervals.py).",
   ]
-  for d, _, _ in DECODINGS:
+  for d in decs:
     lines += ["", f"## {d}", "",
               f"Start (shared warm start): {fmt_ci(report['start'][d])}",
               "", "| Method | n | Success | Final − start | − GiGPO |",
@@ -334,14 +363,14 @@ def spell_markdown(report: dict) -> str:
                    f" | {fmt_ci(x['final_minus_start'], True)}"
                    f" | {fmt_ci(x['minus_baseline'], True)} |")
   lines += ["", "## Contrasts", "",
-            "Points, a − b (method_difference, words shared).", "",
+            f"Points, a − b (method_difference, {tasks} shared).", "",
             "| a − b | question | "
-            + " | ".join(d for d, _, _ in DECODINGS) + " |",
-            "|---|---|" + "---:|" * len(DECODINGS)]
+            + " | ".join(d for d in decs) + " |",
+            "|---|---|" + "---:|" * len(decs)]
   for k in report["contrasts"]:
     lines.append(f"| {LABELS[k['a']]} − {LABELS[k['b']]} | {k['question']}"
                  " | " + " | ".join(fmt_ci(k[d], True)
-                                    for d, _, _ in DECODINGS) + " |")
+                                    for d in decs) + " |")
   lines += ["", f"## Finding wins: A's rollout success, first {EARLY_STEPS}"
             " A steps", "",
             "Mean rollout success (%) of A's fresh training episodes over"
@@ -359,7 +388,7 @@ def spell_markdown(report: dict) -> str:
             " loops within seeds and seeds]; loops counted.", "",
             "| Method | loops | Success lift | Dense-return lift |",
             "|---|---:|---:|---:|"]
-  for v in RSPO_CELLS:
+  for v in (v for v in RSPO_CELLS if v in cells):
     c = cells[v]
     s, dr = c["b_lift"]["b_lift_success"], c["b_lift"]["b_lift_dense_return"]
     n = 0 if s is None else s["n_values"]
@@ -367,15 +396,17 @@ def spell_markdown(report: dict) -> str:
                  f" | {fmt_ci(dr, True, 2)} |")
   lines += ["", "## Reward hacking: dense return against success", "",
             f"A's first {EDGE_STEPS} and last {EDGE_STEPS} training steps:"
-            " rollout success (%) and dense return per episode (L x the"
-            " dense reward per turn; a won episode earns 1 under either"
-            " dense reward), and the change (last − first), mean [95 %"
-            " interval over seeds]. Hacked: dense return up, success"
-            " down.", "",
+            " rollout success (%) and "
+            + ("the dense reward per turn" if per_turn else
+               "dense return per episode (L x the dense reward per turn; a"
+               " won episode earns 1 under either dense reward)")
+            + ", and the change (last − first), mean [95 % interval over"
+            " seeds]. Hacked: dense reward up, success down.", "",
             "| Method | n | Success first | last | change"
-            " | Dense return first | last | change |",
+            f" | Dense {'per turn' if per_turn else 'return'} first | last"
+            " | change |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-  for v in ("baseline",) + DENSE_ONLY_CELLS:
+  for v in (v for v in ("baseline",) + DENSE_ONLY_CELLS if v in cells):
     h = cells[v]["hacking"]
     su, de = h["success"], h["dense_return"]
     lines.append(

@@ -149,13 +149,90 @@ def test_dry_run_one_warm_start_per_world(tmp_path, capsys,
 
 
 # --------------------------------------------------------------------------
+# WebShop's sparse study: the spell study's cells on WebShop
+# --------------------------------------------------------------------------
+
+
+def test_sparse_grid_parses_to_its_recipe_and_the_gate_shortens_it(
+    tmp_path, capsys, monkeypatch):
+  from configs import webshop_gigpo, webshop_grpo  # noqa: PLC0415
+  import runner  # noqa: PLC0415
+  specs = grid.sparse_grid()
+  assert [s.variant for s in specs[:5]] == list(grid.SPELL_DEFAULT_VARIANTS)
+  assert {s.seed for s in specs} == set(grid.SEEDS) and len(specs) == 15
+  assert "rspo_misaligned" not in grid.SPARSE_VARIANTS
+  with pytest.raises(ValueError, match="unknown"):
+    grid.sparse_grid(variants=["dense_only_misaligned"])
+  extra = grid.sparse_extra()
+
+  def cfg(spec, rl_extra=""):
+    path, arg = grid.with_rl_extra(spec, rl_extra).config_arg(extra).split(
+        ":", 1)
+    assert path.endswith("configs/webshop_gigpo.py")
+    return webshop_gigpo.get_config(arg)
+
+  by = {s.variant: cfg(s) for s in grid.sparse_grid(seeds=[0],
+                                                    variants=VARIANTS[:2])}
+  for v, c in by.items():
+    assert c.train.total_steps == 30 and c.rspo.alpha == 0.125
+    assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
+    assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
+  assert by["rspo"].rspo.enabled and by["rspo"].rspo.k == 10
+  # The gate: --rl_extra steps=12 comes after the run's own 30 steps.
+  (base,) = grid.sparse_grid(seeds=[0], variants=["baseline"])
+  assert cfg(base, "steps=12").train.total_steps == 12
+  # The warm start: 300 cloning steps, no A steps in its config.
+  sft = runner.sft_config_arg("webshop", extra)
+  assert ",steps=30" not in sft
+  w = webshop_grpo.get_config(sft.split(":", 1)[1])
+  assert w.sft.steps == 300 and w.env.kwargs.num_test_goals == 256
+  # Dry run: the default root, then the gate's own root.
+  monkeypatch.setattr(grid, "SPARSE_ROOT", str(tmp_path / "ws"))
+  monkeypatch.setattr(rp, "SPARSE_ROOT", str(tmp_path / "ws"))
+  cmds = dry_run(capsys, "--grid", "sparse", "--seeds", "0")
+  assert len(cmds) == 6 and f"--workdir={tmp_path}/ws/warm_start" in cmds[0]
+  gate = dry_run(capsys, "--grid", "sparse", "--seeds", "0", "--variants",
+                 "baseline,dense_only", "--rl_extra", "steps=12", "--root",
+                 str(tmp_path / "gate"))
+  assert len(gate) == 3 and all(",steps=30,steps=12," in c
+                                for c in gate[1:])
+
+
+def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
+  monkeypatch.setattr(spell_study, "plot_atomic", lambda *a, **k: True)
+  root, out = tmp_path / "webshop_sparse_gate", str(tmp_path / "results")
+  write_eval(root / "warm_start_webshop" / "eval_start.json", [0, 0, 0, 0])
+  extra = grid.sparse_extra()
+  for v, wins in (("baseline", [0, 0, 0, 0]), ("dense_only", [1, 1, 0, 0])):
+    (spec,) = grid.sparse_grid(seeds=[0], variants=[v])
+    fake_spell_run(root, v, 0, wins, grid.with_rl_extra(
+        spec, "steps=12").config_arg(extra), success=[0.0, 0.5] * 3,
+        dense=[0.1] * 6, env="webshop")
+  report = spell_study.spell_report(str(root), out, env="webshop",
+                                    extra=extra, rl_extra="steps=12")
+  assert report["markdown"].endswith("study_webshop_sparse_gate.md")
+  cells = {c["variant"]: c for c in report["cells"]}
+  assert tuple(cells) == grid.SPARSE_VARIANTS
+  assert cells["dense_only"]["greedy"]["minus_baseline"]["mean"] == 50.0
+  assert cells["dense_only"]["other_config_seeds"] == []
+  assert cells["dense_only"]["early_success"]["mean"] == pytest.approx(25.0)
+  assert report["decodings"] == ["greedy", "T = 0.4, 3 seeds",
+                                 "T = 1.0 (training), 3 seeds"]
+  md = open(report["markdown"]).read()
+  assert md.startswith("# WebShop, sparse outcomes")
+  assert "--grid sparse --root runs/webshop_sparse_gate" in md
+  assert "held-out goals" in md and "Dense per turn first" in md
+  assert "misaligned" not in md
+
+
+# --------------------------------------------------------------------------
 # The report, from synthetic runs
 # --------------------------------------------------------------------------
 
 
 def fake_spell_run(root, variant, seed, wins, config=None, success=(),
-                   dense=(), lifts=()):
-  wd = os.path.join(str(root), f"spell_gigpo_{variant}_s{seed}")
+                   dense=(), lifts=(), env="spell"):
+  wd = os.path.join(str(root), f"{env}_gigpo_{variant}_s{seed}")
   w = MetricsWriter(wd, tensorboard=False)
   for i, (s, d) in enumerate(zip(success, dense), start=1):
     w.write(i, "A", {"rollout_success_rate": s, "dense_reward_mean": d,
