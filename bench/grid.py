@@ -24,6 +24,7 @@ import itertools
 import os
 from typing import Optional, Sequence
 
+from configs.base import last_override
 from third_party_envs import spell
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -357,17 +358,6 @@ def spell_grid(envs=None, algos=None, seeds=None, variants=None):
                       algos, seeds, variants)
 
 
-def _last_override(overrides: str, key: str, default: str) -> str:
-  """The value of the last ``key=value`` in a comma-separated override
-  string, else ``default``."""
-  value = default
-  for item in overrides.split(","):
-    k, _, v = item.partition("=")
-    if k.strip() == key:
-      value = v.strip()
-  return value
-
-
 def _int_in(value: str, key: str, lo: int, hi: Optional[int] = None) -> int:
   if not value.isdigit() or int(value) < lo or (hi and int(value) > hi):
     bound = f"in [{lo}, {hi}]" if hi else f">= {lo}"
@@ -380,7 +370,7 @@ def spell_length(extra: str = "") -> int:
   env.kwargs.word_length=), else SPELL_LENGTH; ValueError when not an
   integer >= 1."""
   key = "env.kwargs.word_length"
-  return _int_in(_last_override(extra, key, str(SPELL_LENGTH)), key, 1)
+  return _int_in(last_override(extra, key, str(SPELL_LENGTH)), key, 1)
 
 
 def spell_name(extra: str = "") -> str:
@@ -388,7 +378,7 @@ def spell_name(extra: str = "") -> str:
   and then ``extra`` (the last wins) set env.kwargs.cipher_digits=D below
   the full cipher's 10; ValueError when D is not in [1, 10]."""
   key = "env.kwargs.cipher_digits"
-  digits = _int_in(_last_override(f"{SPELL_OVERRIDES},{extra}", key,
+  digits = _int_in(last_override(f"{SPELL_OVERRIDES},{extra}", key,
                                   str(spell.DIGITS)), key, 1, spell.DIGITS)
   tag = "" if digits == spell.DIGITS else f"_D{digits}"
   return f"L{spell_length(extra)}{tag}"

@@ -194,6 +194,13 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # devices, or rollout.b_server_urls) while A's phase starts as soon as the
   # groups it replays exist.
   c.rollout.placement = "colocated"
+  # 1: A's next collection (step t + 1) plays in a background thread on the
+  # weights of step t while step t's update runs (rspo_jax/overlap.py): its
+  # rows are one A step stale, their clip centred on pi_old / pi_behaviour
+  # (losses.mixed_objective, fresh_behavior) and the lag is logged; never
+  # across a B phase. 0 (default): collection, then update. On the 2-core
+  # CPU both share the cores (docs/performance.md, "Overlap").
+  c.rollout.overlap = 0
   # The training collections (A's, colocated B's) turn by turn, one batched
   # request a turn (True), or, with SGLang, each episode's next request sent
   # as soon as its environment step returns (False: rollout/unbarriered.py;
@@ -301,14 +308,21 @@ def cpu_scale(c: ml_collections.ConfigDict) -> None:
   _apply_table(c, scales.CPU)
 
 
+def last_override(arg: str | None, key: str,
+                  default: str | None = None) -> str | None:
+  """The value of the last `key=value` in a comma-separated override
+  string `arg` (the one that wins), else `default`."""
+  value = default
+  for item in (arg or "").split(","):
+    k, _, v = item.partition("=")
+    if k.strip() == key:
+      value = v.strip()
+  return value
+
+
 def scale_of(arg: str | None) -> str:
   """'paper' when the last `model=` of `arg` names a paper preset."""
-  preset = None
-  for item in (arg or "").split(","):
-    key, _, value = item.partition("=")
-    if key.strip() == "model":
-      preset = value.strip()
-  return "paper" if preset in PAPER_PRESETS else "cpu"
+  return "paper" if last_override(arg, "model") in PAPER_PRESETS else "cpu"
 
 
 def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> None:
@@ -524,6 +538,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
               "rollout.sglang_lora_sync"),
       _one_of(c.rollout.placement, ("colocated", "decoupled"),
               "rollout.placement"),
+      (c.rollout.overlap in (0, 1), "rollout.overlap", c.rollout.overlap,
+       "0 (off) or 1 (A's next collection during the update)"),
       (c.rollout.turn_barriers or c.rollout.engine == "sglang",
        "rollout.turn_barriers", c.rollout.turn_barriers,
        "True with rollout.engine='jax' (one batched decode a turn; False"
