@@ -1,4 +1,6 @@
-r"""The spell study (issue 36, item 6): its report, ``study_spell_<world>``.
+r"""The spell study (issue 36, item 6): its report, ``study_spell_<world>``;
+the same report for WebShop's sparse study (item 5, ``--grid sparse``):
+``study_<root's name>``, e.g. study_webshop_sparse_gate.
 
   python bench/reproduce.py --grid spell --seeds 0            # L4_D1
   python bench/reproduce.py --grid spell --seeds 0 \
@@ -68,7 +70,6 @@ from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
 from run_files import (FINAL, START, finished_runs, run_config,
                        warm_start_workdir, write_json, write_text)
 from study_report import _outcomes
-
 
 
 def decodings(sampled) -> tuple:
