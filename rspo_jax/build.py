@@ -146,6 +146,7 @@ def policy_loss_config(cfg, *, rspo: bool) -> ts.PolicyLossConfig:
       centre_cap=cfg.rspo.centre_cap if rspo else 0.0,
       centre_cap_mode=cfg.rspo.centre_cap_mode,
       dual_clip_c=a.clip_ratio_c,
+      fresh_behavior=bool(cfg.rollout.get("overlap", 0)),
   )
 
 

@@ -158,6 +158,7 @@ class Learner:
       self.state_sh = jax.tree.map(lambda x: x.sharding, _state)
     # Loss functions with a ``window`` keyword get the response window.
     self._windowed = kind == "policy" and ts.accepts_window(loss_fn)
+    self._copy_params = None  # frozen_params' jitted copy, made once
     if _compiled is not None:  # a copy shares its source's jitted functions
       self._applies, self._steps = _compiled
       return
@@ -300,8 +301,9 @@ class Learner:
 
   def frozen_params(self):
     """A copy of the current parameters that later training cannot touch
-    (training donates its buffers), e.g. for pi_ref."""
-    return jax.jit(
-        lambda t: jax.tree.map(jnp.copy, t),
-        out_shardings=self.state_sh.params,
-    )(self.state.params)
+    (training donates its buffers), e.g. for pi_ref or, every A step
+    under ``rollout.overlap``, the weights its next collection plays."""
+    if self._copy_params is None:
+      self._copy_params = jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                                  out_shardings=self.state_sh.params)
+    return self._copy_params(self.state.params)

@@ -537,6 +537,7 @@ def mixed_objective(
     centre_cap: float = 0.0,
     centre_cap_mode: str = "truncate",
     dual_clip_c: float = 0.0,
+    fresh_behavior: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """RSPO's loss for agent A over a batch mixing on- and off-policy rows.
 
@@ -557,7 +558,11 @@ def mixed_objective(
   order, with padding rows of zero mask), loss, gradient and metrics are
   the update's. On-policy rows use pi_B := pi_old (whatever
   ``behavior_logp`` holds there), so J_on is plain PPO; off-policy rows use
-  the shifted clip around c = pi_old / pi_B.
+  the shifted clip around c = pi_old / pi_B. With ``fresh_behavior`` the
+  on-policy rows take ``behavior_logp`` as given too: rows sampled by an
+  earlier policy than pi_old (``rollout.overlap``: one A step stale) get
+  the shifted clip around c = pi_old / pi_behaviour, AReaL's decoupled
+  PPO; where ``behavior_logp`` equals pi_old there it is PPO again.
 
   Centre cap (option, off by default: the paper has none): with
   ``centre_cap`` > 0 the clip objective of each counted *replayed* token is
@@ -590,6 +595,8 @@ def mixed_objective(
     centre_cap_mode: 'truncate' or 'mask', see :func:`centre_cap_factor`.
     dual_clip_c: C of the dual clip on fresh tokens (a static float);
       0 = off, else > 1.
+    fresh_behavior: on-policy rows use ``behavior_logp`` (a static bool;
+      False: pi_old there).
 
   Returns:
     loss (scalar) and metrics, each a token mean over the counted tokens of
@@ -626,7 +633,8 @@ def mixed_objective(
   off_rows = is_offpolicy.astype(bool)[:, None]
   mask_off = jnp.where(off_rows, mask, 0.0)
   mask_on = jnp.where(off_rows, 0.0, mask)
-  behavior = jnp.where(off_rows, behavior_logp, old_logp)
+  behavior = (behavior_logp if fresh_behavior
+              else jnp.where(off_rows, behavior_logp, old_logp))
 
   obj, diag = shifted_clip_objective(
       logp,

@@ -20,6 +20,11 @@ One loop, repeated until A has taken ``train.total_steps`` steps:
                    J_off with the clip window centred on c = pi_old / pi_B.
   4. D is cleared.
 
+Overlap (``rollout.overlap=1``, overlap.py): step t + 1's fresh groups are
+played in a background thread on A's weights of step t while step t's
+update runs; their clip window is centred on pi_old / pi_behaviour (one
+A step stale), never across a B phase.
+
 RSPO_H (``data_source='history'``) skips B and fills D with A's own
 trajectories of the previous loop. ``rspo.enabled=False`` is the plain base
 algorithm (GRPO / PPO / GiGPO) on outcome rewards; ``rspo.dense_only`` trains
@@ -78,7 +83,8 @@ import jax
 import numpy as np
 
 from rspo_jax import (checkpoint, decoupled, distributed, faults,
-                      host_batches, preemption, replay, timing, update)
+                      host_batches, overlap, preemption, replay, timing,
+                      update)
 from rspo_jax import train_step as ts
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
@@ -151,6 +157,13 @@ class RSPOTrainer:
           "rollout.placement='decoupled' runs in one process only; with"
           f" {jax.process_count()} processes use 'colocated'"
       )
+    if self.multihost and self.overlap:
+      raise ValueError(
+          "rollout.overlap=1 runs in one process only; with"
+          f" {jax.process_count()} processes use rollout.overlap=0")
+    # Overlap: A's next collection, running during A's update (overlap.py)
+    self.prefetch: Optional[overlap.Prefetch] = None
+    self._prefetch_seconds: dict = {}
     self.prm_refresh: Optional[Callable[[list], DenseFn]] = None
     # Decoupled placement: B's own (engine, venv, tokenizer) and its job.
     self.b_rollout = None
@@ -330,14 +343,26 @@ class RSPOTrainer:
     s.collections += 1
     with self.timer.phase("weight_sync"):
       self.sync_engine(self.engine, learner, s.collections)
-    if replay_of is None:
-      rng = self._rng(1, s.collections)
-      task_ids = rng.choice(self.num_train_tasks, size=n_groups,
-                            replace=False)
-      seed_of = s.collections
-    else:
-      task_ids, seed_of = np.asarray(replay_of[0]), replay_of[1]
+    task_ids, seed_of = self._draw(n_groups, s.collections, replay_of)
     first, last = share or distributed.host_share(len(task_ids))
+    records, rounds = self._play(task_ids, first, last, seed_of,
+                                 s.collections, tag, self.timer)
+    return self._collected(records, rounds, task_ids, tag)
+
+  def _draw(self, n_groups: int, collection: int,
+            replay_of: Optional[tuple[list, int]] = None):
+    """(task ids, seed number) of collection number ``collection``."""
+    if replay_of is not None:
+      return np.asarray(replay_of[0]), replay_of[1]
+    rng = self._rng(1, collection)
+    return (rng.choice(self.num_train_tasks, size=n_groups, replace=False),
+            collection)
+
+  def _play(self, task_ids, first: int, last: int, seed_of: int,
+            collection: int, tag: str, timer: timing.PhaseTimer):
+    """(records, each round's statistics) of this host's groups
+    ``[first, last)`` of ``task_ids``; touches no loop state, so it may
+    run in another thread (overlap.py) with that thread's ``timer``."""
     g = self.cfg.train.group_size
     seed = self.cfg.seed * 7919 + seed_of
     if self.multihost:  # hosts draw different samples
@@ -351,12 +376,18 @@ class RSPOTrainer:
       got, stats = self.collect(
           self.engine, self.venv, self.tokenizer, mine[lo:lo + per_round],
           g, self.sampling, self.collect_cfg, policy_tag=tag,
-          traj_id_start=s.collections * 100_000 + (first + lo) * g,
-          group_id_start=s.collections * 1_000 + first + lo,
-          seed=seed + 1_000_003 * c, timer=self.timer,
+          traj_id_start=collection * 100_000 + (first + lo) * g,
+          group_id_start=collection * 1_000 + first + lo,
+          seed=seed + 1_000_003 * c, timer=timer,
       )
       records += got
       rounds.append(stats)
+    return records, rounds
+
+  def _collected(self, records: list, rounds: list, task_ids, tag: str):
+    """A collection's (records without failed episodes, statistics of all
+    hosts): failures checked, environment steps counted, dense rewards
+    filled where they are used."""
     stats = (collect_lib.combine_rounds(rounds) if rounds
              else collect_lib.empty_stats())
     if self.multihost:
@@ -364,7 +395,7 @@ class RSPOTrainer:
     collect_lib.check_failures(
         stats, self.cfg.rollout.get("max_failed_episode_frac", 0.5),
         self.cfg.env.name, getattr(self.venv, "first_error", None))
-    s.env_steps += stats["env_steps"]
+    self.state.env_steps += stats["env_steps"]
     stats["task_ids"] = [int(t) for t in task_ids]
     records = [r for r in records if not r.failed]
     if self.dense_fn is not None and records and (
@@ -372,23 +403,82 @@ class RSPOTrainer:
       self.dense_fn(records)  # e.g. PRM scores replace env progress
     return records, stats
 
+  # ------------------------------------------------------------ overlap
+  @property
+  def overlap(self) -> bool:
+    return bool(self.cfg.rollout.get("overlap", 0))
+
+  def _prefetch_next(self) -> bool:
+    """Overlap: whether A's next step may start collecting now, during
+    this step's update: a next A step exists and no loop ends between
+    (with RSPO, B's phase and D's change come there; the baseline has
+    neither)."""
+    c, done = self.cfg, self.state.a_steps + 1  # once this step is taken
+    if not self.overlap or done >= c.train.total_steps:
+      return False
+    return done % self.k != 0 or not c.rspo.enabled
+
+  def _start_prefetch(self, n_groups: int) -> None:
+    """A's next collection of ``n_groups`` groups on A's weights now, in a
+    background thread (overlap.py); with ``rspo.recompute_behavior_logp``
+    its behaviour log-probs are recomputed there by A's learner on a
+    snapshot of these weights (the update donates the learner's)."""
+    collection = self.state.collections + 1  # taken by _take_prefetch
+    with self.timer.phase("weight_sync"):
+      self.sync_engine(self.engine, self.a, collection)
+    task_ids, seed_of = self._draw(n_groups, collection)
+    first, last = distributed.host_share(len(task_ids))
+    snapshot = self.a.frozen_params() if self.recompute_logp else None
+
+    def play(timer):
+      records, rounds = self._play(task_ids, first, last, seed_of,
+                                   collection, POLICY_A, timer)
+      if snapshot is not None:
+        self.updater.recompute_behavior_logp(
+            self.a, [r for r in records if not r.failed], timer,
+            params=snapshot)
+      return records, rounds
+
+    self.prefetch = overlap.Prefetch(
+        play, weights_step=self.state.a_steps, collection=collection,
+        task_ids=task_ids)
+
+  def _take_prefetch(self, n_groups: int):
+    """The prefetched collection (waiting for it): ``collect_groups``'s
+    result, and the A steps its weights lag behind A's now."""
+    p, self.prefetch = self.prefetch, None
+    with self.timer.phase("collect_wait"):
+      records, rounds = p.result()
+    if (len(p.task_ids) != n_groups
+        or p.collection != self.state.collections + 1):
+      raise RuntimeError(
+          f"the prefetched collection ({len(p.task_ids)} groups, number"
+          f" {p.collection}) is not A's next ({n_groups} groups, number"
+          f" {self.state.collections + 1})")
+    self.state.collections = p.collection
+    self._prefetch_seconds = p.seconds()
+    return (*self._collected(records, rounds, p.task_ids, POLICY_A),
+            self.state.a_steps - p.weights_step)
+
   # ------------------------------------------------------------ updates
   def update(
       self, learner: Learner, critic: Optional[Learner], on: list,
       off: list, source: str, step_key: int,
-      off_adv: Optional[np.ndarray] = None,
+      off_adv: Optional[np.ndarray] = None, stale_on: bool = False,
   ) -> dict:
     """One training step of ``learner`` on fresh (``on``) + replayed
     (``off``, advantages ``off_adv`` or None: PPO's GAE at the step)
     records: ``update.StepUpdater.step``, then the non-finite check.
 
     Multi-host: ``on`` and ``off`` are this host's records (whole fresh
-    groups); every host calls this together.
+    groups); every host calls this together. ``stale_on``: ``on`` was
+    collected by earlier weights (``rollout.overlap``).
     """
     m = self.updater.step(learner, critic, on, off, source, step_key,
                           ref_params=self.ref_params, off_adv=off_adv,
                           dense_noise_sigma=self.dense_noise_sigma,
-                          dense_scale=self.cfg.rspo.get("dense_scale", 1.0))
+                          dense_scale=self.cfg.rspo.get("dense_scale", 1.0),
+                          stale_on=stale_on)
     if "updates" in m:
       self._check_finite(m)
     return m
@@ -571,17 +661,26 @@ class RSPOTrainer:
   # ------------------------------------------------------------ A phase
   def a_step(self) -> dict:
     """One training step of A on ``n_on`` fresh groups and ``n_off``
-    replayed trajectories (``replay_counts``)."""
+    replayed trajectories (``replay_counts``); with ``rollout.overlap``
+    the fresh groups were played during the last update (``lag`` 1) and
+    the next step's start playing before this update."""
     c = self.cfg
     n_off, n_on = self.replay_counts()
-    on, stats = self.collect_groups(self.a, n_on, POLICY_A)
+    if self.prefetch is not None:  # overlap: played during the last update
+      on, stats, lag = self._take_prefetch(n_on)
+    else:
+      (on, stats), lag = self.collect_groups(self.a, n_on, POLICY_A), 0
     off, off_adv = self.replayed(n_off)
     history = self.history_source
-    if history and self.recompute_logp:  # RSPO_H: D gets A's learner's
-      self.updater.recompute_behavior_logp(self.a, on)  # log-probs too
+    if history and self.recompute_logp and not lag:  # RSPO_H: D gets A's
+      # learner's log-probs too (prefetched rows have them already)
+      self.updater.recompute_behavior_logp(self.a, on)
     source = "dense" if c.rspo.dense_only else "outcome"
+    if self._prefetch_next():
+      self._start_prefetch(n_on)
     m = self.update(self.a, self.critic, on, off, source,
-                    step_key=self.state.a_steps, off_adv=off_adv)
+                    step_key=self.state.a_steps, off_adv=off_adv,
+                    stale_on=lag > 0)
     faults.maybe_fail("a_phase")
     if history:
       self.history.add_trajectories(group_trajectories(on))
@@ -600,6 +699,11 @@ class RSPOTrainer:
       m.setdefault("rows_off", 0.0)
     if self.b_logp_gap is not None:
       m["behavior_logp_max_gap"] = self.b_logp_gap  # decoupled: B so far
+    if self.overlap:
+      m["overlap_policy_lag"] = float(lag)
+      m.setdefault("overlap_logp_gap_on", 0.0)
+      if lag:
+        m.update(self._prefetch_seconds)
     return m
 
   def replay_counts(self) -> tuple[int, int]:
@@ -744,6 +848,8 @@ class RSPOTrainer:
       if (evaluate is not None and c.train.eval_every
           and s.a_steps % c.train.eval_every == 0 and s.a_steps < total):
         with self.timer.phase("evaluation"):
+          if self.prefetch is not None:  # it plays on the same engine
+            self.prefetch.wait()
           result = evaluate(self.a, s.a_steps)
         self.metrics.write(s.a_steps, "eval", result)
       loop_done = s.a_steps % self.k == 0 or s.a_steps == total

@@ -107,6 +107,9 @@ class PolicyLossConfig:
   centre_cap_mode: str = "truncate"
   # Dual clip of fresh tokens with A < 0 (verl's clip_ratio_c); 0 = off.
   dual_clip_c: float = 0.0
+  # Fresh rows' clip centred on pi_old / their behaviour log-probs (rows
+  # one A step stale under rollout.overlap); False: pi_old there.
+  fresh_behavior: bool = False
 
 
 MAX_SUFFIX = "_max"
@@ -527,6 +530,7 @@ def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
         centre_cap=cfg.centre_cap,
         centre_cap_mode=cfg.centre_cap_mode,
         dual_clip_c=cfg.dual_clip_c,
+        fresh_behavior=cfg.fresh_behavior,
     )
 
   return loss_fn

@@ -19,7 +19,10 @@
               E = ``train.ppo_epochs`` passes over them, one optimizer
               update per mini-batch. Replayed rows keep their stored
               log pi_B as behaviour log-probs: their clip window is centred
-              on c = pi_old / pi_B; fresh rows have behaviour = pi_old.
+              on c = pi_old / pi_B; fresh rows have behaviour = pi_old,
+              or (``stale_on``: collected by the weights before the last
+              update, ``rollout.overlap``) their recorded log-probs, so
+              their window is centred on pi_old / pi_behaviour.
   Metrics: B's distance from A on the replayed tokens at the step's start
   (``replay_logp_b_minus_old``: mean log pi_B - log pi_old;
   ``replay_log_c_big_frac``: share with |log c| > 0.2), the share of fresh
@@ -27,7 +30,9 @@
   |advantage| (before dropping or capping: the signal the groups carry),
   each learner metric's mean over the step's updates, and
   ``last_<k>`` for the clip fractions (``clip_frac*``) of the last update,
-  where the window has had the most updates to bind.
+  where the window has had the most updates to bind; with ``stale_on``,
+  ``overlap_logp_gap_on``: mean |log pi_old - log pi_behaviour| on the
+  fresh tokens at the step's start (how stale they are).
 
 ``recompute_behavior_logp(learner, records)``: log pi of every record's
 response tokens by ``learner`` (B's learner after its collection) replaces
@@ -93,6 +98,15 @@ class Rows:
 LOG_C_BIG = 0.2
 
 
+def _stale_gap_sums(batch) -> np.ndarray:
+  """[fresh response tokens, sum of |log pi_old - log pi_behaviour| over
+  them] of a batch with pi_old filled in."""
+  mask = (np.asarray(batch.loss_mask) > 0) & ~np.asarray(
+      batch.is_offpolicy, bool)[:, None]
+  gap = np.abs(np.asarray(batch.old_logp) - np.asarray(batch.behavior_logp))
+  return np.array([mask.sum(), gap[mask].sum()], np.float64)
+
+
 def _behavior_gap_sums(batch) -> np.ndarray:
   """[replayed response tokens, sum of log pi_B - log pi_old over them,
   tokens with |log c| > LOG_C_BIG] of a batch with pi_old filled in: how
@@ -141,11 +155,13 @@ class StepUpdater:
            off: list, source: str, step_key: int, *, ref_params,
            off_adv: Optional[np.ndarray] = None,
            dense_noise_sigma: float = 0.0,
-           dense_scale: float = 1.0) -> dict:
+           dense_scale: float = 1.0, stale_on: bool = False) -> dict:
     """One training step on fresh (``on``) + replayed (``off``) records;
     ``dense_noise_sigma``: the std of the Gaussian noise on dense rewards,
     in their stored units (``RSPOTrainer.dense_noise_sigma``);
-    ``dense_scale``: their multiplier (``credit.step_rewards``)."""
+    ``dense_scale``: their multiplier (``credit.step_rewards``);
+    ``stale_on``: the fresh records' ``behavior_logp`` are those of an
+    earlier policy than the learner's (module docstring, 3.)."""
     n_on, n_off = (int(x) for x in self._sum([len(on), len(off)]))
     if not n_on + n_off:
       return {"skipped_empty": 1.0}
@@ -169,7 +185,7 @@ class StepUpdater:
     if len(keep) < len(rows.records):
       rows = rows.subset(keep)
     metrics.update(self.train_rows(learner, critic, rows, step_key,
-                                   ref_params))
+                                   ref_params, stale_on=stale_on))
     counts = self._sum([metrics.pop("tokens"), (~rows.off).sum(),
                         rows.off.sum()])
     metrics.update({
@@ -294,19 +310,24 @@ class StepUpdater:
     return self.batches.build([rows.records[i] for i in idx],
                               rows.adv_of(idx), rows.off[idx])
 
-  def _with_pi(self, batch, idx: np.ndarray, pi: dict):
+  def _with_pi(self, batch, idx: np.ndarray, pi: dict,
+               stale_on: bool = False):
     """``batch`` with pi_old / pi_ref of its rows from ``pi`` (row index ->
-    log-probs on the row's tokens); behaviour = pi_old on fresh rows."""
+    log-probs on the row's tokens); behaviour = pi_old on fresh rows
+    unless ``stale_on`` (then their recorded log-probs)."""
     old = np.zeros_like(batch.loss_mask)
     ref = np.zeros_like(batch.loss_mask)
     for j, i in enumerate(idx):
       o, r = pi[i]
       old[j, :len(o)], ref[j, :len(r)] = o, r
-    behavior = np.where(batch.is_offpolicy[:, None], batch.behavior_logp, old)
+    behavior = batch.behavior_logp
+    if not stale_on:
+      behavior = np.where(batch.is_offpolicy[:, None], behavior, old)
     return batch._replace(old_logp=old, ref_logp=ref, behavior_logp=behavior)
 
   def train_rows(self, learner: Learner, critic: Optional[Learner],
-                 rows: Rows, step_key: int, ref_params) -> dict:
+                 rows: Rows, step_key: int, ref_params,
+                 stale_on: bool = False) -> dict:
     """The optimizer updates of one step (module docstring, 3.). Returns
     the metrics' means over updates, ``last_clip_frac*``, ``updates``,
     ``train_time_s`` and the ``tokens`` trained on."""
@@ -320,14 +341,16 @@ class StepUpdater:
       lengths = np.asarray(batch.attention_mask).sum(1)
       for j, i in enumerate(idx):
         pi[i] = (old[j, :lengths[j]], ref[j, :lengths[j]])
-      first.append(self._with_pi(batch, idx, pi))
+      first.append(self._with_pi(batch, idx, pi, stale_on))
     divergence = self._sum(sum(_behavior_gap_sums(b) for b in first))
+    stale = self._sum(sum(_stale_gap_sums(b) for b in first)) if stale_on \
+        else None
     t0, per_update, tokens = time.perf_counter(), [], 0
     key = jax.random.key(self.cfg.seed + step_key)
     updates = [(e, idx) for e, ep in enumerate(epochs) for idx in ep]
     for u, (e, idx) in enumerate(updates):
       batch = first[u] if e == 0 else self._with_pi(self._build(rows, idx),
-                                                    idx, pi)
+                                                    idx, pi, stale_on)
       with self.timer.phase("update"):
         m = learner.train(self.batches.to_global(learner, batch),
                           jax.random.fold_in(key, u) if u else key)
@@ -349,16 +372,20 @@ class StepUpdater:
       metrics["replay_logp_b_minus_old"] = float(divergence[1]
                                                  / divergence[0])
       metrics["replay_log_c_big_frac"] = float(divergence[2] / divergence[0])
+    if stale is not None:
+      metrics["overlap_logp_gap_on"] = float(stale[1] / max(stale[0], 1))
     return metrics
 
   # ------------------------------------------------------------ pi_B
   def recompute_behavior_logp(
       self, learner: Learner, records: list,
-      timer: Optional[timing.PhaseTimer] = None) -> float:
+      timer: Optional[timing.PhaseTimer] = None, params=None) -> float:
     """Writes ``learner``'s log pi of each record's response tokens into
     ``record.behavior_logp`` (tokens beyond the learner's row length keep
     the engine's); returns max |engine - learner| over them (all hosts).
-    ``timer``: where the passes' seconds go (another thread: its own)."""
+    ``timer``: where the passes' seconds go (another thread: its own);
+    ``params``: other weights than the learner's (e.g. a snapshot taken
+    before its last update, ``rollout.overlap``)."""
     timer = timer or self.timer
     n_chunks = -(-len(records) // LOGP_CHUNK_ROWS)
     if self.multihost:
@@ -371,7 +398,7 @@ class StepUpdater:
       batch = self.batches.build(recs, np.zeros(len(recs)),
                                  np.zeros(len(recs), bool))
       with timer.phase("logprobs"):
-        logp = self.batches.apply(learner, batch)
+        logp = self.batches.apply(learner, batch, params=params)
       for j, r in enumerate(recs):
         new = logp[j, np.asarray(batch.loss_mask[j]) > 0].astype(np.float32)
         engine = np.asarray(r.behavior_logp, np.float32)
