@@ -321,7 +321,8 @@ def _curves(runs: dict, out_dir: str, name: str, title: str,
 
 
 def spell_markdown(report: dict) -> str:
-  cells = {c["variant"]: c for c in report["cells"]}
+  ran = [c for c in report["cells"] if c["n"]]  # cells not run: no rows
+  cells = {c["variant"]: c for c in ran}
   extra, tasks = report.get("extra"), report["tasks"]
   decs = report["decodings"]
   per_turn = report["env"] != SPELL_ENV  # no fixed episode length
@@ -340,7 +341,7 @@ def spell_markdown(report: dict) -> str:
   ]
   other = [f"{c['label']} (seeds"
            f" {', '.join(str(s) for s in c['other_config_seeds'])})"
-           for c in report["cells"] if c.get("other_config_seeds")]
+           for c in ran if c.get("other_config_seeds")]
   if other:
     lines += ["", "**Trained with other overrides than these** (their"
               " run.json): " + "; ".join(other) + "."]
@@ -358,7 +359,7 @@ def spell_markdown(report: dict) -> str:
               f"Start (shared warm start): {fmt_ci(report['start'][d])}",
               "", "| Method | n | Success | Final − start | − GiGPO |",
               "|---|---:|---:|---:|---:|"]
-    for c in report["cells"]:
+    for c in ran:
       x = c[d]
       lines.append(f"| {c['label']} | {c['n']} | {fmt_ci(x['success'])}"
                    f" | {fmt_ci(x['final_minus_start'], True)}"
@@ -368,7 +369,8 @@ def spell_markdown(report: dict) -> str:
             "| a − b | question | "
             + " | ".join(d for d in decs) + " |",
             "|---|---|" + "---:|" * len(decs)]
-  for k in report["contrasts"]:
+  for k in (k for k in report["contrasts"]
+            if k["a"] in cells and k["b"] in cells):
     lines.append(f"| {LABELS[k['a']]} − {LABELS[k['b']]} | {k['question']}"
                  " | " + " | ".join(fmt_ci(k[d], True)
                                     for d in decs) + " |")
@@ -379,7 +381,7 @@ def spell_markdown(report: dict) -> str:
             " A is the policy trained on the dense reward), 95 % interval"
             " over seeds and steps.", "", "| Method | n | Success |",
             "|---|---:|---:|"]
-  for c in report["cells"]:
+  for c in ran:
     lines.append(f"| {c['label']} | {c['n']} |"
                  f" {fmt_ci(c['early_success'])} |")
   lines += ["", "## B's lift per loop", "",
