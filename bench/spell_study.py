@@ -364,13 +364,15 @@ def spell_markdown(report: dict) -> str:
       lines.append(f"| {c['label']} | {c['n']} | {fmt_ci(x['success'])}"
                    f" | {fmt_ci(x['final_minus_start'], True)}"
                    f" | {fmt_ci(x['minus_baseline'], True)} |")
-  lines += ["", "## Contrasts", "",
-            f"Points, a − b (method_difference, {tasks} shared).", "",
-            "| a − b | question | "
-            + " | ".join(d for d in decs) + " |",
-            "|---|---|" + "---:|" * len(decs)]
-  for k in (k for k in report["contrasts"]
-            if k["a"] in cells and k["b"] in cells):
+  contrasts = [k for k in report["contrasts"]
+               if k["a"] in cells and k["b"] in cells]
+  if contrasts:
+    lines += ["", "## Contrasts", "",
+              f"Points, a − b (method_difference, {tasks} shared).", "",
+              "| a − b | question | "
+              + " | ".join(d for d in decs) + " |",
+              "|---|---|" + "---:|" * len(decs)]
+  for k in contrasts:
     lines.append(f"| {LABELS[k['a']]} − {LABELS[k['b']]} | {k['question']}"
                  " | " + " | ".join(fmt_ci(k[d], True)
                                     for d in decs) + " |")
@@ -384,19 +386,22 @@ def spell_markdown(report: dict) -> str:
   for c in ran:
     lines.append(f"| {c['label']} | {c['n']} |"
                  f" {fmt_ci(c['early_success'])} |")
-  lines += ["", "## B's lift per loop", "",
-            "B's stored collection against its first training collection"
-            " (B = A), same tasks and sampling seeds: success (points) and"
-            " dense return (a won episode's = 1), mean [95 % interval over"
-            " loops within seeds and seeds]; loops counted.", "",
-            "| Method | loops | Success lift | Dense-return lift |",
-            "|---|---:|---:|---:|"]
-  for v in (v for v in RSPO_CELLS if v in cells):
-    c = cells[v]
-    s, dr = c["b_lift"]["b_lift_success"], c["b_lift"]["b_lift_dense_return"]
-    n = 0 if s is None else s["n_values"]
-    lines.append(f"| {c['label']} | {n} | {fmt_ci(s, True)}"
-                 f" | {fmt_ci(dr, True, 2)} |")
+  rspo_cells = [v for v in RSPO_CELLS if v in cells]
+  if rspo_cells:
+    lines += ["", "## B's lift per loop", "",
+              "B's stored collection against its first training collection"
+              " (B = A), same tasks and sampling seeds: success (points) and"
+              " dense return (a won episode's = 1), mean [95 % interval over"
+              " loops within seeds and seeds]; loops counted.", "",
+              "| Method | loops | Success lift | Dense-return lift |",
+              "|---|---:|---:|---:|"]
+    for v in rspo_cells:
+      c = cells[v]
+      s, dr = (c["b_lift"]["b_lift_success"],
+               c["b_lift"]["b_lift_dense_return"])
+      n = 0 if s is None else s["n_values"]
+      lines.append(f"| {c['label']} | {n} | {fmt_ci(s, True)}"
+                   f" | {fmt_ci(dr, True, 2)} |")
   lines += ["", "## Reward hacking: dense return against success", "",
             f"A's first {EDGE_STEPS} and last {EDGE_STEPS} training steps:"
             " rollout success (%) and "
