@@ -64,18 +64,12 @@ import numpy as np
 import run_archive as ra
 from grid import (DENSE, SAMPLED, SPARSE_OVERRIDES, SPARSE_VARIANTS,
                   SPELL_ALGO, SPELL_ENV, SPELL_OVERRIDES, SPELL_SAMPLED,
-                  SPELL_VARIANTS, config_key, sampled_names, sparse_grid,
-                  spell_grid, spell_length, spell_name, with_rl_extra)
+                  SPELL_VARIANTS, config_key, sparse_grid, spell_grid,
+                  spell_length, spell_name, with_rl_extra)
 from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
-from run_files import (FINAL, START, finished_runs, run_config,
-                       warm_start_workdir, write_json, write_text)
-from study_report import _outcomes
-
-
-def decodings(sampled) -> tuple:
-  """(label, start file, final file): greedy, then each sampled one."""
-  return (("greedy", START, FINAL),) + tuple(
-      (label, *sampled_names(tag)) for label, tag, _ in sampled)
+from run_files import (finished_runs, run_config, warm_start_workdir,
+                       write_json, write_text)
+from study_report import _outcomes, decodings
 
 LABELS = {
     "baseline": "GiGPO",

@@ -26,8 +26,14 @@ from report_util import (CURVE_METRIC, X_AXES, archive_note, fmt_ci, pct,
 from run_files import (FINAL, START, finished_runs, run_config,
                        warm_start_workdir, write_json, write_text)
 
-DECODINGS = (("greedy", START, FINAL),) + tuple(
-    (label, *sampled_names(tag)) for label, tag, _ in SAMPLED)
+def decodings(sampled) -> tuple:
+  """(label, start file, final file): greedy, then each of ``sampled``'s
+  (label, tag, temperature)."""
+  return (("greedy", START, FINAL),) + tuple(
+      (label, *sampled_names(tag)) for label, tag, _ in sampled)
+
+
+DECODINGS = decodings(SAMPLED)
 
 
 def _outcomes(paths: Sequence[str]):
