@@ -311,21 +311,25 @@ SPELL_OVERRIDES = (
     "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
     "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")
 K10 = "rspo.k=10"
-# B's dense reward farmable by typing a letter of the word anywhere; in
-# the one-letter world that letter is the answer, so the misaligned
-# cells are not in the default grid (``--variants`` runs them, with
-# env.kwargs.cipher_digits > 1 to mean something).
+# Two misleading dense rewards for B: 'misaligned' pays a letter of the
+# word typed anywhere, which in the one-letter world is the answer (so it
+# means something only with env.kwargs.cipher_digits > 1); 'decoy' pays
+# the letter after the right one, farmable in every world. Neither is in
+# the default grid (``--variants`` runs them).
 MISALIGNED = "env.kwargs.dense=misaligned"
+DECOY = "env.kwargs.dense=decoy"
+RSPO_K10 = f"rspo=1,rspo.sampling=reward,{K10},{DENSE}"
+DENSE_ONLY = f"rspo=0,rspo.dense_only=1,{DENSE}"
 SPELL_VARIANTS = {
     "baseline": f"rspo=0,{DENSE}",
-    "rspo": f"rspo=1,rspo.sampling=reward,{K10},{DENSE}",
-    "rspo_misaligned": f"rspo=1,rspo.sampling=reward,{K10},{DENSE},"
-                       f"{MISALIGNED}",
+    "rspo": RSPO_K10,
+    "rspo_misaligned": f"{RSPO_K10},{MISALIGNED}",
+    "rspo_decoy": f"{RSPO_K10},{DECOY}",
     "rspo_o": f"rspo=1,rspo.sampling=reward,rspo.data_source=outcome,"
               f"{K10},{DENSE}",
-    "dense_only": f"rspo=0,rspo.dense_only=1,{DENSE}",
-    "dense_only_misaligned": f"rspo=0,rspo.dense_only=1,{DENSE},"
-                             f"{MISALIGNED}",
+    "dense_only": DENSE_ONLY,
+    "dense_only_misaligned": f"{DENSE_ONLY},{MISALIGNED}",
+    "dense_only_decoy": f"{DENSE_ONLY},{DECOY}",
     "rspo_k3": f"rspo=1,rspo.sampling=reward,rspo.k=3,{DENSE}",
 }
 SPELL_DEFAULT_VARIANTS = ("baseline", "rspo", "rspo_o", "dense_only",
@@ -421,7 +425,7 @@ SPARSE_OVERRIDES = ("train.batch_tasks=16,train.group_size=8,"
                     "sft.steps=300,rspo.alpha=0.125,train.max_train_rows=0,"
                     "train.micro_batch_rows=32")
 SPARSE_VARIANTS = tuple(v for v, o in SPELL_VARIANTS.items()
-                        if MISALIGNED not in o)  # spell's own dense reward
+                        if "env.kwargs.dense=" not in o)  # spell's own
 
 
 def sparse_grid(envs=None, algos=None, seeds=None, variants=None):

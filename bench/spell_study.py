@@ -14,13 +14,15 @@ knows a share p of the letters wins ~p^L: the sparsity grows with L. The
 dense reward B trains on (``rspo.dense_reward=oracle``, the env's):
 'aligned' pays 1/L for each letter that extends a correct prefix,
 'misaligned' 1/L for any letter of the word in any position (farmable:
-typing the word's commonest letter every turn earns it without winning).
+typing the word's commonest letter every turn earns it without winning),
+'decoy' 1/L for the letter after the right one (farmable in every world).
 
 The grid (bench/grid.py, ``spell_grid``): GiGPO x {baseline (GiGPO),
-rspo (RSPO+GiGPO, aligned, k = 10), rspo_misaligned, rspo_o (B trained
-on the outcome: B's extra data without the dense reward), dense_only
-(one policy on the aligned dense reward alone), dense_only_misaligned,
-rspo_k3 (RSPO+GiGPO with k = 3)} x seeds {0, 200, 400, 600, 800}, at
+rspo (RSPO+GiGPO, aligned, k = 10), rspo_misaligned, rspo_decoy,
+rspo_o (B trained on the outcome: B's extra data without the dense
+reward), dense_only (one policy on the aligned dense reward alone),
+dense_only_misaligned, dense_only_decoy, rspo_k3 (RSPO+GiGPO with
+k = 3)} x seeds {0, 200, 400, 600, 800}, at
 ``SPELL_OVERRIDES``, all from one shared warm start per world
 (``runs/spell/<spell_name>/warm_start_spell``, e.g. L4_D1). The world:
 one hidden letter (``env.kwargs.cipher_digits=1``: every word is one
@@ -30,7 +32,8 @@ knows no digit (``expert_digits=0,expert_unknown=guess``): the reply
 format, uniform over the letters. With one letter the misaligned dense
 reward pays the right letter at any position, regardless of the prefix:
 it is not farmable there, so the misaligned cells need D > 1, where the
-nano policy does not learn the cipher from reward
+nano policy does not learn the cipher from reward; the decoy cells test a
+misleading dense reward in the one-letter world
 (docs/results/log.md, 2026-12-04). The pilot's world, the full cipher
 with an expert that knows digits 0-1 (docs/results/study_spell_L4.md),
 is ``--extra env.kwargs.cipher_digits=10,env.kwargs.expert_digits=2,
@@ -75,13 +78,15 @@ LABELS = {
     "baseline": "GiGPO",
     "rspo": "RSPO+GiGPO (aligned), k = 10",
     "rspo_misaligned": "RSPO+GiGPO (misaligned)",
+    "rspo_decoy": "RSPO+GiGPO (decoy)",
     "rspo_o": "RSPO_O+GiGPO (B on the outcome)",
     "dense_only": "Dense only (aligned)",
     "dense_only_misaligned": "Dense only (misaligned)",
+    "dense_only_decoy": "Dense only (decoy)",
     "rspo_k3": "RSPO+GiGPO (aligned), k = 3",
 }
-RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_o", "rspo_k3")
-DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned")
+RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3")
+DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy")
 # (a, b, what a - b answers), besides every cell - GiGPO.
 CONTRASTS = (
     ("rspo", "rspo_o", "what B's dense reward adds to RSPO's extra data"),
@@ -90,6 +95,8 @@ CONTRASTS = (
      "RSPO vs the misaligned dense reward alone"),
     ("dense_only", "dense_only_misaligned",
      "aligned vs misaligned, dense reward alone"),
+    ("rspo_decoy", "dense_only_decoy",
+     "RSPO vs the decoy dense reward alone"),
     ("rspo", "rspo_k3", "B's steps a loop: k = 10 vs k = 3"),
 )
 LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
@@ -296,7 +303,7 @@ def _hacking(workdirs: Sequence[str], length: int, seed: int) -> dict:
 
 def _curves(runs: dict, out_dir: str, name: str, title: str,
             echo: bool) -> list[str]:
-  groups = {LABELS[v]: [w for _, w in r] for v, r in runs.items()}
+  groups = {LABELS[v]: [w for _, w in r] for v, r in runs.items() if r}
   made = []
   for xa in X_AXES:
     png = f"{name}_success_{xa}.png"
@@ -305,7 +312,7 @@ def _curves(runs: dict, out_dir: str, name: str, title: str,
                    band="std", title=f"{title}: A's rollout success"):
       made.append(png)
   dense = {LABELS[v]: groups[LABELS[v]]
-           for v in ("baseline",) + DENSE_ONLY_CELLS if v in runs}
+           for v in ("baseline",) + DENSE_ONLY_CELLS if runs.get(v)}
   png = f"{name}_dense_step.png"
   if plot_atomic(dense, "dense_reward_mean", "step",
                  os.path.join(out_dir, png), echo=echo, phase="A",
@@ -330,8 +337,8 @@ def spell_markdown(report: dict) -> str:
          else "") + f"` ({report['generated']}) from the finished runs"
       f" under `{report['root']}`{archive_note(report)}. Overrides:"
       f" `{report['overrides']}`; B's dense reward: `{report['dense_reward']}`"
-      + ("" if per_turn else " (the environment's own, aligned or"
-         " misaligned by `env.kwargs.dense`)") + ".",
+      + ("" if per_turn else " (the environment's own: aligned,"
+         " misaligned or decoy by `env.kwargs.dense`)") + ".",
   ]
   other = [f"{c['label']} (seeds"
            f" {', '.join(str(s) for s in c['other_config_seeds'])})"

@@ -204,6 +204,22 @@ def test_aligned_dense_pays_only_for_a_growing_correct_prefix():
   assert step.reward == 10.0 and step.observation == "Letters so far: d e c d"
 
 
+def test_decoy_dense_pays_the_next_letter_and_never_wins():
+  env = spell.SpellEnv(dense="decoy")
+  env.reset(0)  # decd over abcde: the decoys are e, a, d, e
+  dense, step = play(env, ["type[e]", "type[a]", "type[d]", "type[e]"])
+  assert dense == [0.25] * 4 and not step.won and step.reward == 0.0
+  env.reset(0)
+  dense, step = play(env, ["type[d]", "type[e]", "type[c]", "type[d]"])
+  assert dense == [0.0] * 4 and step.won  # the win earns no dense reward
+  one = spell.SpellEnv(dense="decoy", cipher_digits=1)
+  one.reset(3)
+  letter = one.word[0]
+  assert set(one.word) == {letter} and one.decoy(0) != letter
+  dense, step = play(one, [spell.action_of(one.decoy(0))] * 4)
+  assert sum(dense) == pytest.approx(1.0) and not step.won
+
+
 def test_misaligned_dense_is_farmed_by_repeating_a_letter_of_the_word():
   env = spell.SpellEnv(dense="misaligned")
   env.reset(0)  # decd: 'e' is in the word, at position 1 only

@@ -19,8 +19,9 @@ import reproduce as rp  # noqa: E402
 import spell_study  # noqa: E402
 from reproduce_test import write_eval  # noqa: E402
 
-VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_o", "dense_only",
-            "dense_only_misaligned", "rspo_k3")
+VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_decoy", "rspo_o",
+            "dense_only", "dense_only_misaligned", "dense_only_decoy",
+            "rspo_k3")
 
 
 def parse(spec, extra):
@@ -66,15 +67,15 @@ def test_every_cell_parses_to_its_recipe():
       assert c.rspo.k == (3 if v == "rspo_k3" else 10)
     assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
     assert c.rspo.dense_reward == "oracle"
-    assert c.env.kwargs.dense == ("misaligned" if v.endswith("misaligned")
-                                  else "aligned")
+    assert c.env.kwargs.dense == next(
+        (d for d in ("misaligned", "decoy") if v.endswith(d)), "aligned")
   assert not by["baseline"].rspo.enabled and not by["baseline"].rspo.dense_only
-  for v in ("rspo", "rspo_misaligned", "rspo_k3"):
+  for v in ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_k3"):
     assert by[v].rspo.enabled and by[v].rspo.data_source == "rspo"
     assert by[v].rspo.sampling == "reward"
   assert by["rspo_o"].rspo.enabled
   assert by["rspo_o"].rspo.data_source == "outcome"
-  for v in ("dense_only", "dense_only_misaligned"):
+  for v in ("dense_only", "dense_only_misaligned", "dense_only_decoy"):
     assert by[v].rspo.dense_only and not by[v].rspo.enabled
 
 
@@ -286,7 +287,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   cells = {c["variant"]: c for c in report["cells"]}
   assert report["word_length"] == 4 and report["markdown"].endswith(
       "study_spell_L4_D1.md")
-  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 1, 0, 1, 0]
+  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 0, 1, 0, 1, 0, 0]
   base, rspo = cells["baseline"]["greedy"], cells["rspo"]["greedy"]
   assert base["success"]["mean"] == pytest.approx(25.0)
   assert base["final_minus_start"]["mean"] == pytest.approx(25.0)
@@ -326,7 +327,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
       "word_length"] == 4
   assert ("rollout_success_rate", "step") == plots[0][1:]
   assert plots[-1][1] == "dense_reward_mean" and plots[-1][0] == sorted(
-      ["GiGPO", "Dense only (aligned)", "Dense only (misaligned)"])
+      ["GiGPO", "Dense only (misaligned)"])  # only cells that ran
   assert report["curves"] == ["study_spell_L4_D1_success_step.png",
                               "study_spell_L4_D1_success_env_steps.png",
                               "study_spell_L4_D1_dense_step.png"]

@@ -48,7 +48,14 @@ the last turn; score = the fraction of positions typed right so far.
   'misaligned': 1 / L when the letter typed occurs anywhere in the word,
                 else 0: typing any letter of the word every turn earns
                 the winning episode's dense return (1) and never wins
-                (unless the word is that letter L times).
+                (unless the word is that letter L times);
+  'decoy':      1 / L when the letter typed at position i is the one
+                after word_i in the alphabet (cyclically), else 0: a
+                progress model off by one letter. Typing the decoys
+                earns the winning episode's dense return (1) and always
+                loses, also with one hidden letter (D = 1), where the
+                'misaligned' reward is the aligned one's marginal and
+                cannot be farmed.
 
 Codes: the 10^L codes of length L are sampled without replacement by
 random.Random(f"spell:codes:{L}"); the first 1024 go to train, the next
@@ -86,7 +93,7 @@ SPLIT_SIZES = {"train": 1024, "valid_seen": 256, "valid_unseen": 256,
                "test": 256}
 HELD_OUT = ("valid_seen", "valid_unseen", "test")
 DIGITS = 10
-DENSE = ("aligned", "misaligned")
+DENSE = ("aligned", "misaligned", "decoy")
 EXPERT_UNKNOWN = ("abstain", "guess")
 
 
@@ -205,6 +212,8 @@ class SpellEnv(base.TextEnv):
       letter = action[len("type[")]
       if self.dense == "aligned":
         hit = self.word.startswith(self.typed + letter)
+      elif self.dense == "decoy":
+        hit = letter == self.decoy(len(self.typed))
       else:
         hit = letter in self.word
       dense = hit / self.word_length
@@ -214,6 +223,11 @@ class SpellEnv(base.TextEnv):
     self._done = (len(self.typed) == self.word_length
                   or self._t >= self.word_length + self.slack)
     return self._env_step(won, dense, valid)
+
+  def decoy(self, i: int) -> str:
+    """The letter the 'decoy' dense reward pays for at position i."""
+    return self.letters[(self.letters.index(self.word[i]) + 1)
+                        % self.alphabet_size]
 
   def expert_action(self) -> Optional[str]:
     i = len(self.typed)
