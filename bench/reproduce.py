@@ -36,7 +36,8 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              (rspo_jax/intervals.py).
   spell      the spell task (third_party_envs/spell.py, bench/spell_study.py):
              GiGPO x {baseline, rspo, rspo_o, dense_only, rspo_k3} (and
-             by name rspo_misaligned, dense_only_misaligned) x seeds {0,
+             by name rspo_misaligned, dense_only_misaligned, rspo_decoy,
+             dense_only_decoy) x seeds {0,
              200, 400, 600, 800} at SPELL_OVERRIDES (one hidden letter, L = 4), from one
              warm start per world (``--extra
              env.kwargs.word_length=L``; root runs/spell/L<L>_D1);
@@ -48,7 +49,8 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              SPARSE_OVERRIDES): the study's world and 16 x 8 batch, every
              row trained, alpha 1/8, from a 300-step warm start (5 % at
              T = 1); the spell study's cells (GiGPO x {baseline, rspo,
-             rspo_o, dense_only, rspo_k3}) x seeds {0, 200, 400}; greedy,
+             rspo_o, dense_only, rspo_k3}; by name baseline_lora and
+             rspo_lora, LoRA r = 16) x seeds {0, 200, 400}; greedy,
              T = 0.4 and T = 1.0 (3 seeds); root runs/webshop_sparse;
              report ``study_webshop_sparse.{json,md}`` (as spell's). The
              gate: ``--variants baseline,dense_only --rl_extra steps=12

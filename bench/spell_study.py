@@ -84,8 +84,11 @@ LABELS = {
     "dense_only_misaligned": "Dense only (misaligned)",
     "dense_only_decoy": "Dense only (decoy)",
     "rspo_k3": "RSPO+GiGPO (aligned), k = 3",
+    "baseline_lora": "GiGPO, LoRA r = 16",
+    "rspo_lora": "RSPO+GiGPO (aligned), k = 10, LoRA r = 16",
 }
-RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3")
+RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3",
+              "rspo_lora")
 DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy")
 # (a, b, what a - b answers), besides every cell - GiGPO.
 CONTRASTS = (

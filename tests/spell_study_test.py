@@ -57,6 +57,7 @@ def test_every_cell_parses_to_its_recipe():
   for v, c in by.items():
     assert c.seed == 200 and c.env.name == "spell" and c.algo.name == "gigpo"
     assert c.model.preset == "nano" and c.env.history_length == 0
+    assert c.model.lora_rank == 0 and c.train.lr == 3e-4
     assert c.env.kwargs.word_length == 4 and c.env.max_steps == 4
     assert c.env.kwargs.expert_digits == 0 and c.env.eval_split == (
         "valid_seen")
@@ -179,6 +180,14 @@ def test_sparse_grid_parses_to_its_recipe_and_the_gate_shortens_it(
     assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
     assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
   assert by["rspo"].rspo.enabled and by["rspo"].rspo.k == 10
+  # LoRA (issue 39), by name: rank 16, lr 1e-3 against full's 3e-4.
+  lora = {s.variant: cfg(s) for s in grid.sparse_grid(
+      seeds=[0], variants=["baseline", "baseline_lora", "rspo_lora"])}
+  assert [c.model.lora_rank for c in lora.values()] == [0, 16, 16]
+  assert [c.train.lr for c in lora.values()] == [3e-4, 1e-3, 1e-3]
+  assert lora["rspo_lora"].rspo.enabled and lora["rspo_lora"].rspo.k == 10
+  assert not lora["baseline_lora"].rspo.enabled
+  assert "baseline_lora" not in grid.SPELL_VARIANTS
   # The gate: --rl_extra steps=12 comes after the run's own 30 steps.
   (base,) = grid.sparse_grid(seeds=[0], variants=["baseline"])
   assert cfg(base, "steps=12").train.total_steps == 12
