@@ -576,8 +576,11 @@ def mixed_objective(
   = C > 1, a *fresh* token with A < 0 and r = pi_theta / pi_old > C has
   objective C * A, a constant (zero gradient), i.e. on fresh tokens
   objective = max(min(r A, clip(r) A), C A) where A < 0, as verl's
-  ``compute_policy_loss``. Replayed tokens keep the paper's J_off (no dual
-  clip: their window is centred on c, not 1). 0 = off.
+  ``compute_policy_loss``. A stale fresh row (``fresh_behavior``, c =
+  pi_old / pi_behaviour) has the same rule on its ratio to pi_old, times
+  c, as AReaL's decoupled loss: objective = c * max(PPO(r / c), C A),
+  held at C * c * A where r > C * c. Replayed tokens keep the paper's
+  J_off (no dual clip: their window is centred on c, not 1). 0 = off.
 
   Args:
     logp, old_logp, behavior_logp, ref_logp, advantages: [B, T].
@@ -652,10 +655,13 @@ def mixed_objective(
     obj = jnp.where(off_rows, obj * factor, obj)
     over = _masked(over, mask_off)
   if dual_clip_c:
+    # On c * PPO(r / c): r / c = pi_theta / pi_old, c = 1 on rows sampled
+    # by pi_old (exactly: their behaviour is pi_old), so C * c * A below.
     adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))
-    dual = _masked(((adv < 0) & (diag["ratio"] > dual_clip_c)).astype(
-        jnp.float32), mask_on)
-    obj = jnp.where(dual > 0, dual_clip_c * adv, obj)
+    centre = jax.lax.stop_gradient(diag["centre"])
+    dual = _masked(((adv < 0) & (diag["ratio"] > dual_clip_c * centre))
+                   .astype(jnp.float32), mask_on)
+    obj = jnp.where(dual > 0, dual_clip_c * centre * adv, obj)
   kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask), kl_kind)
   per_token = obj - kl_coef * kl
 

@@ -456,6 +456,30 @@ def test_mixed_objective_dual_clip_holds_fresh_negative_tokens_at_c():
     _mixed(arrs, mask, is_off, None, dual_clip_c=1.0)
 
 
+def test_dual_clip_on_a_stale_fresh_row_acts_on_its_ratio_to_pi_old():
+  """One fresh row sampled by an older policy (rollout.overlap), c =
+  pi_old / pi_behaviour = 2, A = -1, r = pi / pi_behaviour:
+
+    r = 7: r / c = 3.5 > C = 3: held at C * c * A = -6 (no gradient)
+    r = 5: r / c = 2.5 <= C: c * min(2.5 A, 1.2 A) = -5, gradient r A
+
+  (a dual clip on r itself would hold r = 5 at -3)."""
+  old = np.array([[-1.0, -1.0]])
+  beh = old - np.log(2.0)
+  logp = beh + np.log([[7.0, 5.0]])
+  adv = -np.ones((1, 2))
+  arrs = [jnp.asarray(x, jnp.float32) for x in (logp, old, beh, logp, adv)]
+  mask = jnp.ones((1, 2))
+  kw = dict(kl_coef=0.0, entropy_coef=0.0, dual_clip_c=3.0,
+            fresh_behavior=True)
+  loss, m = _mixed(arrs, mask, [False], None, **kw)
+  assert np.isclose(loss, (6.0 + 5.0) / 2, atol=ATOL)
+  assert np.isclose(m["clip_frac_on_dual"], 0.5, atol=ATOL)
+  g = jax.grad(lambda lp: _mixed([lp] + arrs[1:], mask, [False], None,
+                                 **kw)[0])(arrs[0])
+  np.testing.assert_allclose(g, [[0.0, 5.0 / 2]], atol=ATOL)
+
+
 def test_mixed_objective_equals_ppo_when_all_on_policy():
   arrs, mask, _ = _mixed_case()
   logp, old, _, ref, adv = arrs
