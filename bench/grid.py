@@ -318,6 +318,7 @@ K10 = "rspo.k=10"
 # the default grid (``--variants`` runs them).
 MISALIGNED = "env.kwargs.dense=misaligned"
 DECOY = "env.kwargs.dense=decoy"
+NO_PENALTY = "algo.invalid_action_penalty=0"
 RSPO_K10 = f"rspo=1,rspo.sampling=reward,{K10},{DENSE}"
 DENSE_ONLY = f"rspo=0,rspo.dense_only=1,{DENSE}"
 SPELL_VARIANTS = {
@@ -331,6 +332,14 @@ SPELL_VARIANTS = {
     "dense_only_misaligned": f"{DENSE_ONLY},{MISALIGNED}",
     "dense_only_decoy": f"{DENSE_ONLY},{DECOY}",
     "rspo_k3": f"rspo=1,rspo.sampling=reward,rspo.k=3,{DENSE}",
+    # One loop of k = 30 = every A step: at L = 8 the dense reward alone
+    # first wins at its step 21, so B needs more than 20 steps to win.
+    "rspo_k30": f"rspo=1,rspo.sampling=reward,rspo.k=30,{DENSE}",
+    # Without the invalid-action penalty (-0.1): B's replayed failures then
+    # carry no advantage at all. Does it close the decoy cell's gap to
+    # GiGPO at T = 1? Each against the baseline with the same reward.
+    "rspo_decoy_nopen": f"{RSPO_K10},{DECOY},{NO_PENALTY}",
+    "baseline_nopen": f"rspo=0,{DENSE},{NO_PENALTY}",
 }
 SPELL_DEFAULT_VARIANTS = ("baseline", "rspo", "rspo_o", "dense_only",
                          "rspo_k3")
@@ -437,7 +446,9 @@ LORA = "model.lora_rank=16,model.lora_alpha=32,train.lr=1e-3"
 SPARSE_TABLE = {v: o for v, o in SPELL_VARIANTS.items()
                 if "env.kwargs.dense=" not in o}  # not spell's own rewards
 SPARSE_TABLE.update(baseline_lora=f"rspo=0,{DENSE},{LORA}",
-                    rspo_lora=f"{RSPO_K10},{LORA}")
+                    rspo_lora=f"{RSPO_K10},{LORA}",
+                    # LoRA at 3x the lr: are its steps too small at 1e-3?
+                    baseline_lora3e3=f"rspo=0,{DENSE},{LORA},train.lr=3e-3")
 SPARSE_VARIANTS = tuple(SPARSE_TABLE)
 
 

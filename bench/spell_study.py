@@ -84,11 +84,15 @@ LABELS = {
     "dense_only_misaligned": "Dense only (misaligned)",
     "dense_only_decoy": "Dense only (decoy)",
     "rspo_k3": "RSPO+GiGPO (aligned), k = 3",
+    "rspo_k30": "RSPO+GiGPO (aligned), k = 30 (one loop)",
+    "rspo_decoy_nopen": "RSPO+GiGPO (decoy), no invalid-action penalty",
+    "baseline_nopen": "GiGPO, no invalid-action penalty",
     "baseline_lora": "GiGPO, LoRA r = 16",
     "rspo_lora": "RSPO+GiGPO (aligned), k = 10, LoRA r = 16",
+    "baseline_lora3e3": "GiGPO, LoRA r = 16, lr 3e-3",
 }
 RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3",
-              "rspo_lora")
+              "rspo_k30", "rspo_decoy_nopen", "rspo_lora")
 DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy")
 # (a, b, what a - b answers), besides every cell - GiGPO.
 CONTRASTS = (
@@ -101,6 +105,10 @@ CONTRASTS = (
     ("rspo_decoy", "dense_only_decoy",
      "RSPO vs the decoy dense reward alone"),
     ("rspo", "rspo_k3", "B's steps a loop: k = 10 vs k = 3"),
+    ("rspo_k30", "rspo", "B's steps a loop: k = 30 vs k = 10"),
+    ("rspo_decoy_nopen", "baseline_nopen",
+     "RSPO (decoy) - GiGPO, both without the invalid-action penalty"),
+    ("baseline_lora3e3", "baseline_lora", "LoRA at lr 3e-3 vs 1e-3"),
 )
 LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
 EARLY_STEPS = 12  # issue 36 item 5b's gate: 12 steps

@@ -21,7 +21,7 @@ from reproduce_test import write_eval  # noqa: E402
 
 VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_decoy", "rspo_o",
             "dense_only", "dense_only_misaligned", "dense_only_decoy",
-            "rspo_k3")
+            "rspo_k3", "rspo_k30", "rspo_decoy_nopen", "baseline_nopen")
 
 
 def parse(spec, extra):
@@ -65,13 +65,17 @@ def test_every_cell_parses_to_its_recipe():
     assert (c.train.batch_tasks, c.train.group_size) == (8, 8)
     assert c.rspo.alpha == 0.125 and c.train.total_steps == 30
     if c.rspo.enabled:
-      assert c.rspo.k == (3 if v == "rspo_k3" else 10)
+      assert c.rspo.k == {"rspo_k3": 3, "rspo_k30": 30}.get(v, 10)
+    assert c.algo.invalid_action_penalty == (
+        0.0 if v.endswith("nopen") else -0.1)
     assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
     assert c.rspo.dense_reward == "oracle"
     assert c.env.kwargs.dense == next(
-        (d for d in ("misaligned", "decoy") if v.endswith(d)), "aligned")
+        (d for d in ("misaligned", "decoy") if d in v), "aligned")
   assert not by["baseline"].rspo.enabled and not by["baseline"].rspo.dense_only
-  for v in ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_k3"):
+  assert not by["baseline_nopen"].rspo.enabled
+  for v in ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_k3", "rspo_k30",
+            "rspo_decoy_nopen"):
     assert by[v].rspo.enabled and by[v].rspo.data_source == "rspo"
     assert by[v].rspo.sampling == "reward"
   assert by["rspo_o"].rspo.enabled
@@ -182,9 +186,10 @@ def test_sparse_grid_parses_to_its_recipe_and_the_gate_shortens_it(
   assert by["rspo"].rspo.enabled and by["rspo"].rspo.k == 10
   # LoRA (issue 39), by name: rank 16, lr 1e-3 against full's 3e-4.
   lora = {s.variant: cfg(s) for s in grid.sparse_grid(
-      seeds=[0], variants=["baseline", "baseline_lora", "rspo_lora"])}
-  assert [c.model.lora_rank for c in lora.values()] == [0, 16, 16]
-  assert [c.train.lr for c in lora.values()] == [3e-4, 1e-3, 1e-3]
+      seeds=[0], variants=["baseline", "baseline_lora", "rspo_lora",
+                           "baseline_lora3e3"])}
+  assert [c.model.lora_rank for c in lora.values()] == [0, 16, 16, 16]
+  assert [c.train.lr for c in lora.values()] == [3e-4, 1e-3, 1e-3, 3e-3]
   assert lora["rspo_lora"].rspo.enabled and lora["rspo_lora"].rspo.k == 10
   assert not lora["baseline_lora"].rspo.enabled
   assert "baseline_lora" not in grid.SPELL_VARIANTS
@@ -296,7 +301,8 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   cells = {c["variant"]: c for c in report["cells"]}
   assert report["word_length"] == 4 and report["markdown"].endswith(
       "study_spell_L4_D1.md")
-  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 0, 1, 0, 1, 0, 0]
+  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 0, 1, 0, 1, 0, 0, 0, 0,
+                                              0]
   base, rspo = cells["baseline"]["greedy"], cells["rspo"]["greedy"]
   assert base["success"]["mean"] == pytest.approx(25.0)
   assert base["final_minus_start"]["mean"] == pytest.approx(25.0)
