@@ -108,6 +108,9 @@ CONTRASTS = (
     ("rspo_k30", "rspo", "B's steps a loop: k = 30 vs k = 10"),
     ("rspo_decoy_nopen", "baseline_nopen",
      "RSPO (decoy) - GiGPO, both without the invalid-action penalty"),
+    ("baseline_nopen", "baseline", "GiGPO without vs with the penalty"),
+    ("rspo_decoy_nopen", "rspo_decoy",
+     "RSPO (decoy) without vs with the penalty"),
     ("baseline_lora3e3", "baseline_lora", "LoRA at lr 3e-3 vs 1e-3"),
 )
 LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
