@@ -340,6 +340,7 @@ SPELL_VARIANTS = {
     # GiGPO at T = 1? Each against the baseline with the same reward.
     "rspo_decoy_nopen": f"{RSPO_K10},{DECOY},{NO_PENALTY}",
     "baseline_nopen": f"rspo=0,{DENSE},{NO_PENALTY}",
+    "rspo_nopen": f"{RSPO_K10},{NO_PENALTY}",
 }
 SPELL_DEFAULT_VARIANTS = ("baseline", "rspo", "rspo_o", "dense_only",
                          "rspo_k3")

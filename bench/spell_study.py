@@ -87,12 +87,13 @@ LABELS = {
     "rspo_k30": "RSPO+GiGPO (aligned), k = 30 (one loop)",
     "rspo_decoy_nopen": "RSPO+GiGPO (decoy), no invalid-action penalty",
     "baseline_nopen": "GiGPO, no invalid-action penalty",
+    "rspo_nopen": "RSPO+GiGPO (aligned), k = 10, no invalid-action penalty",
     "baseline_lora": "GiGPO, LoRA r = 16",
     "rspo_lora": "RSPO+GiGPO (aligned), k = 10, LoRA r = 16",
     "baseline_lora3e3": "GiGPO, LoRA r = 16, lr 3e-3",
 }
 RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3",
-              "rspo_k30", "rspo_decoy_nopen", "rspo_lora")
+              "rspo_k30", "rspo_decoy_nopen", "rspo_nopen", "rspo_lora")
 DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy")
 # (a, b, what a - b answers), besides every cell - GiGPO.
 CONTRASTS = (
@@ -109,6 +110,9 @@ CONTRASTS = (
     ("rspo_decoy_nopen", "baseline_nopen",
      "RSPO (decoy) - GiGPO, both without the invalid-action penalty"),
     ("baseline_nopen", "baseline", "GiGPO without vs with the penalty"),
+    ("rspo_nopen", "baseline_nopen",
+     "RSPO+GiGPO - GiGPO, both without the invalid-action penalty"),
+    ("rspo_nopen", "rspo", "RSPO+GiGPO without vs with the penalty"),
     ("rspo_decoy_nopen", "rspo_decoy",
      "RSPO (decoy) without vs with the penalty"),
     ("baseline_lora3e3", "baseline_lora", "LoRA at lr 3e-3 vs 1e-3"),

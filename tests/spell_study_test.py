@@ -21,7 +21,8 @@ from reproduce_test import write_eval  # noqa: E402
 
 VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_decoy", "rspo_o",
             "dense_only", "dense_only_misaligned", "dense_only_decoy",
-            "rspo_k3", "rspo_k30", "rspo_decoy_nopen", "baseline_nopen")
+            "rspo_k3", "rspo_k30", "rspo_decoy_nopen", "baseline_nopen",
+            "rspo_nopen")
 
 
 def parse(spec, extra):
@@ -75,7 +76,7 @@ def test_every_cell_parses_to_its_recipe():
   assert not by["baseline"].rspo.enabled and not by["baseline"].rspo.dense_only
   assert not by["baseline_nopen"].rspo.enabled
   for v in ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_k3", "rspo_k30",
-            "rspo_decoy_nopen"):
+            "rspo_decoy_nopen", "rspo_nopen"):
     assert by[v].rspo.enabled and by[v].rspo.data_source == "rspo"
     assert by[v].rspo.sampling == "reward"
   assert by["rspo_o"].rspo.enabled
@@ -302,7 +303,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   assert report["word_length"] == 4 and report["markdown"].endswith(
       "study_spell_L4_D1.md")
   assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 0, 1, 0, 1, 0, 0, 0, 0,
-                                              0]
+                                              0, 0]
   base, rspo = cells["baseline"]["greedy"], cells["rspo"]["greedy"]
   assert base["success"]["mean"] == pytest.approx(25.0)
   assert base["final_minus_start"]["mean"] == pytest.approx(25.0)
