@@ -336,8 +336,9 @@ SPELL_VARIANTS = {
     # first wins at its step 21, so B needs more than 20 steps to win.
     "rspo_k30": f"rspo=1,rspo.sampling=reward,rspo.k=30,{DENSE}",
     # Without the invalid-action penalty (-0.1): B's replayed failures then
-    # carry no advantage at all. Does it close the decoy cell's gap to
-    # GiGPO at T = 1? Each against the baseline with the same reward.
+    # carry no advantage at all. Does that close the decoy cell's gap to
+    # GiGPO at T = 1, and is RSPO's gain the penalty's handicap of GiGPO?
+    # Each is compared with the baseline without the penalty.
     "rspo_decoy_nopen": f"{RSPO_K10},{DECOY},{NO_PENALTY}",
     "baseline_nopen": f"rspo=0,{DENSE},{NO_PENALTY}",
     "rspo_nopen": f"{RSPO_K10},{NO_PENALTY}",
