@@ -319,7 +319,14 @@ K10 = "rspo.k=10"
 MISALIGNED = "env.kwargs.dense=misaligned"
 DECOY = "env.kwargs.dense=decoy"
 NO_PENALTY = "algo.invalid_action_penalty=0"
-RSPO_K10 = f"rspo=1,rspo.sampling=reward,{K10},{DENSE}"
+
+
+def rspo_cell(k: int) -> str:
+  """RSPO+GiGPO with reward sampling and k B steps a loop, B on DENSE."""
+  return f"rspo=1,rspo.sampling=reward,rspo.k={k},{DENSE}"
+
+
+RSPO_K10 = rspo_cell(10)
 DENSE_ONLY = f"rspo=0,rspo.dense_only=1,{DENSE}"
 SPELL_VARIANTS = {
     "baseline": f"rspo=0,{DENSE}",
@@ -331,10 +338,10 @@ SPELL_VARIANTS = {
     "dense_only": DENSE_ONLY,
     "dense_only_misaligned": f"{DENSE_ONLY},{MISALIGNED}",
     "dense_only_decoy": f"{DENSE_ONLY},{DECOY}",
-    "rspo_k3": f"rspo=1,rspo.sampling=reward,rspo.k=3,{DENSE}",
+    "rspo_k3": rspo_cell(3),
     # One loop of k = 30 = every A step: at L = 8 the dense reward alone
     # first wins at its step 21, so B needs more than 20 steps to win.
-    "rspo_k30": f"rspo=1,rspo.sampling=reward,rspo.k=30,{DENSE}",
+    "rspo_k30": rspo_cell(30),
     # Without the invalid-action penalty (-0.1): B's replayed failures then
     # carry no advantage at all. Does that close the decoy cell's gap to
     # GiGPO at T = 1, and is RSPO's gain the penalty's handicap of GiGPO?
