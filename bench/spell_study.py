@@ -44,7 +44,7 @@ pilot's archive refuses to be resumed from it.
 The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
 held-out tasks (valid_seen), with 95 % bootstrap intervals
 (rspo_jax/intervals.py): success, final - start (paired, the shared warm
-start), cell - GiGPO and the contrasts ``CONTRASTS`` (method_difference:
+start), cell - its base (GiGPO, or ``BASES``) and the contrasts ``CONTRASTS`` (method_difference:
 goals shared, training seeds resampled within each cell); A's rollout
 success over its first ``EARLY_STEPS`` steps (does a cell find wins
 sooner?); B's lift per loop (metrics.jsonl B_collect rows:
@@ -91,11 +91,22 @@ LABELS = {
     "baseline_lora": "GiGPO, LoRA r = 16",
     "rspo_lora": "RSPO+GiGPO (aligned), k = 10, LoRA r = 16",
     "baseline_lora3e3": "GiGPO, LoRA r = 16, lr 3e-3",
+    "grpo": "GRPO",
+    "grpo_lora": "GRPO, LoRA r = 16",
+    "rspo_grpo": "RSPO+GRPO (aligned), k = 10",
+    "rspo_grpo_lora": "RSPO+GRPO (aligned), k = 10, LoRA r = 16",
 }
 RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3",
-              "rspo_k30", "rspo_decoy_nopen", "rspo_nopen", "rspo_lora")
+              "rspo_k30", "rspo_decoy_nopen", "rspo_nopen", "rspo_lora",
+              "rspo_grpo", "rspo_grpo_lora")
+# The cell each one's "− base" column is taken against: the base algorithm
+# with the same penalty and the same LoRA setting; every other cell's is
+# GiGPO ("baseline").
+BASES = {"rspo_decoy_nopen": "baseline_nopen", "rspo_nopen": "baseline_nopen",
+         "rspo_lora": "baseline_lora", "grpo_lora": "grpo",
+         "rspo_grpo": "grpo", "rspo_grpo_lora": "grpo_lora"}
 DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy")
-# (a, b, what a - b answers), besides every cell - GiGPO.
+# (a, b, what a - b answers), besides every cell - its base.
 CONTRASTS = (
     ("rspo", "rspo_o", "what B's dense reward adds to RSPO's extra data"),
     ("rspo", "rspo_misaligned", "aligned vs misaligned dense reward in RSPO"),
@@ -116,7 +127,22 @@ CONTRASTS = (
     ("rspo_decoy_nopen", "rspo_decoy",
      "RSPO (decoy) without vs with the penalty"),
     ("baseline_lora3e3", "baseline_lora", "LoRA at lr 3e-3 vs 1e-3"),
+    ("rspo_lora", "rspo", "LoRA - full fine-tuning, RSPO+GiGPO"),
+    ("grpo", "baseline", "GRPO - GiGPO"),
+    ("rspo_grpo_lora", "rspo_grpo", "LoRA - full fine-tuning, RSPO+GRPO"),
 )
+
+
+def base_of(variant: str) -> str:
+  """The cell ``variant``'s "− base" column is taken against (BASES)."""
+  return BASES.get(variant, "baseline")
+
+
+def _versus(variant: str) -> str:
+  base = base_of(variant)
+  return "" if base == "baseline" else f" vs {LABELS[base]}"
+
+
 LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
 EARLY_STEPS = 12  # issue 36 item 5b's gate: 12 steps
 EDGE_STEPS = 3  # the first / last A steps of the hacking table
@@ -254,7 +280,7 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
           "final_minus_start": None if x is None or start is None else pct(
               intervals.paired_difference(x, start[0], seed=seed)),
           "minus_baseline": None if v == "baseline" else diff(
-              x, finals["baseline", d]),
+              x, finals[base_of(v), d]),
       }
     wds = [w for _, w in runs[v]]
     cell["early_success"] = _ci_pct(nested_interval(
@@ -368,7 +394,9 @@ def spell_markdown(report: dict) -> str:
       "",
       f"Success rate (%) of A on the 256 held-out {tasks} after training;"
       " *final − start*: points over the shared warm start on the same"
-      f" {tasks} (paired); *− GiGPO*: points over the GiGPO cell. Mean"
+      f" {tasks} (paired); *− base*: points over the GiGPO cell, or over"
+      " the cell named beside it (the same base algorithm, penalty and"
+      " LoRA setting). Mean"
       f" [95 % bootstrap interval]: {tasks} resampled (shared by both"
       " sides of a difference), sampling seeds within one, training seeds"
       " within a cell (rspo_jax/intervals.py).",
@@ -376,13 +404,14 @@ def spell_markdown(report: dict) -> str:
   for d in decs:
     lines += ["", f"## {d}", "",
               f"Start (shared warm start): {fmt_ci(report['start'][d])}",
-              "", "| Method | n | Success | Final − start | − GiGPO |",
+              "", "| Method | n | Success | Final − start | − base |",
               "|---|---:|---:|---:|---:|"]
     for c in ran:
       x = c[d]
       lines.append(f"| {c['label']} | {c['n']} | {fmt_ci(x['success'])}"
                    f" | {fmt_ci(x['final_minus_start'], True)}"
-                   f" | {fmt_ci(x['minus_baseline'], True)} |")
+                   f" | {fmt_ci(x['minus_baseline'], True)}"
+                   f"{_versus(c['variant'])} |")
   contrasts = [k for k in report["contrasts"]
                if k["a"] in cells and k["b"] in cells]
   if contrasts:

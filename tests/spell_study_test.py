@@ -194,6 +194,17 @@ def test_sparse_grid_parses_to_its_recipe_and_the_gate_shortens_it(
   assert lora["rspo_lora"].rspo.enabled and lora["rspo_lora"].rspo.k == 10
   assert not lora["baseline_lora"].rspo.enabled
   assert "baseline_lora" not in grid.SPELL_VARIANTS
+  # GRPO's cells (issue 39) are configs/webshop_grpo.py's algorithm.
+  grpo = {s.variant: cfg(s) for s in grid.sparse_grid(
+      seeds=[0], variants=["grpo", "grpo_lora", "rspo_grpo",
+                           "rspo_grpo_lora"])}
+  want = webshop_grpo.get_config("").algo
+  assert webshop_gigpo.get_config("").algo != want
+  for v, c in grpo.items():
+    assert c.algo == want, v
+  assert [c.model.lora_rank for c in grpo.values()] == [0, 16, 0, 16]
+  assert [c.rspo.enabled for c in grpo.values()] == [False, False, True,
+                                                     True]
   # The gate: --rl_extra steps=12 comes after the run's own 30 steps.
   (base,) = grid.sparse_grid(seeds=[0], variants=["baseline"])
   assert cfg(base, "steps=12").train.total_steps == 12
@@ -230,6 +241,11 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
   cells = {c["variant"]: c for c in report["cells"]}
   assert tuple(cells) == grid.SPARSE_VARIANTS
   assert cells["dense_only"]["greedy"]["minus_baseline"]["mean"] == 50.0
+  # Like for like: RSPO+GRPO is taken against GRPO, and GRPO (not run
+  # here) leaves its column empty rather than falling back on GiGPO.
+  assert spell_study.base_of("rspo_grpo") == "grpo"
+  assert spell_study.base_of("rspo_nopen") == "baseline_nopen"
+  assert spell_study.base_of("rspo") == "baseline"
   assert cells["dense_only"]["other_config_seeds"] == []
   assert cells["dense_only"]["early_success"]["mean"] == pytest.approx(25.0)
   assert report["decodings"] == ["greedy", "T = 0.4, 3 seeds",
