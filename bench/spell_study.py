@@ -44,10 +44,10 @@ pilot's archive refuses to be resumed from it.
 The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
 held-out tasks (valid_seen), with 95 % bootstrap intervals
 (rspo_jax/intervals.py): success, final - start (paired, the shared warm
-start), cell - its base (GiGPO, or ``BASES``) and the contrasts ``CONTRASTS`` (method_difference:
-goals shared, training seeds resampled within each cell); A's rollout
-success over its first ``EARLY_STEPS`` steps (does a cell find wins
-sooner?); B's lift per loop (metrics.jsonl B_collect rows:
+start), cell - its base (GiGPO, or ``BASES``) and the contrasts
+``CONTRASTS`` (method_difference: goals shared, training seeds
+resampled within each cell); A's rollout success over its first
+``EARLY_STEPS`` steps (does a cell find wins sooner?); B's lift per loop (metrics.jsonl B_collect rows:
 ``b_lift_success``, ``b_lift_dense_return``) with an interval over loops
 within seeds and seeds; for the dense-only cells, the dense return
 (L x dense reward per turn) against success over training, first

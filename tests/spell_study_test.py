@@ -230,7 +230,9 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
   root, out = tmp_path / "webshop_sparse_gate", str(tmp_path / "results")
   write_eval(root / "warm_start_webshop" / "eval_start.json", [0, 0, 0, 0])
   extra = grid.sparse_extra()
-  for v, wins in (("baseline", [0, 0, 0, 0]), ("dense_only", [1, 1, 0, 0])):
+  for v, wins in (("baseline", [0, 0, 0, 0]), ("dense_only", [1, 1, 0, 0]),
+                  ("baseline_nopen", [1, 1, 1, 1]),
+                  ("rspo_nopen", [1, 1, 1, 0])):
     (spec,) = grid.sparse_grid(seeds=[0], variants=[v])
     fake_spell_run(root, v, 0, wins, grid.with_rl_extra(
         spec, "steps=12").config_arg(extra), success=[0.0, 0.5] * 3,
@@ -241,10 +243,10 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
   cells = {c["variant"]: c for c in report["cells"]}
   assert tuple(cells) == grid.SPARSE_VARIANTS
   assert cells["dense_only"]["greedy"]["minus_baseline"]["mean"] == 50.0
-  # Like for like: RSPO+GRPO is taken against GRPO, and GRPO (not run
-  # here) leaves its column empty rather than falling back on GiGPO.
+  # Like for like: without the penalty RSPO is taken against GiGPO
+  # without it (75 % - 100 %), not against GiGPO with it (+75).
+  assert cells["rspo_nopen"]["greedy"]["minus_baseline"]["mean"] == -25.0
   assert spell_study.base_of("rspo_grpo") == "grpo"
-  assert spell_study.base_of("rspo_nopen") == "baseline_nopen"
   assert spell_study.base_of("rspo") == "baseline"
   assert cells["dense_only"]["other_config_seeds"] == []
   assert cells["dense_only"]["early_success"]["mean"] == pytest.approx(25.0)
