@@ -47,9 +47,10 @@ held-out tasks (valid_seen), with 95 % bootstrap intervals
 start), cell - its base (GiGPO, or ``BASES``) and the contrasts
 ``CONTRASTS`` (method_difference: goals shared, training seeds
 resampled within each cell); A's rollout success over its first
-``EARLY_STEPS`` steps (does a cell find wins sooner?); B's lift per loop (metrics.jsonl B_collect rows:
-``b_lift_success``, ``b_lift_dense_return``) with an interval over loops
-within seeds and seeds; for the dense-only cells, the dense return
+``EARLY_STEPS`` steps (does a cell find wins sooner?); B's lift per
+loop (metrics.jsonl B_collect rows: ``b_lift_success``,
+``b_lift_dense_return``) with an interval over loops within seeds and
+seeds; for the dense-only cells, the dense return
 (L x dense reward per turn) against success over training, first
 ``EDGE_STEPS`` A steps against the last (reward hacking: dense return up,
 success down); curves of rollout success and dense reward per turn.
