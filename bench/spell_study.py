@@ -139,9 +139,10 @@ def base_of(variant: str) -> str:
   return BASES.get(variant, "baseline")
 
 
-def _versus(variant: str) -> str:
-  base = base_of(variant)
-  return "" if base == "baseline" else f" vs {LABELS[base]}"
+def _versus(cell: dict) -> str:
+  """" vs <label>" after a "− base" number not taken against GiGPO."""
+  base = cell["base"]
+  return "" if base in (None, "baseline") else f" vs {LABELS[base]}"
 
 
 LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
@@ -265,7 +266,9 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
   cells = []
   for v in variants:
     configs = {s: run_config(w) for s, w in runs[v]}
+    base = None if v == "baseline" else base_of(v)
     cell = {"variant": v, "label": LABELS[v], "n": len(runs[v]),
+            "base": base,
             "seeds": [s for s, _ in runs[v]],
             "configs": sorted(set(configs.values()) - {None}),
             "other_config_seeds": _other_config_seeds(env, v, configs,
@@ -280,8 +283,8 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
               intervals.success_interval(x, seed=seed)),
           "final_minus_start": None if x is None or start is None else pct(
               intervals.paired_difference(x, start[0], seed=seed)),
-          "minus_baseline": None if v == "baseline" else diff(
-              x, finals[base_of(v), d]),
+          "minus_baseline": None if base is None else diff(
+              x, finals[base, d]),
       }
     wds = [w for _, w in runs[v]]
     cell["early_success"] = _ci_pct(nested_interval(
@@ -412,7 +415,7 @@ def spell_markdown(report: dict) -> str:
       lines.append(f"| {c['label']} | {c['n']} | {fmt_ci(x['success'])}"
                    f" | {fmt_ci(x['final_minus_start'], True)}"
                    f" | {fmt_ci(x['minus_baseline'], True)}"
-                   f"{_versus(c['variant'])} |")
+                   f"{_versus(c)} |")
   contrasts = [k for k in report["contrasts"]
                if k["a"] in cells and k["b"] in cells]
   if contrasts:

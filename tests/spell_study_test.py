@@ -246,6 +246,7 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
   # Like for like: without the penalty RSPO is taken against GiGPO
   # without it (75 % - 100 %), not against GiGPO with it (+75).
   assert cells["rspo_nopen"]["greedy"]["minus_baseline"]["mean"] == -25.0
+  assert cells["rspo_nopen"]["base"] == "baseline_nopen"
   assert spell_study.base_of("rspo_grpo") == "grpo"
   assert spell_study.base_of("rspo") == "baseline"
   assert cells["dense_only"]["other_config_seeds"] == []
