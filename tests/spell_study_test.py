@@ -248,6 +248,9 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
   assert cells["rspo_nopen"]["greedy"]["minus_baseline"]["mean"] == -25.0
   assert cells["rspo_nopen"]["base"] == "baseline_nopen"
   assert spell_study.base_of("rspo_grpo") == "grpo"
+  # GRPO is not run here: RSPO+GRPO's column stays empty rather than
+  # falling back on GiGPO.
+  assert cells["rspo_grpo"]["greedy"]["minus_baseline"] is None
   assert spell_study.base_of("rspo") == "baseline"
   assert cells["dense_only"]["other_config_seeds"] == []
   assert cells["dense_only"]["early_success"]["mean"] == pytest.approx(25.0)
