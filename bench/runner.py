@@ -111,7 +111,7 @@ def shared_start_eval(env: str, root: str, extra: str = "",
                       eval_flags: Sequence[str] = (),
                       archive: str = "") -> dict:
   """Evaluates the shared warm start once (launch/eval.py, the runs' eval
-  split, tasks, decoding and seed 0) into ``<root>/warm_start_<env>/
+  split and tasks, greedy unless ``eval_flags`` say otherwise, seed 0) into ``<root>/warm_start_<env>/
   eval_start.json``. Every run of the env copies it as its own
   ``eval_start.json`` (launch/train.py then skips its start evaluation):
   the same policy on the same tasks gives the same numbers. ``out_name``
@@ -132,7 +132,7 @@ def shared_start_eval(env: str, root: str, extra: str = "",
   tmp = path + ".tmp"
   rc, wall_s = run_logged(
       [python, EVAL_PY, f"--config={config}", f"--out={tmp}",
-       *eval_flags], workdir, env_vars)
+       *(eval_flags or (GREEDY_EVAL,))], workdir, env_vars)
   out.update(wall_s=wall_s, rc=rc)
   if rc != 0 or not os.path.exists(tmp):
     return {**out, "status": "failed",
@@ -143,10 +143,20 @@ def shared_start_eval(env: str, root: str, extra: str = "",
   return {**out, "status": "done"}
 
 
+# The studies' own evaluations, start and end of every run, are greedy
+# (their "greedy" column), whatever a config's rollout.eval_temperature
+# (CPU WebShop: 0.4); sampled_eval.py adds T = 0.4 and 1. A flag beside
+# --config, so a run's config argument, and what it is compared with, stay
+# those of the runs trained before the default changed.
+GREEDY_TRAIN = "--config.rollout.eval_temperature=0.0"
+GREEDY_EVAL = "--temperature=0"
+
+
 def command(spec: RunSpec, root: str, extra: str = "",
             python: str = sys.executable, mesh: str = "") -> list[str]:
   cmd = [python, TRAIN_PY, f"--config={spec.config_arg(extra)}",
-         f"--workdir={os.path.join(root, spec.name)}", "--no_progress"]
+         GREEDY_TRAIN, f"--workdir={os.path.join(root, spec.name)}",
+         "--no_progress"]
   return cmd + ([f"--mesh={os.path.abspath(mesh)}"] if mesh else [])
 
 

@@ -69,7 +69,7 @@ def test_summary_reads_start_to_end_with_a_paired_interval():
   lines = text.splitlines()
   assert lines[0] == ("RSPO+GRPO on webshop: 6 A steps (2 loops of k = 3),"
                       " 12.6 min")
-  assert lines[1] == "held-out test goals: 8, greedy"
+  assert lines[1] == "held-out test goals: 8, temperature 0.4"
   # +25 points; a paired bootstrap over the 8 goals cannot go below 0 (no
   # goal got worse): 2 goals of +100 and 6 of 0 resampled.
   success = lines[2].split()

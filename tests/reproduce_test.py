@@ -436,6 +436,33 @@ def test_study_grid_cells_and_overrides():
                   "--dry_run"]) == 2
 
 
+def test_study_runs_evaluate_greedy_though_webshop_defaults_to_t04(
+    tmp_path):
+  """CPU WebShop evaluates at the paper's T = 0.4; a study's own start and
+  end evaluations stay greedy (its "greedy" column), by a flag beside
+  --config, so its runs' config arguments are those trained before."""
+  extra = grid.study_extra("webshop")
+  (spec,) = grid.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
+  arg = spec.config_arg(extra)
+  assert webshop_grpo.get_config(arg.split(":", 1)[1]
+                                 ).rollout.eval_temperature == 0.4
+  assert "eval_temperature" not in arg
+  cmd = runner.command(spec, str(tmp_path), extra)
+  assert cmd.index(f"--config={arg}") < cmd.index(
+      "--config.rollout.eval_temperature=0.0")
+  # The warm start's shared evaluation: greedy, unless told otherwise
+  # (/bin/echo writes the command line it was given into the log).
+  ws = tmp_path / "warm_start_webshop"
+  ws.mkdir()
+  for flags, want in (((), "--temperature=0"),
+                      (("--seeds=0,1,2", "--temperature=0.4"),
+                       "--temperature=0.4")):
+    runner.shared_start_eval("webshop", str(tmp_path), python="/bin/echo",
+                             eval_flags=flags)
+    last = (ws / runner.LOG).read_text().splitlines()[-1].split()
+    assert [f for f in last if f.startswith("--temperature")] == [want]
+
+
 def test_rl_extra_reaches_the_rl_runs_not_the_warm_start(tmp_path, capsys):
   """--rl_extra: another RL recipe from the same shared warm start (its
   behaviour cloning and evaluation commands unchanged)."""
