@@ -325,14 +325,33 @@ def _series_or_none(run: str, metric: str, phase: str):
   return (xs, ys) if len(xs) else None
 
 
+def b_lift_points(run: str):
+  """(xs, ys) of B's lift, two points a loop: the success of B's first
+  batch at its first step and of its stored collection, which replays that
+  batch's tasks and seeds (``rspo.b_lift_tasks=first``), at its last; None
+  without B_collect rows that carry ``b_first_success``."""
+  xs, ys, steps = [], [], []
+  for row in read_metrics(os.path.join(run, "metrics.jsonl")):
+    if row.get("phase") == "B" and "b_step" in row:
+      steps.append(row["b_step"])
+    elif row.get("phase") == "B_collect" and steps and (
+        row.get("b_first_success") is not None):
+      xs += [min(steps), max(steps), math.nan]
+      ys += [row["b_first_success"], row["b_stored_success"], math.nan]
+      steps = []
+  return (xs[:-1], ys[:-1]) if xs else None
+
+
 def plot_run(run: str, out_path: str) -> dict:
   """One run's learning curves in one PNG (what launch/train.py leaves in
   its workdir as ``curves.png``).
 
   Left: the success rate of A's training batches against A's step, the
-  start and end evaluations (greedy on held-out goals) marked. Right, when
-  B ran: B's dense reward (right-hand axis) and the success rate of its
-  batches against B's own step (``b_step``).
+  start and end evaluations (held-out goals, rollout.eval_temperature)
+  marked. Right, when B ran: B's dense reward (right-hand axis), the
+  success rate of its batches against B's own step (``b_step``) and, a
+  loop at a time, B's lift (:func:`b_lift_points`): the batches play new
+  tasks every step, the lift the same tasks before and after.
 
   Returns {name: (xs, ys)} of the series drawn; ValueError when the run has
   neither A rows nor evaluations.
@@ -382,6 +401,12 @@ def plot_run(run: str, out_path: str) -> dict:
     if "B success" in drawn:
       lines += ax.plot(*drawn["B success"], marker="o", lw=1.6,
                        color="tab:orange", label="B's batches: success")
+    lift = b_lift_points(run)
+    if lift is not None:
+      drawn["B lift"] = lift
+      lines += ax.plot(*lift, marker="s", ms=6, lw=1.2, ls=":",
+                       color="black",
+                       label="B's lift: its first batch's tasks, replayed")
     ax.set_xlabel("B step")
     ax.set_ylabel("success rate")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

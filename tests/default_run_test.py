@@ -2,6 +2,7 @@
 its figure, and (slow) a shortened run of it through launch/train.py."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -100,6 +101,8 @@ def test_plot_run_draws_a_and_b(tmp_path):
       rows.append({"step": 3 * loop, "phase": "B", "b_step": 3 * loop + i + 1,
                    "rollout_success_rate": 0.2 + 0.01 * i,
                    "dense_reward_mean": 0.5 + 0.1 * i})
+    rows.append({"step": 3 * loop, "phase": "B_collect",
+                 "b_first_success": 0.2, "b_stored_success": 0.3 + loop / 10})
     for i in range(3):
       rows.append({"step": 3 * loop + i + 1, "phase": "A",
                    "rollout_success_rate": 0.2 + 0.02 * i, "env_steps": 10})
@@ -111,6 +114,11 @@ def test_plot_run_draws_a_and_b(tmp_path):
   assert list(drawn["eval success"][0]) == [0.0, 6.0]
   assert list(drawn["B dense reward"][0]) == [1, 2, 3, 4, 5, 6]
   assert list(drawn["A success"][0]) == [1, 2, 3, 4, 5, 6]
+  # B's lift, a loop at a time: from its first step to its last, a gap
+  # (nan) between loops.
+  xs, ys = drawn["B lift"]
+  assert xs[:2] + xs[3:] == [1, 3, 4, 6] and math.isnan(xs[2])
+  assert ys[:2] + ys[3:] == [0.2, 0.3, 0.2, 0.4]
   # A baseline (no B rows) draws A alone; nothing to draw is an error.
   _write_rows(tmp_path / "metrics.jsonl",
               [r for r in rows if r["phase"] != "B"])
