@@ -199,7 +199,8 @@ def _plot(workdir: str) -> str:
 def summary(cfg, workdir: str, start: dict, final: dict, state,
             wall_s: float, curves: str = "") -> str:
   """What a person reads at the end: start -> end success and score with a
-  paired 95 % interval over the same goals (rspo_jax/intervals.py), the
+  paired 95 % interval over the same goals (rspo_jax/intervals.py), RSPO's
+  mechanism from ``<workdir>/metrics.jsonl`` (:func:`_mechanism`), the
   wall time and where the run's files are."""
   algo = cfg.algo.name.upper()
   name = f"RSPO+{algo}" if cfg.rspo.enabled else algo
@@ -227,6 +228,7 @@ def summary(cfg, workdir: str, start: dict, final: dict, state,
     lines.append(row)
   if paired:
     lines.append("  (end - start on the same goals, paired 95 % interval)")
+  lines += _mechanism(workdir)
   files = [("eval_start.json, eval_final.json", "per-goal results"),
            ("metrics.jsonl, tb/", "every step's metrics; TensorBoard logs"),
            ("checkpoints/", "orbax checkpoints; the same command resumes"),
@@ -236,6 +238,34 @@ def summary(cfg, workdir: str, start: dict, final: dict, state,
   lines.append(f"files in {workdir}/")
   lines += [f"  {f:<34}{what}" for f, what in files]
   return "\n".join(lines)
+
+
+def _mechanism(workdir: str) -> list:
+  """Whether RSPO acted, in the summary's words: B's lift (its first
+  batch's success and its stored collection's, which replays those tasks,
+  averaged over loops) and the share of wins among the trajectories A
+  replayed; [] for a run without them."""
+  from rspo_jax.metrics import read_metrics
+
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  lifts = [(r["b_first_success"], r["b_stored_success"])
+           for r in read_metrics(path, "B_collect")
+           if r.get("b_first_success") is not None]
+  wins = [r["replay_success_frac"] for r in read_metrics(path, "A")
+          if r.get("replay_success_frac") is not None]
+  lines = []
+  if lifts:
+    first, stored = (100 * sum(x) / len(lifts) for x in zip(*lifts))
+    row = f"  {'B lift':<9}{first:.1f} % -> {stored:.1f} %"
+    lines.append(f"{row:<32}{stored - first:+.1f} points on B's first"
+                 f" batch's tasks, {len(lifts)} loop{'s' * (len(lifts) != 1)}")
+  if wins:
+    lines.append(f"  {'replay':<9}{100 * sum(wins) / len(wins):.0f} % of"
+                 f" A's replayed trajectories were B's wins,"
+                 f" {len(wins)} A step{'s' * (len(wins) != 1)}")
+  return lines
 
 
 def _paired(start: dict, final: dict, key: str):

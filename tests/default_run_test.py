@@ -60,7 +60,7 @@ class _State:
   a_steps = 6
 
 
-def test_summary_reads_start_to_end_with_a_paired_interval():
+def test_summary_reads_start_to_end_with_a_paired_interval(tmp_path):
   cfg = webshop_grpo.get_config()
   # 8 goals: 2 won at the start, the same 2 and 2 more at the end.
   start = _eval([1, 1, 0, 0, 0, 0, 0, 0], [1, 1, .5, .5, .5, .5, .5, .5])
@@ -82,6 +82,26 @@ def test_summary_reads_start_to_end_with_a_paired_interval():
   assert "paired 95 % interval" in lines[4]
   assert "curves.png" in text and "eval_start.json" in text
   assert "per_task" not in text
+  # No metrics.jsonl under runs/x: nothing about B.
+  assert "B lift" not in text and "replay" not in text
+  # RSPO's mechanism from the run's metrics: B's lift averaged over its
+  # 2 loops ((20 + 30) / 2 -> (40 + 50) / 2 %), the wins among replayed
+  # trajectories over A's steps ((1 + 0.5) / 2).
+  _write_rows(tmp_path / "metrics.jsonl", [
+      {"step": 0, "phase": "B_collect", "b_first_success": 0.2,
+       "b_stored_success": 0.4},
+      {"step": 1, "phase": "A", "replay_success_frac": 1.0},
+      {"step": 3, "phase": "B_collect", "b_first_success": 0.3,
+       "b_stored_success": 0.5},
+      {"step": 4, "phase": "A", "replay_success_frac": 0.5},
+      {"step": 5, "phase": "A"}])
+  text = train.summary(cfg, str(tmp_path), start, final, _State(), 754.0)
+  b_lift, replay = text.splitlines()[5:7]
+  assert b_lift.split()[:9] == ["B", "lift", "25.0", "%", "->", "45.0", "%",
+                                "+20.0", "points"]
+  assert b_lift.endswith("2 loops")
+  assert replay.split()[:3] == ["replay", "75", "%"]
+  assert replay.endswith("2 A steps")
   # Without per-task outcomes: the means, no interval.
   del start["per_task"]
   text = train.summary(cfg, "runs/x", start, final, _State(), 1.0)
@@ -158,6 +178,7 @@ def test_shortened_default_run_ends_with_summary_plot_and_evaluations(
   assert summary.startswith(
       "RSPO+GRPO on webshop: 1 A step (1 loop of k = 1)")
   assert "paired 95 % interval" in summary and "per_task" not in out.stdout
+  assert "B lift" in summary and "replay" in summary
   # Library logs at WARNING: orbax's and JAX's INFO lines are not shown;
   # this script's own are, naming the committed warm start.
   assert "CheckpointManager" not in out.stderr
