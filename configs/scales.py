@@ -329,10 +329,11 @@ CPU = {
     "rollout.max_prompt_tokens": ByEnv(webshop=768, alfworld=768, toy=256,
                                        spell=256),
     # WebShop: 1 RSPO loop of k = 3 at 16 x 8, every row. Measured alone
-    # on 2 cores (docs/results/default_run, 2026-12-03): an A step ~78 s,
-    # a B step ~90 s, B's stored collection ~20 s, ~9.5 min a loop with
-    # its compiles, plus two greedy evaluations of the 256 goals at ~1 min
-    # each: 2 loops took 20.2 min, over the default run's 15; 1 loop fits.
+    # on 2 cores (docs/results/default_run): an A step ~78 s, a B step
+    # ~90 s, B's stored collection ~20 s, ~9 min a loop with its
+    # compiles, plus two evaluations of the 256 goals at ~45 s each: 1
+    # loop took 10.1 min from a fresh clone (2026-12-05); 2 loops took
+    # 20.2 min (2026-12-03), over the default run's 15.
     # The others: 2 loops of k = 3.
     "train.total_steps": ByEnv(webshop=3, alfworld=6, toy=6, spell=6),
     # WebShop: the paper's batch (16 x 8; PPO 128 x 1), what the CPU study
