@@ -230,6 +230,13 @@ def test_analyzer_and_bm25_scores_by_hand():
   assert scores[2] == 0
   assert engine.search("red") == ["A1", "A0"]  # zero-score docs left out
   assert engine.search("green") == []
+  # "s" stems to "", bm25s's placeholder term with no column in the index:
+  # a query holding it (a policy's "men s shoe") ignores it, as any
+  # unknown term, instead of raising (a failed episode at seed 200 of the
+  # default run).
+  assert search.analyze("men s") == ["men", ""]
+  assert list(engine.scores("s")) == [0, 0, 0] and engine.search("s") == []
+  assert list(engine.scores("red s")) == list(scores)
 
 
 def test_search_returns_50_hits_paged_by_10(env):

@@ -79,10 +79,14 @@ class SearchEngine:
     corpus = [analyze(document_text(p)) for p in products]
     self._bm25 = bm25s.BM25(k1=k1, b=b, method="lucene")
     self._bm25.index(corpus, show_progress=False)
+    # The indexed terms. Not bm25s's vocab_dict: that also holds "", its
+    # placeholder, with no column in the index, and a query holding it
+    # raises; "s" (as in "men s") stems to "" (Snowball's Porter).
+    self._terms = frozenset(t for doc in corpus for t in doc)
 
   def scores(self, query: str) -> np.ndarray:
     """BM25 score of every product for ``query`` (unknown terms ignored)."""
-    tokens = [t for t in analyze(query) if t in self._bm25.vocab_dict]
+    tokens = [t for t in analyze(query) if t in self._terms]
     if not tokens:
       return np.zeros(len(self.asins), np.float32)
     return self._bm25.get_scores(tokens)
