@@ -152,6 +152,7 @@ class RSPOTrainer:
                                       self.timer)
     self.leader = self.process_index == 0
     self.progress = progress and self.leader
+    self._bar = None  # run()'s progress bar, which B's steps advance too
     if self.multihost and cfg.rollout.placement == "decoupled":
       raise ValueError(
           "rollout.placement='decoupled' runs in one process only; with"
@@ -531,6 +532,10 @@ class RSPOTrainer:
           [r.outcome_reward for r in on])
       m.update(loop=loop, b_step=loop * self.k + i + 1)
       self.metrics.write(self.state.a_steps, "B", m)
+      if self._bar is not None:
+        self._bar.set_postfix(loop=loop, phase="B", success=(
+            f"{m['rollout_success_rate']:.2f}"), refresh=False)
+        self._bar.update(1)
       self._stop_if_requested(save=False)  # B is redone from A on resume
     if self.decoupled:
       self._start_b_collection(b)
@@ -825,7 +830,9 @@ class RSPOTrainer:
   def run(self, evaluate: Optional[Callable[[Learner, int], dict]] = None):
     c, s = self.cfg, self.state
     total = c.train.total_steps
-    bar = _progress(total, s.a_steps, self.progress, self.run_name)
+    b_steps = self.k if self.uses_b and not c.rspo.dense_only else 0
+    bar = self._bar = _progress(total, s.a_steps, s.phase, self.k, b_steps,
+                                self.progress, self.run_name)
     while s.a_steps < total:
       if s.phase == "B":
         t0, steps0 = time.perf_counter(), s.env_steps
@@ -864,13 +871,15 @@ class RSPOTrainer:
       self.metrics.write(s.a_steps, "time", self._timing(t0, steps0))
       if loop_done:
         self._after_loop_saved()  # a crash before it: finished on resume
-      bar.update(1)
       bar.set_postfix(
-          loop=m["loop"], success=f"{m.get('rollout_success_rate', 0):.2f}",
-          loss=f"{m.get('loss', 0):.3f}",
+          loop=m["loop"], phase="A",
+          success=f"{m.get('rollout_success_rate', 0):.2f}",
+          loss=f"{m.get('loss', 0):.3f}", refresh=False,
       )
+      bar.update(1)
       self._stop_if_requested(save=not saved)
     bar.close()
+    self._bar = None
     return s
 
   def _stop_if_requested(self, save: bool) -> None:
@@ -944,8 +953,23 @@ class _NoMetrics:
     pass
 
 
-def _progress(total: int, initial: int, enabled: bool, name: str):
+def progress_counts(a_total: int, a_done: int, phase: str, k: int,
+                    b_steps: int) -> tuple[int, int]:
+  """(total, done) of the run's progress bar, counting B's steps beside
+  A's: every loop of k A steps (the last may be shorter) has ``b_steps``
+  B steps first (k; 0 without B). B's phase of the loop A is in is done
+  when ``phase`` is "A"; a resume redoes an unfinished one."""
+  loops = -(-a_total // k)
+  loops_b_done = -(-a_done // k) + (phase == "A" and a_done % k == 0)
+  return (a_total + loops * b_steps,
+          a_done + min(loops_b_done, loops) * b_steps)
+
+
+def _progress(a_total: int, a_done: int, phase: str, k: int, b_steps: int,
+              enabled: bool, name: str):
   from tqdm.auto import tqdm
 
-  return tqdm(total=total, initial=initial, desc=f"{name} (A steps)",
+  total, done = progress_counts(a_total, a_done, phase, k, b_steps)
+  what = "B and A steps" if b_steps else "A steps"
+  return tqdm(total=total, initial=done, desc=f"{name} ({what})",
               disable=not enabled, dynamic_ncols=True)

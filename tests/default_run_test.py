@@ -185,3 +185,19 @@ def test_shortened_default_run_ends_with_summary_plot_and_evaluations(
   assert "xla_bridge" not in out.stderr
   assert "Building index" not in out.stderr
   assert scales.WEBSHOP_WARM_START in out.stderr
+
+
+def test_progress_bar_counts_b_steps_beside_a_steps():
+  from rspo_jax.rspo import progress_counts  # noqa: PLC0415
+
+  # The default: 1 loop, 3 B steps then 3 A steps.
+  assert progress_counts(3, 0, "B", 3, 3) == (6, 0)  # fresh start
+  assert progress_counts(3, 0, "A", 3, 3) == (6, 3)  # B done, no A step
+  assert progress_counts(3, 2, "A", 3, 3) == (6, 5)
+  assert progress_counts(3, 3, "B", 3, 3) == (6, 6)  # finished
+  # 12 A steps at k = 10: loops of 10 and 2 A steps, 10 B steps each.
+  assert progress_counts(12, 10, "B", 10, 10) == (32, 20)
+  assert progress_counts(12, 10, "A", 10, 10) == (32, 30)
+  assert progress_counts(12, 12, "A", 10, 10) == (32, 32)
+  # Without B (rspo=0, RSPO_H, the dense reward alone): A's steps only.
+  assert progress_counts(6, 4, "A", 3, 0) == (6, 4)
