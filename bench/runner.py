@@ -111,10 +111,11 @@ def shared_start_eval(env: str, root: str, extra: str = "",
                       eval_flags: Sequence[str] = (),
                       archive: str = "") -> dict:
   """Evaluates the shared warm start once (launch/eval.py, the runs' eval
-  split and tasks, greedy unless ``eval_flags`` say otherwise, seed 0) into ``<root>/warm_start_<env>/
-  eval_start.json``. Every run of the env copies it as its own
-  ``eval_start.json`` (launch/train.py then skips its start evaluation):
-  the same policy on the same tasks gives the same numbers. ``out_name``
+  split and tasks, greedy unless ``eval_flags`` say otherwise, seed 0)
+  into ``<root>/warm_start_<env>/eval_start.json``. Every run of the env
+  copies it as its own ``eval_start.json`` (launch/train.py then skips its
+  start evaluation): the same policy on the same tasks gives the same
+  numbers. ``out_name``
   and ``eval_flags`` (e.g. the study's T = 0.4 evaluation) make another
   evaluation of it. One in ``archive`` is copied into root instead (skipped),
   and a new one is archived."""
