@@ -244,7 +244,8 @@ def _mechanism(workdir: str) -> list:
   """Whether RSPO acted, in the summary's words: B's lift (its first
   batch's success and its stored collection's, which replays those tasks,
   averaged over loops) and the share of wins among the trajectories A
-  replayed; [] for a run without them."""
+  replayed, over the A steps that replayed any; [] for a run without
+  them."""
   from rspo_jax.metrics import read_metrics
 
   path = os.path.join(workdir, "metrics.jsonl")
@@ -253,8 +254,11 @@ def _mechanism(workdir: str) -> list:
   lifts = [(r["b_first_success"], r["b_stored_success"])
            for r in read_metrics(path, "B_collect")
            if r.get("b_first_success") is not None]
-  wins = [r["replay_success_frac"] for r in read_metrics(path, "A")
-          if r.get("replay_success_frac") is not None]
+  # (trajectories, wins) of the A steps that replayed any: a step with
+  # nothing replayed logs replay_success_frac 0 (replayed.metrics).
+  wins = [(r["replay_trajectories"],
+           r["replay_trajectories"] * r["replay_success_frac"])
+          for r in read_metrics(path, "A") if r.get("replay_trajectories")]
   lines = []
   if lifts:
     first, stored = (100 * sum(x) / len(lifts) for x in zip(*lifts))
@@ -262,7 +266,8 @@ def _mechanism(workdir: str) -> list:
     lines.append(f"{row:<32}{stored - first:+.1f} points on B's first"
                  f" batch's tasks, {len(lifts)} loop{'s' * (len(lifts) != 1)}")
   if wins:
-    lines.append(f"  {'replay':<9}{100 * sum(wins) / len(wins):.0f} % of"
+    trajectories, won = (sum(x) for x in zip(*wins))
+    lines.append(f"  {'replay':<9}{100 * won / trajectories:.0f} % of"
                  f" A's replayed trajectories were B's wins,"
                  f" {len(wins)} A step{'s' * (len(wins) != 1)}")
   return lines

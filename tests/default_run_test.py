@@ -86,15 +86,20 @@ def test_summary_reads_start_to_end_with_a_paired_interval(tmp_path):
   assert "B lift" not in text and "replay" not in text
   # RSPO's mechanism from the run's metrics: B's lift averaged over its
   # 2 loops ((20 + 30) / 2 -> (40 + 50) / 2 %), the wins among replayed
-  # trajectories over A's steps ((1 + 0.5) / 2).
+  # trajectories of the steps that replayed any ((4 + 2) / (4 + 4));
+  # step 5 replayed nothing and logs a share of 0 (replayed.metrics).
   _write_rows(tmp_path / "metrics.jsonl", [
       {"step": 0, "phase": "B_collect", "b_first_success": 0.2,
        "b_stored_success": 0.4},
-      {"step": 1, "phase": "A", "replay_success_frac": 1.0},
+      {"step": 1, "phase": "A", "replay_success_frac": 1.0,
+       "replay_trajectories": 4.0},
       {"step": 3, "phase": "B_collect", "b_first_success": 0.3,
        "b_stored_success": 0.5},
-      {"step": 4, "phase": "A", "replay_success_frac": 0.5},
-      {"step": 5, "phase": "A"}])
+      {"step": 4, "phase": "A", "replay_success_frac": 0.5,
+       "replay_trajectories": 4.0},
+      {"step": 5, "phase": "A", "replay_success_frac": 0.0,
+       "replay_trajectories": 0.0},
+      {"step": 6, "phase": "A"}])
   text = train.summary(cfg, str(tmp_path), start, final, _State(), 754.0)
   b_lift, replay = text.splitlines()[5:7]
   assert b_lift.split()[:9] == ["B", "lift", "25.0", "%", "->", "45.0", "%",
