@@ -102,20 +102,22 @@ rename) into ``--out`` (default docs/results):
 Runs live under ``--root`` (runs/ is git-ignored: a fresh clone has none).
 ``--archive DIR`` (e.g. docs/results/archive/study_allrows, committed) keeps
 each finished run's small files there -- run.json, every eval*.json with
-its per_task, metrics.jsonl's A/B/eval rows, command.txt, its final policy
-A as an HF directory (final_policy/, exported from its latest checkpoint
-by launch/export.py with --python); the warm start's done.json,
-evaluations and policy; policies only up to 32 MiB, never checkpoints
+its per_task, metrics.jsonl's A/B/eval rows, command.txt, and policy.json:
+its final policy A's sha256 per file and the command that regenerates it
+(the policy itself is exported by launch/export.py with --python into
+``<root>/<name>/final_policy/``, the local copy); the warm start's
+done.json, evaluations and policy.json; never weights or checkpoints
 (bench/run_archive.py) -- after each run or evaluation finishes and again
 before the reports (``--report_only --archive DIR`` archives what root
 holds). The reports, the curves and the skipping read root and archive,
 root winning: a run finished in the archive only is reported and skipped,
 not trained again, and so is its archived sampled evaluation; one it lacks
-is made of its archived final_policy/ (``model.checkpoint_dir``, an empty
---workdir), else it is 'unavailable'. A run still to train starts from the
-archived warm start's policy, copied back under root (re-made by SFT only
-when none is archived), taking its archived evaluations instead of
-recomputing them.
+is made of its local final_policy/ when that is the archived policy
+(``model.checkpoint_dir``, an empty --workdir), else it is 'unavailable'
+with the command that regenerates it. A run still to train starts from a
+warm start made by SFT under root (its result says whether it matches the
+archived one's sha256), taking the archived evaluations of the warm start
+instead of recomputing them.
 
 Modules (imports point down the list): grid.py (the grids: RunSpec, names,
 overrides), run_files.py (what a run directory holds, finished runs),

@@ -74,8 +74,10 @@ def shared_warm_start(env: str, root: str, extra: str = "",
   differ only in RL. ``done.json`` marks it finished (a crashed SFT is
   redone); one made with another config argument is refused, and so is
   another config than the one of ``archive``'s warm start (its archived
-  evaluations are of that one). An archived policy is copied back instead
-  of behaviour-cloning again (run_archive.restore_policy).
+  evaluations are of that one). The archive holds no weights: a made
+  policy reports ``matches_archive``, whether its weights are those the
+  archive's policy.json records (the very policy the archived runs
+  started from; None when it records none).
   """
   workdir = warm_start_workdir(root, env)
   policy = os.path.join(workdir, "warm_start")
@@ -92,8 +94,6 @@ def shared_warm_start(env: str, root: str, extra: str = "",
           f" {config!r}; use another {flag}")}
   if os.path.exists(done):
     return {**out, "status": "skipped"}
-  if ra.restore_policy(workdir, archive):
-    return {**out, "status": "skipped", "from_archive": archive}
   os.makedirs(workdir, exist_ok=True)
   rc, wall_s = run_logged(sft_command(env, root, extra, python, mesh),
                           workdir, env_vars)
@@ -102,6 +102,9 @@ def shared_warm_start(env: str, root: str, extra: str = "",
     return {**out, "status": "failed",
             "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
   write_json(done, {"config": config})
+  if archived:
+    out["matches_archive"] = ra.matches_archive(
+        policy, os.path.dirname(archived))
   return {**out, "status": "done"}
 
 
@@ -117,8 +120,9 @@ def shared_start_eval(env: str, root: str, extra: str = "",
   start evaluation): the same policy on the same tasks gives the same
   numbers. ``out_name``
   and ``eval_flags`` (e.g. the study's T = 0.4 evaluation) make another
-  evaluation of it. One in ``archive`` is copied into root instead (skipped),
-  and a new one is archived."""
+  evaluation of it. One in ``archive`` is copied into root instead (skipped)
+  unless root's policy is not the archived one (``matches_archive``), and
+  a new one is archived."""
   workdir = warm_start_workdir(root, env)
   path = os.path.join(workdir, out_name)
   tag = "" if out_name == START else (
@@ -126,9 +130,11 @@ def shared_start_eval(env: str, root: str, extra: str = "",
   out = {"run": f"start_eval{tag}_{env}", "workdir": workdir, "eval": path}
   if os.path.exists(path):
     return {**out, "status": "skipped"}
-  if ra.restore(workdir, archive, out_name):
-    return {**out, "status": "skipped", "from_archive": archive}
   policy = os.path.join(workdir, "warm_start")
+  if (archive and ra.matches_archive(policy, ra.archived_dir(
+      workdir, archive)) is not False
+      and ra.restore(workdir, archive, out_name)):
+    return {**out, "status": "skipped", "from_archive": archive}
   config = f"{sft_config_arg(env, extra)},model.checkpoint_dir={policy}"
   tmp = path + ".tmp"
   rc, wall_s = run_logged(

@@ -3,8 +3,10 @@ T = 0.4 and T = 1.0, 3 sampling seeds) into ``eval_final_<tag>.json``.
 
 A run finished under root is evaluated from its latest checkpoint, with
 the config it was trained with (``trained_config``); one finished in the
-archive only, from its archived ``final_policy/`` (``with_policy``,
-``archived_policy_eval``); without either it is 'unavailable'.
+archive only, from its local ``<root>/<name>/final_policy/`` when that is
+the archived policy (its policy.json sha256; ``with_policy``,
+``archived_policy_eval``); without either it is 'unavailable', its error
+the one line that regenerates the policy.
 """
 
 from __future__ import annotations
@@ -56,10 +58,11 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
   ``eval_final_<tag>.json``, then archived; skipped when that exists, or
   when ``archive`` holds it for this run (copied into root when the run is
   finished there: the same eval_final.json). A run finished in the archive
-  only has no checkpoint: its archived ``final_policy/`` is evaluated
-  instead (``archived_policy_eval``); without one (a policy over
-  MAX_POLICY_BYTES, or archived before final policies were kept) it is
-  'unavailable' (its cell has no interval at this decoding). 'failed' when
+  only has no checkpoint: its local ``<root>/<name>/final_policy/``
+  (run_archive.local_policy) is evaluated instead (``archived_policy_eval``;
+  'failed' when its weights are not the archived ones); without one it is
+  'unavailable' (its cell has no interval at this decoding), its error
+  naming the command that regenerates the policy. 'failed' when
   unfinished."""
   workdir = os.path.join(root, spec.name)
   name = sampled_names(tag)[1]
@@ -71,13 +74,16 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
   if found != workdir:  # finished in the archive only
     if os.path.isfile(os.path.join(found, name)):
       return {**out, "status": "skipped", "archived": found}
-    if ra.final_policy(found):
-      return archived_policy_eval(spec, root, found, extra, python, env_vars,
-                                  tag, temperature)
-    return {**out, "status": "unavailable", "error": (
-        f"{found} has no {name} nor {ra.FINAL_POLICY}/ (over"
-        f" {ra.MAX_POLICY_BYTES} bytes, or archived before final policies"
-        f" were kept), and {workdir} no checkpoint to evaluate")}
+    policy = ra.local_policy(root, spec.name)
+    if not policy:
+      return {**out, "status": "unavailable", "error": ra.regenerate_hint(
+          found, os.path.join(workdir, ra.FINAL_POLICY))}
+    if ra.matches_archive(policy, found) is False:
+      return {**out, "status": "failed", "error": (
+          f"{policy} is not the archived policy: its {ra.POLICY_WEIGHTS}"
+          f" sha256 differs from {os.path.join(found, ra.POLICY_JSON)}'s")}
+    return archived_policy_eval(spec, root, found, policy, extra, python,
+                                env_vars, tag, temperature)
   if not is_finished(workdir):
     return {**out, "status": "failed", "error": "the run is unfinished"}
   if ra.same_run(workdir, archive) and ra.restore(workdir, archive, name):
@@ -97,24 +103,24 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
   return {**out, "status": "done"}
 
 
-def archived_policy_eval(spec: RunSpec, root: str, found: str,
+def archived_policy_eval(spec: RunSpec, root: str, found: str, policy: str,
                          extra: str = "", python: str = sys.executable,
                          env_vars: Optional[dict] = None, tag: str = "t04",
                          temperature: float = 0.4) -> dict:
   """``sampled_final_eval`` of a run finished in the archive only (``found``
-  = ``<archive>/<name>``): launch/eval.py with ``--config=<its trained
-  config>,model.checkpoint_dir=<found>/final_policy`` and a fresh, empty
+  = ``<archive>/<name>``) from the policy directory ``policy`` (its local
+  copy): launch/eval.py with ``--config=<its trained
+  config>,model.checkpoint_dir=<policy>`` and a fresh, empty
   ``--workdir`` (``<root>/<name>.final_policy_eval_<tag>``: no checkpoint
   there, so the policy evaluated is the archived one; its train.log is kept
   when the evaluation fails, the directory removed when it succeeds). The
   file is written into ``found`` (``ra.archive_file``), with ``a_steps``
   from the export's export.json and ``policy``: 'final_policy'."""
   name = sampled_names(tag)[1]
-  policy = ra.final_policy(found)
   scratch = os.path.join(root, f"{spec.name}.final_policy_eval_{tag}")
   out = {"run": f"{spec.name}_{tag}", "workdir": scratch,
          "eval": os.path.join(found, name), "archived": found,
-         "evaluated": f"the archived final policy {policy}"}
+         "evaluated": f"the archived run's final policy {policy}"}
   if os.path.isdir(scratch):  # an earlier attempt's: start empty
     shutil.rmtree(scratch)
   os.makedirs(scratch)

@@ -3,6 +3,7 @@ the reports) and bench/ablations.py: the grid, skipping and resuming runs,
 and the reports (numbers worked out by hand from synthetic runs)."""
 
 import ast
+import hashlib
 import json
 import os
 import shutil
@@ -979,12 +980,27 @@ def test_archive_copy_cut_short_is_not_a_finished_run(tmp_path, monkeypatch):
   assert not os.path.exists(dst / "eval_final_t04.json")
 
 
-def test_archived_warm_start_policy_is_restored_not_cloned_again(
-    tmp_path, monkeypatch):
-  """Behaviour cloning is not reproducible across sessions (the WebShop
-  study's re-made warm start scored 24.6 % where the archived one scored
-  28.5 %): a small policy is archived and a fresh root gets that very policy
-  back instead of a new SFT (python=/bin/false: an SFT would fail)."""
+def fake_sft_python(tmp_path, weights):
+  """A --python whose launch/sft.py writes a policy of ``weights`` into
+  ``--workdir``/warm_start."""
+  fake = tmp_path / "fake_sft"
+  fake.write_text(
+      f"#!{sys.executable}\nimport os, sys\n"
+      "wd = [a.split('=', 1)[1] for a in sys.argv if a.startswith("
+      "'--workdir=')][0]\n"
+      "os.makedirs(os.path.join(wd, 'warm_start'), exist_ok=True)\n"
+      "open(os.path.join(wd, 'warm_start', 'config.json'), 'w').write('{}')\n"
+      "open(os.path.join(wd, 'warm_start', 'model.safetensors'), 'wb')"
+      f".write({weights!r})\n")
+  fake.chmod(0o755)
+  return str(fake)
+
+
+def test_archived_warm_start_is_described_not_kept(tmp_path):
+  """The archive keeps a warm start's sha256s and the launch/sft.py line
+  that regenerates it, never its weights; a fresh root re-makes it by SFT
+  and says whether it is the archived policy: its archived evaluation is
+  taken only then (the same policy gives the same numbers)."""
   root, arch = tmp_path / "runs", tmp_path / "archive"
   ws = root / "warm_start_webshop"
   sft = runner.sft_config_arg("webshop", grid.study_extra("webshop"))
@@ -992,34 +1008,40 @@ def test_archived_warm_start_policy_is_restored_not_cloned_again(
   (ws / "done.json").write_text(json.dumps({"config": sft}))
   (ws / "warm_start" / "config.json").write_text("{}")
   (ws / "warm_start" / "model.safetensors").write_bytes(b"w" * 100)
+  write_eval(ws / "eval_start.json", [1, 0])
   written = ra.archive_root(str(root), str(arch))
-  assert written["warm_start_webshop"][-3:] == [
-      "warm_start/config.json", "warm_start/model.safetensors", "done.json"]
-  fresh = tmp_path / "fresh"
-  r = runner.shared_warm_start("webshop", str(fresh),
-                               grid.study_extra("webshop"),
-                               python="/bin/false", archive=str(arch))
-  assert r["status"] == "skipped" and r["from_archive"] == str(arch)
-  got = fresh / "warm_start_webshop"
-  assert files_under(got) == ["done.json", "warm_start/config.json",
-                              "warm_start/model.safetensors"]
-  assert (got / "warm_start" / "model.safetensors").read_bytes() == b"w" * 100
-  # A policy over the size limit (paper scale) is not archived: re-made.
-  monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 99)
-  arch2 = tmp_path / "archive2"
-  ra.archive_root(str(root), str(arch2))
-  assert files_under(arch2) == ["warm_start_webshop/done.json"]
-  r = runner.shared_warm_start("webshop", str(tmp_path / "fresh2"),
-                               grid.study_extra("webshop"), python="/bin/false",
-                           archive=str(arch2))
-  assert r["status"] == "failed"  # an SFT was started (and failed)
+  assert written["warm_start_webshop"] == [
+      "policy.json", "done.json", "eval_start.json"]
+  assert files_under(arch) == [
+      "warm_start_webshop/done.json", "warm_start_webshop/eval_start.json",
+      "warm_start_webshop/policy.json"]
+  record = json.load(open(arch / "warm_start_webshop" / "policy.json"))
+  assert record["policy"] == "warm_start" and record["bytes"] == 102
+  assert record["sha256"]["model.safetensors"] == (
+      hashlib.sha256(b"w" * 100).hexdigest())
+  assert record["command"] == (
+      f"python launch/sft.py --config={ra.relative(sft)}"
+      f" --workdir={ws}")  # outside the clone: absolute
+  assert ra.archive_root(str(root), str(arch)) == {}
+  for weights, matches in ((b"w" * 100, True), (b"v" * 100, False)):
+    fresh = tmp_path / f"fresh_{matches}"
+    r = runner.shared_warm_start(
+        "webshop", str(fresh), grid.study_extra("webshop"),
+        python=fake_sft_python(tmp_path, weights), archive=str(arch))
+    assert r["status"] == "done" and r["matches_archive"] is matches
+    r = runner.shared_start_eval("webshop", str(fresh),
+                                 grid.study_extra("webshop"),
+                                 python="/bin/false", archive=str(arch))
+    # The archived evaluation when it is the same policy, else a new one
+    # (which /bin/false fails).
+    assert r["status"] == ("skipped" if matches else "failed")
 
 
 def fake_export(calls):
   """An exporter writing a 100-byte 'policy' (the real one, launch/export.py,
   is checked on a real run: its evaluation equals the checkpoint's)."""
   def export(workdir, config, out, python=sys.executable):
-    calls.append((workdir, config))
+    calls.append((workdir, config, out))
     os.makedirs(out)
     for n, data in (("config.json", b"{}"), ("tokenizer.json", b"{}"),
                     ("export.json", b'{"a_steps": 30}'),
@@ -1043,14 +1065,16 @@ def fake_eval_python(tmp_path):
   return str(fake)
 
 
-def test_final_policy_archived_and_evaluated_after_root_is_gone(
+def test_final_policy_described_and_evaluated_from_a_local_copy(
     tmp_path, monkeypatch):
-  """A finished run's policy A is archived (final_policy/, weights last,
-  exported once); a later session without root evaluates it for a sampled
-  evaluation the run missed (the trained config, model.checkpoint_dir
-  replaced by the archived policy, an empty --workdir) and archives the
-  file; over MAX_POLICY_BYTES nothing is kept and the evaluation stays
-  'unavailable'."""
+  """A finished run's policy A is exported once into its workdir's
+  final_policy/ (the local copy) and described in the archive's
+  policy.json (sha256s, the command that regenerates it), no weights
+  archived. A later session without the run evaluates the local copy for a
+  sampled evaluation the run missed (the trained config, model.checkpoint_dir
+  replaced by it, an empty --workdir) and archives the file; without one the
+  evaluation is 'unavailable' with that command; a local copy of other
+  weights is refused; over MAX_POLICY_BYTES nothing is recorded."""
   root, arch = tmp_path / "runs", tmp_path / "archive"
   (spec,) = grid.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
   wd = study_run(root, spec.name, [1, 0])
@@ -1062,40 +1086,64 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   calls = []
   monkeypatch.setattr(ra, "export_policy", fake_export(calls))
   written = ra.archive_root(str(root), str(arch))[spec.name]
-  policy = arch / spec.name / "final_policy"
-  assert sorted(written[:3]) == [f"final_policy/{n}" for n in (
-      "config.json", "export.json", "tokenizer.json")]
-  assert written[3] == "final_policy/model.safetensors"  # weights last
-  assert written[-1] == "eval_final.json" and calls == [(wd, trained)]
-  assert ra.final_policy(str(arch / spec.name)) == str(policy)
+  assert written[0] == "policy.json"
+  assert written[-1] == "eval_final.json" and calls == [
+      (wd, trained, os.path.join(wd, "final_policy.tmp"))]
+  assert not [n for n in files_under(arch) if "safetensors" in n]
+  local = os.path.join(wd, "final_policy")
+  assert ra.local_policy(str(root), spec.name) == local
+  record = json.load(open(arch / spec.name / "policy.json"))
+  assert record["sha256"]["model.safetensors"] == (
+      hashlib.sha256(b"w" * 100).hexdigest())
+  assert record["export"] == {"a_steps": 30} and record["bytes"] == 119
+  assert record["command"] == (
+      f"python launch/train.py --config={trained} --workdir={wd} && python"
+      f" launch/export.py --config={trained} --workdir={wd}"
+      f" --out={local}")
   assert ra.archive_root(str(root), str(arch)) == {}  # not exported again
   assert len(calls) == 1
-  # A later session: root is gone; the T = 0.4 evaluation was never made.
+  # A later session: the run is gone, its local policy kept; the T = 0.4
+  # evaluation was never made.
+  saved = tmp_path / "saved_policy"
+  shutil.copytree(local, saved)
   shutil.rmtree(root)
+  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
+                                      archive=str(arch))
+  assert r["status"] == "unavailable" and r["error"] == (
+      f"no policy at {local}; regenerate it (code of commit"
+      f" {record['code']}): {record['command']}")
+  shutil.copytree(saved, local)
   python = fake_eval_python(tmp_path)
   r = sampled_eval.sampled_final_eval(spec, str(root), python=python,
                                       archive=str(arch))
-  assert r["status"] == "done" and str(policy) in r["evaluated"]
+  assert r["status"] == "done" and local in r["evaluated"]
   argv = json.load(open(tmp_path / "argv.json"))
   config = [a for a in argv if a.startswith("--config=")][0]
   assert config == "--config=" + study_config(spec.name) + (
-      f",model.checkpoint_dir={policy}")
+      f",model.checkpoint_dir={local}")
   scratch = os.path.join(str(root), f"{spec.name}.final_policy_eval_t04")
   assert f"--workdir={scratch}" in argv and not os.path.exists(scratch)
-  assert not os.path.exists(root / spec.name)  # no run dir made
   got = json.load(open(arch / spec.name / "eval_final_t04.json"))
   assert got["a_steps"] == 30 and got["policy"] == "final_policy"
   r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
                                       archive=str(arch))
   assert r["status"] == "skipped" and r["archived"] == str(arch / spec.name)
-  # Over the size limit: not archived, no evaluation possible.
+  # Other weights at the local path: not the archived policy, refused.
+  with open(os.path.join(local, "model.safetensors"), "wb") as f:
+    f.write(b"v" * 100)
+  r = sampled_eval.sampled_final_eval(spec, str(root), python=python,
+                                      tag="t10", temperature=1.0,
+                                      archive=str(arch))
+  assert r["status"] == "failed" and "not the archived policy" in r["error"]
+  shutil.rmtree(root)
+  # Over the size limit: nothing recorded, no evaluation possible.
   monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 99)
   wd = study_run(root, spec.name, [1, 0])
   os.makedirs(os.path.join(wd, "checkpoints", "60"))
   arch2 = tmp_path / "archive2"
   n = len(calls)
   ra.archive_root(str(root), str(arch2))
-  assert not os.path.exists(arch2 / spec.name / "final_policy")
+  assert not os.path.exists(arch2 / spec.name / "policy.json")
   assert json.load(open(arch2 / spec.name / ra.TOO_LARGE)) == {
       "bytes": 119, "max_bytes": 99}  # the exported files' bytes
   ra.archive_root(str(root), str(arch2))
@@ -1113,14 +1161,14 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 6000)
   ra.archive_root(str(root), str(arch3))
   assert len(calls) == n + 3
-  assert (arch3 / spec.name / "final_policy" / "model.safetensors").exists()
+  assert os.path.exists(arch3 / spec.name / "policy.json")
   assert not os.path.exists(arch3 / spec.name / ra.TOO_LARGE)
   monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 99)
   shutil.rmtree(root)
   r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
                                       archive=str(arch2))
-  assert r["status"] == "unavailable" and "final_policy" in r["error"]
-  # Another training of the run: its archived policy is replaced.
+  assert r["status"] == "unavailable" and "policy.json" in r["error"]
+  # Another training of the run: its policy.json is replaced.
   monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 32 << 20)
   wd = study_run(root, spec.name, [0, 0])
   os.makedirs(os.path.join(wd, "checkpoints", "60"))
@@ -1128,7 +1176,7 @@ def test_final_policy_archived_and_evaluated_after_root_is_gone(
   ra.archive_run(wd, str(arch))
   assert len(calls) == n + 1 and ra.same_run(wd, str(arch))
   assert not os.path.exists(arch / spec.name / "eval_final_t04.json")
-  assert (policy / "model.safetensors").read_bytes() == b"w" * 100
+  assert os.path.exists(arch / spec.name / "policy.json")
 
 
 def test_with_policy_points_the_trained_config_at_the_archived_policy():
