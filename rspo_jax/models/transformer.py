@@ -57,7 +57,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from rspo_jax import sharding as _sharding  # noqa: F401  (sets flax flags)
-from rspo_jax.models import lora, splash
+from rspo_jax.models import lora_layers as lora, splash
 from rspo_jax.models.config import ModelConfig
 
 _MASK_VALUE = -1e30  # finite, so fully-masked (padding) rows give no NaN
