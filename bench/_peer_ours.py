@@ -143,8 +143,9 @@ def task_gen(args, shape):
 def main(argv=None):
   args = _common.worker_parser(__doc__.splitlines()[0]).parse_args(argv)
   shape = _common.parse_shape(args.shape) if args.task != "matmul" else {}
-  {"train": task_train, "gen": task_gen, "matmul": _common.task_jax_matmul}[args.task](
-      args, shape)
+  tasks = {"train": task_train, "gen": task_gen,
+           "matmul": _common.task_jax_matmul}
+  tasks[args.task](args, shape)
 
 
 if __name__ == "__main__":

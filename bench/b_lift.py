@@ -35,7 +35,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from rspo_jax import build, intervals  # noqa: E402
-from configs import base  # noqa: E402
 
 KEYS = ("b_first_success", "b_stored_success", "b_lift_success",
         "b_first_dense_return", "b_stored_dense_return",

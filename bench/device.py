@@ -39,8 +39,9 @@ visible devices (mesh (1, N, 1)) and on one device (when N > 1):
               cache), step seconds, model-FLOPs MFU (causal attention
               counted at half, as MaxText) and executed-FLOPs HFU (remat's
               second forward; the attention the kernel computes)
-              (bench/_common.py), the compiled program's peak bytes a device (memory_analysis:
-              arguments + outputs - aliased + temporaries) beside the
+              (bench/_common.py), the compiled program's peak bytes a
+              device (memory_analysis: arguments + outputs - aliased +
+              temporaries) beside the
               plan's estimate (rspo_jax/plan.py train_step_bytes), the
               allocator's peak so far (memory_stats; accelerators only),
               and the count of all-gather / all-reduce / reduce-scatter
@@ -55,7 +56,8 @@ visible devices (mesh (1, N, 1)) and on one device (when N > 1):
 --kernel_check (bench/device_check.sh runs it first): the attention kernel
 model.attention='auto' picks here (cuDNN on GPU, splash on TPU; on CPU
 none, XLA's path only; --kernel_impl names another) against XLA's path, at
-Qwen2.5-1.5B's attention shape (12 / 2 heads of 128), bf16 inputs with a large-activation kv head (KERNEL_SHIFT), causal,
+Qwen2.5-1.5B's attention shape (12 / 2 heads of 128), bf16 inputs with a
+large-activation kv head (KERNEL_SHIFT), causal,
 on rows of 0, 1, 640, 704 and 768 real tokens padded to 768, and 0, 1,
 640, 704 to 704 (--smoke: 4 / 2 heads of 32; 0, 1, 96, 128 padded to 128; 0, 1,
 40, 64 to 64). Each row is run as the model gives
@@ -285,7 +287,9 @@ def paper_train(cfg, mesh, run, peak_flops, out, label):
   del state, params
 
   def one():
-    holder[0], last["metrics"] = compiled(holder[0], batch, key, frozen)
+    # F821: pyflakes sees the later `del holder, compiled`; one() runs before.
+    holder[0], last["metrics"] = compiled(  # noqa: F821
+        holder[0], batch, key, frozen)  # noqa: F821
     return last["metrics"]
 
   t = _common.time_calls(one, iters=run["iters"], sync=jax.block_until_ready)

@@ -38,8 +38,8 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              GiGPO x {baseline, rspo, rspo_o, dense_only, rspo_k3} (and
              by name rspo_misaligned, dense_only_misaligned, rspo_decoy,
              dense_only_decoy) x seeds {0,
-             200, 400, 600, 800} at SPELL_OVERRIDES (one hidden letter, L = 4), from one
-             warm start per world (``--extra
+             200, 400, 600, 800} at SPELL_OVERRIDES (one hidden letter,
+             L = 4), from one warm start per world (``--extra
              env.kwargs.word_length=L``; root runs/spell/L<L>_D1);
              greedy and T = 1.0 (3 seeds) on 256 held-out tasks; report
              ``study_spell_L<L>_D1.{json,md}`` (intervals, B's lift, the

@@ -71,7 +71,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from typing import Optional
 
 FINAL = "eval_final.json"  # a finished run's mark (bench/run_files.py)
@@ -281,7 +280,8 @@ def matches_archive(policy: str, run: str) -> Optional[bool]:
   ``<run>/policy.json`` records (None when it records none or ``policy``
   is incomplete)."""
   record = read_policy_json(run)
-  if not complete(policy) or not record or POLICY_WEIGHTS not in record["sha256"]:
+  if not (complete(policy) and record
+          and POLICY_WEIGHTS in record["sha256"]):
     return None
   return sha256_files(policy).get(POLICY_WEIGHTS) == (
       record["sha256"][POLICY_WEIGHTS])

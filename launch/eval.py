@@ -3,7 +3,8 @@ r"""Evaluates a policy on a fixed split: success rate and score (JSON out).
   # the latest checkpoint of a training run
   python launch/eval.py --config=configs/webshop_grpo.py --workdir=runs/x
   # a Hugging Face model directory (safetensors + tokenizer)
-  python launch/eval.py --config=configs/webshop_grpo.py:model.checkpoint_dir=DIR
+  python launch/eval.py \
+      --config=configs/webshop_grpo.py:model.checkpoint_dir=DIR
   # several seeds at temperature 0.4 (the paper's evaluation decoding)
   python launch/eval.py --config=... --workdir=runs/x --seeds=0,1,2 \
       --temperature=0.4 --num_tasks=200 --out=eval.json

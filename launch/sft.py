@@ -3,7 +3,8 @@ r"""Warm start: supervised fine-tuning on expert episodes (or your JSONL).
   # the environment's scripted expert (what the embedded default does)
   python launch/sft.py --config=configs/webshop_grpo.py --workdir=runs/x
   # your own trajectories: one JSON object per line,
-  #   {"prompt": "<user message>", "response": "<think>..</think><action>..</action>"}
+  #   {"prompt": "<user message>",
+  #    "response": "<think>..</think><action>..</action>"}
   python launch/sft.py --config=... --workdir=runs/x --jsonl=trajs.jsonl
 
 Writes ``<workdir>/warm_start`` (HF safetensors + tokenizer), which

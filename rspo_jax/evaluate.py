@@ -31,8 +31,9 @@ from rspo_jax.rollout.engine import SamplingParams
 
 
 def evaluate(
-    engine, venv, tokenizer, collect_cfg: CollectConfig, task_ids: Sequence[int],
-    *, temperature: float = 0.0, max_new_tokens: int = 48,
+    engine, venv, tokenizer, collect_cfg: CollectConfig,
+    task_ids: Sequence[int], *, temperature: float = 0.0,
+    max_new_tokens: int = 48,
     seeds: Sequence[int] = (0,), max_failed_frac: Optional[float] = None,
 ) -> dict:
   """Plays every task in ``task_ids`` once per seed (in chunks that fit the

@@ -3,7 +3,8 @@
 With the variable set, the process SIGKILLs itself (no cleanup, no atexit,
 no flush: the same as ``kill -9`` or an OOM kill) the ``n``-th time
 (default 1) it reaches ``point``; with ``RSPO_FAULT_SIGNAL=TERM`` it sends
-itself SIGTERM instead (a scheduler's preemption: preemption.py). Points named by the library:
+itself SIGTERM instead (a scheduler's preemption: preemption.py). Points
+named by the library:
 
   b_phase     B's phase, after B's first update (A untouched, no replay yet)
   collect     B's collection, shards written but the buffer not marked

@@ -111,7 +111,8 @@ def check_rules(rules) -> dict:
   return table
 
 
-def logical_to_mesh_spec(logical: Optional[Sequence[Optional[str]]], rules) -> P:
+def logical_to_mesh_spec(logical: Optional[Sequence[Optional[str]]],
+                         rules) -> P:
   """PartitionSpec of logical names -> PartitionSpec of mesh axes."""
   if logical is None:
     return P()

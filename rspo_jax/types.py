@@ -5,7 +5,8 @@ Imports nothing from the rest of the package: everything else imports this.
 Token-level conventions used everywhere (learner, losses, batching):
   * A learner row is one *step* of an episode: the step's prompt (task, history
     window, current observation, rendered with the chat template) followed by
-    the model's reply. ``tokens[b, t]`` holds prompt then response, right-padded.
+    the model's reply. ``tokens[b, t]`` holds prompt then response,
+    right-padded.
   * Per-token arrays (``loss_mask``, ``advantages``, ``old_logp`` ...) are
     aligned with ``tokens``: entry ``t`` concerns predicting ``tokens[b, t]``
     from ``tokens[b, :t]``. Entry 0 is never a response token.

@@ -5,7 +5,6 @@ Behaviour only -- no timing is asserted anywhere (benchmarks measure speed).
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

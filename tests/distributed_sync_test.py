@@ -28,7 +28,7 @@ SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48,
 
 def _torch_importable() -> bool:
   try:
-    import torch  # pylint: disable=g-import-not-at-top,unused-import
+    import torch  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
     return False
   return True

@@ -228,8 +228,8 @@ def engine_on_host_meshes(learner) -> dict:
   over 'tensor' as there), from a (1, 4, 2) mesh over ACROSS_HOSTS (whole
   on every device), and from that mesh onto an engine mesh with its own
   tensor axis of 2 (``rollout.engine_tensor``: tensor blocks elsewhere than
-  on the learner's; the leaf-by-leaf path). Returns each layout's facts, the weights, and
-  greedy tokens of a ``JaxEngine`` on the host mesh fed them."""
+  on the learner's; the leaf-by-leaf path). Returns each layout's facts, the
+  weights, and greedy tokens of a ``JaxEngine`` on the host mesh fed them."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -622,7 +622,6 @@ def test_two_processes_on_a_permuted_mesh(tmp_path):
   # over the rows (split over 'tensor' when the learner's tensor groups lie
   # within hosts), equal to the learner's bf16 weights, and an engine
   # there decodes what one fed the same weights from the host does.
-  import jax
   import jax.numpy as jnp
   from flax import nnx
 

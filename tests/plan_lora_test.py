@@ -4,7 +4,6 @@ term becomes, and the dry-run table's LoRA rows. No compile (~2 s)."""
 
 import math
 
-import pytest
 from flax import nnx
 
 from configs import alfworld_gigpo, alfworld_ppo

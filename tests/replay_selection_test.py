@@ -201,7 +201,7 @@ def test_selection_ignores_input_order_and_stale_used_ids():
     assert 1 not in ids(a.trajectories) and 99 not in a.used
 
 
-# -- variance-based, random -----------------------------------------------------
+# -- variance-based, random ----------------------------------------------
 
 
 def test_variance_takes_the_mixed_group_whole_then_tied_groups_whole():
@@ -311,7 +311,7 @@ def test_ppo_replayed_rows_get_gae_at_the_step():
   assert m["replay_nonzero_adv_frac"] == 0.0 and m["replay_trajectories"] == 2
 
 
-# -- resume ---------------------------------------------------------------------
+# -- resume --------------------------------------------------------------
 
 
 def test_used_set_survives_a_checkpoint_and_resume(tmp_path):

@@ -453,7 +453,8 @@ def _generate_and_check(client, model, prompts):
                  SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12)):
     res = client.generate(prompts, params)
     assert len(res) == len(prompts)
-    for r, ours in zip(res, _fixtures_module().our_logprobs(model, prompts, res)):
+    ours_all = _fixtures_module().our_logprobs(model, prompts, res)
+    for r, ours in zip(res, ours_all):
       assert 1 <= len(r.token_ids) <= 12
       assert r.finish_reason in ("stop", "length")
       np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
@@ -556,7 +557,8 @@ def test_evaluation_at_temperature_0_4_through_the_run_engine(
              ("the quick brown fox", "put a clean mug in")]
   res = client.generate(prompts, SamplingParams(temperature=0.4,
                                                 max_new_tokens=12, seed=0))
-  for r, ours in zip(res, _fixtures_module().our_logprobs(ck.model, prompts, res)):
+  ours_all = _fixtures_module().our_logprobs(ck.model, prompts, res)
+  for r, ours in zip(res, ours_all):
     assert 1 <= len(r.token_ids) <= 12
     np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
   venv = VectorEnv("toy", build.env_kwargs(cfg), 2, use_processes=False)

@@ -1,4 +1,5 @@
-"""The jitted, sharded train step: sharded == unsharded, SFT learns, NaN skip."""
+"""The jitted, sharded train step: sharded == unsharded, SFT learns, NaN
+skip."""
 
 import jax
 import jax.numpy as jnp

@@ -61,7 +61,8 @@ def _process_umask() -> int:
   return mask
 
 
-_UMASK = _process_umask()  # read once: os.umask is process-wide, not thread-safe
+# Read once: os.umask is process-wide, not thread-safe.
+_UMASK = _process_umask()
 
 
 def current_umask() -> int:

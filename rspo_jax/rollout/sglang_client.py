@@ -50,9 +50,10 @@ request, so no answer comes from another adapter. The base is loaded once
 per server and client, by ``/update_weights_from_disk`` with
 ``weight_version = "lora-base-<client>"``, at the first adapter sync or when
 a server reports another ``weight_version`` (it restarted), after the
-adapter loaded; generations are then checked against that version. A server that refuses an adapter (LoRA
-off, rank or targets beyond its flags) raises ``SGLangAdapterRefused``;
-``update_weights`` (a full export) goes back to no adapter.
+adapter loaded; generations are then checked against that version. A
+server that refuses an adapter (LoRA off, rank or targets beyond its
+flags) raises ``SGLangAdapterRefused``; ``update_weights`` (a full
+export) goes back to no adapter.
 
 Failures. Every HTTP call has a timeout. Connection errors, timeouts, 5xx
 answers and answers that are not the expected JSON are retried, up to
