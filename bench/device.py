@@ -98,8 +98,8 @@ PAPER_FLAGS = dict(dtype="bfloat16", param_dtype="float32", remat="full",
 LOSS = dict(alpha=0.125, clip_eps=0.2, kl_coef=0.01, entropy_coef=0.001)
 # Batches start with a padding row (all zero, as records_to_batch's bucket
 # adds): the kernels meet one as in a run -- a fused kernel given a zero
-# length has returned NaN (issue 37), which shows as "skipped": 1. It is
-# computed, so it counts in the FLOPs.
+# length has returned NaN (models/transformer.py, attention), which shows
+# as "skipped": 1. It is computed, so it counts in the FLOPs.
 PADDING_ROWS = 1
 
 

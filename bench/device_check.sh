@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The first accelerator check (issue 16 item 8), one command, JSON files:
+# The first accelerator check (docs/performance.md), one command, JSON files:
 #
 #   bash bench/device_check.sh [OUT.json]           # one H200: < 10 minutes
 #   bash bench/device_check.sh --smoke [OUT.json]   # tiny shapes, CPU
 #
-# 0. bench/device.py --kernel_check (issue 37 item 2), into
+# 0. bench/device.py --kernel_check, into
 #    OUT_kernel.json: the fused attention kernel a run's
 #    model.attention='auto' picks (cuDNN on GPU, splash on TPU; none on
 #    CPU) against XLA's path in bf16, both against XLA's in float32, at

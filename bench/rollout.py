@@ -38,11 +38,11 @@ weights (skipped: no export).
   python bench/rollout.py --lora_sync 16 [--presets tiny,small-25m]
 
 compares a weight sync of the whole model with one of LoRA adapters of
-that rank (models/lora.py, issue 39): the bytes a sync must move (the
-model in the engine's dtype; the adapters in float32), the seconds of an
-in-process JaxEngine sync (LoRA: merged on device, W + (alpha / r) A B,
-then handed over) and of the export an SGLang sync writes (the HF
-directory; LoRA: the PEFT adapter directory alone).
+that rank (models/lora.py; docs/performance.md, LoRA): the bytes a sync
+must move (the model in the engine's dtype; the adapters in float32),
+the seconds of an in-process JaxEngine sync (LoRA: merged on device,
+W + (alpha / r) A B, then handed over) and of the export an SGLang sync
+writes (the HF directory; LoRA: the PEFT adapter directory alone).
 """
 
 from __future__ import annotations

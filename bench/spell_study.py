@@ -1,6 +1,7 @@
-r"""The spell study (issue 36, item 6): its report, ``study_spell_<world>``;
-the same report for WebShop's sparse study (item 5, ``--grid sparse``):
-``study_<root's name>``, e.g. study_webshop_sparse_gate.
+r"""The spell study (docs/results.md, sparse rewards): its report,
+``study_spell_<world>``; the same report for WebShop's sparse study
+(``--grid sparse``): ``study_<root's name>``, e.g.
+study_webshop_sparse_gate.
 
   python bench/reproduce.py --grid spell --seeds 0            # L4_D1
   python bench/reproduce.py --grid spell --seeds 0 \
@@ -146,7 +147,7 @@ def _versus(cell: dict) -> str:
 
 
 LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
-EARLY_STEPS = 12  # issue 36 item 5b's gate: 12 steps
+EARLY_STEPS = 12  # the sparse WebShop gate (docs/results.md): 12 steps
 EDGE_STEPS = 3  # the first / last A steps of the hacking table
 
 

@@ -10,7 +10,7 @@ value silently sets the CPU recipe. A value is a constant, or `ByEnv` /
 `ByAlgo` of constants where it depends on the environment / algorithm.
 
 Sources of PAPER, cited per key:
-  [paper]  the RSPO paper, as /work/shared/DESIGN.md sections 2-3 state it;
+  [paper]  the RSPO paper (docs/method.md gives its method as implemented);
   [va:S]   verl-agent (github.com/langfengQ/verl-agent) run script S under
            examples/, e.g. [va:grpo_trainer/run_alfworld.sh]; the GRPO,
            GiGPO and PPO scripts of one environment agree on every value

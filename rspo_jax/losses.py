@@ -10,7 +10,7 @@ Masked tokens change nothing, in value or gradient, whatever they hold
 tokens *before* it is exponentiated, so no inf/nan can leak through
 ``0 * inf`` into a loss or its gradient.
 
-Objective of agent A (DESIGN section 2):
+Objective of agent A (docs/method.md section 2):
   ``J_total = (1 - alpha) * J_on + alpha * J_off``, see :func:`mixed_objective`.
 """
 

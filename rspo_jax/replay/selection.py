@@ -29,14 +29,15 @@ select the same trajectories.
 Within a loop, ``used`` holds the traj_ids already replayed from D. Two
 rules pick a step's ``n_off`` trajectories from the ranking:
 
-  * reuse='wins' (the default for 'reward'; DESIGN section 2): every step
-    prefers wins -- unused wins, then wins already replayed, then unused
-    other trajectories, then replayed others, each in rank order, never a
-    trajectory twice in one step. With B winning ~1/3 of its episodes,
-    the one-pass rule below spends D's wins in A's first step and leaves
-    the last steps of a loop replaying failures only (negative-heavy
-    replay, which reward-based sampling exists to avoid). ``used`` only
-    grows; ``restarted`` says the step replayed a trajectory again.
+  * reuse='wins' (the default for 'reward'; docs/method.md section 4):
+    every step prefers wins -- unused wins, then wins already replayed,
+    then unused other trajectories, then replayed others, each in rank
+    order, never a trajectory twice in one step. With B winning ~1/3 of
+    its episodes, the one-pass rule below spends D's wins in A's first
+    step and leaves the last steps of a loop replaying failures only
+    (negative-heavy replay, which reward-based sampling exists to avoid).
+    ``used`` only grows; ``restarted`` says the step replayed a trajectory
+    again.
   * reuse='pass' (the earlier rule; 'variance' and 'random' always): unused
     first. A step takes the best-ranked trajectories not in ``used``; when
     fewer than ``n_off`` unused ones remain it takes all of them, starts a
