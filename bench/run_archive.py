@@ -246,12 +246,16 @@ def write_policy_json(dst: str, record: dict) -> list[str]:
 
 def record_warm_start(workdir: str, dst: str) -> list[str]:
   """A warm start's policy (``<workdir>/warm_start/``, complete, with its
-  done.json) described in ``<dst>/policy.json``; the names written."""
+  done.json) described in ``<dst>/policy.json``, unless that already
+  records the same files; the names written."""
   if not os.path.basename(os.path.normpath(workdir)).startswith(WARM_START):
     return []
   src, done = os.path.join(workdir, POLICY), os.path.join(workdir,
                                                           "done.json")
   if not (complete(src) and os.path.isfile(done)):
+    return []
+  recorded = read_policy_json(dst)
+  if recorded and recorded["sha256"] == sha256_files(src):
     return []
   config = json.loads(_read(done))["config"]
   record = policy_record(src, sft_command(config, workdir), code_commit())

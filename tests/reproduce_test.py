@@ -996,7 +996,7 @@ def fake_sft_python(tmp_path, weights):
   return str(fake)
 
 
-def test_archived_warm_start_is_described_not_kept(tmp_path):
+def test_archived_warm_start_is_described_not_kept(tmp_path, monkeypatch):
   """The archive keeps a warm start's sha256s and the launch/sft.py line
   that regenerates it, never its weights; a fresh root re-makes it by SFT
   and says whether it is the archived policy: its archived evaluation is
@@ -1022,7 +1022,8 @@ def test_archived_warm_start_is_described_not_kept(tmp_path):
   assert record["command"] == (
       f"python launch/sft.py --config={ra.relative(sft)}"
       f" --workdir={ws}")  # outside the clone: absolute
-  assert ra.archive_root(str(root), str(arch)) == {}
+  monkeypatch.setattr(ra, "code_commit", lambda: "a later commit")
+  assert ra.archive_root(str(root), str(arch)) == {}  # the same policy
   for weights, matches in ((b"w" * 100, True), (b"v" * 100, False)):
     fresh = tmp_path / f"fresh_{matches}"
     r = runner.shared_warm_start(
