@@ -173,7 +173,8 @@ class RSPOTrainer:
     self._b_cache: dict = {}  # decoupled: shard path -> records
     self.b_logp_gap: Optional[float] = None  # decoupled: B's largest so far
     # B's first training collection of the loop: (task ids, collection
-    # number, its success and dense return), for B's lift.
+    # number, its success and dense return, its won episodes per task),
+    # for B's lift.
     self.b_first: Optional[tuple] = None
     self._b_tx, self._b_steps = None, {}  # B's own optimizer (make_b)
     self.state = LoopState()
@@ -522,7 +523,8 @@ class RSPOTrainer:
       on, stats = self.collect_groups(b, self.cfg.train.batch_tasks, POLICY_B)
       if i == 0:  # B = A: the start of B's lift
         self.b_first = (stats["task_ids"], self.state.collections,
-                        self._play_stats(on))
+                        self._play_stats(on),
+                        self._wins_by_task(on, stats["task_ids"]))
       m = self.update(b, b_critic, on, [], source, step_key=10**6 + loop * 97
                       + i)
       faults.maybe_fail("b_phase")
@@ -573,6 +575,22 @@ class RSPOTrainer:
             "dense_return": self._global_mean(
                 [v for v in dense.values() if np.isfinite(v)])}
 
+  def _wins_by_task(self, records, task_ids) -> list:
+    """Won episodes of each task in ``task_ids`` (that order), over
+    every host's records: B's lift task by task."""
+    won = {}
+    for r in records:
+      won[r.traj_id] = (int(r.task_id),
+                        won.get(r.traj_id, (0, False))[1] or bool(r.won))
+    at = {int(t): i for i, t in enumerate(task_ids)}
+    counts = np.zeros(len(at), np.float64)
+    for task, w in won.values():
+      if task in at:
+        counts[at[task]] += w
+    if self.multihost:
+      counts = distributed.global_sum(counts)
+    return [int(c) for c in counts]
+
   def _lift(self, stored: dict) -> dict:
     """B's lift over its phase: its stored collection (after k steps)
     against its first training collection (B = A), on the same tasks
@@ -610,6 +628,10 @@ class RSPOTrainer:
     extra = {}
     if self.b_first is not None:
       extra.update(self._lift(self._play_stats(stored)))
+      if self.b_lift_replay_of is not None:  # the same tasks: paired
+        extra["b_first_wins_by_task"] = self.b_first[3]
+        extra["b_stored_wins_by_task"] = self._wins_by_task(
+            stored, self.b_first[0])
     if self.recompute_logp:
       extra["behavior_logp_max_gap"] = self.updater.recompute_behavior_logp(
           b, stored)

@@ -379,6 +379,19 @@ def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(lift_tasks,
     assert row["b_first_success"] == pytest.approx(s0)
     assert row["b_lift_success"] == pytest.approx(s1 - s0)
     assert row["b_lift_dense_return"] == pytest.approx(d1 - d0)
+    if lift_tasks == "first":  # won episodes per task, in the tasks' order
+      for key, records in (("b_first_wins_by_task", first),
+                           ("b_stored_wins_by_task", stored)):
+        won = collections.defaultdict(bool)
+        for r in records:
+          won[r.task_id, r.traj_id] |= bool(r.won)
+        assert row[key] == [sum(w for (task, _), w in won.items()
+                                if task == i) for i in first_ids]
+      assert sum(row["b_stored_wins_by_task"]) - sum(
+          row["b_first_wins_by_task"]) == pytest.approx(
+              row["b_lift_success"] * len(first_ids) * cfg.train.group_size)
+    else:
+      assert "b_first_wins_by_task" not in row
     t.state.phase = "A"
     m = t.a_step()
     (batch,) = seen[-1:]
