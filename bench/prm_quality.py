@@ -61,7 +61,6 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rspo_jax import prm  # noqa: E402
 from rspo_jax.types import group_trajectories  # noqa: E402
 
 STARTS = {
@@ -111,7 +110,7 @@ def _traj_file(root: str, c: int) -> str:
 
 
 def collect(root: str, start: str, collections: int) -> None:
-  from rspo_jax import build  # noqa: PLC0415
+  from rspo_jax import build, prm  # noqa: PLC0415
 
   todo = [c for c in range(1, collections + 1)
           if not os.path.exists(_traj_file(root, c))]
@@ -143,6 +142,8 @@ def collect(root: str, start: str, collections: int) -> None:
 
 
 def _records(root: str, collections) -> list:
+  from rspo_jax import prm  # noqa: PLC0415
+
   out = []
   for c in collections:
     out += prm.load_trajectory_records(_traj_file(root, c))
@@ -167,6 +168,8 @@ def quality(root: str, start: str, collections: int,
   """(a); ``train_collections`` > 1 trains a PRM on more of the start's
   groups than the loop does (``quality_train<N>.json``, ``prm_train<N>``)
   and holds out the rest."""
+  from rspo_jax import prm  # noqa: PLC0415
+
   tag = "" if train_collections == 1 else f"_train{train_collections}"
   out_path = os.path.join(root, f"quality{tag}.json")
   if os.path.exists(out_path):
