@@ -57,9 +57,9 @@ import jax
 import numpy as np
 
 from rspo_jax import batching, credit, distributed, host_batches, timing
-from rspo_jax.losses import LOG_RATIO_CLAMP
 from rspo_jax import train_step as ts
 from rspo_jax.learner import Learner
+from rspo_jax.losses import LOG_RATIO_CLAMP
 from rspo_jax.replay import replayed
 
 LOGP_CHUNK_ROWS = 256  # rows per host and forward in recompute_behavior_logp
@@ -373,7 +373,7 @@ class StepUpdater:
       for j, i in enumerate(idx):
         pi[i] = (old[j, :lengths[j]], ref[j, :lengths[j]])
       first.append(self._with_pi(batch, idx, pi, stale_on))
-    gaps = np.concatenate([_behavior_gaps(b) for b in first])
+    gaps = np.concatenate([_behavior_gaps(b) for b in first] or [[]])
     if self.multihost:  # the median needs every host's tokens
       gaps = np.concatenate([np.asarray(g, np.float64) for g in
                              distributed.allgather_objects(gaps.tolist())])
