@@ -85,6 +85,123 @@ def spearman(x, y) -> float:
   return float((rx * ry).sum() / den) if den > 0 else float("nan")
 
 
+# ---------------------------------------------------------------- quality
+
+
+def r_squared(pred, target) -> float:
+  """1 - sum_i (y_i - p_i)^2 / sum_i (y_i - mean y)^2: the share of the
+  target's variance the prediction explains (negative when it is worse
+  than the mean); NaN when the target is constant or n < 2."""
+  p, y = np.asarray(pred, np.float64), np.asarray(target, np.float64)
+  if len(p) != len(y):
+    raise ValueError(f"r_squared: {len(p)} predictions vs {len(y)} targets")
+  tot = ((y - y.mean())**2).sum() if len(y) >= 2 else 0.0
+  return float(1.0 - ((y - p)**2).sum() / tot) if tot > 0 else float("nan")
+
+
+def auc(scores, labels) -> float:
+  """Area under the ROC curve of ``scores`` for boolean ``labels``:
+  P(score of a positive > score of a negative) + P(tie) / 2, i.e.
+  (sum of the positives' average ranks - n1 (n1 + 1) / 2) / (n1 n0)
+  (Mann-Whitney). NaN when either class is empty."""
+  x, lab = np.asarray(scores, np.float64), np.asarray(labels, bool)
+  if len(x) != len(lab):
+    raise ValueError(f"auc: {len(x)} scores vs {len(lab)} labels")
+  n1, n0 = int(lab.sum()), int((~lab).sum())
+  if not n1 or not n0:
+    return float("nan")
+  return float((rankdata(x)[lab].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def pearson(x, y) -> float:
+  """Pearson correlation; NaN when either side is constant or n < 2."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  if len(x) != len(y):
+    raise ValueError(f"pearson: {len(x)} vs {len(y)} values")
+  if len(x) < 2:
+    return float("nan")
+  x, y = x - x.mean(), y - y.mean()
+  den = np.sqrt((x**2).sum() * (y**2).sum())
+  return float((x * y).sum() / den) if den > 0 else float("nan")
+
+
+def prefix_sums(per_step: Sequence[np.ndarray], t: int) -> np.ndarray:
+  """[N]: sum of each trajectory's first min(t, T_i) per-step values (an
+  episode that ended before step t keeps its whole sum)."""
+  return np.array([float(np.sum(v[:t])) for v in per_step], np.float64)
+
+
+def _nan_to_none(x: float):
+  return None if x is None or np.isnan(x) else float(x)
+
+
+def quality(r_hat: Sequence[np.ndarray], oracle: Sequence[np.ndarray],
+            won, *, max_t: int = 8) -> dict:
+  """How well per-step PRM rewards ``r_hat`` (tanh units, one array per
+  trajectory) predict the outcome, and how far they are from the
+  telescoped oracle ``oracle`` (WebShop's d_t = Phi(s_t+1) - Phi(s_t),
+  summing to the score, 1 on a win: the same units as r_hat, whose sum is
+  trained towards 0.1 x 10 x won = won):
+
+    r2_traj        R^2 of R_hat_i = sum_t r_hat_t against won_i
+    spearman_traj  rank correlation of the same
+    auc_prefix[t]  AUC of sum_{s <= t} r_hat_s for predicting won, t = 1..
+                   max_t (oracle_auc_prefix: the oracle's prefix sum,
+                   Phi(s_t+1) - Phi(s_0))
+    per_step[t]    over trajectories still running at step t: n, mean
+                   |r_hat_t - d_t|, Pearson(r_hat_t, d_t), mean r_hat_t
+                   and mean d_t
+  plus the same over all steps (step_mae, step_pearson) and the oracle's
+  own R^2 of its sum (the score) against won. NaN values are None."""
+  won = np.asarray(won, bool)
+  if not (len(r_hat) == len(oracle) == len(won)):
+    raise ValueError(f"quality: {len(r_hat)} PRM, {len(oracle)} oracle and"
+                     f" {len(won)} outcome trajectories")
+  for i, (a, b) in enumerate(zip(r_hat, oracle)):
+    if len(a) != len(b):
+      raise ValueError(f"quality: trajectory {i} has {len(a)} PRM and"
+                       f" {len(b)} oracle steps")
+  score = np.array([float(np.sum(v)) for v in r_hat])
+  oracle_sum = np.array([float(np.sum(v)) for v in oracle])
+  target = won.astype(np.float64)
+  flat_p = np.concatenate([np.asarray(v, np.float64) for v in r_hat])
+  flat_o = np.concatenate([np.asarray(v, np.float64) for v in oracle])
+  out = {
+      "num_traj": int(len(won)), "num_wins": int(won.sum()),
+      "num_steps": int(len(flat_p)),
+      "r2_traj": r_squared(score, target),
+      "spearman_traj": spearman(score, target),
+      "oracle_r2_traj": r_squared(oracle_sum, target),
+      "mse_traj": float(np.mean((score - target)**2)),
+      "step_mae": float(np.mean(np.abs(flat_p - flat_o))),
+      "step_pearson": pearson(flat_p, flat_o),
+      "auc_prefix": {}, "oracle_auc_prefix": {}, "per_step": {},
+  }
+  for t in range(1, max_t + 1):
+    out["auc_prefix"][t] = auc(prefix_sums(r_hat, t), won)
+    out["oracle_auc_prefix"][t] = auc(prefix_sums(oracle, t), won)
+    live = [i for i, v in enumerate(r_hat) if len(v) >= t]
+    if not live:
+      continue
+    p = np.array([r_hat[i][t - 1] for i in live], np.float64)
+    o = np.array([oracle[i][t - 1] for i in live], np.float64)
+    out["per_step"][t] = {
+        "n": len(live), "mae": float(np.mean(np.abs(p - o))),
+        "pearson": pearson(p, o), "prm_mean": float(p.mean()),
+        "oracle_mean": float(o.mean()),
+    }
+  return _clean(out)
+
+
+def _clean(x):
+  """NaN -> None, recursively (valid JSON)."""
+  if isinstance(x, dict):
+    return {k: _clean(v) for k, v in x.items()}
+  if isinstance(x, float):
+    return _nan_to_none(x)
+  return x
+
+
 # --------------------------------------------------------------- features
 
 

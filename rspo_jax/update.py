@@ -24,9 +24,12 @@
               update, ``rollout.overlap``) their recorded log-probs, so
               their window is centred on pi_old / pi_behaviour.
   Metrics: B's distance from A on the replayed tokens at the step's start
-  (``replay_logp_b_minus_old``: mean log pi_B - log pi_old;
-  ``replay_log_c_big_frac``: share with |log c| > 0.2), the share of fresh
-  rows with a non-zero advantage and their mean
+  (``replay_divergence``: with g = log pi_B - log pi_old per token,
+  ``replay_logp_b_minus_old`` its mean, ``_max`` its max, ``_median`` its
+  median, ``replay_kl_b_old_k3`` the mean of c - 1 - log c, c = pi_old /
+  pi_B = exp(-g), an estimate of KL(pi_B || pi_old) a token from B's
+  samples; ``replay_log_c_big_frac``: share with |log c| > 0.2), the
+  share of fresh rows with a non-zero advantage and their mean
   |advantage| (before dropping or capping: the signal the groups carry),
   each learner metric's mean over the step's updates, and
   ``last_<k>`` for the clip fractions (``clip_frac*``) of the last update,
@@ -56,6 +59,7 @@ import numpy as np
 from rspo_jax import batching, credit, distributed, host_batches, timing
 from rspo_jax import train_step as ts
 from rspo_jax.learner import Learner
+from rspo_jax.losses import LOG_RATIO_CLAMP
 from rspo_jax.replay import replayed
 
 LOGP_CHUNK_ROWS = 256  # rows per host and forward in recompute_behavior_logp
@@ -107,16 +111,43 @@ def _stale_gap_sums(batch) -> np.ndarray:
   return np.array([mask.sum(), gap[mask].sum()], np.float64)
 
 
-def _behavior_gap_sums(batch) -> np.ndarray:
-  """[replayed response tokens, sum of log pi_B - log pi_old over them,
-  tokens with |log c| > LOG_C_BIG] of a batch with pi_old filled in: how
-  far B's tokens are from A at the step's start (c = pi_old / pi_B is the
-  centre of their clip window)."""
+def _behavior_gaps(batch) -> np.ndarray:
+  """log pi_B - log pi_old on the replayed response tokens of a batch with
+  pi_old filled in (float64, row-major): how far B's tokens are from A at
+  the step's start (c = pi_old / pi_B is the centre of their clip
+  window)."""
   mask = (np.asarray(batch.loss_mask) > 0) & np.asarray(
       batch.is_offpolicy, bool)[:, None]
-  log_c = np.asarray(batch.old_logp) - np.asarray(batch.behavior_logp)
-  return np.array([mask.sum(), -log_c[mask].sum(),
-                   (np.abs(log_c[mask]) > LOG_C_BIG).sum()], np.float64)
+  gap = (np.asarray(batch.behavior_logp, np.float64)
+         - np.asarray(batch.old_logp, np.float64))
+  return gap[mask]
+
+
+def replay_divergence(gaps: np.ndarray) -> dict:
+  """B's distance from A over replayed tokens, g = log pi_B - log pi_old:
+
+    replay_logp_b_minus_old          mean_t g_t   (k1 of KL(pi_B || pi_old))
+    replay_logp_b_minus_old_max      max_t g_t
+    replay_logp_b_minus_old_median   median_t g_t
+    replay_kl_b_old_k3               mean_t (c_t - 1 - log c_t),
+                                     c_t = exp(-g_t), g clamped to +-20
+    replay_log_c_big_frac            share of tokens with |g_t| > LOG_C_BIG
+
+  The tokens are pi_B's samples, so k1 and k3 are unbiased estimates of
+  KL(pi_B || pi_old) per token; k3 is never negative. {} without tokens.
+  The _max is a maximum over tokens, not a mean (train_step.is_max_metric
+  names such metrics; this one is computed once a step, on the host)."""
+  g = np.asarray(gaps, np.float64).ravel()
+  if not g.size:
+    return {}
+  log_c = -np.clip(g, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  return {
+      "replay_logp_b_minus_old": float(g.mean()),
+      "replay_logp_b_minus_old_max": float(g.max()),
+      "replay_logp_b_minus_old_median": float(np.median(g)),
+      "replay_kl_b_old_k3": float(np.mean(np.exp(log_c) - 1.0 - log_c)),
+      "replay_log_c_big_frac": float(np.mean(np.abs(g) > LOG_C_BIG)),
+  }
 
 
 # |advantage| above which a fresh row counts as carrying signal in the
@@ -342,7 +373,10 @@ class StepUpdater:
       for j, i in enumerate(idx):
         pi[i] = (old[j, :lengths[j]], ref[j, :lengths[j]])
       first.append(self._with_pi(batch, idx, pi, stale_on))
-    divergence = self._sum(sum(_behavior_gap_sums(b) for b in first))
+    gaps = np.concatenate([_behavior_gaps(b) for b in first] or [[]])
+    if self.multihost:  # the median needs every host's tokens
+      gaps = np.concatenate([np.asarray(g, np.float64) for g in
+                             distributed.allgather_objects(gaps.tolist())])
     stale = self._sum(sum(_stale_gap_sums(b) for b in first)) if stale_on \
         else None
     t0, per_update, tokens = time.perf_counter(), [], 0
@@ -368,10 +402,7 @@ class StepUpdater:
                     if k.startswith("clip_frac")})
     metrics.update(train_time_s=time.perf_counter() - t0, tokens=tokens,
                    updates=float(len(updates)), epochs=float(len(epochs)))
-    if divergence[0]:
-      metrics["replay_logp_b_minus_old"] = float(divergence[1]
-                                                 / divergence[0])
-      metrics["replay_log_c_big_frac"] = float(divergence[2] / divergence[0])
+    metrics.update(replay_divergence(gaps))
     if stale is not None:
       metrics["overlap_logp_gap_on"] = float(stale[1] / max(stale[0], 1))
     return metrics

@@ -99,6 +99,53 @@ def test_rankdata_and_spearman_hand_values():
   assert np.isnan(prm.spearman([1, 2, 3], [5, 5, 5]))
 
 
+# ---------------------------------------------------------------- quality
+
+
+def test_r_squared_auc_prefix_hand_values():
+  # y = (1, 0, 0), mean 1/3: SS_tot = 4/9 + 1/9 + 1/9 = 2/3, SS_res = 1/4.
+  assert prm.r_squared([1, 0, 0.5], [1, 0, 0]) == pytest.approx(
+      1 - 0.25 / (2 / 3))
+  assert np.isnan(prm.r_squared([1, 2], [3, 3]))
+  # Pairs (win, loss): 0.9>0.4, 0.9>0.1, 0.4=0.4 (half), 0.4>0.1: 3.5 / 4.
+  assert prm.auc([0.9, 0.4, 0.4, 0.1], [1, 1, 0, 0]) == pytest.approx(0.875)
+  assert prm.auc([0.1, 0.9], [1, 0]) == 0.0
+  assert np.isnan(prm.auc([1, 2], [0, 0]))
+  np.testing.assert_array_equal(
+      prm.prefix_sums([np.array([1., 2, 3]), np.array([4.])], 2), [3, 4])
+  assert prm.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+
+
+def test_quality_tiny_hand_example():
+  """Three trajectories, the first won. PRM sums (0.9, 0.1, 0.2): R^2 =
+  1 - (0.01 + 0.01 + 0.04) / (2/3) = 0.91; oracle sums (1, 0, 0.3):
+  1 - 0.09 / (2/3) = 0.865. First-step prefixes (0.2, 0.1, 0.3): the win
+  beats one loss of two, AUC 0.5; from t = 2 on it beats both."""
+  r_hat = [np.array([0.2, 0.7]), np.array([0.1]), np.array([0.3, -0.4, 0.3])]
+  oracle = [np.array([0.2, 0.8]), np.array([0.0]), np.array([0.1, 0.0, 0.2])]
+  q = prm.quality(r_hat, oracle, [True, False, False], max_t=4)
+  assert (q["num_traj"], q["num_wins"], q["num_steps"]) == (3, 1, 6)
+  assert q["r2_traj"] == pytest.approx(0.91)
+  assert q["oracle_r2_traj"] == pytest.approx(0.865)
+  assert q["mse_traj"] == pytest.approx(0.06 / 3)
+  assert q["auc_prefix"] == {1: 0.5, 2: 1.0, 3: 1.0, 4: 1.0}
+  assert q["oracle_auc_prefix"] == {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
+  # |r_hat - d|: 0, .1 | .1 | .2, .4, .1 -> 0.9 / 6.
+  assert q["step_mae"] == pytest.approx(0.15)
+  s1, s2, s3 = (q["per_step"][t] for t in (1, 2, 3))
+  # Step 1: p = (.2, .1, .3), d = (.2, 0, .1); centred (0, -.1, .1) and
+  # (.1, -.1, 0): r = .01 / sqrt(.02 * .02) = 0.5.
+  assert s1["n"] == 3 and s1["mae"] == pytest.approx(0.1)
+  assert s1["pearson"] == pytest.approx(0.5)
+  assert s1["prm_mean"] == pytest.approx(0.2)
+  assert s1["oracle_mean"] == pytest.approx(0.1)
+  assert s2["n"] == 2 and s2["mae"] == pytest.approx(0.25)
+  assert s3["n"] == 1 and s3["pearson"] is None  # one point: undefined
+  assert 4 not in q["per_step"]
+  with pytest.raises(ValueError, match="trajectory 1 has 1 PRM and 2"):
+    prm.quality(r_hat, [oracle[0], oracle[0], oracle[2]], [1, 0, 0])
+
+
 # --------------------------------------------------------------- features
 
 
