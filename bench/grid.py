@@ -451,7 +451,9 @@ SPARSE_OVERRIDES = ("train.batch_tasks=16,train.group_size=8,"
 # on the gate (docs/results.md, LoRA), LoRA's approx_kl a step is a third
 # of full fine-tuning's (median 0.00014 vs 0.00045). By name only, on
 # WebShop only: the spell recipe sets its own lr after the variant's.
-LORA = "model.lora_rank=16,model.lora_alpha=32,train.lr=1e-3"
+# These lrs are the adapters' own (train.lora_lr_multiplier=1), as run.
+LORA = ("model.lora_rank=16,model.lora_alpha=32,train.lr=1e-3,"
+        "train.lora_lr_multiplier=1")
 SPARSE_TABLE = {v: o for v, o in SPELL_VARIANTS.items()
                 if "env.kwargs.dense=" not in o}  # not spell's own rewards
 SPARSE_TABLE.update(baseline_lora=f"rspo=0,{DENSE},{LORA}",

@@ -249,6 +249,10 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.warmup_steps = 0
   c.train.grad_clip = 1.0
+  # LoRA (model.lora_rank > 0): the adapters of A, B and a critic train at
+  # their lr (train.lr, rspo.b_lr, algo.critic_lr) x this; 1 = off
+  # (models/lora.py lr_multiplier; docs/results.md "LoRA learning rate").
+  c.train.lora_lr_multiplier = 10.0
   # Train only on rows with a non-zero advantage (DAPO's dynamic sampling,
   # per row): a group whose rewards all tie teaches nothing but KL/entropy.
   c.train.drop_zero_advantage_rows = False
@@ -513,6 +517,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
       (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha, "0 <= x < 1"),
       (c.rspo.k >= 1, "rspo.k", c.rspo.k, ">= 1"),
       (c.rspo.b_lr >= 0, "rspo.b_lr", c.rspo.b_lr, ">= 0 (0 = train.lr)"),
+      (c.train.lora_lr_multiplier > 0, "train.lora_lr_multiplier",
+       c.train.lora_lr_multiplier, "> 0 (1 = adapters at train.lr)"),
       (c.rspo.b_warmup_steps >= 0, "rspo.b_warmup_steps",
        c.rspo.b_warmup_steps, ">= 0"),
       (c.rspo.dense_scale > 0, "rspo.dense_scale", c.rspo.dense_scale, "> 0"),

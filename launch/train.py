@@ -106,6 +106,10 @@ def main(argv):
     log.setLevel(logging.WARNING)
   log.info("run directory %s; starting from %s", workdir,
            cfg.model.checkpoint_dir or "behaviour cloning")
+  if cfg.model.lora_rank > 0:
+    from rspo_jax.models import lora
+
+    log.info("LoRA rank %d: %s", cfg.model.lora_rank, lora.lr_line(cfg))
   run = build.build_run(cfg, workdir, progress=not _NO_PROGRESS.value)
   run.trainer.stop.install()  # SIGTERM: checkpoint, then exit 143
   try:

@@ -152,15 +152,21 @@ def policy_loss_config(cfg, *, rspo: bool) -> ts.PolicyLossConfig:
 
 def critic_optimizer(cfg):
   """PPO critic's AdamW: ``algo.critic_lr``, the actor's grad clip and
-  weight decay (verl's critic.optim: weight_decay 0.01, grad_clip 1.0)."""
+  weight decay (verl's critic.optim: weight_decay 0.01, grad_clip 1.0);
+  its LoRA adapters at critic_lr x ``lora.lr_multiplier``, its value head
+  at critic_lr."""
   return ts.make_optimizer(cfg.algo.critic_lr, grad_clip=cfg.train.grad_clip,
-                           weight_decay=cfg.train.weight_decay)
+                           weight_decay=cfg.train.weight_decay,
+                           adapter_lr_multiplier=lora.lr_multiplier(cfg))
 
 
 def make_policy_learner(cfg, module, mesh, *, lr: float, loss_fn) -> Learner:
+  """A policy Learner: AdamW at ``lr``, LoRA adapters at lr x
+  ``lora.lr_multiplier`` (the warm start's module has none)."""
   tx = ts.make_optimizer(lr, grad_clip=cfg.train.grad_clip,
                          weight_decay=cfg.train.weight_decay,
-                         warmup_steps=cfg.train.warmup_steps)
+                         warmup_steps=cfg.train.warmup_steps,
+                         adapter_lr_multiplier=lora.lr_multiplier(cfg))
   return Learner(module, tx, loss_fn, mesh=mesh, rules=cfg.logical_axis_rules,
                  micro_batch_rows=cfg.train.micro_batch_rows)
 

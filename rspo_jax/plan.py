@@ -1010,7 +1010,8 @@ def make_plan(cfg, workdir: str,
           "micro_batch_rows": train_rows(cfg),
           "micro_batches": micro_batches(cfg),
       },
-      **({"lora": lora_plan(mcfg)} if adapter_params(mcfg) else {}),
+      **({"lora": {**lora_plan(mcfg), "learning_rate": _lora_lr_line(cfg)}}
+         if adapter_params(mcfg) else {}),
       "steps_of_A": cfg.train.total_steps,
       "rspo_loops": -(-cfg.train.total_steps // cfg.rspo.k),
       "memory_per_device": {
@@ -1045,6 +1046,13 @@ def make_plan(cfg, workdir: str,
           " rollout.engine=sglang, or a larger mesh cut it")
   plan["warnings"] = warnings
   return plan
+
+
+def _lora_lr_line(cfg) -> str:
+  """The adapters' learning rate (``lora.lr_line``)."""
+  from rspo_jax.models import lora
+
+  return lora.lr_line(cfg)
 
 
 def lora_plan(mcfg) -> dict:

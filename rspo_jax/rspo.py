@@ -89,6 +89,7 @@ from rspo_jax import train_step as ts
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.metrics import MetricsWriter
+from rspo_jax.models import lora
 from rspo_jax.replay import replayed, selection
 from rspo_jax.rollout import collect as collect_lib
 from rspo_jax.rollout.collect import CollectConfig, collect
@@ -556,9 +557,10 @@ class RSPOTrainer:
     if lr == t.lr and warmup == t.warmup_steps:
       return self.a.copy(copy_opt_state=r.copy_optimizer_state)
     if self._b_tx is None:
-      self._b_tx = ts.make_optimizer(lr, grad_clip=t.grad_clip,
-                                     weight_decay=t.weight_decay,
-                                     warmup_steps=warmup)
+      self._b_tx = ts.make_optimizer(
+          lr, grad_clip=t.grad_clip, weight_decay=t.weight_decay,
+          warmup_steps=warmup, adapter_lr_multiplier=lora.lr_multiplier(
+              self.cfg))  # the LoRA rule, as A's
     b = self.a.copy(copy_opt_state=r.copy_optimizer_state, tx=self._b_tx,
                     steps=self._b_steps)
     return b

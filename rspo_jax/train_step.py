@@ -136,15 +136,44 @@ def make_optimizer(
     grad_clip: float = 1.0,
     weight_decay: float = 0.0,
     warmup_steps: int = 0,
+    adapter_lr_multiplier: float = 1.0,
 ) -> optax.GradientTransformation:
-  """AdamW after global-norm clipping; optional linear warm-up."""
+  """AdamW after global-norm clipping; optional linear warm-up. LoRA
+  adapters (``nnx.LoRAParam``) train at lr x ``adapter_lr_multiplier``
+  (``lora.lr_multiplier``), every other parameter at lr."""
   schedule = (
       optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
   )
   parts = [optax.adamw(schedule, weight_decay=weight_decay)]
   if grad_clip and grad_clip > 0:
     parts.insert(0, optax.clip_by_global_norm(grad_clip))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  if adapter_lr_multiplier != 1.0:
+    tx = scale_adapter_updates(tx, adapter_lr_multiplier)
+  return tx
+
+
+def scale_adapter_updates(tx: optax.GradientTransformation,
+                          multiplier: float) -> optax.GradientTransformation:
+  """``tx`` with its updates of ``nnx.LoRAParam`` leaves times
+  ``multiplier``. For AdamW, whose update is
+
+      u = -lr (m_hat / (sqrt(v_hat) + eps) + wd p),
+
+  that is AdamW at lr x multiplier on the adapters (the schedule's
+  warm-up and the decoupled weight decay scale with it); the gradient
+  clipping before it sees the raw gradients. The optimizer state is
+  ``tx``'s own, so checkpoints and B's copies keep their structure."""
+
+  def update(updates, state, params=None):
+    updates, state = tx.update(updates, state, params)
+    scaled = jax.tree.map(
+        lambda u: (jax.tree.map(lambda x: x * multiplier, u)
+                   if isinstance(u, nnx.LoRAParam) else u),
+        updates, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return scaled, state
+
+  return optax.GradientTransformation(tx.init, update)
 
 
 # --------------------------------------------------------------------------

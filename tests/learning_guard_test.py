@@ -45,7 +45,8 @@ CPU alone, 90 s in all; greedy success start -> after STEPS steps):
   skip_update     up: 0.000 -> 0.000  (criterion fails)
 and PPO (its per-token critic, 32 x 1 episodes, 6 steps, same warm start):
   PPO             up: 0.000 -> 1.000  (passes)
-and GRPO on LoRA adapters (rank 8, alpha 16, lr 1e-3; issue 39):
+and GRPO on LoRA adapters (rank 8, alpha 16, lr 1e-4 x the default LoRA
+multiplier 10 = 1e-3 on the adapters; issues 39, 54):
   GRPO + LoRA     up: 0.000 -> 1.000  (passes)
 and GiGPO (step groups on the toy's observation; the GRPO recipe):
   GiGPO           up: 0.000 -> 1.000  (passes; 69 s alone, 2026-12-04)
@@ -183,14 +184,17 @@ def test_grpo_with_lora_raises_greedy_success(warm_start, tmp_path):
   """GRPO training LoRA adapters only (issue 39; models/lora.py): rank 8
   on every attention and MLP projection, alpha 16, the base frozen; pi_ref
   the base with the adapters off; the engine decodes with merged weights.
-  Same warm start and criterion; the adapters' learning rate 1e-3 (LoRA's
-  usual 10x). Recorded 2026-12-03: up: 0.000 -> 1.000 (sampled success
-  0.06 -> 0.16 over the 4 steps; 530 s beside CI runs, load 6-10)."""
+  Same warm start and criterion, and GRPO's train.lr 1e-4: the adapters
+  train at 1e-3 by the default train.lora_lr_multiplier (10; issue 54).
+  Recorded 2026-12-03 with lr 1e-3 set by hand: up: 0.000 -> 1.000
+  (sampled success 0.06 -> 0.16 over the 4 steps; 530 s beside CI runs,
+  load 6-10); 2026-12-06 with the multiplier: up: 0.000 -> 1.000 (72 s
+  with the warm start)."""
   checkpoint, direction, start = warm_start
   cfg = rl_config(checkpoint, direction)
   with cfg.unlocked():
     cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16.0
-    cfg.train.lr = 1e-3
+  assert cfg.train.lr == 1e-4 and cfg.train.lora_lr_multiplier == 10
   final = trained_success(cfg, tmp_path)
   record = f"{direction}: {start:.3f} -> {final:.3f} (GRPO, LoRA r=8)"
   print(record)

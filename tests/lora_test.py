@@ -20,6 +20,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 from safetensors.numpy import load_file
@@ -157,6 +158,93 @@ def test_learner_trains_adapters_only(models_f32, tmp_path):
   np.testing.assert_array_equal(other.apply(batch), learner.apply(batch))
 
 
+class _HeadAndAdapter(nnx.Module):
+  """A plain weight (a critic's value head) beside an adapter."""
+
+  def __init__(self):
+    self.head = nnx.Param(jnp.ones(3))
+    self.adapter = nnx.LoRAParam(jnp.ones(2))
+
+
+def test_lr_multiplier_scales_adapter_steps_only():
+  """One AdamW step, gradient +1 everywhere, p = 1, wd 0.1, no clipping:
+  Adam's first step is m_hat / (sqrt(v_hat) + eps) = 1 / (1 + 1e-8), so
+
+      p' = 1 - lr (1 / (1 + 1e-8) + wd),
+
+  at lr for the plain weight, at lr x 10 for the adapter."""
+  lr, wd, m = 1e-3, 0.1, 10.0
+  _, params = nnx.split(_HeadAndAdapter(), nnx.Param)
+  grads = jax.tree.map(jnp.ones_like, params)
+  tx = ts.make_optimizer(lr, grad_clip=0, weight_decay=wd,
+                         adapter_lr_multiplier=m)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  new = optax.apply_updates(params, updates)
+  step = 1 / (1 + 1e-8) + wd
+  np.testing.assert_allclose(new["head"].value, 1 - lr * step, rtol=1e-7)
+  np.testing.assert_allclose(new["adapter"].value, 1 - m * lr * step,
+                             rtol=1e-7)
+  # The optimizer state is AdamW's own: checkpoints keep their structure.
+  plain = ts.make_optimizer(lr, grad_clip=0, weight_decay=wd)
+  assert (jax.tree.structure(tx.init(params))
+          == jax.tree.structure(plain.init(params)))
+
+
+def test_lr_multiplier_on_a_lora_learner_step(models_f32):
+  """A real train step of the LoRA nano model: every adapter's change
+  with the multiplier 10 is 10 x its change without (B moves, A's
+  gradient is 0 while B = 0)."""
+  cfg0, base, _ = models_f32
+  mesh = sharding.make_mesh((1, 1, 1))
+  batch = make_batch(rows=4, length=24)
+  deltas = []
+  for m in (1.0, 10.0):
+    model = lora.add_adapters(base, with_rank(cfg0), seed=1)
+    learner = Learner(model, ts.make_optimizer(1e-3, adapter_lr_multiplier=m),
+                      ts.make_policy_loss(ts.PolicyLossConfig(alpha=0.25)),
+                      mesh=mesh, rules=RULES)
+    before = jax.device_get(learner.params)
+    learner.train(batch, jax.random.key(0))
+    after = jax.device_get(learner.params)
+    deltas.append(jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b),
+                               after, before))
+  moved = 0
+  for d1, d10 in zip(jax.tree.leaves(deltas[0]), jax.tree.leaves(deltas[1])):
+    np.testing.assert_allclose(d10, 10 * d1, rtol=1e-4, atol=1e-9)
+    moved += bool(np.abs(d1).max() > 0)
+  assert moved == len(jax.tree.leaves(deltas[0])) // 2  # every B
+
+
+def test_lr_multiplier_rule_plan_and_validation(tmp_path):
+  """The rule (lora.lr_multiplier): the key with LoRA, 1 without; the line
+  the run and --dry_run show; a bad value is one line naming the key."""
+  from configs import base as config_base
+  from rspo_jax import plan
+  from rspo_jax.errors import ConfigError
+
+  def cfg(extra):
+    return config_base.make_config("toy", "grpo", f"rspo=0,{extra}")
+
+  assert lora.lr_multiplier(cfg("train.lr=1e-4")) == 1.0
+  assert lora.lr_line(cfg("train.lr=1e-4")) == ""
+  with_lora = cfg("train.lr=1e-4,model.lora_rank=4")
+  assert lora.lr_multiplier(with_lora) == 10.0
+  line = "lr 0.0001 x LoRA multiplier 10 = 0.001 on adapters"
+  assert lora.lr_line(with_lora) == line
+  assert plan.make_plan(with_lora, str(tmp_path))["lora"][
+      "learning_rate"] == line
+  off = cfg("train.lr=1e-4,model.lora_rank=4,train.lora_lr_multiplier=1")
+  assert lora.lr_multiplier(off) == 1.0
+  rspo_b = config_base.make_config(
+      "toy", "grpo", "model.lora_rank=4,train.lr=1e-4,rspo.b_lr=3e-5")
+  assert lora.lr_line(rspo_b) == (
+      line + "; B's lr 3e-05 x LoRA multiplier 10 = 0.0003 on adapters")
+  with pytest.raises(ConfigError) as e:
+    cfg("model.lora_rank=4,train.lora_lr_multiplier=0")
+  assert str(e.value) == ("bad config value train.lora_lr_multiplier=0.0;"
+                          " wants > 0 (1 = adapters at train.lr)")
+
+
 def test_peft_directory(models_f32, tmp_path):
   cfg0, base, model = models_f32
   cfg = with_rank(cfg0)
@@ -225,7 +313,7 @@ TOY = ("model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
        "train.batch_tasks=4,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
        "steps=2,env.max_steps=3,env.num_eval_tasks=4,env.num_workers=1,"
        "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256,"
-       "model.lora_rank=4,model.lora_alpha=8,train.lr=1e-3")
+       "model.lora_rank=4,model.lora_alpha=8,train.lr=1e-4")  # adapters 1e-3
 
 
 @pytest.mark.slow

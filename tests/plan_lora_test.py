@@ -76,7 +76,9 @@ def test_lora_resident_terms_and_unchanged_full_fine_tuning():
       "targets": ["q", "k", "v", "o", "gate", "up", "down"],
       "adapter_params": n_a, "adapter_fraction": round(n_a / n, 5),
       "adapter_MB": round(4 * n_a / 2**20, 1),
-      "frozen_base_GB": round(2 * n / GB, 2)}
+      "frozen_base_GB": round(2 * n / GB, 2),
+      # train.lr x the default train.lora_lr_multiplier (issue 54)
+      "learning_rate": "lr 1e-06 x LoRA multiplier 10 = 1e-05 on adapters"}
   assert lora["dtype"]["frozen_base"] == "bfloat16"
   assert "frozen_base" not in full["dtype"]
   assert m["base_GB"] == round(2 * n / 8 / GB, 2)
