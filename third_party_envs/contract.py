@@ -53,7 +53,10 @@ def _short(value, limit: int = 40) -> str:
 
 def _is_flag(value) -> bool:
   """A bool, a numpy bool, or the integers 0 and 1."""
-  if isinstance(value, bool) or type(value).__name__ == "bool_":
+  if isinstance(value, bool):
+    return True
+  dtype = getattr(value, "dtype", None)  # numpy's bool scalar
+  if dtype is not None and dtype.kind == "b" and value.ndim == 0:
     return True
   return isinstance(value, numbers.Integral) and value in (0, 1)
 
