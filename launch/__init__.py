@@ -7,7 +7,8 @@
 Errors a person fixes (a bad flag or override, a bad config value, a path
 or server that is not there) end the command with one line on stderr,
 ``error: ...``, naming the key, the value and what to pass, and status 1
-(``rspo_jax.errors.ConfigError``; ``exit_on_user_error``)."""
+(``rspo_jax.errors.ConfigError``; ``exit_on_user_error``). ``RSPO_DEBUG=1``
+(or a launcher's ``--debug``) keeps the traceback as well."""
 
 import functools
 import os
@@ -53,9 +54,25 @@ def exit_on_user_error(fn):
       user_error = _config_error(e)
       if user_error is None:
         raise
+      if debug():
+        import traceback
+
+        traceback.print_exc()
       raise SystemExit(_line(user_error)) from None
 
   return wrapped
+
+
+def debug() -> bool:
+  """Tracebacks of user errors too: ``RSPO_DEBUG`` set to anything but
+  ``""`` or ``0``, or the launcher's ``--debug`` flag."""
+  from absl import flags
+
+  if os.environ.get("RSPO_DEBUG", "") not in ("", "0"):
+    return True
+  if "debug" in flags.FLAGS and flags.FLAGS.is_parsed():
+    return bool(flags.FLAGS["debug"].value)
+  return "--debug" in sys.argv[1:]
 
 
 def parse_flags(argv):
@@ -68,6 +85,10 @@ def parse_flags(argv):
   try:
     remaining = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
+    if debug():
+      import traceback
+
+      traceback.print_exc()
     reason = _config_error(e) or _field_error(argv) or _last_line(e)
     if "\n" in str(reason) and "Traceback" in str(reason):
       reason = _last_line(reason)  # absl kept only the text of the error

@@ -19,6 +19,13 @@ again with the same workdir it resumes from the latest checkpoint. SIGTERM
 On a GPU or TPU host the XLA flags of launch/xla_flags.py are set first
 (each with its reason there; ``RSPO_XLA_PLATFORM=none`` leaves them out).
 
+A mistake a person fixes ends the run with one line, ``error: ...``, and
+status 1: a config key or value, a path, the workdir (a file, unwritable,
+another configuration's checkpoints), an optional package the config needs,
+an environment that breaks its contract (a NaN reward, ``reset()`` that
+returns a string; rspo_jax/preflight.py, third_party_envs/contract.py).
+``--debug`` (or ``RSPO_DEBUG=1``) shows its traceback too.
+
 It ends with a summary (start -> end with a paired 95 % interval, where the
 files are; also ``summary.txt``), per-task results in ``eval_start.json``
 and ``eval_final.json`` and the learning curves in ``curves.png``. Library
@@ -60,6 +67,10 @@ _DRY_RUN = flags.DEFINE_bool(
     " not fit the devices exits 1 with one line naming the key to change."
 )
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide progress bars.")
+_DEBUG = flags.DEFINE_bool(
+    "debug", False, "An error that ends the run with one line (a config"
+    " value, the workdir, a missing package, the environment's contract)"
+    " also shows its full traceback; so does RSPO_DEBUG=1.")
 _LOG_LEVEL = flags.DEFINE_enum(
     "log_level", "warning", ["debug", "info", "warning", "error"],
     "Level of library logs (JAX, orbax, absl, rspo_jax); this script's own"
@@ -95,6 +106,10 @@ def main(argv):
       raise ConfigError(p["stop"])
     return
   check_inputs(cfg)  # paths and servers exist
+  from rspo_jax import preflight
+
+  # The workdir, optional packages, a user environment's probe episode.
+  preflight.check(cfg, workdir)
   from rspo_jax import build, compile_cache, distributed, preemption
 
   # Before anything compiles: a restart reads its programs back.

@@ -41,7 +41,7 @@ from rspo_jax.rollout.collect import CollectConfig
 from rspo_jax.rollout.jax_engine import JaxEngine
 from rspo_jax.rspo import RSPOTrainer
 from rspo_jax import warm_start, weight_sync
-from third_party_envs import registry
+from third_party_envs import contract, registry
 from third_party_envs.vector import VectorEnv
 
 log = logging.getLogger(__name__)
@@ -788,7 +788,8 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
       trainer.dense_fn = make_prm_dense_fn(prm_dir, mesh=prm_mesh(cfg, mesh),
                                            rules=cfg.logical_axis_rules)
   if user_dense_fn is not None:  # fills r.dense_reward of B's records
-    trainer.dense_fn = user_dense_fn
+    trainer.dense_fn = contract.checked_dense_fn(user_dense_fn,
+                                                 cfg.rspo.dense_reward)
   return Run(cfg, trainer, engine, venv, tokenizer, mcfg, mesh)
 
 

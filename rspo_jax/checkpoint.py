@@ -30,6 +30,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from rspo_jax import faults
+from rspo_jax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,11 @@ class RunCheckpointer:
           k: (saved.get(k), v) for k, v in fingerprint.items()
           if saved.get(k) != v
       }
-      if diff:
-        raise ValueError(
+      if diff:  # the launchers' one line (a ValueError too)
+        raise ConfigError(
             f"checkpoint {self.directory}/{step} was written by another"
-            f" configuration: (saved, current) = {diff}"
+            f" configuration: (saved, current) = {diff}; pass another"
+            " --workdir, or the configuration that wrote it"
         )
     args = {k: ocp.args.StandardRestore(_abstract(v)) for k, v in like.items()}
     try:

@@ -25,3 +25,17 @@ def did_you_mean(word, choices: Iterable[str]) -> str:
 def one_line(text: str) -> str:
   """``text`` on one line (newlines and runs of spaces become one space)."""
   return " ".join(str(text).split())
+
+
+class EnvError(ConfigError):
+  """An environment returned what docs/custom_env.md does not allow (a
+  NaN reward, ``reset()`` returning a string, ...). The message is one
+  line naming the environment, the class and method, the task id and the
+  turn, what came back and what was expected. It stops the run: the
+  person fixes the environment (``third_party_envs/contract.py``)."""
+
+
+class MissingPackage(ConfigError, ImportError):
+  """An optional package the config asks for is not installed (``wandb``
+  for ``metrics.wandb_project``, ...). One line naming the key and the
+  ``pip install`` that fixes it; also an ImportError."""

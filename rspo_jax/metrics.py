@@ -128,7 +128,9 @@ def setup_wandb(workdir: str, project: str, *, entity: str = "",
   contents. Raises ImportError naming the extra when ``wandb`` is missing.
   """
   if project and importlib.util.find_spec("wandb") is None:
-    raise ImportError(
+    from rspo_jax.errors import MissingPackage  # an ImportError, one line
+
+    raise MissingPackage(
         "metrics.wandb_project is set but wandb is not installed: pip "
         "install 'rspo_jax[wandb]' (or wandb), or unset the project")
   os.makedirs(workdir, exist_ok=True)

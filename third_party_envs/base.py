@@ -11,7 +11,13 @@ Rewards: ``EnvStep.reward`` is the environment's own outcome signal for the
 step (``10 * won`` on the winning step, 0 otherwise) -- the invalid-action
 penalty is added by the rollout layer, not here. ``dense_reward`` is a
 *separate* process signal (sub-goal / partial-score progress) that only
-Agent B may be trained on; it never enters the outcome reward.
+Agent B may be trained on; it never enters the outcome reward. Its
+default, ``NO_DENSE_REWARD``, is 0.0 that also says "this environment set
+none" (``sets_dense_reward``): RSPO with ``rspo.dense_reward=oracle``
+refuses such an environment at start (rspo_jax/preflight.py).
+
+What ``reset`` and ``step`` return is checked where it enters the system
+(``contract.py``): an ``EnvStep`` with finite rewards, or the run stops.
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ SUCCESS_REWARD = 10.0  # reward = 10 * won, as in verl-agent / the paper
 SPLITS = ("train", "valid_seen", "valid_unseen", "test")
 
 
+class _NoDenseReward(float):
+  """0.0 that says "the environment set no dense reward": the type of
+  ``EnvStep.dense_reward``'s default. Arithmetic sees a plain 0.0."""
+
+
+NO_DENSE_REWARD = _NoDenseReward(0.0)
+
+
 @dataclasses.dataclass
 class EnvStep:
   observation: str  # text shown to the agent for this state
@@ -33,11 +47,17 @@ class EnvStep:
   won: bool = False
   score: float = 0.0  # task score so far (WebShop: 0..1 on buy; ALFWorld: won)
   anchor_obs: str = ""  # GiGPO anchor: identical text <=> same state
-  dense_reward: float = 0.0  # environment progress signal for this step
+  # environment progress signal for this step; left out: NO_DENSE_REWARD
+  dense_reward: float = NO_DENSE_REWARD
   task: str = ""  # the task / instruction text (for the prompt)
   task_type: str = ""  # e.g. ALFWorld 'pick_and_place_simple'
   valid_action: bool = True  # False when the action was not admissible
   info: dict = dataclasses.field(default_factory=dict)
+
+
+def sets_dense_reward(step: EnvStep) -> bool:
+  """Whether ``step`` was given a ``dense_reward`` (0.0 given counts)."""
+  return not isinstance(step.dense_reward, _NoDenseReward)
 
 
 class TextEnv(abc.ABC):
@@ -45,6 +65,10 @@ class TextEnv(abc.ABC):
   (constructed inside worker processes from keyword arguments)."""
 
   name: str = "base"
+  # The range of EnvStep.reward this environment returns: 10 * won, as
+  # every environment here. A reward outside it is warned about once
+  # (contract.py); an environment with other rewards declares its range.
+  reward_range: tuple[float, float] = (0.0, SUCCESS_REWARD)
 
   @abc.abstractmethod
   def num_tasks(self, split: str) -> int:

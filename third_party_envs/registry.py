@@ -12,6 +12,9 @@ fills the defaults:
   * ``EnvStep.anchor_obs`` (GiGPO's state key) empty -> the observation text;
   * ``EnvStep.dense_reward`` stays 0.0 -> give RSPO's Agent B a dense reward
     another way (``rspo.dense_reward=prm`` or ``=package.module:function``).
+Every ``reset``/``step`` result of a user environment is checked there too
+(``contract.check``: an ``EnvStep`` with finite rewards, else ``EnvError``
+naming the class, method, task and turn).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib
 from typing import Any, Callable, Optional
 
 from third_party_envs import base
+from third_party_envs import contract
 
 # name -> (module, class); the heavy environments load only when asked for.
 _ENVS = {
@@ -102,7 +106,7 @@ def check_env_name(name: str) -> None:
 def make_env(name: str, **kwargs) -> base.TextEnv:
   """Builds one instance of environment ``name`` with ``kwargs``."""
   env = env_class(name)(**kwargs)
-  return env if name in _ENVS else WithDefaults(env)
+  return env if name in _ENVS else WithDefaults(env, name)
 
 
 def _fill(step: base.EnvStep) -> base.EnvStep:
@@ -112,21 +116,34 @@ def _fill(step: base.EnvStep) -> base.EnvStep:
 
 
 class WithDefaults(base.TextEnv):
-  """A user environment with ``anchor_obs`` defaulted to the observation
-  (see the module docstring); every other attribute is the wrapped one's."""
+  """A user environment with its results checked (``contract.check``) and
+  ``anchor_obs`` defaulted to the observation (see the module docstring);
+  every other attribute is the wrapped one's."""
 
-  def __init__(self, env: base.TextEnv):
+  def __init__(self, env: base.TextEnv, env_name: str = ""):
     self.env = env
     self.name = getattr(env, "name", type(env).__name__)
+    self.env_name = env_name or type(env).__name__
+    self._task, self._turn = (None, None), 0  # (task id, split), steps
+
+  # base.TextEnv's class attributes would hide the wrapped class's.
+  expert_keeps_lost = property(lambda self: self.env.expert_keeps_lost)
+  reward_range = property(lambda self: self.env.reward_range)
 
   def num_tasks(self, split: str) -> int:
     return self.env.num_tasks(split)
 
   def reset(self, task_id: int, split: str = "train") -> base.EnvStep:
-    return _fill(self.env.reset(task_id, split))
+    self._task, self._turn = (task_id, split), 0
+    return _fill(self._checked("reset", self.env.reset(task_id, split)))
 
   def step(self, action: str) -> base.EnvStep:
-    return _fill(self.env.step(action))
+    self._turn += 1
+    return _fill(self._checked("step", self.env.step(action)))
+
+  def _checked(self, method: str, out) -> base.EnvStep:
+    return contract.check(out, self.env_name, type(self.env).__name__,
+                          method, *self._task, turn=self._turn)
 
   def expert_action(self) -> Optional[str]:
     return self.env.expert_action()

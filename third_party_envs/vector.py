@@ -15,6 +15,11 @@ Failures never hang the caller and are never dropped silently:
     episodes it held are lost and come back failed on their next ``step``.
 A failed ``EnvStep`` has ``done=True`` and ``info={'failed': True, 'error':
 text}``; ``num_failures`` counts lost episodes, ``num_restarts`` restarts.
+A result that breaks the environment's contract (not an ``EnvStep``, a NaN
+reward, ...: ``contract.py``) is no failure to count but a fault to fix:
+checked here for every environment (and, for a user environment, already
+in its worker), it makes ``wait()`` raise ``EnvError``, one line naming the
+class, method, task and turn, once every result of the call is in.
 The first failure of each kind (exception type and raising line, or worker
 fault) is logged at WARNING with its task id and traceback, and appended to
 ``error_log`` when given (``failures.FailureLog``; ``first_error``).
@@ -43,7 +48,9 @@ import traceback
 import weakref
 from typing import Optional, Sequence
 
+from rspo_jax.errors import EnvError
 from third_party_envs import base
+from third_party_envs import contract
 from third_party_envs import failures
 from third_party_envs import registry
 
@@ -62,12 +69,15 @@ def failed_step(error: str) -> base.EnvStep:
 
 
 def _run_item(envs, make, cmd, item):
-  """One reset/step -> (slot, out, error); on error rebuilds the instance."""
+  """One reset/step -> (slot, out, error); on error rebuilds the instance.
+  A broken contract comes back as the ``EnvError`` itself (error)."""
   slot = item[0]
   try:
     if cmd == "reset":
       return slot, envs[slot].reset(item[1], item[2]), None
     return slot, envs[slot].step(item[1]), None
+  except EnvError as e:  # the run stops: no rebuild
+    return slot, None, e
   except Exception:  # pylint: disable=broad-except
     error = traceback.format_exc(limit=8)
     try:
@@ -182,6 +192,7 @@ class StepHandle:
   def __init__(self, vec: "VectorEnv", cmd: str, results: list):
     self._vec, self._cmd, self._results = vec, cmd, results
     self._done = False
+    self.fatal: Optional[EnvError] = None  # the first broken contract
     self.expected: dict[int, list[int]] = {}  # worker -> slots still owed
     self.sent_at = time.monotonic()
 
@@ -190,6 +201,8 @@ class StepHandle:
     if not self._done:
       self._vec._finish(self)  # pylint: disable=protected-access
       self._done = True
+    if self.fatal is not None:
+      raise self.fatal
     return self._results
 
 
@@ -227,6 +240,8 @@ class VectorEnv:
     self._active = [False] * num_envs  # an episode is running
     self._lost: list[Optional[str]] = [None] * num_envs  # lost episode error
     self._task_of: list[Optional[tuple]] = [None] * num_envs  # (id, split)
+    self._turn = [0] * num_envs  # steps since the episode's reset
+    self._env_class = registry.env_class(env_name)  # ValueError: no such
     self.failures = failures.FailureLog(env_name, error_log)
     self._pending: Optional[StepHandle] = None
     self._closed = False
@@ -237,7 +252,6 @@ class VectorEnv:
       self._finalizer = None
       self._worker_of = []
       return
-    registry.check_env_name(env_name)  # fail here, not in a child
     num_workers = num_workers or min(num_envs, os.cpu_count() or 1)
     num_workers = max(1, min(num_workers, num_envs))
     base_size, extra = divmod(num_envs, num_workers)
@@ -380,14 +394,35 @@ class VectorEnv:
     return handle
 
   def _record(self, handle, slot, out, error):
-    if error is not None:
+    cmd = handle._cmd  # pylint: disable=protected-access
+    self._turn[slot] = 0 if cmd == "reset" else self._turn[slot] + 1
+    if error is None:
+      error = self._broken_contract(cmd, slot, out)
+    if isinstance(error, EnvError):
+      handle.fatal = handle.fatal or error
+      out = failed_step(str(error))
+    elif error is not None:
       self.num_failures += 1
       self.failures.record(error, *(self._task_of[slot] or ()))
       out = failed_step(error)
-    if handle._cmd == "reset":  # pylint: disable=protected-access
+    if cmd == "reset":
       self._lost[slot] = None
     self._active[slot] = not out.done
     handle._results[slot] = out  # pylint: disable=protected-access
+
+  def _broken_contract(self, cmd, slot, out) -> Optional[EnvError]:
+    """``contract.check`` of one result (its ``EnvError`` or None); warns
+    once of a reward outside the class's ``reward_range``."""
+    task_id, split = self._task_of[slot] or (None, None)
+    where = dict(task_id=task_id, split=split, turn=self._turn[slot])
+    try:
+      contract.check(out, self.env_name, self._env_class.__name__, cmd,
+                     **where)
+    except EnvError as e:
+      return e
+    contract.warn_reward_range(out, self.env_name, self._env_class, cmd,
+                               **where)
+    return None
 
   def _finish(self, handle: StepHandle) -> None:
     if not self.use_processes:

@@ -23,6 +23,10 @@ Rewards per step (verl-agent convention):
 An episode whose environment raised (or whose worker died) is dropped and
 counted in ``failed_episodes``; ``check_failures`` stops the run when more
 than ``rollout.max_failed_episode_frac`` of a collection's episodes failed.
+A result that breaks the environment's contract (a NaN reward, ``reset()``
+returning a string: third_party_envs/contract.py) stops it at once: the
+``VectorEnv`` raises ``EnvError`` from ``reset`` / ``wait()``, here and in
+rollout/unbarriered.py alike.
 """
 
 from __future__ import annotations
@@ -212,8 +216,9 @@ def _apply_env_results(eps, rows, results, stats):
   for i in rows:
     e, out = eps[i], results[i]
     rec = e.records[-1]
-    rec.env_reward += out.reward
-    rec.dense_reward = out.dense_reward
+    rec.env_reward += float(out.reward)
+    rec.dense_reward = float(out.dense_reward)  # a plain float, not
+    # base.NO_DENSE_REWARD's type
     rec.won = bool(out.won)
     rec.score = float(out.score)
     e.history.append((e.obs.observation, rec.action))
