@@ -13,6 +13,14 @@ the RSPO loop's A step (GRPO: every group fresh) at the paper's batch shape,
     under /tmp, first on ``PYTHONPATH``),
   * ``after``: the working tree.
 
+``--before=.`` runs the working tree on both sides, and
+``--before_overrides`` / ``--after_overrides`` give each side its own
+config overrides: one setting measured side by side in one run, e.g. pi_old
+recomputed (before) against taken from sampling (after)::
+
+  python bench/loop.py --envs webshop --before=. --eval_tasks 0 \
+      --bc_steps 0 --before_overrides algo.recompute_old_logprobs=True
+
 Both run the same settings (``--overrides`` on top of the config; each
 worker echoes the resolved values) and are timed from outside, by wrapping
 the loop's parts, so old and new code are measured alike. Phases
@@ -87,6 +95,10 @@ def main(argv=None):
                  help="timed behaviour-cloning steps (0: skip)")
   p.add_argument("--eval_tasks", type=int, default=32, help="0: skip")
   p.add_argument("--overrides", default="", help="more config overrides")
+  p.add_argument("--before_overrides", default="",
+                 help="config overrides of the before side only")
+  p.add_argument("--after_overrides", default="",
+                 help="config overrides of the after side only")
   p.add_argument("--cache_dir",
                  default=os.path.join(tempfile.gettempdir(), "rspo_bench_loop"))
   p.add_argument("--lock", default="",
@@ -109,8 +121,11 @@ def main(argv=None):
     row = {"env": env, "episodes_per_step": args.tasks * args.group,
            "start": init_dir}
     for side in sides:
-      root = _checkout(args.before) if side == "before" else ROOT
-      row[side] = _run_side(args, env, init_dir, root)
+      root = (_checkout(args.before) if side == "before"
+              and args.before != "." else ROOT)
+      row[side] = _run_side(args, env, init_dir, root,
+                            getattr(args, f"{side}_overrides"))
+      row[side]["side_overrides"] = getattr(args, f"{side}_overrides")
       print(json.dumps({"env": env, "side": side, **row[side]}), flush=True)
     if "before" in row and "after" in row:
       row["speedup"] = _speedup(row["before"], row["after"])
@@ -138,10 +153,10 @@ def _checkout(commit: str) -> str:
   return path
 
 
-def _overrides(args, env: str) -> str:
+def _overrides(args, env: str, side: str = "") -> str:
   parts = [COMMON, ENV_OVERRIDES.get(env, ""),
            f"train.batch_tasks={args.tasks},train.group_size={args.group}",
-           args.overrides]
+           args.overrides, side]
   return ",".join(p for p in parts if p)
 
 
@@ -166,13 +181,14 @@ def _shared_start(args, env: str) -> str:
   return path
 
 
-def _run_side(args, env: str, init_dir: str, root: str) -> dict:
+def _run_side(args, env: str, init_dir: str, root: str,
+              side_overrides: str = "") -> dict:
   return _subprocess(args, root, [
       "--role", "worker", "--env", env, "--init_dir", init_dir,
       "--steps", str(args.steps), "--warmup", str(args.warmup),
       "--tasks", str(args.tasks), "--group", str(args.group),
       "--bc_steps", str(args.bc_steps), "--eval_tasks", str(args.eval_tasks),
-      "--overrides", _overrides(args, env)])
+      "--overrides", _overrides(args, env, side_overrides)])
 
 
 # ------------------------------------------------------------------ init

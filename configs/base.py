@@ -104,6 +104,14 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.algo.clip_ratio_c = 3.0
   c.algo.loss_agg = "token_mean"
   c.algo.value_clip_eps = 0.5  # verl ppo_trainer.yaml critic.cliprange_value
+  # pi_old of fresh rows (the ratio's denominator). False: with the
+  # in-process engine, the log-probs it sampled them with (the learner's
+  # weights, synced before the collection; temperature 1 whatever
+  # rollout.temperature; float32 log-softmax), so only replayed, stale
+  # (overlap) and cut rows are recomputed (AReaL's recompute_logprob=False;
+  # rspo_jax/update.py). True: the learner recomputes every row. SGLang
+  # rows are always recomputed.
+  c.algo.recompute_old_logprobs = False
 
   # ---------------------------------------------------------------- rspo
   # scales.py: alpha (replayed share of A's training samples), k (steps of

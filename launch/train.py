@@ -64,8 +64,13 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print the resolved plan (with the remat policy and"
     " prefill blocks it chose) and exit without training; a plan that does"
-    " not fit the devices exits 1 with one line naming the key to change."
+    " not fit the devices exits 1 with one line naming the key to change"
+    " (as a run without --dry_run does, unless --allow_plan_overflow)."
 )
+_ALLOW_OVERFLOW = flags.DEFINE_bool(
+    "allow_plan_overflow", False, "Run (or dry-run with exit 0) although"
+    " the memory plan does not fit the devices; without it such a run"
+    " stops at start with exit 1 and one line naming the key to change.")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide progress bars.")
 _DEBUG = flags.DEFINE_bool(
     "debug", False, "An error that ends the run with one line (a config"
@@ -84,8 +89,8 @@ SUMMARY = "summary.txt"
 def main(argv):
   del argv
   began = time.monotonic()
+  _quiet_libraries(_LOG_LEVEL.value)  # no JAX: the flags below come first
   _xla_flags()
-  _quiet_libraries(_LOG_LEVEL.value)
   cfg = _CONFIG.value
   if _MESH.value is not None:
     with cfg.unlocked():  # shape, and hosts x devices for the plan
@@ -95,15 +100,22 @@ def main(argv):
 
   config_base.validate(cfg)  # again: --config.<key>=... bypassed get_config's
   workdir = _WORKDIR.value or cfg.workdir
-  if _DRY_RUN.value:
-    from rspo_jax import plan
+  from rspo_jax import plan
 
+  if _ALLOW_OVERFLOW.value:  # read by plan.resolve_run in every process
+    os.environ[plan.ALLOW_ENV] = "1"
+  if _DRY_RUN.value:
     p = plan.make_plan(cfg, workdir)
     print(json.dumps(p, indent=1))
     if p.get("stop"):  # one line naming the config key to change
       from rspo_jax.errors import ConfigError
 
-      raise ConfigError(p["stop"])
+      if p["stop_by"] == "memory" and plan.overflow_allowed(os.environ):
+        log.warning("the memory plan does not fit (%s given): %s",
+                    plan.ALLOW_FLAG, p["stop"])
+        return
+      raise ConfigError(p["stop"] + ("" if p["stop_by"] != "memory" else
+                                     f" ({plan.ALLOW_FLAG} runs it anyway)"))
     return
   check_inputs(cfg)  # paths and servers exist
   from rspo_jax import preflight
@@ -171,14 +183,20 @@ def main(argv):
 
 def _xla_flags() -> None:
   """The GPU / TPU host's XLA flags (launch/xla_flags.py), set before JAX
-  starts; a flag this jaxlib does not know ends the run with one line."""
+  starts; a GPU flag this jaxlib does not know ends the run with one line,
+  a TPU flag the installed libtpu does not know is dropped with a
+  warning."""
   from rspo_jax.errors import ConfigError
   from rspo_launch import xla_flags
 
-  if xla_flags.apply(os.environ).get("XLA_FLAGS"):
+  set_now = xla_flags.apply(os.environ)
+  if set_now.get("XLA_FLAGS"):
     problem = xla_flags.check(os.environ)
     if problem:
       raise ConfigError(problem)
+  if set_now.get("LIBTPU_INIT_ARGS"):
+    for warning in xla_flags.check_tpu(os.environ):
+      log.warning("%s", warning)
 
 
 def _quiet_libraries(level: str) -> None:

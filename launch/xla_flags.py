@@ -11,7 +11,13 @@ GPU, ``/dev/accel0``: TPU), else none; ``JAX_PLATFORMS=cpu`` means none.
 An XLA that does not know one of the GPU flags (another jaxlib) stops the
 run before it starts with one line naming the flag (``check``: a CPU-only
 JAX in a subprocess parses the same flag table). libtpu parses its flags
-itself when the TPU starts; nothing checks them earlier.
+itself when the TPU starts, and one it does not know stops every host; so
+on a TPU host each flag of ``LIBTPU_INIT_ARGS`` is looked up in the
+installed libtpu's strings first (``check_tpu``: a flag's name is a string
+in the library that defines it) and one that is not there is dropped with
+a warning. Without a libtpu to read (``libtpu_path``: ``TPU_LIBRARY_PATH``,
+else the ``libtpu`` package's ``libtpu.so``) the flags go unchecked, with
+a warning.
 
 Not yet run on hardware: the flags are the ones MaxText runs on the same
 mesh shape (two nodes of 8 H100s, 'data' across nodes and FSDP within:
@@ -128,6 +134,79 @@ def check(environ) -> Optional[str]:
             "none drops them" if ours else "set in your XLA_FLAGS")
   return (f"this jaxlib's XLA does not know the flag {flag} in XLA_FLAGS"
           f" ({source})")
+
+
+def libtpu_path(environ) -> Optional[str]:
+  """The libtpu shared library JAX will load: ``TPU_LIBRARY_PATH``, else
+  ``libtpu.so`` in the installed ``libtpu`` package (``jax[tpu]``), else
+  None. The package is found, not imported."""
+  import importlib.util
+
+  given = environ.get("TPU_LIBRARY_PATH", "").strip()
+  if given:
+    return given if os.path.isfile(given) else None
+  for package in ("libtpu", "libtpu_nightly"):
+    try:
+      spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+      spec = None
+    for where in (spec.submodule_search_locations or []) if spec else []:
+      path = os.path.join(where, "libtpu.so")
+      if os.path.isfile(path):
+        return path
+  return None
+
+
+def library_knows(path: str):
+  """``knows(name) -> bool``: whether the flag name (without its dashes)
+  is a string of the library at ``path`` (read once, memory-mapped)."""
+  import mmap
+
+  with open(path, "rb") as f:
+    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+  def knows(name: str) -> bool:
+    return data.find(name.encode() + b"\0") >= 0
+
+  return knows
+
+
+def flag_name(flag: str) -> str:
+  """'--xla_x=1' -> 'xla_x'."""
+  return flag.lstrip("-").split("=")[0]
+
+
+def drop_unknown(value: str, knows) -> tuple[str, list]:
+  """(``value`` without the flags ``knows`` does not know, those flags)."""
+  kept, dropped = [], []
+  for flag in value.split():
+    (kept if knows(flag_name(flag)) else dropped).append(flag)
+  return " ".join(kept), dropped
+
+
+def check_tpu(environ, knows=None) -> list:
+  """Drops from ``LIBTPU_INIT_ARGS`` in ``environ`` each flag the installed
+  libtpu does not know (``knows``: a name -> bool test; default
+  ``library_knows(libtpu_path(environ))``). Returns the warnings, one line
+  each: a dropped flag (ours or the environment's), or that no libtpu was
+  found to check against."""
+  value = environ.get("LIBTPU_INIT_ARGS", "")
+  if not value.strip():
+    return []
+  if knows is None:
+    path = libtpu_path(environ)
+    if path is None:
+      return ["no libtpu found (TPU_LIBRARY_PATH, the libtpu package):"
+              " LIBTPU_INIT_ARGS left unchecked"]
+    knows = library_knows(path)
+  value, dropped = drop_unknown(value, knows)
+  environ["LIBTPU_INIT_ARGS"] = value
+  ours = {flag_name(f) for f, _ in TPU}
+  source = lambda flag: ("one of launch/xla_flags.py's TPU defaults"
+                         if flag_name(flag) in ours
+                         else "set in your LIBTPU_INIT_ARGS")
+  return [f"this libtpu does not know {flag}: dropped from LIBTPU_INIT_ARGS"
+          f" ({source(flag)})" for flag in dropped]
 
 
 if __name__ == "__main__":

@@ -32,7 +32,13 @@ resumed run collects that step again on its own weights (lag 0) and loses
 nothing more than it did without overlap. An exception in the thread is
 raised in the main thread when it takes the rows, as ``OverlapError`` from
 it, with its traceback. One process only (the thread would join
-collectives of its own).
+collectives of its own), and one device whenever the thread runs compiled
+programs there -- the in-process engine's prefill and decode, or the
+behaviour log-prob pass: two threads launching collectives on the same
+devices can deadlock (NCCL), so such a run stops at start with one line
+(``plan.overlap_problem``). The weights the thread plays are copied
+before each update (``Learner.frozen_params``) and counted by the plan
+(``overlap_snapshot_GB``), as is its collection beside the update.
 """
 
 from __future__ import annotations

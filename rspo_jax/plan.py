@@ -49,6 +49,13 @@ against ``memory_analysis()`` of small compiled shapes on CPU):
 
   total  = resident + max(train, log-prob, rollout transients)
 
+  overlap (``rollout.overlap=1``, one device only: ``overlap_problem``):
+  A's next collection runs beside the update, so
+    snapshot = w P / shard               (the weights it plays, when
+                                          rspo.recompute_behavior_logp;
+                                          LoRA: w P_a / shard), resident
+    train    = train transient + max(rollout, log-prob transients)
+
   LoRA (``model.lora_rank`` = r > 0, ``models/lora.py``): the trained
   parameters are the adapters, P_a = L r sum over targets of (in + out)
   (``adapter_params``: q d + H hd, k and v d + K hd, o H hd + d, gate and
@@ -587,10 +594,19 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
     pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
                         eng["new"], chunk=eng["chunk"])
     engine, kv_cache, prefill = pre["weights"], pre["cache"], pre["scores"]
-  resident = base + state + policy_b + critic + ref + engine + prm
+  # Overlap: the next collection's weights, copied before each update
+  # (Learner.frozen_params) when its thread recomputes their log-probs.
+  overlap = bool(cfg.rollout.get("overlap", 0))
+  snapshot = (x["w"] * (lora_p or p) / shard if overlap
+              and cfg.rspo.get("recompute_behavior_logp", True) else 0.0)
+  resident = (base + state + policy_b + critic + ref + engine + prm
+              + snapshot)
   train_transient = train["batch"] + train["transient"]
   logprob_transient = max(old["transient"], ref_pass["transient"])
   rollout = 2 * kv_cache + prefill
+  if overlap:  # the thread's prefill or log-prob pass beside the update
+    train_transient += max(rollout if in_process else 0.0,
+                           old["transient"] if snapshot else 0.0)
   phases = {"train step": train_transient, "log-probs": logprob_transient,
             "rollout prefill": rollout}
   peak_phase = max(phases, key=phases.get)
@@ -609,6 +625,7 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
       "ref_GB": ref,
       "engine_weights_GB": engine,
       "prm_GB": prm,
+      "overlap_snapshot_GB": snapshot,
       "resident_GB": resident,
       "grads_GB": train["grads"],
       "compute_copy_GB": train["compute_copy"],
@@ -885,10 +902,22 @@ def resolve_run(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
   ``rollout.prefill_chunk`` at None -- on the mesh config's device memory,
   else the devices' own limit (``memory_stats()['bytes_limit']``, the
   smallest of every host's; none on CPU: no plan). Returns the choices
-  and, when the estimate does not fit, ``"warning"``: the dry run's
-  message (the run goes on; ``--dry_run`` stops)."""
+  and, when the estimate does not fit and ``RSPO_ALLOW_PLAN_OVERFLOW=1``
+  (``launch/train.py --allow_plan_overflow``), ``"warning"``: the dry
+  run's message, and the run goes on.
+
+  Raises:
+    ConfigError: the estimate does not fit (the dry run's line naming the
+      key to change), unless overflow is allowed; or overlap on more than
+      one device (``overlap_problem``), always.
+  """
+  from rspo_jax.errors import ConfigError
+
   environ = os.environ if environ is None else environ
   layout = resolve_layout(cfg, environ)
+  problem = overlap_problem(cfg, layout)
+  if problem:
+    raise ConfigError(problem)
   usable, _ = usable_gb(cfg, layout, environ)
   if usable is None:
     usable = _device_limit_gb()
@@ -900,9 +929,49 @@ def resolve_run(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
   out = dict(choices)
   if usable is not None:
     message = fit_message(cfg, layout, usable)
+    if message and not overflow_allowed(environ):
+      raise ConfigError(f"{message} ({ALLOW_FLAG} runs it anyway)")
     if message:
       out["warning"] = message
   return out
+
+
+ALLOW_ENV = "RSPO_ALLOW_PLAN_OVERFLOW"  # 1: a plan that does not fit runs
+ALLOW_FLAG = "--allow_plan_overflow"  # launch/train.py's flag that sets it
+
+
+def overflow_allowed(environ: Mapping[str, str]) -> bool:
+  """Whether a run whose plan does not fit goes on (``ALLOW_ENV`` = 1)."""
+  return environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def overlap_problem(cfg, layout) -> Optional[str]:
+  """One line when ``rollout.overlap=1`` would launch collective programs
+  from two threads on the same devices, else None. Overlap's thread runs
+  the in-process engine's prefill and decode (compiled over the learner's
+  mesh: an all-reduce over 'fsdp') and, with
+  ``rspo.recompute_behavior_logp``, a log-prob pass over the learner's
+  mesh, while the main thread's update runs its own collectives there:
+  two threads enqueueing collectives in different orders on the same
+  devices is a known NCCL deadlock. On one device there are none."""
+  if not int(cfg.rollout.get("overlap", 0) or 0):
+    return None
+  devices = math.prod(layout["mesh"].values())
+  if devices <= 1:
+    return None
+  in_process = cfg.rollout.engine == "jax"
+  recompute = bool(cfg.rspo.get("recompute_behavior_logp", True))
+  if not (in_process or recompute):
+    return None  # the thread only talks HTTP to SGLang servers
+  what = ("the in-process engine's prefill and decode" if in_process
+          else "the behaviour log-prob pass (rspo.recompute_behavior_logp)")
+  return (f"rollout.overlap=1 on {devices} devices: overlap's thread would"
+          f" run {what} beside the update, two threads launching"
+          " collectives on the same devices (a NCCL deadlock); set"
+          " rollout.overlap=0, or run on one device"
+          + ("" if not in_process else
+             ", or rollout.engine=sglang with"
+             " rspo.recompute_behavior_logp=False"))
 
 
 def _device_limit_gb() -> Optional[float]:
@@ -1021,6 +1090,9 @@ def make_plan(cfg, workdir: str,
   }
   plan["choices"] = choices
   warnings = layout_warnings(cfg, mcfg, mesh, layout["hosts"])
+  problem = overlap_problem(cfg, layout)
+  if problem:
+    warnings.append(problem)
   if device_gb:
     fraction, source = fraction
     plan["device_memory_GB"] = device_gb
@@ -1044,6 +1116,10 @@ def make_plan(cfg, workdir: str,
           f" blocks of {mem['engine_prefill']['chunk'] or 'all'} columns):"
           " a narrower rollout.prefill_chunk, fewer episodes a host,"
           " rollout.engine=sglang, or a larger mesh cut it")
+  if problem:  # before memory: a run would deadlock, not run out
+    plan["stop"] = problem
+  if plan.get("stop"):  # what --allow_plan_overflow may override: memory
+    plan["stop_by"] = "overlap" if problem else "memory"
   plan["warnings"] = warnings
   return plan
 
@@ -1083,6 +1159,7 @@ _TABLE = (  # (memory_per_device key, what it holds)
     ("ref_GB", "pi_ref: inference copy"),
     ("prm_GB", "PRM backbone (rspo.dense_reward=prm)"),
     ("engine_weights_GB", "engine weights (in-process rollout)"),
+    ("overlap_snapshot_GB", "overlap: the next collection's weights"),
     ("resident_GB", "**resident**"),
     ("grads_GB", "train step: gradients (+ their sum over micro-batches)"),
     ("compute_copy_GB", "train step: compute-dtype copy of the weights"),
@@ -1134,7 +1211,8 @@ def table(p: dict) -> str:
     rows = [("base_GB", "frozen base (LoRA): compute dtype, shared by A, B,"
              " pi_ref, critic")] + [(k, _LORA_TABLE.get(k, what))
                                     for k, what in rows]
-  lines += [f"| {what} | {mem[k]:.2f} |" for k, what in rows]
+  lines += [f"| {what} | {mem[k]:.2f} |" for k, what in rows
+            if k != "overlap_snapshot_GB" or mem.get(k)]
   lines.append(f"| **total** = resident + {mem['peak_phase']} |"
                f" **{mem['total_GB']:.2f}** |")
   if "usable_GB" in p:

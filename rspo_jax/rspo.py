@@ -163,6 +163,13 @@ class RSPOTrainer:
       raise ValueError(
           "rollout.overlap=1 runs in one process only; with"
           f" {jax.process_count()} processes use rollout.overlap=0")
+    if self.overlap and policy is not None:  # plan.resolve_run checks too
+      from rspo_jax import plan  # pylint: disable=g-import-not-at-top
+      from rspo_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+
+      problem = plan.overlap_problem(cfg, {"mesh": dict(policy.mesh.shape)})
+      if problem:
+        raise ConfigError(problem)
     # Overlap: A's next collection, running during A's update (overlap.py)
     self.prefetch: Optional[overlap.Prefetch] = None
     self._prefetch_seconds: dict = {}
@@ -481,10 +488,19 @@ class RSPOTrainer:
                           ref_params=self.ref_params, off_adv=off_adv,
                           dense_noise_sigma=self.dense_noise_sigma,
                           dense_scale=self.cfg.rspo.get("dense_scale", 1.0),
-                          stale_on=stale_on)
+                          stale_on=stale_on, sampled_old=self.sampled_old)
     if "updates" in m:
       self._check_finite(m)
     return m
+
+  @property
+  def sampled_old(self) -> bool:
+    """Fresh rows take pi_old from their sampling log-probs (update.py):
+    the in-process engine, synced to the learner's weights before each
+    collection, and ``algo.recompute_old_logprobs`` False. SGLang's
+    log-probs come from other kernels on an exported copy: recomputed."""
+    return (self.cfg.rollout.engine == "jax"
+            and not self.cfg.algo.get("recompute_old_logprobs", False))
 
   @property
   def dense_noise_sigma(self) -> float:

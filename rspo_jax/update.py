@@ -11,7 +11,9 @@
   2. rows     DAPO's dynamic sampling (``train.drop_zero_advantage_rows``)
               and the CPU row cap (``train.max_train_rows``);
   3. updates  pi_old and pi_ref of every row once, from the parameters at
-              the step's start; the rows shuffled once, stratified by
+              the step's start (pi_old of fresh rows: their sampling
+              log-probs when ``sampled_old``, below); the rows shuffled
+              once, stratified by
               source, into mini-batches (``train.updates_per_step`` of
               them, or ceil(n / m) of about m = ``train.mini_batch_rows``
               rows, verl's ``ppo_mini_batch_size``, or one of every row);
@@ -36,6 +38,27 @@
   where the window has had the most updates to bind; with ``stale_on``,
   ``overlap_logp_gap_on``: mean |log pi_old - log pi_behaviour| on the
   fresh tokens at the step's start (how stale they are).
+
+pi_old of fresh rows from sampling (``sampled_old``; the trainer passes
+it for the in-process engine, ``algo.recompute_old_logprobs=False``, rows
+not stale): their behaviour log-probs are pi_old's own -- the engine
+sampled them with the learner's weights of the step's start (synced just
+before the collection) and records log softmax(logits)[token] of the
+temperature-1 distribution in float32 (``sampling.token_logprob``,
+whatever ``rollout.temperature``), the distribution pi_old is -- so the
+learner's pi_old pass runs only on the rows that need it (AReaL's
+``recompute_logprob=False``):
+
+  recomputed = replayed rows (their pi_old is A's over B's tokens)
+               + rows cut to the learner's length (``max_len``: the engine
+                 saw the prompt the learner loses)
+               + rows whose log-probs do not cover their response
+  fresh rest: old_logp = behavior_logp on the response tokens
+
+The two differ by the engine's numerics only (its KV-cache attention and
+the learner's path; the same weights in the same dtype,
+``inference_dtype``). Logged: ``old_logp_recomputed_frac``, the share of
+rows whose pi_old the learner computed.
 
 ``recompute_behavior_logp(learner, records)``: log pi of every record's
 response tokens by ``learner`` (B's learner after its collection) replaces
@@ -186,13 +209,16 @@ class StepUpdater:
            off: list, source: str, step_key: int, *, ref_params,
            off_adv: Optional[np.ndarray] = None,
            dense_noise_sigma: float = 0.0,
-           dense_scale: float = 1.0, stale_on: bool = False) -> dict:
+           dense_scale: float = 1.0, stale_on: bool = False,
+           sampled_old: bool = False) -> dict:
     """One training step on fresh (``on``) + replayed (``off``) records;
     ``dense_noise_sigma``: the std of the Gaussian noise on dense rewards,
     in their stored units (``RSPOTrainer.dense_noise_sigma``);
     ``dense_scale``: their multiplier (``credit.step_rewards``);
     ``stale_on``: the fresh records' ``behavior_logp`` are those of an
-    earlier policy than the learner's (module docstring, 3.)."""
+    earlier policy than the learner's (module docstring, 3.);
+    ``sampled_old``: they are the learner's own, pi_old (module
+    docstring; ignored with ``stale_on``)."""
     n_on, n_off = (int(x) for x in self._sum([len(on), len(off)]))
     if not n_on + n_off:
       return {"skipped_empty": 1.0}
@@ -215,8 +241,9 @@ class StepUpdater:
               "rows_off": 0.0, f"{source}_reward_mean": float(reward_mean)}
     if len(keep) < len(rows.records):
       rows = rows.subset(keep)
-    metrics.update(self.train_rows(learner, critic, rows, step_key,
-                                   ref_params, stale_on=stale_on))
+    metrics.update(self.train_rows(
+        learner, critic, rows, step_key, ref_params, stale_on=stale_on,
+        sampled_old=sampled_old and not stale_on))
     counts = self._sum([metrics.pop("tokens"), (~rows.off).sum(),
                         rows.off.sum()])
     metrics.update({
@@ -356,18 +383,61 @@ class StepUpdater:
       behavior = np.where(batch.is_offpolicy[:, None], behavior, old)
     return batch._replace(old_logp=old, ref_logp=ref, behavior_logp=behavior)
 
+  def needs_old_pass(self, rows: Rows) -> np.ndarray:
+    """bool per row: pi_old comes from the learner's pass, not from the
+    row's sampling log-probs (module docstring: replayed, cut to the
+    learner's length, or log-probs short of the response)."""
+    return np.array([
+        bool(off) or len(r.prompt_ids) + len(r.response_ids) > self.max_len
+        or len(r.behavior_logp) < len(r.response_ids)
+        for r, off in zip(rows.records, rows.off)], bool)
+
+  @property
+  def max_len(self) -> int:
+    return self.batches.max_len
+
+  def _old_logp(self, learner: Learner, rows: Rows, idx: np.ndarray, batch,
+                recompute: Optional[np.ndarray], any_recompute: bool):
+    """pi_old [B, T] of ``batch`` (rows ``idx``): the learner's pass over
+    every row (``recompute`` None), else the sampling log-probs on the
+    response tokens and the pass over the rows ``recompute`` marks only
+    (multi-host: every host runs it, padding where it has none, when any
+    host has such rows in the step: ``any_recompute``)."""
+    if recompute is None:
+      return self.batches.apply(learner, batch)
+    old = np.where(np.asarray(batch.loss_mask) > 0,
+                   np.asarray(batch.behavior_logp), 0.0).astype(np.float32)
+    sub = np.flatnonzero(recompute[idx])
+    if not len(sub) and not (self.multihost and any_recompute):
+      return old
+    part = self.batches.build([rows.records[idx[j]] for j in sub],
+                              rows.adv_of(idx[sub]), rows.off[idx[sub]])
+    got = self.batches.apply(learner, part)
+    t = min(got.shape[1], old.shape[1])
+    old[sub, :t] = got[:len(sub), :t]
+    return old
+
   def train_rows(self, learner: Learner, critic: Optional[Learner],
                  rows: Rows, step_key: int, ref_params,
-                 stale_on: bool = False) -> dict:
+                 stale_on: bool = False, sampled_old: bool = False) -> dict:
     """The optimizer updates of one step (module docstring, 3.). Returns
     the metrics' means over updates, ``last_clip_frac*``, ``updates``,
     ``train_time_s`` and the ``tokens`` trained on."""
     epochs = self.mini_batches(rows.off, step_key)
+    recompute, any_recompute = None, True
+    if sampled_old and not stale_on:
+      recompute = self.needs_old_pass(rows)
+      counts = self._sum([recompute.sum(), len(recompute)])
+      any_recompute = bool(counts[0])
+      recomputed_frac = float(counts[0] / max(counts[1], 1))
+    else:
+      recomputed_frac = 1.0
     pi, first = {}, []
     for idx in epochs[0]:  # pi_old, pi_ref: all before the first update
       batch = self._build(rows, idx)
       with self.timer.phase("logprobs"):
-        old = self.batches.apply(learner, batch)
+        old = self._old_logp(learner, rows, idx, batch, recompute,
+                             any_recompute)
         ref = self.batches.apply(learner, batch, params=ref_params)
       lengths = np.asarray(batch.attention_mask).sum(1)
       for j, i in enumerate(idx):
@@ -401,7 +471,8 @@ class StepUpdater:
     metrics.update({f"last_{k}": v for k, v in per_update[-1].items()
                     if k.startswith("clip_frac")})
     metrics.update(train_time_s=time.perf_counter() - t0, tokens=tokens,
-                   updates=float(len(updates)), epochs=float(len(epochs)))
+                   updates=float(len(updates)), epochs=float(len(epochs)),
+                   old_logp_recomputed_frac=recomputed_frac)
     metrics.update(replay_divergence(gaps))
     if stale is not None:
       metrics["overlap_logp_gap_on"] = float(stale[1] / max(stale[0], 1))

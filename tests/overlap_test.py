@@ -6,6 +6,7 @@ toy runs of the base algorithm, built once for the module: overlap off and
 on, two A steps each (the second step's rows are prefetched when on).
 """
 
+import os
 import re
 import threading
 import traceback
@@ -18,7 +19,8 @@ import pytest
 from configs import toy_grpo
 from rspo_e2e_test import MICRO
 from rspo_e2e_test import params_of
-from rspo_jax import build, losses, overlap
+from configs import webshop_grpo
+from rspo_jax import build, losses, overlap, plan
 from rspo_jax.errors import ConfigError
 from rspo_jax.metrics import read_metrics
 
@@ -71,6 +73,75 @@ def test_the_key_is_off_by_default_validated_and_reaches_the_loss():
     toy_grpo.get_config("rollout.overlap=2")
 
 
+# ------------------------------------------------------------ devices
+
+
+def _layout(devices):
+  return {"mesh": {"data": 1, "fsdp": devices, "tensor": 1}}
+
+
+def test_overlap_on_several_devices_stops_with_one_line(tmp_path):
+  """Overlap's thread would launch compiled programs (the engine's
+  decode, a log-prob pass) beside the update's collectives on the same
+  devices: refused on more than one device, at the plan and at start,
+  in one line naming the keys; allowed where the thread only talks HTTP
+  (SGLang without the log-prob pass)."""
+  cfg = toy_grpo.get_config("rollout.overlap=1")
+  assert plan.overlap_problem(cfg, _layout(1)) is None
+  problem = plan.overlap_problem(cfg, _layout(8))
+  assert problem.startswith("rollout.overlap=1 on 8 devices:")
+  assert "\n" not in problem and "set rollout.overlap=0" in problem
+  assert "in-process engine's prefill and decode" in problem
+  sglang = toy_grpo.get_config(
+      "rollout.overlap=1,rollout.engine=sglang,rollout.turn_barriers=0")
+  assert "behaviour log-prob pass" in plan.overlap_problem(sglang,
+                                                           _layout(8))
+  with sglang.unlocked():
+    sglang.rspo.recompute_behavior_logp = False
+  assert plan.overlap_problem(sglang, _layout(8)) is None
+  assert plan.overlap_problem(toy_grpo.get_config(), _layout(8)) is None
+  # A run on the tests' 8 CPU devices stops before anything is built.
+  with cfg.unlocked():
+    cfg.mesh.shape = (-1, 1, 1)
+  with pytest.raises(ConfigError, match="rollout.overlap=1 on 8 devices"):
+    build.build_run(cfg, str(tmp_path), progress=False)
+  assert not os.listdir(tmp_path)
+
+
+def test_plan_counts_the_snapshot_and_the_collection_beside_the_update():
+  """1.5B WebShop GRPO on one GPU with overlap: the snapshot is one more
+  float32 copy of the weights (w P: 4 bytes x P); the train phase holds
+  the thread's prefill (the rollout transient) beside the update."""
+  off = webshop_grpo.get_config("model=qwen2.5-1.5b")
+  on = webshop_grpo.get_config("model=qwen2.5-1.5b,rollout.overlap=1")
+  mcfg = plan.plan_model_config(off)
+  mem = {k: plan.memory_per_device(c, mcfg, (1, 1, 1))
+         for k, c in (("off", off), ("on", on))}
+  assert mem["off"]["overlap_snapshot_GB"] == 0.0
+  assert mem["on"]["overlap_snapshot_GB"] == pytest.approx(
+      4 * mcfg.num_params() / 2**30)
+  assert mem["on"]["resident_GB"] == pytest.approx(
+      mem["off"]["resident_GB"] + mem["on"]["overlap_snapshot_GB"])
+  assert mem["on"]["train_transient_GB"] == pytest.approx(
+      mem["off"]["train_transient_GB"]
+      + max(mem["off"]["rollout_transient_GB"],
+            mem["off"]["logprob_transient_GB"]))
+  p = plan.make_plan(with_gpu1(on), "w", {})
+  assert p["stop_by"] == "memory" or p["fits"]
+  assert "| overlap: the next collection's weights |" in plan.table(p)
+  assert "overlap" not in plan.table(plan.make_plan(with_gpu1(off), "w", {}))
+
+
+def with_gpu1(cfg):
+  from configs.mesh import gpu1
+
+  mesh = gpu1.get_config()
+  with cfg.unlocked():
+    cfg.mesh.update(mesh)
+    cfg.mesh.shape = tuple(mesh.shape)
+  return cfg
+
+
 # ------------------------------------------------------------ the thread
 
 
@@ -116,9 +187,10 @@ def _run(tmp_dir, overlap_on: int):
   """A run of TOY to its end; records, per A update (step order): the
   parameters before it, the first batch trained and its metrics. The run
   stays open (closed by the fixture)."""
-  run = build.build_run(
-      toy_grpo.get_config(f"{TOY},rollout.overlap={overlap_on}"),
-      str(tmp_dir), progress=False)
+  cfg = toy_grpo.get_config(f"{TOY},rollout.overlap={overlap_on}")
+  with cfg.unlocked():  # overlap runs on one device (plan.overlap_problem)
+    cfg.mesh.shape = (1, 1, 1)
+  run = build.build_run(cfg, str(tmp_dir), progress=False)
   t, seen = run.trainer, []
   update, train = t.update, t.a.train
 

@@ -435,7 +435,9 @@ def test_gpu_launchers_start_sglang_with_lora_for_lora_rank(tmp_path):
       MODEL_DIR="/m", SERVER_GPUS="2", LORA_RANK="8", LORA_ALPHA="16",
       LORA_TARGETS="q,v,down")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert len(servers) == 2 and len(learners) == 1
+  # The plan's dry run first, then the run, with the same arguments.
+  assert len(servers) == 2 and len(learners) == 2
+  assert learners[0] == learners[1] + ["--dry_run"]
   for argv in servers:
     assert argv[argv.index("--enable-lora"):] == [
         "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules",
@@ -488,6 +490,37 @@ def test_gpu_launchers_start_sglang_with_lora_for_lora_rank(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert servers and all("--enable-lora" not in a for a in servers)
   assert all("--config.model.lora_rank=16" in a for a in learners)
+
+
+def test_a_plan_that_does_not_fit_stops_the_run_unless_allowed():
+  """7B PPO on 8 GPUs at JAX's default fraction does not fit: the dry run
+  and the run (plan.resolve_run, before anything is built) stop with exit
+  1 and one line naming the key; --allow_plan_overflow lets both go on."""
+  from rspo_jax.errors import ConfigError
+
+  args = ("--config=configs/alfworld_ppo.py:model=qwen2.5-7b",
+          "--mesh=configs/mesh/gpu8.py")
+  proc = dry_run(*args)
+  assert proc.returncode == 1
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith("error: qwen2.5-7b alfworld ppo on mesh 1x8x1")
+  assert line.endswith("(--allow_plan_overflow runs it anyway)")
+  assert "set rollout.engine_tensor=2" in line
+  proc = dry_run(*args, "--allow_plan_overflow")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert not json.loads(proc.stdout)["fits"]
+  assert "the memory plan does not fit (--allow_plan_overflow given)" in \
+      proc.stderr
+
+  cfg = with_mesh(alfworld_gigpo.get_config("model=qwen2.5-7b"),
+                  gpu8.get_config())
+  with cfg.unlocked():
+    cfg.algo.name = "ppo"
+  with pytest.raises(ConfigError, match="set rollout.engine_tensor=2") as e:
+    plan.resolve_run(cfg, {})
+  assert "\n" not in str(e.value)
+  got = plan.resolve_run(cfg, {plan.ALLOW_ENV: "1"})
+  assert "set rollout.engine_tensor=2" in got["warning"]
 
 
 def test_table_of_the_documented_plans():

@@ -15,7 +15,10 @@
 #                                                            # only the adapters
 #   launch/cluster/single_node_8gpu.sh --dry_run             # print the plan only
 #
-# Extra arguments go to launch/train.py.
+# Extra arguments go to launch/train.py. The plan's dry run always comes
+# first (written to $WORKDIR/plan.json): a run that would not fit stops
+# there with exit 1 and one line naming the key to change, before a server
+# starts (--allow_plan_overflow runs it anyway).
 
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -60,17 +63,33 @@ trap cleanup EXIT
 if [[ "$ROLLOUT" == "sglang" ]]; then
   [[ -n "$MODEL_DIR" ]] || { echo "ROLLOUT=sglang needs MODEL_DIR" >&2; exit 1; }
   LEARNER_GPUS=$((8 - SERVER_GPUS))
-  mkdir -p "$WORKDIR"
   URLS=()
   for ((g = LEARNER_GPUS; g < 8; g++)); do
-    port=$((SGLANG_PORT + g))
+    URLS+=("http://127.0.0.1:$((SGLANG_PORT + g))")
+  done
+  # The learner sees only its GPUs; the mesh shrinks to match
+  # (make_mesh_config: fsdp absorbs the devices).
+  MESH="$MESH:devices_per_host=$LEARNER_GPUS"
+  ARGS+=(--config.rollout.engine=sglang
+         --config.rollout.server_urls="$(IFS=,; echo "${URLS[*]}")")
+fi
+
+# The plan first (no GPU is touched): exit 1 here when it does not fit.
+mkdir -p "$WORKDIR"
+"$PYTHON" launch/train.py "${ARGS[@]}" --mesh="$MESH" "$@" --dry_run \
+  > "$WORKDIR/plan.json"
+for arg in "$@"; do
+  [[ "$arg" == --dry_run ]] && { cat "$WORKDIR/plan.json"; exit 0; }
+done
+
+if [[ "$ROLLOUT" == "sglang" ]]; then
+  for ((g = LEARNER_GPUS; g < 8; g++)); do
     CUDA_VISIBLE_DEVICES=$g SGLANG_RETURN_ORIGINAL_LOGPROB=1 \
       "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$MODEL_DIR" \
-      --host 127.0.0.1 --port "$port" --dtype bfloat16 \
+      --host 127.0.0.1 --port "$((SGLANG_PORT + g))" --dtype bfloat16 \
       --mem-fraction-static 0.85 ${SERVER_ARGS[@]+"${SERVER_ARGS[@]}"} \
       > "$WORKDIR/sglang-$g.log" 2>&1 &
     PIDS+=($!)
-    URLS+=("http://127.0.0.1:$port")
   done
   for url in "${URLS[@]}"; do
     for ((t = 0; t < 180; t++)); do
@@ -79,12 +98,7 @@ if [[ "$ROLLOUT" == "sglang" ]]; then
     done
     curl -sf "$url/health" > /dev/null || { echo "$url not healthy" >&2; exit 1; }
   done
-  # The learner sees only its GPUs; the mesh shrinks to match
-  # (make_mesh_config: fsdp absorbs the devices).
   export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((LEARNER_GPUS - 1)))
-  MESH="$MESH:devices_per_host=$LEARNER_GPUS"
-  ARGS+=(--config.rollout.engine=sglang
-         --config.rollout.server_urls="$(IFS=,; echo "${URLS[*]}")")
 fi
 
 "$PYTHON" launch/train.py "${ARGS[@]}" --mesh="$MESH" "$@"

@@ -58,11 +58,17 @@ case "${1:-}" in
       --workdir="$WORKDIR" --dry_run)
     ;;
   train)
-    # nohup + log per host: the run survives a dropped ssh session.
-    # RSPO_XLA_PLATFORM=tpu: launch/train.py puts launch/xla_flags.py's
-    # TPU flags (asynchronous, overlapped collectives; MaxText's v5e set)
-    # in front of LIBTPU_INIT_ARGS.
+    # The plan first, on every host: one that does not fit (or a mesh
+    # that does not match the slice) stops here with exit 1 and one line
+    # naming the key to change (EXTRA_ARGS=--allow_plan_overflow runs it
+    # anyway). Then nohup + log per host: the run survives a dropped ssh
+    # session. RSPO_XLA_PLATFORM=tpu: launch/train.py puts
+    # launch/xla_flags.py's TPU flags (asynchronous, overlapped
+    # collectives; MaxText's v5e set; those this libtpu does not know are
+    # dropped with a warning) in front of LIBTPU_INIT_ARGS.
     ssh_all "cd $REMOTE_DIR && mkdir -p $WORKDIR && \
+      venv/bin/python launch/train.py --config='$CONFIG' --mesh='$MESH' \
+        --workdir='$WORKDIR' $EXTRA_ARGS --dry_run > plan.json && \
       RSPO_DISTRIBUTED=auto RSPO_XLA_PLATFORM=tpu nohup \
       venv/bin/python launch/train.py \
         --config='$CONFIG' --mesh='$MESH' --workdir='$WORKDIR' \
