@@ -366,11 +366,12 @@ SPELL_VARIANTS = {
 # 'aligned', m = L 'decoy'). A policy typing one letter everywhere earns
 # (L - m) / L with the right letter and m / L with its decoy, so the
 # decoy pays more iff m > L / 2. The calibration (docs/results/log.md,
-# 2026-12-06; dense reward alone, L = 4, seed 0) saw no fall at m = 1
-# and 2: the policy learned the right letter everywhere; m = 4 is the
-# decoy, hacked from the start (0 %). PARTIAL_M brackets the switch at
-# L = 4: 2 (helps), 3 (the candidate for Figure 3's shape), 4 (hacked);
-# the same m at L = 6, where the switch lies above m = 3.
+# 2026-12-06; dense reward alone, L = 4, seed 0): m = 1 and 2 help (the
+# policy learns the right letter everywhere and wins), m = 3 is hacked
+# from the start (0 %), like m = 4, the decoy; no m showed Figure 3's
+# rise then fall (decoy_weight at m = 2 is untried). PARTIAL_M brackets
+# the switch: at L = 4, 2 helps, 3 and 4 are hacked; at L = 6, where a
+# one-letter policy gains from the decoy only above m = 3, 4 is the switch.
 PARTIAL_M = (2, 3, 4)
 # RSPO+GiGPO (k = 10, alpha 1/8, 30 A steps) spends B's 3 loops x 11
 # collections x 8 x 8 episodes besides A's 30 x 7 x 8: 59.25 x GiGPO's

@@ -79,8 +79,11 @@ earns (L - m) / L with w and beta m / L with w': w' pays more iff
 beta m > L - m. Measured with the nano policy, 30 A steps, one seed
 (docs/results/log.md, 2026-12-06): at m = 1 and 2 (beta = 1, L = 4)
 the dense reward alone learns w everywhere and wins (84 and 66 % of its
-rollouts at step 30), no fall; a decoy paid only after a correct prefix
-(an earlier form of this knob) did the same at m = 2 and 3.
+rollouts at step 30), no fall; at m = 3 it types w' from the first steps
+and never wins (dense return 0.22 -> 0.72). No m showed Figure 3's rise
+then fall; a decoy paid only after a correct prefix (an earlier form of
+this knob) was never hacked (m = 2, 3). ``decoy_weight`` at m = 2 is the
+untried finer knob.
 
 Codes: the 10^L codes of length L are sampled without replacement by
 random.Random(f"spell:codes:{L}"); the first 1024 go to train, the next
