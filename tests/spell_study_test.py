@@ -416,7 +416,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
 
 
 def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
-  """RSPO (partial, m = 2, no penalty) wins 4 of 4 words; GiGPO 1 (30
+  """RSPO (partial, the middle m, no penalty) wins 4 of 4 words; GiGPO 1 (30
   steps), 2 (60 steps); the dense reward alone 3: RSPO − GiGPO +75,
   − GiGPO at equal environment steps +50, − dense alone +25, and the
   stronger of those two is the dense reward alone (75 > 50 %)."""
@@ -456,7 +456,8 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
   h = cells[f"dense_only_partial{m}_nopen"]["hacking"]
   assert h["success"]["peak"]["mean"] == pytest.approx(200 / 3)
   assert h["success"]["peak_step"] == 4.0
-  assert h["success"]["change"]["mean"] == pytest.approx(0.0)
+  # first 3 steps 0, .5, 1 (mean 50 %), last 3 .5, 0, 0 (16.7 %)
+  assert h["success"]["change"]["mean"] == pytest.approx(-100 / 3)
   assert h["dense_return"]["change"]["mean"] == pytest.approx(0.5)
   assert spell_study.peak([0.0, 1.0, 1.0, 1.0], window=2) == (1.0, 3)
   (c,) = [k for k in report["contrasts"]
@@ -468,7 +469,9 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
   md = open(report["markdown"]).read()
   assert "## Equal cost, and the dense reward alone" in md
   label = spell_study.LABELS[f"rspo_partial{m}_nopen"]
-  assert (f"| {label} | +75.0 [+75.0, +75.0] | +50.0 [+50.0, +50.0]"
-          " | +25.0 [+25.0, +25.0] | +25.0 [+25.0, +25.0] (dense alone) |"
-          in md)
+  row = next(line for line in md.splitlines()
+             if line.startswith(f"| {label} | +75.0 ["))
+  cols = [c.strip().split(" ")[0] for c in row.strip("|").split("|")]
+  assert cols == [label.split(" ")[0], "+75.0", "+50.0", "+25.0", "+25.0"]
+  assert row.endswith("(dense alone) |")
   assert "| 66.7 [66.7, 66.7] | 4 |" in md
