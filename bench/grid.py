@@ -68,20 +68,26 @@ class RunSpec:
   seed: int
   overrides: str = ""  # the variant's config overrides
   start_eval: str = ""  # the shared warm start's eval_start.json, if any
+  # Overrides after --extra, for a key a grid's recipe (in --extra) sets
+  # and one cell must change: the spell study's GiGPO at RSPO's
+  # environment steps (steps=60 after SPELL_OVERRIDES' steps=30).
+  late_overrides: str = ""
 
   @property
   def name(self) -> str:
     return run_name(self.env, self.algo, self.variant, self.seed)
 
   def config_arg(self, extra: str = "") -> str:
-    """``configs/<file>.py:<variant>,seed=<seed>[,algo.name=..][,extra]``."""
+    """``configs/<file>.py:<variant>,seed=<seed>[,algo.name=..][,extra]
+    [,late_overrides]``."""
     if self.env in TEST_ENVS:
       path = os.path.join(ROOT, "configs", f"{self.env}_grpo.py")
       algo = "" if self.algo == "grpo" else f"algo.name={self.algo}"
     else:
       path = os.path.join(ROOT, "configs", f"{self.env}_{self.algo}.py")
       algo = ""
-    parts = [self.overrides, f"seed={self.seed}", algo, extra.strip(" ,")]
+    parts = [self.overrides, f"seed={self.seed}", algo, extra.strip(" ,"),
+             self.late_overrides]
     return f"{path}:" + ",".join(p for p in parts if p)
 
 
@@ -327,14 +333,15 @@ def rspo_cell(k: int) -> str:
 
 
 RSPO_K10 = rspo_cell(10)
+RSPO_O = (f"rspo=1,rspo.sampling=reward,rspo.data_source=outcome,{K10},"
+          f"{DENSE}")
 DENSE_ONLY = f"rspo=0,rspo.dense_only=1,{DENSE}"
 SPELL_VARIANTS = {
     "baseline": f"rspo=0,{DENSE}",
     "rspo": RSPO_K10,
     "rspo_misaligned": f"{RSPO_K10},{MISALIGNED}",
     "rspo_decoy": f"{RSPO_K10},{DECOY}",
-    "rspo_o": f"rspo=1,rspo.sampling=reward,rspo.data_source=outcome,"
-              f"{K10},{DENSE}",
+    "rspo_o": RSPO_O,
     "dense_only": DENSE_ONLY,
     "dense_only_misaligned": f"{DENSE_ONLY},{MISALIGNED}",
     "dense_only_decoy": f"{DENSE_ONLY},{DECOY}",
@@ -350,6 +357,70 @@ SPELL_VARIANTS = {
     "baseline_nopen": f"rspo=0,{DENSE},{NO_PENALTY}",
     "rspo_nopen": f"{RSPO_K10},{NO_PENALTY}",
 }
+
+
+# The paper's regime (issue 50 item 3): a dense reward that helps early
+# and misleads late, env.kwargs.dense=partial with decoy_positions = m
+# (third_party_envs/spell.py: aligned prefix credit on the first L - m
+# letters, the decoy on the last m whatever came before; m = 0 is
+# 'aligned', m = L 'decoy'). A policy typing one letter everywhere earns
+# (L - m) / L with the right letter and m / L with its decoy, so the
+# decoy pays more iff m > L / 2. The calibration (docs/results/log.md,
+# 2026-12-06; dense reward alone, L = 4, seed 0): m = 1 and 2 help (the
+# policy learns the right letter everywhere and wins), m = 3 is hacked
+# from the start (0 %), like m = 4, the decoy; no m showed Figure 3's
+# rise then fall (decoy_weight at m = 2 is untried). PARTIAL_M brackets
+# the switch: at L = 4, 2 helps, 3 and 4 are hacked; at L = 6, where a
+# one-letter policy gains from the decoy only above m = 3, 4 is the switch.
+PARTIAL_M = (2, 3, 4)
+# RSPO+GiGPO (k = 10, alpha 1/8, 30 A steps) spends B's 3 loops x 11
+# collections x 8 x 8 episodes besides A's 30 x 7 x 8: 59.25 x GiGPO's
+# 30 x 8 x 8 episodes of L turns at any L (15,168 against 7,680
+# environment steps at L = 4, 22,752 against 11,520 at L = 6). GiGPO run
+# 60 A steps (15,360 and 23,040: 1.3 % more than RSPO's) is GiGPO at
+# RSPO's environment steps; its first 30 steps are the 30-step run's
+# (constant lr, the same seed), so it also gives that curve.
+EQUAL_ENV_STEPS = 60
+LONG = f"steps={EQUAL_ENV_STEPS}"
+
+
+def partial(m: int) -> str:
+  """The partly misleading dense reward with m decoy positions."""
+  return f"env.kwargs.dense=partial,env.kwargs.decoy_positions={m}"
+
+
+def partial_variants() -> dict[str, str]:
+  """The partly misleading study's variants, with the invalid-action
+  penalty and without it (``_nopen``): GiGPO at RSPO's environment steps
+  (``baseline_long``), and per m in PARTIAL_M the dense reward alone
+  (``dense_only_partial<m>``) and RSPO+GiGPO with B on it
+  (``rspo_partial<m>``); RSPO_O without the penalty (``rspo_o_nopen``)."""
+  out = {}
+  for pen, tail in (("", ""), ("_nopen", f",{NO_PENALTY}")):
+    out[f"baseline_long{pen}"] = f"rspo=0,{DENSE}{tail}"
+    for m in PARTIAL_M:
+      out[f"dense_only_partial{m}{pen}"] = f"{DENSE_ONLY},{partial(m)}{tail}"
+      out[f"rspo_partial{m}{pen}"] = f"{RSPO_K10},{partial(m)}{tail}"
+  out["rspo_o_nopen"] = f"{RSPO_O},{NO_PENALTY}"
+  return out
+
+
+SPELL_VARIANTS.update(partial_variants())
+# Overrides after --extra (RunSpec.late_overrides), by variant.
+SPELL_LATE = {"baseline_long": LONG, "baseline_long_nopen": LONG}
+
+
+def partial_study(penalty: bool = False) -> tuple[str, ...]:
+  """The partly misleading study's cells: GiGPO, GiGPO at RSPO's
+  environment steps, RSPO_O, and per m in PARTIAL_M the dense reward
+  alone and RSPO+GiGPO on it; without the invalid-action penalty (the
+  main setting), or with it (the check)."""
+  pen = "" if penalty else "_nopen"
+  return (f"baseline{pen}", f"baseline_long{pen}", f"rspo_o{pen}",
+          *(f"{cell}_partial{m}{pen}" for m in PARTIAL_M
+            for cell in ("dense_only", "rspo")))
+
+
 SPELL_DEFAULT_VARIANTS = ("baseline", "rspo", "rspo_o", "dense_only",
                          "rspo_k3")
 # Sampled evaluations beside greedy: the training temperature, 3 seeds.
@@ -357,19 +428,22 @@ SPELL_SAMPLED = (("T = 1.0 (training), 3 seeds", "t10", 1.0),)
 
 
 def _sparse_grid(env: str, table: dict, default_seeds: Sequence[int],
-                 envs, algos, seeds, variants,
-                 run_overrides: str = "") -> list[RunSpec]:
+                 envs, algos, seeds, variants, run_overrides: str = "",
+                 late: Optional[dict] = None) -> list[RunSpec]:
   """env x GiGPO x variants (default SPELL_DEFAULT_VARIANTS, any of
-  ``table``'s; each run's overrides its variant's, then ``run_overrides``)
-  x seeds, seed-major (a cut-short pass leaves whole seeds of every
-  cell); ValueError on another env or algorithm."""
+  ``table``'s; each run's overrides its variant's, then ``run_overrides``;
+  after --extra ``late``'s of its variant) x seeds, seed-major (a
+  cut-short pass leaves whole seeds of every cell); ValueError on another
+  env or algorithm."""
   _pick("env", envs, (env,), (env,))
   _pick("algo", algos, (SPELL_ALGO,), (SPELL_ALGO,))
   names = _pick("variant", variants, tuple(table), SPELL_DEFAULT_VARIANTS)
   seeds = (list(dict.fromkeys(int(s) for s in seeds)) if seeds
            else list(default_seeds))
+  late = late or {}
   return [RunSpec(env, SPELL_ALGO, v, s, ",".join(
-      p for p in (table[v], run_overrides) if p))
+      p for p in (table[v], run_overrides) if p),
+                  late_overrides=late.get(v, ""))
           for s in seeds for v in names]
 
 
@@ -377,7 +451,7 @@ def spell_grid(envs=None, algos=None, seeds=None, variants=None):
   """spell x GiGPO x variants (default SPELL_DEFAULT_VARIANTS, any of
   SPELL_VARIANTS) x seeds (default SPELL_SEEDS)."""
   return _sparse_grid(SPELL_ENV, SPELL_VARIANTS, SPELL_SEEDS, envs,
-                      algos, seeds, variants)
+                      algos, seeds, variants, late=SPELL_LATE)
 
 
 def _int_in(value: str, key: str, lo: int, hi: Optional[int] = None) -> int:
@@ -455,7 +529,8 @@ SPARSE_OVERRIDES = ("train.batch_tasks=16,train.group_size=8,"
 LORA = ("model.lora_rank=16,model.lora_alpha=32,train.lr=1e-3,"
         "train.lora_lr_multiplier=1")
 SPARSE_TABLE = {v: o for v, o in SPELL_VARIANTS.items()
-                if "env.kwargs.dense=" not in o}  # not spell's own rewards
+                if "env.kwargs.dense=" not in o  # not spell's own rewards
+                and v not in SPELL_LATE}  # nor spell's step counts
 SPARSE_TABLE.update(baseline_lora=f"rspo=0,{DENSE},{LORA}",
                     rspo_lora=f"{RSPO_K10},{LORA}",
                     # LoRA at 3x the lr: are its steps too small at 1e-3?

@@ -42,6 +42,28 @@ sft.steps=2000`` with its own ``--root``: the same world and warm start
 recipe, not the same config strings (its RSPO cells ran k = 3), so the
 pilot's archive refuses to be resumed from it.
 
+The partly misleading study (issue 50 item 3; ``grid.partial_study``):
+the dense reward 'partial' with m decoy positions (aligned prefix credit
+on the first L - m letters, decoys on the last m; m in PARTIAL_M), cells
+GiGPO, GiGPO run 60 A steps (RSPO's environment steps, B's included),
+RSPO_O, and per m the dense reward alone (dense_only_partial<m>) and
+RSPO+GiGPO with B on it (rspo_partial<m>); ``_nopen`` without the
+invalid-action penalty (the main setting), without the suffix with it
+(the check):
+
+  python bench/reproduce.py --grid spell --seeds 0,200,400,600,800 \
+      --variants baseline_nopen,baseline_long_nopen,rspo_o_nopen,\
+dense_only_partial1_nopen,rspo_partial1_nopen,dense_only_partial2_nopen,\
+rspo_partial2_nopen,dense_only_partial3_nopen,rspo_partial3_nopen \
+      --extra env.kwargs.word_length=6
+
+Its report adds, per RSPO cell, RSPO − GiGPO at equal environment steps,
+RSPO − the dense reward alone and RSPO − the stronger of the two
+(``EQUAL_COST``), the peak of each dense-only run's success (a rise then
+a fall puts it above both ends) and the paper's Figure 3 for the
+dense-only cells: dense return and success against A step, one figure
+(``figure3``).
+
 The report, per cell and decoding (greedy; T = 1.0, 3 seeds) on the 256
 held-out tasks (valid_seen), with 95 % bootstrap intervals
 (rspo_jax/intervals.py): success, final - start (paired, the shared warm
@@ -67,11 +89,13 @@ from typing import Optional, Sequence
 import numpy as np
 
 import run_archive as ra
-from grid import (DENSE, SAMPLED, SPARSE_OVERRIDES, SPARSE_VARIANTS,
-                  SPELL_ALGO, SPELL_ENV, SPELL_OVERRIDES, SPELL_SAMPLED,
-                  SPELL_VARIANTS, config_key, sparse_grid, spell_grid,
-                  spell_length, spell_name, with_rl_extra)
-from report_util import X_AXES, archive_note, fmt_ci, pct, plot_atomic
+from grid import (DENSE, EQUAL_ENV_STEPS, PARTIAL_M, SAMPLED,
+                  SPARSE_OVERRIDES, SPARSE_VARIANTS, SPELL_ALGO, SPELL_ENV,
+                  SPELL_OVERRIDES, SPELL_SAMPLED, SPELL_VARIANTS, config_key,
+                  sparse_grid, spell_grid, spell_length, spell_name,
+                  with_rl_extra)
+from report_util import (X_AXES, archive_note, fmt_ci, load_plot_module, pct,
+                         plot_atomic)
 from run_files import (finished_runs, run_config, warm_start_workdir,
                        write_json, write_text)
 from study_report import _outcomes, decodings
@@ -98,16 +122,50 @@ LABELS = {
     "rspo_grpo": "RSPO+GRPO (aligned), k = 10",
     "rspo_grpo_lora": "RSPO+GRPO (aligned), k = 10, LoRA r = 16",
 }
+NOPEN = ", no invalid-action penalty"
+LABELS.update(
+    baseline_long=f"GiGPO, {EQUAL_ENV_STEPS} A steps (RSPO's environment"
+                  " steps)",
+    baseline_long_nopen=f"GiGPO, {EQUAL_ENV_STEPS} A steps (RSPO's"
+                        f" environment steps){NOPEN}",
+    rspo_o_nopen=f"RSPO_O+GiGPO (B on the outcome){NOPEN}")
+for _m in PARTIAL_M:
+  for _pen, _tail in (("", ""), ("_nopen", NOPEN)):
+    LABELS[f"dense_only_partial{_m}{_pen}"] = (
+        f"Dense only (partial, m = {_m}){_tail}")
+    LABELS[f"rspo_partial{_m}{_pen}"] = (
+        f"RSPO+GiGPO (partial, m = {_m}), k = 10{_tail}")
+PARTIAL_RSPO = tuple(f"rspo_partial{m}{pen}" for pen in ("_nopen", "")
+                     for m in PARTIAL_M)
+PARTIAL_DENSE = tuple(f"dense_only_partial{m}{pen}" for pen in ("_nopen", "")
+                      for m in PARTIAL_M)
 RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3",
-              "rspo_k30", "rspo_decoy_nopen", "rspo_nopen", "rspo_lora",
-              "rspo_grpo", "rspo_grpo_lora")
+              "rspo_k30", "rspo_decoy_nopen", "rspo_nopen", "rspo_o_nopen",
+              *PARTIAL_RSPO, "rspo_lora", "rspo_grpo", "rspo_grpo_lora")
 # The cell each one's "− base" column is taken against: the base algorithm
 # with the same penalty and the same LoRA setting; every other cell's is
 # GiGPO ("baseline").
 BASES = {"rspo_decoy_nopen": "baseline_nopen", "rspo_nopen": "baseline_nopen",
          "rspo_lora": "baseline_lora", "grpo_lora": "grpo",
-         "rspo_grpo": "grpo", "rspo_grpo_lora": "grpo_lora"}
-DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy")
+         "rspo_grpo": "grpo", "rspo_grpo_lora": "grpo_lora",
+         **{v: "baseline_nopen" for v in (
+             "baseline_long_nopen", "rspo_o_nopen", *PARTIAL_RSPO,
+             *PARTIAL_DENSE) if v.endswith("_nopen")}}
+DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy",
+                    *PARTIAL_DENSE)
+# Issue 50 item 2: each RSPO cell against GiGPO at RSPO's environment
+# steps (B's included: the 60-step cell) and against the dense reward it
+# gives B, alone (None: no such cell). rspo cell -> (GiGPO long, dense).
+EQUAL_COST = {
+    "rspo": ("baseline_long", "dense_only"),
+    "rspo_decoy": ("baseline_long", "dense_only_decoy"),
+    "rspo_o": ("baseline_long", None),
+    "rspo_nopen": ("baseline_long_nopen", None),
+    "rspo_decoy_nopen": ("baseline_long_nopen", None),
+    "rspo_o_nopen": ("baseline_long_nopen", None),
+    **{v: ("baseline_long" + ("_nopen" if v.endswith("_nopen") else ""),
+           v.replace("rspo_", "dense_only_", 1)) for v in PARTIAL_RSPO},
+}
 # (a, b, what a - b answers), besides every cell - its base.
 CONTRASTS = (
     ("rspo", "rspo_o", "what B's dense reward adds to RSPO's extra data"),
@@ -132,6 +190,13 @@ CONTRASTS = (
     ("rspo_lora", "rspo", "LoRA - full fine-tuning, RSPO+GiGPO"),
     ("grpo", "baseline", "GRPO - GiGPO"),
     ("rspo_grpo_lora", "rspo_grpo", "LoRA - full fine-tuning, RSPO+GRPO"),
+    ("baseline_long_nopen", "baseline_nopen",
+     f"GiGPO: {EQUAL_ENV_STEPS} vs 30 A steps, no penalty"),
+    ("baseline_long", "baseline", f"GiGPO: {EQUAL_ENV_STEPS} vs 30 A steps"),
+    *((v, f"rspo_o{pen}", "what B's partly misleading dense reward adds"
+       " to RSPO's extra data")
+      for v, pen in ((v, "_nopen" if v.endswith("_nopen") else "")
+                     for v in PARTIAL_RSPO)),
 )
 
 
@@ -303,7 +368,11 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
   contrasts = [{"a": a, "b": b, "question": q, **{
       d: diff(finals[a, d], finals[b, d]) for d, _, _ in decs}}
       for a, b, q in CONTRASTS if a in variants and b in variants]
+  by_variant = {c["variant"]: c for c in cells}
+  equal_cost = [_equal_cost(v, by_variant, finals, decs, diff)
+                for v in EQUAL_COST if v in variants and runs[v]]
   curves = _curves(runs, out_dir, name, study["title"], echo)
+  curves += _figure3(runs, length, out_dir, name, study["title"], echo)
   report = {
       "env": env, "algo": SPELL_ALGO, "word_length": length,
       "world": world, "title": study["title"], "tasks": study["tasks"],
@@ -319,7 +388,8 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
       "start": {d: None if x is None else pct(
           intervals.success_interval(x[0], seed=seed))
           for d, x in starts.items()},
-      "cells": cells, "contrasts": contrasts, "curves": curves,
+      "cells": cells, "contrasts": contrasts, "equal_cost": equal_cost,
+      "curves": curves,
   }
   md = os.path.join(out_dir, f"{name}.md")
   write_json(os.path.join(out_dir, f"{name}.json"), report)
@@ -327,11 +397,56 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
   return {**report, "markdown": md}
 
 
+def _equal_cost(v: str, cells: dict, finals: dict, decs, diff) -> dict:
+  """RSPO cell ``v`` against GiGPO at its environment steps and against
+  its dense reward alone (EQUAL_COST), and against the stronger of the
+  two by mean success in each decoding (issue 50: does RSPO beat
+  max(base at equal environment steps, dense alone)?)."""
+  long, dense = EQUAL_COST[v]
+  out = {"variant": v, "long": long, "dense": dense}
+  for d, _, _ in decs:
+    others = {}
+    for o in (long, dense):
+      ok = o is not None and o in cells and cells[o]["n"]
+      if ok and cells[o][d]["success"] is not None:
+        others[o] = cells[o][d]["success"]["mean"]
+    best = max(others, key=others.get) if others else None
+    out[d] = {
+        "minus_long": None if long not in others else diff(
+            finals[v, d], finals[long, d]),
+        "minus_dense": None if dense not in others else diff(
+            finals[v, d], finals[dense, d]),
+        "best": best,
+        "minus_best": None if best is None else diff(finals[v, d],
+                                                     finals[best, d]),
+    }
+  return out
+
+
+PEAK_WINDOW = 3  # A steps averaged before a run's success peak is read
+
+
+def peak(series: Sequence[float], window: int = PEAK_WINDOW
+         ) -> tuple[float, int]:
+  """(max, its A step) of the trailing ``window``-step mean of a run's
+  series (step 1 = the first value); the first step of ties."""
+  y = np.asarray(series, np.float64)
+  c = np.cumsum(np.insert(y, 0, 0.0))
+  i = np.arange(1, len(y) + 1)
+  start = np.maximum(i - window, 0)
+  means = (c[i] - c[start]) / (i - start)
+  j = int(np.argmax(means))
+  return float(means[j]), j + 1
+
+
 def _hacking(workdirs: Sequence[str], length: int, seed: int) -> dict:
   """First vs last EDGE_STEPS A steps of each run: rollout success (%)
   and dense return (L x dense reward per turn; an episode is L turns),
   means with intervals over seeds and steps, and the change (last -
-  first) with one over seeds."""
+  first) with one over seeds; and success's peak (``peak``: the highest
+  PEAK_WINDOW-step mean, with an interval over seeds, and the median A
+  step of the runs' peaks): a rise then a fall puts the peak above
+  both ends."""
   out = {}
   for key, scale, unit in (("rollout_success_rate", 100.0, "success"),
                            ("dense_reward_mean", float(length),
@@ -347,6 +462,10 @@ def _hacking(workdirs: Sequence[str], length: int, seed: int) -> dict:
             [[np.mean(b) - np.mean(a)] for a, b in zip(first, last)],
             seed=seed),
     }
+    peaks = [peak(s) for s in series]
+    out[unit]["peak"] = nested_interval([[p] for p, _ in peaks], seed=seed)
+    out[unit]["peak_step"] = (float(np.median([j for _, j in peaks]))
+                              if peaks else None)
   return out
 
 
@@ -368,6 +487,78 @@ def _curves(runs: dict, out_dir: str, name: str, title: str,
                  band="std", title=f"{title}: dense reward per turn"):
     made.append(png)
   return made
+
+
+def _figure3(runs: dict, length: int, out_dir: str, name: str, title: str,
+             echo: bool) -> list[str]:
+  """The paper's Figure 3 for the dense-only cells of the partly
+  misleading reward (PARTIAL_DENSE), one figure without the penalty and
+  one with it: dense return (L x dense reward per turn, solid) and
+  rollout success (dashed) of A's training batches against A step, one
+  colour per m, mean and std band over seeds. Hacked: the dense return
+  rises while success falls."""
+  made = []
+  for tag, pen in (("", "_nopen"), ("_penalty", "")):
+    groups = {f"m = {m}": [w for _, w in runs[v]] for m, v in (
+        (m, f"dense_only_partial{m}{pen}") for m in PARTIAL_M)
+        if runs.get(v)}
+    if not groups:
+      continue
+    png = f"{name}_figure3{tag}_step.png"
+    try:
+      figure3(groups, length, os.path.join(out_dir, png),
+              f"{title}: the dense reward alone"
+              + (" (no invalid-action penalty)" if pen else ""))
+    except ValueError as e:
+      if echo:
+        print(json.dumps({"plot": png, "skipped": str(e)}), flush=True)
+      continue
+    made.append(png)
+  return made
+
+
+def figure3(groups: dict[str, list[str]], length: int, out_path: str,
+            title: str) -> None:
+  """Dense return (L x ``dense_reward_mean``, solid) and rollout success
+  (dashed) against A step, one colour per group (label -> run dirs),
+  into the PNG ``out_path`` (atomically); ValueError when a run lacks
+  them."""
+  plot = load_plot_module()
+  import matplotlib  # noqa: PLC0415 -- only the plotting path needs it
+  matplotlib.use("Agg", force=True)
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+  for i, (label, wds) in enumerate(groups.items()):
+    colour = f"C{i}"
+    n = f" (n={len(wds)})" if len(wds) > 1 else ""
+    for metric, scale, style, what in (
+        ("dense_reward_mean", float(length), "-", "dense return"),
+        ("rollout_success_rate", 1.0, "--", "success")):
+      c = plot.aggregate_runs([
+          (xs, scale * ys) for xs, ys in (
+              plot.load_series(w, metric, "step", "A") for w in wds)],
+          band="std")
+      ax.plot(c.x, c.mean, style, color=colour, lw=1.6,
+              label=f"{label}: {what}{n}")
+      if len(wds) > 1:
+        ax.fill_between(c.x, c.lo, c.hi, color=colour, alpha=0.15, lw=0)
+  ax.set_xlabel("A step")
+  ax.set_ylabel("dense return (a won episode's = 1) / success")
+  ax.set_ylim(-0.02, 1.02)
+  ax.set_title(title, fontsize="medium")
+  ax.grid(alpha=0.3)
+  ax.legend(loc="best", fontsize="x-small")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  tmp = out_path + ".tmp"
+  fig.savefig(tmp, format="png")
+  plt.close(fig)
+  os.replace(tmp, out_path)
+
+
+def _step(x: Optional[float]) -> str:
+  return "—" if x is None else f"{x:g}"
 
 
 def spell_markdown(report: dict) -> str:
@@ -429,6 +620,36 @@ def spell_markdown(report: dict) -> str:
     lines.append(f"| {LABELS[k['a']]} − {LABELS[k['b']]} | {k['question']}"
                  " | " + " | ".join(fmt_ci(k[d], True)
                                     for d in decs) + " |")
+  costs = [k for k in report.get("equal_cost", ()) if k["variant"] in cells]
+  if costs:
+    lines += ["", "## Equal cost, and the dense reward alone", "",
+              "Points, RSPO − each (method_difference, the same held-out"
+              f" {tasks}): GiGPO at equal A steps (the *− base* column"
+              f" above), GiGPO run {EQUAL_ENV_STEPS} A steps (RSPO's"
+              " environment steps, B's included: 59.25 x GiGPO's 30-step"
+              " run's; 60 gives GiGPO 1.3 % more), the dense reward RSPO's"
+              " B trains on, alone (same m and penalty), and the stronger"
+              " of those two by mean success: does RSPO beat max(GiGPO at"
+              " equal environment steps, dense alone)? — : that cell has"
+              " not run (or has no such cell).", ""]
+  for d in decs if costs else ():
+    lines += [f"### {d}", "",
+              "| Method | − GiGPO, equal A steps | − GiGPO, equal env"
+              " steps | − dense alone | − the stronger (which) |",
+              "|---|---:|---:|---:|---:|"]
+    for k in costs:
+      x, cell = k[d], cells[k["variant"]]
+      best = "" if x["best"] is None else (
+          " (GiGPO, equal env steps)" if x["best"] == k["long"]
+          else " (dense alone)")
+      lines.append(f"| {cell['label']}"
+                   f" | {fmt_ci(cell[d]['minus_baseline'], True)}"
+                   f" | {fmt_ci(x['minus_long'], True)}"
+                   f" | {fmt_ci(x['minus_dense'], True)}"
+                   f" | {fmt_ci(x['minus_best'], True)}{best} |")
+    lines.append("")
+  if costs:
+    lines.pop()
   lines += ["", f"## Finding wins: A's rollout success, first {EARLY_STEPS}"
             " A steps", "",
             "Mean rollout success (%) of A's fresh training episodes over"
@@ -462,11 +683,15 @@ def spell_markdown(report: dict) -> str:
                "dense return per episode (L x the dense reward per turn; a"
                " won episode earns 1 under either dense reward)")
             + ", and the change (last − first), mean [95 % interval over"
-            " seeds]. Hacked: dense reward up, success down.", "",
+            " seeds]. Hacked: dense reward up, success down. *Peak*: the"
+            f" highest {PEAK_WINDOW}-step mean of a run's success, mean"
+            " over seeds [interval], at the median A step of the runs'"
+            " peaks: a rise then a fall puts it above both ends (the"
+            " paper's Figure 3).", "",
             "| Method | n | Success first | last | change"
             f" | Dense {'per turn' if per_turn else 'return'} first | last"
-            " | change |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            " | change | Success peak | at A step |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for v in (v for v in ("baseline",) + DENSE_ONLY_CELLS if v in cells):
     h = cells[v]["hacking"]
     su, de = h["success"], h["dense_return"]
@@ -474,11 +699,15 @@ def spell_markdown(report: dict) -> str:
         f"| {cells[v]['label']} | {cells[v]['n']} | {fmt_ci(su['first'])}"
         f" | {fmt_ci(su['last'])} | {fmt_ci(su['change'], True)}"
         f" | {fmt_ci(de['first'], digits=2)} | {fmt_ci(de['last'], digits=2)}"
-        f" | {fmt_ci(de['change'], True, 2)} |")
+        f" | {fmt_ci(de['change'], True, 2)} | {fmt_ci(su.get('peak'))}"
+        f" | {_step(su.get('peak_step'))} |")
   if report["curves"]:
     lines += ["", "## Curves", "",
               "A's rollout success by A step and by environment steps (all"
               " roles), and the dense reward per turn of the GiGPO and"
-              " dense-only cells, mean ± std over seeds.", ""]
+              " dense-only cells, mean ± std over seeds; *figure3*: the"
+              " dense reward alone on the partly misleading reward, dense"
+              " return (solid) and success (dashed) against A step, one"
+              " colour per m.", ""]
     lines += [f"![{n}]({n})" for n in report["curves"]]
   return "\n".join(lines) + "\n"

@@ -155,7 +155,8 @@ PAPER = {
                         spell=dict(word_length=4, alphabet_size=5,
                                    dense="aligned", expert_digits=10,
                                    slack=0, expert_unknown="abstain",
-                                   show_digit=False, cipher_digits=10)),
+                                   show_digit=False, cipher_digits=10,
+                                   decoy_positions=0, decoy_weight=1.0)),
     # [paper] clip 0.2 ([verl] clip_ratio: 0.2); KL 0.01 with the low-
     # variance k3 estimator ([va:*] use_kl_loss=True, kl_loss_coef=0.01,
     # kl_loss_type=low_var_kl); entropy 0.001 ([verl] entropy_coeff: 0.001).
@@ -295,7 +296,8 @@ CPU = {
         # A 4-letter word over a..e: a random policy wins 1 / 625.
         spell=dict(word_length=4, alphabet_size=5, dense="aligned",
                    expert_digits=10, slack=0, expert_unknown="abstain",
-                   show_digit=False, cipher_digits=10),
+                   show_digit=False, cipher_digits=10, decoy_positions=0,
+                   decoy_weight=1.0),
     ),
     "algo.clip_eps": 0.2,  # the paper's objective (CPU_KEEPS_PAPER)
     "algo.kl_coef": 0.01,

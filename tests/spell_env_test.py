@@ -1,5 +1,5 @@
 """The spell task (third_party_envs/spell.py): tasks, expert, random
-success (1/A)^L, the two dense rewards, invalid actions, held-out codes,
+success (1/A)^L, the dense rewards, invalid actions, held-out codes,
 prompts within the CPU config's budgets, configs."""
 
 import collections
@@ -220,6 +220,60 @@ def test_decoy_dense_pays_the_next_letter_and_never_wins():
   assert sum(dense) == pytest.approx(1.0) and not step.won
 
 
+@pytest.mark.parametrize("m, weight, typed, dense", [
+    # train task 0: decd over abcde, decoys e a d e (test above)
+    (0, 1, "decd", [0.25, 0.25, 0.25, 0.25]),  # m = 0: 'aligned'
+    (0, 1, "dacd", [0.25, 0.0, 0.0, 0.0]),
+    (1, 1, "decd", [0.25, 0.25, 0.25, 0.0]),  # the win: 3 / 4
+    (1, 1, "dece", [0.25, 0.25, 0.25, 0.25]),  # the target: 1
+    (1, 1, "dace", [0.25, 0.0, 0.0, 0.25]),  # the decoy after a slip too
+    (1, 3, "dece", [0.25, 0.25, 0.25, 0.75]),  # beta = 3: 3 / 2
+    (2, 1, "decd", [0.25, 0.25, 0.0, 0.0]),  # the win: 2 / 4
+    (2, 1, "dede", [0.25, 0.25, 0.25, 0.25]),
+    (2, 1, "aade", [0.0, 0.0, 0.25, 0.25]),
+    (2, 0.5, "dede", [0.25, 0.25, 0.125, 0.125]),
+    (3, 1, "decd", [0.25, 0.0, 0.0, 0.0]),  # the win: 1 / 4
+    (3, 1, "cade", [0.0, 0.25, 0.25, 0.25]),
+    (4, 1, "ebde", [0.25, 0.0, 0.25, 0.25]),  # m = L: 'decoy'
+])
+def test_partial_dense_pays_the_word_then_m_decoys(m, weight, typed, dense):
+  env = spell.SpellEnv(dense="partial", decoy_positions=m,
+                       decoy_weight=weight)
+  env.reset(0)
+  assert env.word == "decd" and env.target() == "decd"[:4 - m] + (
+      "eade"[4 - m:])
+  got, step = play(env, [spell.action_of(x) for x in typed])
+  assert got == dense
+  assert step.won == (typed == "decd")
+  assert step.reward == (10.0 if typed == "decd" else 0.0)
+  if m == 4 and weight == 1:  # the same rewards as 'decoy'
+    decoy = spell.SpellEnv(dense="decoy")
+    decoy.reset(0)
+    assert play(decoy, [spell.action_of(x) for x in typed])[0] == dense
+
+
+def test_partial_dense_in_the_one_letter_world():
+  """D = 1, L = 4: every word is cccc, its decoy d. With m decoy
+  positions the win earns (4 - m) / 4, the target c^(4-m) d^m
+  (4 - m + beta m) / 4 and never wins; typing d everywhere earns
+  beta m / 4: more than the win iff beta m > 4 - m."""
+  for m in range(5):
+    for weight in (1.0, 2.0):
+      env = spell.SpellEnv(dense="partial", decoy_positions=m,
+                           decoy_weight=weight, cipher_digits=1)
+      env.reset(3)
+      assert env.word == "cccc" and env.target() == "c" * (4 - m) + "d" * m
+      dense, step = play(env, ["type[c]"] * 4)
+      assert sum(dense) == pytest.approx((4 - m) / 4) and step.won
+      env.reset(3)
+      dense, step = play(env, [spell.action_of(x) for x in env.target()])
+      assert sum(dense) == pytest.approx((4 - m + weight * m) / 4)
+      assert step.won == (m == 0)
+      env.reset(3)
+      dense, step = play(env, ["type[d]"] * 4)
+      assert sum(dense) == pytest.approx(weight * m / 4) and not step.won
+
+
 def test_misaligned_dense_is_farmed_by_repeating_a_letter_of_the_word():
   env = spell.SpellEnv(dense="misaligned")
   env.reset(0)  # decd: 'e' is in the word, at position 1 only
@@ -268,6 +322,12 @@ def test_invalid_actions_change_nothing_and_use_a_turn():
     (dict(slack=-1), "slack"),
     (dict(cipher_digits=0), "cipher_digits"),
     (dict(cipher_digits=11), "cipher_digits"),
+    (dict(dense="partial", decoy_positions=5), "decoy_positions"),
+    (dict(dense="partial", decoy_positions=-1), "decoy_positions"),
+    (dict(decoy_positions=1), "needs dense='partial'"),
+    (dict(dense="decoy", decoy_positions=2), "needs dense='partial'"),
+    (dict(dense="partial", decoy_weight=0), "decoy_weight"),
+    (dict(decoy_weight=2), "needs dense='partial'"),
 ])
 def test_bad_knobs_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
@@ -309,7 +369,8 @@ def test_configs_and_knob_overrides():
   assert dict(c.env.kwargs) == dict(word_length=4, alphabet_size=5,
                                     dense="aligned", expert_digits=10,
                                     slack=0, expert_unknown="abstain",
-                                    show_digit=False, cipher_digits=10)
+                                    show_digit=False, cipher_digits=10,
+                                    decoy_positions=0, decoy_weight=1.0)
   assert (c.env.max_steps, c.rollout.max_new_tokens,
           c.rollout.max_prompt_tokens) == (4, 16, 256)
   c = spell_gigpo.get_config("env.kwargs.word_length=6,env.kwargs.slack=1,"
@@ -322,6 +383,27 @@ def test_configs_and_knob_overrides():
   assert paper.env.max_steps == 5 and paper.model.preset == "qwen2.5-1.5b"
   with pytest.raises(ValueError, match="word_length"):
     spell_grpo.get_config("env.kwargs.word_length=six")
+  c = spell_gigpo.get_config("env.kwargs.dense=partial,"
+                             "env.kwargs.decoy_positions=2")
+  assert (c.env.kwargs.dense, c.env.kwargs.decoy_positions) == ("partial", 2)
+  for arg, message in (
+      ("env.kwargs.dense=partial,env.kwargs.decoy_positions=5",
+       r"env.kwargs .*decoy_positions=5.*: decoy_positions must be in"
+       r" \[0, word_length = 4\]"),
+      ("env.kwargs.dense=partial,env.kwargs.decoy_weight=-1",
+       "decoy_weight must be > 0"),
+      ("env.kwargs.decoy_weight=2", "decoy_weight=2.0 needs"),
+      ("env.kwargs.dense=partial,env.kwargs.decoy_positions=5,"
+       "env.kwargs.word_length=6", None),  # 5 <= 6: fine
+      ("env.kwargs.decoy_positions=1", "needs dense='partial'"),
+      ("env.kwargs.dense=prefix", "env.kwargs.dense='prefix'"),
+  ):
+    if message is None:
+      spell_grpo.get_config(arg)
+      continue
+    with pytest.raises(ValueError, match=message) as e:
+      spell_grpo.get_config(arg)
+    assert "\n" not in str(e.value)  # one line
 
 
 def test_dry_run_prints_the_plan():

@@ -23,6 +23,7 @@ VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_decoy", "rspo_o",
             "dense_only", "dense_only_misaligned", "dense_only_decoy",
             "rspo_k3", "rspo_k30", "rspo_decoy_nopen", "baseline_nopen",
             "rspo_nopen")
+PARTIAL = tuple(grid.partial_variants())  # issue 50 item 3, by name
 
 
 def parse(spec, extra):
@@ -35,7 +36,7 @@ def test_grid_cells_seeds_and_order():
   specs = grid.spell_grid()
   default = ("baseline", "rspo", "rspo_o", "dense_only", "rspo_k3")
   assert len(specs) == 5 * 5 and len({s.name for s in specs}) == 25
-  assert tuple(grid.SPELL_VARIANTS) == VARIANTS
+  assert tuple(grid.SPELL_VARIANTS) == VARIANTS + PARTIAL
   assert grid.SPELL_DEFAULT_VARIANTS == default  # misaligned: by name
   assert {s.seed for s in specs} == {0, 200, 400, 600, 800}
   assert {(s.env, s.algo) for s in specs} == {("spell", "gigpo")}
@@ -83,6 +84,49 @@ def test_every_cell_parses_to_its_recipe():
   assert by["rspo_o"].rspo.data_source == "outcome"
   for v in ("dense_only", "dense_only_misaligned", "dense_only_decoy"):
     assert by[v].rspo.dense_only and not by[v].rspo.enabled
+
+
+def test_partial_study_cells_parse_to_their_recipe():
+  m1, m2, m3 = grid.PARTIAL_M
+  assert grid.partial_study() == (
+      "baseline_nopen", "baseline_long_nopen", "rspo_o_nopen",
+      f"dense_only_partial{m1}_nopen", f"rspo_partial{m1}_nopen",
+      f"dense_only_partial{m2}_nopen", f"rspo_partial{m2}_nopen",
+      f"dense_only_partial{m3}_nopen", f"rspo_partial{m3}_nopen")
+  check = grid.partial_study(penalty=True)
+  assert check[:3] == ("baseline", "baseline_long", "rspo_o")
+  assert set(PARTIAL) == set(grid.partial_study()[1:] + check[1:]) - {
+      "rspo_o"}  # rspo_o and the 30-step GiGPOs were there before
+  extra = grid.spell_extra("env.kwargs.word_length=6")
+  by = {s.variant: parse(s, extra) for s in grid.spell_grid(
+      seeds=[0], variants=grid.partial_study() + check)}
+  for v, c in by.items():
+    assert c.env.kwargs.word_length == 6 and c.env.kwargs.cipher_digits == 1
+    assert c.algo.invalid_action_penalty == (
+        0.0 if v.endswith("_nopen") else -0.1)
+    m = next((m for m in grid.PARTIAL_M if f"partial{m}" in v), 0)
+    assert c.env.kwargs.decoy_positions == m
+    assert c.env.kwargs.dense == ("partial" if m else "aligned")
+    assert c.train.total_steps == (60 if "long" in v else 30)
+    assert c.rspo.enabled == v.startswith("rspo")
+    assert c.rspo.dense_only == v.startswith("dense_only")
+    if c.rspo.enabled:
+      assert c.rspo.k == 10 and c.rspo.data_source == (
+          "outcome" if "rspo_o" in v else "rspo")
+  # GiGPO at RSPO's environment steps: RSPO's A collects 7 fresh groups
+  # of 8 a step (alpha 1/8), B 11 collections of 8 x 8 a loop; per L
+  # turns an episode, 30 x 7 x 8 + 3 x 11 x 64 = 3792 episodes = 59.25
+  # x GiGPO's 64 a step, at any L; 60 steps give 3840 (1.3 % more).
+  assert 30 * 7 * 8 + 3 * 11 * 64 == 3792 and 3792 / 64 == 59.25
+  assert grid.EQUAL_ENV_STEPS == 60
+  # Its steps come after --extra (the recipe's steps=30 would win over a
+  # variant's); every other cell's config string is what it was.
+  (long,) = grid.spell_grid(seeds=[0], variants=["baseline_long"])
+  assert long.config_arg(extra).endswith(f",{extra},steps=60")
+  (base,) = grid.spell_grid(seeds=[0], variants=["baseline"])
+  assert base.late_overrides == "" and base.config_arg(extra).endswith(
+      f"rspo=0,rspo.dense_reward=oracle,seed=0,{extra}")
+  assert not (set(PARTIAL) - {"rspo_o_nopen"}) & set(grid.SPARSE_VARIANTS)
 
 
 def test_word_length_comes_from_extra_and_picks_the_root():
@@ -369,3 +413,65 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   assert report["curves"] == ["study_spell_L4_D1_success_step.png",
                               "study_spell_L4_D1_success_env_steps.png",
                               "study_spell_L4_D1_dense_step.png"]
+
+
+def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
+  """RSPO (partial, the middle m, no penalty) wins 4 of 4 words; GiGPO 1 (30
+  steps), 2 (60 steps); the dense reward alone 3: RSPO − GiGPO +75,
+  − GiGPO at equal environment steps +50, − dense alone +25, and the
+  stronger of those two is the dense reward alone (75 > 50 %)."""
+  monkeypatch.setattr(spell_study, "plot_atomic", lambda *a, **k: True)
+  root, out = tmp_path / "runs", str(tmp_path / "results")
+  write_eval(root / "warm_start_spell" / "eval_start.json", [0, 0, 0, 0])
+  extra = grid.spell_extra()
+  m = grid.PARTIAL_M[1]
+  spec = lambda v: grid.spell_grid(seeds=[0], variants=[v])[0]  # noqa
+  # Rise then fall: 3-step means 0, .25, .5, .667, .5, .167 -> peak
+  # 66.7 % at A step 4; the dense return (L x per turn) rises 0.5 -> 1.
+  runs = {"baseline_nopen": ([1, 0, 0, 0], [0.0] * 6),
+          "baseline_long_nopen": ([1, 1, 0, 0], [0.0] * 6),
+          f"dense_only_partial{m}_nopen": ([1, 1, 1, 0],
+                                           [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]),
+          f"rspo_partial{m}_nopen": ([1, 1, 1, 1], [0.0] * 6)}
+  for v, (wins, success) in runs.items():
+    fake_spell_run(root, v, 0, wins, spec(v).config_arg(extra),
+                   success=success,
+                   dense=[0.125, 0.125, 0.125, 0.25, 0.25, 0.25])
+  report = spell_study.spell_report(str(root), out, extra=extra)
+  cells = {c["variant"]: c for c in report["cells"]}
+  rspo = cells[f"rspo_partial{m}_nopen"]
+  assert rspo["base"] == "baseline_nopen"
+  assert rspo["greedy"]["minus_baseline"]["mean"] == pytest.approx(75.0)
+  assert rspo["other_config_seeds"] == []
+  assert cells["baseline_long_nopen"]["other_config_seeds"] == []
+  (cost,) = [k for k in report["equal_cost"]
+             if k["variant"] == f"rspo_partial{m}_nopen"]
+  assert (cost["long"], cost["dense"]) == ("baseline_long_nopen",
+                                           f"dense_only_partial{m}_nopen")
+  g = cost["greedy"]
+  assert g["minus_long"]["mean"] == pytest.approx(50.0)
+  assert g["minus_dense"]["mean"] == pytest.approx(25.0)
+  assert g["best"] == f"dense_only_partial{m}_nopen"
+  assert g["minus_best"]["mean"] == pytest.approx(25.0)
+  h = cells[f"dense_only_partial{m}_nopen"]["hacking"]
+  assert h["success"]["peak"]["mean"] == pytest.approx(200 / 3)
+  assert h["success"]["peak_step"] == 4.0
+  # first 3 steps 0, .5, 1 (mean 50 %), last 3 .5, 0, 0 (16.7 %)
+  assert h["success"]["change"]["mean"] == pytest.approx(-100 / 3)
+  assert h["dense_return"]["change"]["mean"] == pytest.approx(0.5)
+  assert spell_study.peak([0.0, 1.0, 1.0, 1.0], window=2) == (1.0, 3)
+  (c,) = [k for k in report["contrasts"]
+          if k["a"] == f"rspo_partial{m}_nopen"]
+  assert c["b"] == "rspo_o_nopen" and c["greedy"] is None  # not run
+  png = "study_spell_L4_D1_figure3_step.png"
+  assert report["curves"][-1] == png
+  assert os.path.getsize(os.path.join(out, png)) > 1000
+  md = open(report["markdown"]).read()
+  assert "## Equal cost, and the dense reward alone" in md
+  label = spell_study.LABELS[f"rspo_partial{m}_nopen"]
+  row = next(line for line in md.splitlines()
+             if line.startswith(f"| {label} | +75.0 ["))
+  cols = [c.strip().split(" ")[0] for c in row.strip("|").split("|")]
+  assert cols == [label.split(" ")[0], "+75.0", "+50.0", "+25.0", "+25.0"]
+  assert row.endswith("(dense alone) |")
+  assert "| 66.7 [66.7, 66.7] | 4 |" in md

@@ -55,7 +55,35 @@ the last turn; score = the fraction of positions typed right so far.
                 earns the winning episode's dense return (1) and always
                 loses, also with one hidden letter (D = 1), where the
                 'misaligned' reward is the aligned one's marginal and
-                cannot be farmed.
+                cannot be farmed;
+  'partial':    'aligned' on the first L - m positions and 'decoy' on
+                the last m (m = ``decoy_positions``, the decoy paying
+                beta / L, beta = ``decoy_weight``): at position i,
+                  i <  L - m: 1 / L when the letter is word_i and every
+                              earlier letter was right,
+                  i >= L - m: beta / L when the letter is decoy(i),
+                              whatever came before;
+                the won episode earns (L - m) / L, typing word_i on the
+                first L - m positions and the decoys on the last m earns
+                (L - m + beta m) / L and always loses. m = 0 is
+                'aligned', m = L with beta = 1 is 'decoy'.
+
+'partial' is meant as the paper's regime (Figure 3: a progress reward
+that helps early and is hacked later) in the one-letter world (D = 1,
+every word w^L, w' the decoy of w): aligned credit on the first L - m
+positions teaches w, which, the letter being the same at every position,
+can carry to the last m and raise success; the decoy pays w' there from
+the start, and a policy that learns to type w' on the last m positions
+earns more and never wins. A policy that types one letter everywhere
+earns (L - m) / L with w and beta m / L with w': w' pays more iff
+beta m > L - m. Measured with the nano policy, 30 A steps, one seed
+(docs/results/log.md, 2026-12-06): at m = 1 and 2 (beta = 1, L = 4)
+the dense reward alone learns w everywhere and wins (84 and 66 % of its
+rollouts at step 30), no fall; at m = 3 it types w' from the first steps
+and never wins (dense return 0.22 -> 0.72). No m showed Figure 3's rise
+then fall; a decoy paid only after a correct prefix (an earlier form of
+this knob) was never hacked (m = 2, 3). ``decoy_weight`` at m = 2 is the
+untried finer knob.
 
 Codes: the 10^L codes of length L are sampled without replacement by
 random.Random(f"spell:codes:{L}"); the first 1024 go to train, the next
@@ -93,7 +121,7 @@ SPLIT_SIZES = {"train": 1024, "valid_seen": 256, "valid_unseen": 256,
                "test": 256}
 HELD_OUT = ("valid_seen", "valid_unseen", "test")
 DIGITS = 10
-DENSE = ("aligned", "misaligned", "decoy")
+DENSE = ("aligned", "misaligned", "decoy", "partial")
 EXPERT_UNKNOWN = ("abstain", "guess")
 
 
@@ -140,6 +168,24 @@ def spell_task(split: str, task_id: int, word_length: int = 4,
                        for d in code)
 
 
+def check_partial(dense: str, decoy_positions: int, word_length: int,
+                  decoy_weight: float = 1.0) -> None:
+  """ValueError unless 0 <= decoy_positions <= word_length and
+  decoy_weight > 0, and unless both keep their defaults (0, 1) where
+  dense is not 'partial' (the only dense reward that reads them)."""
+  if not decoy_weight > 0:
+    raise ValueError(f"decoy_weight must be > 0, got {decoy_weight}")
+  if decoy_weight != 1 and dense != "partial":
+    raise ValueError(f"decoy_weight={decoy_weight} needs dense='partial',"
+                     f" got dense={dense!r}")
+  if not 0 <= decoy_positions <= word_length:
+    raise ValueError(f"decoy_positions must be in [0, word_length ="
+                     f" {word_length}], got {decoy_positions}")
+  if decoy_positions and dense != "partial":
+    raise ValueError(f"decoy_positions={decoy_positions} needs"
+                     f" dense='partial', got dense={dense!r}")
+
+
 def action_of(letter: str) -> str:
   return f"type[{letter}]"
 
@@ -152,7 +198,8 @@ class SpellEnv(base.TextEnv):
   def __init__(self, word_length: int = 4, alphabet_size: int = 5,
                dense: str = "aligned", expert_digits: int = DIGITS,
                slack: int = 0, expert_unknown: str = "abstain",
-               show_digit: bool = False, cipher_digits: int = DIGITS):
+               show_digit: bool = False, cipher_digits: int = DIGITS,
+               decoy_positions: int = 0, decoy_weight: float = 1.0):
     if word_length < 1:
       raise ValueError(f"word_length must be >= 1, got {word_length}")
     if not 2 <= alphabet_size <= DIGITS:  # every letter has a digit
@@ -166,6 +213,7 @@ class SpellEnv(base.TextEnv):
     if not 1 <= cipher_digits <= DIGITS:
       raise ValueError(f"cipher_digits must be in [1, {DIGITS}], got"
                        f" {cipher_digits}")
+    check_partial(dense, decoy_positions, word_length, decoy_weight)
     if slack < 0:
       raise ValueError(f"slack must be >= 0, got {slack}")
     if expert_unknown not in EXPERT_UNKNOWN:
@@ -180,6 +228,8 @@ class SpellEnv(base.TextEnv):
     self.expert_keeps_lost = expert_unknown == "guess"
     self.show_digit = bool(show_digit)
     self.cipher_digits = cipher_digits
+    self.decoy_positions = decoy_positions
+    self.decoy_weight = float(decoy_weight)
     self.letters = string.ascii_lowercase[:alphabet_size]
     self.actions = [action_of(x) for x in self.letters]
     self.code, self.word, self.typed = (), "", ""
@@ -214,6 +264,11 @@ class SpellEnv(base.TextEnv):
         hit = self.word.startswith(self.typed + letter)
       elif self.dense == "decoy":
         hit = letter == self.decoy(len(self.typed))
+      elif self.dense == "partial":
+        i = len(self.typed)
+        hit = (self.word.startswith(self.typed + letter)
+               if i < self.word_length - self.decoy_positions
+               else self.decoy_weight * (letter == self.decoy(i)))
       else:
         hit = letter in self.word
       dense = hit / self.word_length
@@ -228,6 +283,14 @@ class SpellEnv(base.TextEnv):
     """The letter the 'decoy' dense reward pays for at position i."""
     return self.letters[(self.letters.index(self.word[i]) + 1)
                         % self.alphabet_size]
+
+  def target(self) -> str:
+    """The letters the 'partial' dense reward pays most for: the hidden
+    word with its last ``decoy_positions`` letters replaced by their
+    decoys."""
+    cut = self.word_length - self.decoy_positions
+    return self.word[:cut] + "".join(
+        self.decoy(i) for i in range(cut, self.word_length))
 
   def expert_action(self) -> Optional[str]:
     i = len(self.typed)
