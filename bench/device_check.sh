@@ -29,6 +29,10 @@
 #    fake CPU devices -- the sharding check a one-GPU machine can make --
 #    into OUT_sharding.json: activation-sized collectives, gradient
 #    reductions not float32, 'data' all-reduces with 2 and 4 micro-batches.
+#    With --cudnn (model.attention=cudnn, as 'auto' picks on a GPU): jax's
+#    own cuDNN partitioning code, only the kernels stubbed
+#    (rspo_jax/models/cudnn_stub.py), so a one-GPU run checks the
+#    multi-device cuDNN compile (issue 51 item 1).
 #
 # Each step runs under `timeout`: SIGINT at its limit, SIGKILL 20 s later
 # (a compile hung in XLA ignores SIGINT); a step that times out is
@@ -67,7 +71,7 @@ if [[ "${1:-}" == "--smoke" ]]; then
       --out="${OUT%.json}_kernel.json"
   step device.py 300 "$PYTHON" bench/device.py --paper --smoke \
       --peak_tflops=1 --budget_s=120 --out="$OUT"
-  step sharding_check.py 300 "$PYTHON" bench/sharding_check.py --smoke \
+  step sharding_check.py 300 "$PYTHON" bench/sharding_check.py --smoke --cudnn \
       --out="${OUT%.json}_sharding.json"
   exit "$STATUS"
 fi
@@ -89,6 +93,6 @@ step kernel_check 60 "$PYTHON" bench/device.py --kernel_check \
 # budget_s: no part starts after 280 s; the step stops at 380 s.
 step device.py 380 "$PYTHON" bench/device.py --paper \
     --peak_tflops="${PEAK_TFLOPS:-989}" --budget_s=280 --out="$OUT"
-step sharding_check.py 100 "$PYTHON" bench/sharding_check.py \
+step sharding_check.py 100 "$PYTHON" bench/sharding_check.py --cudnn \
     --out="${OUT%.json}_sharding.json"
 exit "$STATUS"

@@ -1,6 +1,6 @@
 """Sharding check of the paper-shape learner step on any one machine.
 
-  python bench/sharding_check.py [--smoke] [--out=FILE]
+  python bench/sharding_check.py [--smoke] [--cudnn] [--out=FILE]
 
 The step of bench/device.py --paper (qwen2.5-1.5b widths, float32 masters,
 bfloat16 compute, remat, scanned layers; rows of 4096 + 512 tokens, logits
@@ -17,6 +17,13 @@ read (rspo_jax/hlo.py):
   sharding_data  array all-reduces over 'data' per update with 2 and with 4
                  micro-batches (equal expected, one per parameter after the
                  loop: train_step._data_local).
+
+--cudnn: model.attention=cudnn, as 'auto' picks on a GPU, with jax's own
+cuDNN partitioning code and only the kernels' lowering stubbed
+(rspo_jax/models/cudnn_stub.py), so the compile runs on CPU devices and
+checks what a multi-GPU run compiles: before issue 51 this step failed on
+(2, 4, 1) with 2 or more micro-batches ('GSPMDSharding' object has no
+attribute 'spec'). Each row says which attention it compiled.
 
 A machine with one GPU runs the learner on one device, where nothing is
 partitioned; this is its check of the sharding, with its own jax and XLA
@@ -41,13 +48,19 @@ import device  # noqa: E402  (bench/device.py: the paper shapes and flags)
 MESH = (2, 4, 1)
 
 
-def check(smoke: bool, out: device.Results) -> None:
+def check(smoke: bool, out: device.Results, cudnn: bool = False) -> None:
   import jax
   from rspo_jax import hlo, models, sharding
 
   run = device.PAPER_SMOKE if smoke else device.PAPER
-  cfg = models.get_model_config(run["preset"], num_layers=2,
-                                **device.PAPER_FLAGS)
+  flags = dict(device.PAPER_FLAGS)
+  attention = "xla"  # what 'auto' is on CPU devices
+  if cudnn:
+    from rspo_jax.models import cudnn_stub
+
+    cudnn_stub.install()
+    flags["attention"] = attention = "cudnn"
+  cfg = models.get_model_config(run["preset"], num_layers=2, **flags)
   mesh = sharding.make_mesh(MESH)
   rows, seq = 2 * run["rows"], run["prompt_len"] + run["resp_len"]
   micro, n_micro = device.paper_micro(run["rows"], mesh,
@@ -73,6 +86,7 @@ def check(smoke: bool, out: device.Results) -> None:
               and set(r.dtypes) != {"f32"}]
     out.emit({
         "bench": "sharding_step", "mesh_shape": list(MESH),
+        "attention": attention + (" (stubbed kernel)" if cudnn else ""),
         "preset": run["preset"], "layers": cfg.num_layers, "rows": rows,
         "seq_len": seq, "window": window, "micro_batch_rows": micro,
         "micro_batches": n, "compile_s": round(time.perf_counter() - t0, 1),
@@ -84,6 +98,7 @@ def check(smoke: bool, out: device.Results) -> None:
     })
   out.emit({
       "bench": "sharding_data", "mesh_shape": list(MESH),
+      "attention": attention,
       "parameters": len(jax.tree.leaves(c.params)),
       "data_all_reduces_per_update": {str(k): v for k, v in
                                       over_data.items()},
@@ -93,9 +108,11 @@ def check(smoke: bool, out: device.Results) -> None:
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--smoke", action="store_true", help="tiny preset")
+  p.add_argument("--cudnn", action="store_true",
+                 help="cuDNN attention, its kernel stubbed on CPU")
   p.add_argument("--out", default="", help="also write the rows here")
   args = p.parse_args(argv)
-  check(args.smoke, device.Results(args.out))
+  check(args.smoke, device.Results(args.out), args.cudnn)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ compute dtype, the adapters ``nnx.LoRAParam`` in ``param_dtype``.
 
 Attention (``cfg.attention``, ``attention_implementation``): without a KV
 cache or an offset window, a kernel -- ``jax.nn.dot_product_attention``
-(cuDNN's fused kernel on GPU, XLA's on CPU) or Pallas splash attention on
-TPU (``splash.py``, under ``jax.shard_map`` on a mesh) -- causal, with
+(cuDNN's fused kernel on GPU, ``cudnn_attention.py``; XLA's on CPU) or
+Pallas splash attention on TPU (``splash.py``); on a mesh both fused
+kernels run under a fully manual ``jax.shard_map`` -- causal, with
 padding given as each row's number of real tokens (real tokens first:
 right padding, as in the learner's batches); the KV-cache path (prefill
 into a cache, one-token decode) and the response window's last block use
@@ -57,7 +58,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from rspo_jax import sharding as _sharding  # noqa: F401  (sets flax flags)
-from rspo_jax.models import lora_layers as lora, splash
+from rspo_jax.models import cudnn_attention, lora_layers as lora, splash
 from rspo_jax.models.config import ModelConfig
 
 _MASK_VALUE = -1e30  # finite, so fully-masked (padding) rows give no NaN
@@ -343,6 +344,8 @@ class Attention(nnx.Module):
     if kv_cache is None and impl is not None and mask.lengths is not None:
       if impl == "splash":
         out = splash.attention(q, k, v, mask.lengths, shard)
+      elif impl == "cudnn":
+        out = cudnn_attention.attention(q, k, v, mask.lengths, shard)
       else:
         out = jax.nn.dot_product_attention(
             q, k, v, is_causal=True, key_value_seq_lengths=mask.lengths,
