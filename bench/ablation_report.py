@@ -19,7 +19,8 @@ import os
 from typing import Optional, Sequence
 
 from grid import ABLATION_PAPER_CELL, ABLATION_ROWS, ALGO_LABELS, ENV_LABELS
-from report_util import cell_stats, fmt, load_plot_module, mean_std
+from report_util import (cell_stats, fmt, load_plot_module, mean_std,
+                         save_figure)
 from run_files import finished_runs, write_json, write_text
 
 REPEAT_METRIC = "rollout_repeated_states"
@@ -144,9 +145,5 @@ def dense_only_plot(runs: Sequence[str], out_path: str,
   left.set_title(f"Dense reward alone (n={n})")
   left.grid(alpha=0.3)
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  tmp = out_path + ".tmp"
-  fig.savefig(tmp, format="png")
-  plt.close(fig)
-  os.replace(tmp, out_path)
+  save_figure(fig, out_path)
   return True

@@ -33,6 +33,7 @@ import statistics
 import time
 
 import numpy as np
+from toy_mechanism import load, save  # resumable JSON, written atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,20 +125,6 @@ def run_cell(rank, lr, seed, args, checkpoint, cache_dir) -> dict:
           "final_won": [e["won"] for e in final["per_task"]],
           "approx_kl": kl, "wall_s": round(time.perf_counter() - t0, 1),
           **{k: round(v, 1) for k, v in phases.items()}}
-
-
-def load(path: str) -> dict:
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  return {"cells": {}}
-
-
-def save(path: str, data: dict) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(data, f, separators=(",", ":"))
-  os.replace(path + ".tmp", path)
 
 
 # ------------------------------------------------------------------ report

@@ -92,6 +92,17 @@ def plot_atomic(groups: dict[str, list[str]], metric: str, x: str,
   return True
 
 
+def save_figure(fig, out_path: str) -> None:
+  """Writes a matplotlib figure as a PNG to ``out_path`` via a tmp file
+  (a reader never sees half a file) and closes it."""
+  import matplotlib.pyplot as plt  # noqa: PLC0415  (loaded with the figure)
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  tmp = out_path + ".tmp"
+  fig.savefig(tmp, format="png")
+  plt.close(fig)
+  os.replace(tmp, out_path)
+
+
 def archive_note(report: dict) -> str:
   archive = report.get("archive")
   return f" and in the archive `{archive}`" if archive else ""

@@ -95,7 +95,7 @@ from grid import (DENSE, EQUAL_ENV_STEPS, PARTIAL_M, SAMPLED,
                   sparse_grid, spell_grid, spell_length, spell_name,
                   with_rl_extra)
 from report_util import (X_AXES, archive_note, fmt_ci, load_plot_module, pct,
-                         plot_atomic)
+                         plot_atomic, save_figure)
 from run_files import (finished_runs, run_config, warm_start_workdir,
                        write_json, write_text)
 from study_report import _outcomes, decodings
@@ -550,11 +550,7 @@ def figure3(groups: dict[str, list[str]], length: int, out_path: str,
   ax.grid(alpha=0.3)
   ax.legend(loc="best", fontsize="x-small")
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  tmp = out_path + ".tmp"
-  fig.savefig(tmp, format="png")
-  plt.close(fig)
-  os.replace(tmp, out_path)
+  save_figure(fig, out_path)
 
 
 def _step(x: Optional[float]) -> str:

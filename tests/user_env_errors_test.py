@@ -27,11 +27,12 @@ import numpy as np
 import pytest
 
 from configs import base as config_base
+from env_failures_test import ReplyEngine
 from rspo_jax import models, preflight, warm_start
 from rspo_jax.errors import ConfigError, EnvError, MissingPackage
 from rspo_jax.rollout import prompts
 from rspo_jax.rollout.collect import CollectConfig, collect
-from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
+from rspo_jax.rollout.engine import SamplingParams
 from rspo_jax.rollout.unbarriered import collect_unbarriered
 from rspo_launch import exit_on_user_error
 from third_party_envs import base, contract
@@ -148,25 +149,6 @@ def test_a_reward_outside_the_declared_range_warns_once(caplog):
 
 
 # ------------------------------------------------------------ collections
-
-
-class ReplyEngine(Engine):
-  """Answers ``reply`` to every prompt (log-probs -1)."""
-
-  def __init__(self, tokenizer, reply):
-    self.ids = tokenizer.encode(reply, add_special_tokens=False)
-
-  @property
-  def weight_version(self):
-    return 0
-
-  def update_weights(self, params_or_path, version):
-    pass
-
-  def generate(self, prompts_, params):
-    return [GenerationResult(np.asarray(self.ids, np.int32),
-                             np.full(len(self.ids), -1.0, np.float32), "stop")
-            for _ in prompts_]
 
 
 @pytest.fixture(scope="module")
