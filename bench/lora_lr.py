@@ -4,23 +4,31 @@ r"""LoRA's learning rate against full fine-tuning's on the toy (issue 54).
   python bench/lora_lr.py --budget_s 480     # stop starting cells after 8 min
   python bench/lora_lr.py --report_only      # the table from the JSON
 
-Task: the toy number line (configs/toy_grpo.py, the 'tiny' policy, 32
-held-out goals, 4 tasks x 4 episodes a step, 2 updates a step), GRPO alone
-(``rspo=0``), ``--steps`` A steps, from the toy's own weak warm start (its
-40-step behaviour cloning, seed 0), made once into ``<root>/warm_start``.
+Task: the learning guard's (tests/learning_guard_test.py): the toy number
+line with distant targets (``min_distance=4``), the 'nano' policy, a
+60-step behaviour-cloning warm start (seed 0) whose greedy reply is one
+action everywhere, and the direction whose tasks that action fails (its
+greedy success <= 30 %). GRPO alone (``rspo=0``), ``--steps`` A steps of
+4 tasks x 8 episodes, 2 updates a step, every row; A's greedy success on
+the direction's 64 held-out tasks before and after. The toy's own
+``tiny`` start (59 % greedy, both directions) did not rank learning rates:
+full fine-tuning lost 19 points at lr 1e-4 and 3e-4 from it (GRPO on
+targets of both directions moves the action marginal, not the
+comparison; the guard's docstring).
 
-Cells (SETTINGS): full fine-tuning, or LoRA (alpha 32, every attention
-and MLP projection) of rank r with the default
+Cells (SETTINGS): full fine-tuning, or LoRA (``model.lora_alpha`` 32, every
+attention and MLP projection) of rank r with the default
 ``train.lora_lr_multiplier`` (m), i.e. the adapters at train.lr x m; at
-seeds ``--seeds`` (``cells``: the order run). The seed varies the RL
-(sampling, tasks, LoRA's A init); the warm start is one.
+seeds ``--seeds``. The seed varies the RL (sampling, tasks, LoRA's A
+init); the warm start is one.
 
-Per cell: A's greedy success on the held-out goals before and after, per
-goal (for the intervals), and the median approx_kl of A's steps (how far
-an A step moves the policy). Cells go into ``--out`` (JSON) as they finish;
-a call skips finished cells. The report: per setting, the gain (final -
-start, points) with a 95 % bootstrap interval over seeds x goals
-(rspo_jax/intervals.py), and the approx_kl median.
+Per cell: greedy success per held-out task before and after (for the
+intervals), A's sampled success at each step (``rollout_success_rate``:
+its mean over the steps ranks how fast a setting learns when the end
+saturates), and approx_kl a step. Cells go into ``--out`` (JSON) as they
+finish; a call skips finished cells. The report: per setting, the gain
+(final - start, points) with a 95 % t interval over seeds
+(rspo_jax/intervals.py), the mean sampled success, the approx_kl median.
 """
 
 from __future__ import annotations
@@ -38,20 +46,27 @@ from toy_mechanism import load, save  # resumable JSON, written atomically
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (rank, train.lr), rank 0 = full fine-tuning; LoRA at train.lr x the
-# default multiplier on the adapters. In the order run: the default pair
-# first, then the lr sweep around it (rank 4 fully, ranks 1 and 16 at the
-# default lr).
-SETTINGS = ((0, 1e-4), (4, 1e-4), (0, 3e-4), (4, 3e-5), (4, 3e-4),
-            (1, 1e-4), (16, 1e-4), (0, 3e-5), (0, 1e-3), (4, 1e-5))
+# default multiplier on the adapters. In the order run: the issue's pair
+# (full and rank 4 at 1e-4) first, then the lr sweep around it.
+SETTINGS = ((0, 1e-4), (4, 1e-4), (0, 3e-5), (4, 1e-5), (0, 3e-4),
+            (4, 3e-5), (1, 1e-4), (16, 1e-4), (0, 1e-3), (4, 3e-6))
 DEFAULTS = SETTINGS[:2]  # every seed of these before the others' 2nd seed
-WARM_START = "rspo=0,seed=0,steps=1"  # + sft.steps: behaviour cloning
+# The learning guard's recipe (tests/learning_guard_test.py).
+COMMON = ("model=nano,rspo=0,env.max_steps=12,env.history_length=0,"
+          "env.num_eval_tasks=64,env.num_workers=2")
+ENV_KWARGS = {"min_distance": 4}
+WARM_START = "seed=0,sft.steps=60"
+GRPO = ("train.batch_tasks=4,train.group_size=8,train.updates_per_step=2,"
+        "train.max_train_rows=0,train.eval_every=0")
 
 
-def config(overrides: str):
+def config(overrides: str, direction: str = ""):
   from configs import base
 
-  cfg = base.make_config("toy", "grpo", overrides)
+  cfg = base.make_config("toy", "grpo", f"{COMMON},{overrides}")
   with cfg.unlocked():
+    cfg.env.kwargs = dict(ENV_KWARGS, **(
+        {"direction": direction} if direction else {}))
     cfg.mesh.shape = (1, 1, 1)
   base.validate(cfg)
   return cfg
@@ -77,54 +92,76 @@ def cells(seeds) -> list:
 
 def cell_overrides(rank: int, lr: float, seed: int, steps: int,
                    checkpoint: str) -> str:
-  return (f"rspo=0,seed={seed},steps={steps},train.lr={lr:g},"
+  return (f"{GRPO},seed={seed},steps={steps},train.lr={lr:g},"
           f"model.lora_rank={rank},train.checkpoint_every=1000,"
           f"model.checkpoint_dir={checkpoint}")
 
 
-def warm_start(root: str, sft_steps: int) -> str:
+def greedy(run, step: int) -> dict:
+  return run.evaluate(run.trainer.a, step)
+
+
+def warm_start(root: str) -> tuple:
+  """(checkpoint, direction, greedy success there): the guard's warm
+  start and the direction its greedy policy fails, made once."""
   from rspo_jax import build
 
   path = os.path.join(root, "warm_start")
-  if not os.path.exists(os.path.join(path, "warm_start", "config.json")):
-    build.build_run(config(f"{WARM_START},sft.steps={sft_steps}"), path,
-                    progress=False).close()
-  return os.path.join(path, "warm_start")
+  marker = os.path.join(path, "direction.json")
+  if not os.path.exists(marker):
+    shutil.rmtree(path, ignore_errors=True)
+    build.build_run(config(WARM_START), path, progress=False).close()
+    checkpoint = os.path.join(path, "warm_start")
+    found = None
+    for direction in ("up", "down"):
+      probe = os.path.join(root, f"probe_{direction}")
+      run = build.build_run(
+          config(f"{WARM_START},steps=1,model.checkpoint_dir={checkpoint}",
+                 direction), probe, progress=False)
+      try:
+        start = greedy(run, 0)["success_rate"]
+      finally:
+        run.close()
+      shutil.rmtree(probe, ignore_errors=True)
+      if start <= 0.3:
+        found = (direction, start)
+        break
+    if found is None:
+      raise SystemExit("the warm start is not weak in either direction")
+    save(marker, {"direction": found[0], "start": found[1]})
+  d = load(marker)
+  return os.path.join(path, "warm_start"), d["direction"], d["start"]
 
 
-def run_cell(rank, lr, seed, args, checkpoint, cache_dir) -> dict:
+def run_cell(rank, lr, seed, args, checkpoint, direction, cache_dir) -> dict:
   from rspo_jax import build
   from rspo_jax.models import lora
 
   workdir = os.path.join(args.root, f"r{rank}_lr{lr:g}_s{seed}")
   shutil.rmtree(workdir, ignore_errors=True)  # a cell restarts whole
   cfg = config(cell_overrides(rank, lr, seed, args.steps, checkpoint)
-               + f",train.compile_cache_dir={cache_dir}")
+               + f",train.compile_cache_dir={cache_dir}", direction)
   t0 = time.perf_counter()
   run = build.build_run(cfg, workdir, progress=False)
-  t_built = time.perf_counter()
   try:
-    start = run.evaluate(run.trainer.a, 0)
-    t_start = time.perf_counter()
+    start = greedy(run, 0)
     run.trainer.run()
-    t_trained = time.perf_counter()
-    final = run.evaluate(run.trainer.a, args.steps)
+    final = greedy(run, args.steps)
   finally:
     run.close()
-  phases = {"build_s": t_built - t0, "start_eval_s": t_start - t_built,
-            "train_s": t_trained - t_start,
-            "final_eval_s": time.perf_counter() - t_trained}
   rows = [json.loads(line) for line in open(
       os.path.join(workdir, "metrics.jsonl"))]
-  kl = [r["approx_kl"] for r in rows if r["phase"] == "A"]
+  a_rows = [r for r in rows if r["phase"] == "A"]
   shutil.rmtree(workdir, ignore_errors=True)
   return {"rank": rank, "train_lr": lr, "multiplier": lora.lr_multiplier(cfg),
           "adapter_lr": lr * lora.lr_multiplier(cfg), "seed": seed,
+          "direction": direction,
           "start": start["success_rate"], "final": final["success_rate"],
           "start_won": [e["won"] for e in start["per_task"]],
           "final_won": [e["won"] for e in final["per_task"]],
-          "approx_kl": kl, "wall_s": round(time.perf_counter() - t0, 1),
-          **{k: round(v, 1) for k, v in phases.items()}}
+          "rollout_success": [r["rollout_success_rate"] for r in a_rows],
+          "approx_kl": [r["approx_kl"] for r in a_rows],
+          "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 # ------------------------------------------------------------------ report
@@ -138,24 +175,27 @@ def settings_of(data: dict) -> dict:
 
 
 def gain(cells: list) -> dict:
-  """final - start over seeds x goals: finals [R, G, 1] against each
-  seed's own start (greedy starts are one policy's: equal per seed)."""
+  """Greedy final - start, per seed (the mean over the held-out tasks),
+  with a Student t interval over the seeds (n <= 5: no bootstrap)."""
   from rspo_jax import intervals
 
-  final = np.array([c["final_won"] for c in cells], float)[:, :, None]
-  start = np.array([c["start_won"] for c in cells], float)[:, :, None]
-  return intervals.difference_interval(final, start)
+  g = [c["final"] - c["start"] for c in cells]
+  if len(g) < 2:
+    return {"mean": g[0], "lo": float("nan"), "hi": float("nan"), "n": 1}
+  return intervals.t_interval(g)
 
 
 def report(data: dict) -> str:
   pts = lambda d: (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f},"
                    f" {100 * d['hi']:+.1f}]")
   lines = ["| policy | train.lr | adapters' lr | seeds | greedy start ->"
-           " final, % | gain, points [95 %] | approx_kl a step, median |",
-           "|---|---:|---:|---:|---|---|---:|"]
+           " final, % | gain, points [95 %] | sampled success over the"
+           " steps, % | approx_kl a step, median |",
+           "|---|---:|---:|---:|---|---|---:|---:|"]
   best = {}
   for (rank, lr), cs in settings_of(data).items():
     g = gain(cs)
+    speed = float(np.mean([np.mean(c["rollout_success"]) for c in cs]))
     kl = statistics.median(k for c in cs for k in c["approx_kl"])
     name = f"LoRA r = {rank}" if rank else "full"
     eff = f"{cs[0]['adapter_lr']:g}" if rank else "—"
@@ -163,14 +203,25 @@ def report(data: dict) -> str:
         f"| {name} | {lr:g} | {eff} | {len(cs)} |"
         f" {100 * np.mean([c['start'] for c in cs]):.1f} ->"
         f" {100 * np.mean([c['final'] for c in cs]):.1f} | {pts(g)} |"
-        f" {kl:.2g} |")
-    if g["mean"] > best.get(rank, (None, -9))[1]:
-      best[rank] = ((cs[0]["adapter_lr"] if rank else lr), g["mean"], g)
+        f" {100 * speed:.1f} | {kl:.2g} |")
+    score = (g["mean"], speed)  # the gain, then how fast it came
+    if score > best.get(rank, (None, (-9, -9)))[1]:
+      best[rank] = ((cs[0]["adapter_lr"] if rank else lr), score)
   lines.append("")
   if 0 in best:
     for rank in sorted(k for k in best if k):
-      lines.append(f"best lr, LoRA r = {rank} / full: {best[rank][0]:g} /"
-                   f" {best[0][0]:g} = {best[rank][0] / best[0][0]:g}")
+      lines.append(f"best lr (gain, then sampled success), LoRA r = {rank}"
+                   f" / full: {best[rank][0]:g} / {best[0][0]:g} ="
+                   f" {best[rank][0] / best[0][0]:g}")
+  crit = settings_of(data)
+  full, r4 = crit.get((0, 1e-4)), crit.get((4, 1e-4))
+  if full and r4 and len(full) >= 2:
+    lo = gain(full)["lo"]
+    lines.append(f"issue 54's criterion: LoRA r = 4 at lr 1e-4 gains"
+                 f" {100 * gain(r4)['mean']:+.1f} points, full fine-tuning's"
+                 f" lower bound {100 * lo:+.1f}:"
+                 f" {'met' if gain(r4)['mean'] >= lo else 'not met'}"
+                 f" ({len(r4)} and {len(full)} seeds)")
   return "\n".join(lines)
 
 
@@ -181,8 +232,6 @@ def main(argv=None) -> None:
       ROOT, "docs", "results", "lora_lr.json"))
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--steps", type=int, default=20)
-  p.add_argument("--sft_steps", type=int, default=40,
-                 help="the warm start's behaviour-cloning steps")
   p.add_argument("--only", default="",
                  help="comma-separated cell keys (r4_lr0.0001_s0, ...)")
   p.add_argument("--budget_s", type=float, default=0,
@@ -190,14 +239,14 @@ def main(argv=None) -> None:
   p.add_argument("--report_only", action="store_true")
   args = p.parse_args(argv)
   data = load(args.out)
-  settings = {"steps": args.steps, "sft_steps": args.sft_steps}
+  settings = {"steps": args.steps, "task": "learning guard"}
   if data.get("settings", settings) != settings:
     raise SystemExit(f"{args.out} holds cells of {data['settings']}, not"
                      f" {settings}: use another --out")
   data["settings"] = settings
   if not args.report_only:
     t0 = time.perf_counter()
-    checkpoint = warm_start(args.root, args.sft_steps)
+    checkpoint, direction, _ = warm_start(args.root)
     cache_dir = os.path.join(args.root, "compile_cache")
     only = set(filter(None, args.only.split(",")))
     for key, rank, lr, seed in cells([int(s) for s in
@@ -210,12 +259,10 @@ def main(argv=None) -> None:
                 [int(s) for s in args.seeds.split(",")]))}), flush=True)
         break
       data["cells"][key] = run_cell(rank, lr, seed, args, checkpoint,
-                                    cache_dir)
+                                    direction, cache_dir)
       save(args.out, data)
       c = data["cells"][key]
-      print(json.dumps({"cell": key, "wall_s": c["wall_s"], **{
-          k: c[k] for k in ("build_s", "start_eval_s", "train_s",
-                            "final_eval_s")},
+      print(json.dumps({"cell": key, "wall_s": c["wall_s"],
                         "start": c["start"], "final": c["final"],
                         "approx_kl_median": statistics.median(
                             c["approx_kl"])}), flush=True)
