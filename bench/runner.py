@@ -39,7 +39,15 @@ EVAL_PY = os.path.join(ROOT, "launch", "eval.py")
 def run_logged(cmd: list[str], workdir: str,
                env: Optional[dict]) -> tuple[int, float]:
   """Runs ``cmd`` from the repo root, appending its output to
-  ``<workdir>/train.log`` after a timestamped command line; (rc, wall s)."""
+  ``<workdir>/train.log`` after a timestamped command line; (rc, wall s).
+
+  The repo root goes first on PYTHONPATH: ``python launch/train.py`` puts
+  only launch/ on sys.path, so without it an editable install of another
+  checkout would supply rspo_jax, and a study run from a pinned worktree
+  would run that checkout's code."""
+  env = dict(os.environ if env is None else env)
+  env["PYTHONPATH"] = os.pathsep.join(
+      p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
   t0 = time.time()
   with open(os.path.join(workdir, LOG), "a") as log:
     log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")

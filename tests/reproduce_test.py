@@ -1191,3 +1191,18 @@ def test_with_policy_points_the_trained_config_at_the_archived_policy():
       os.path.join(ROOT, "configs", "webshop_gigpo.py")
       + ":rspo=1,seed=200,train.lr=0.001,"
       "model.checkpoint_dir=/arch/final_policy")
+
+
+def test_runs_import_this_checkouts_code_first(tmp_path, monkeypatch):
+  """A study run from a pinned worktree runs that worktree's rspo_jax,
+  not an editable install's: run_logged puts the repo root first on
+  PYTHONPATH (python launch/train.py adds only launch/ to sys.path)."""
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  rc, _ = runner.run_logged(
+      [sys.executable, "-c", "import sys, rspo_jax;"
+       " print(rspo_jax.__file__); print(sys.path[1])"],
+      str(tmp_path), None)
+  assert rc == 0
+  lines = open(tmp_path / runner.LOG).read().splitlines()
+  assert lines[1] == os.path.join(runner.ROOT, "rspo_jax", "__init__.py")
+  assert lines[2] == runner.ROOT
