@@ -245,8 +245,8 @@ def main(argv=None) -> None:
                      f" {settings}: use another --out")
   data["settings"] = settings
   if not args.report_only:
-    t0 = time.perf_counter()
     checkpoint, direction, _ = warm_start(args.root)
+    t0 = time.perf_counter()  # the budget counts cells, not the warm start
     cache_dir = os.path.join(args.root, "compile_cache")
     only = set(filter(None, args.only.split(",")))
     for key, rank, lr, seed in cells([int(s) for s in
