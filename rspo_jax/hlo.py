@@ -483,15 +483,18 @@ def _engine_inputs(mesh, cfg, rules):
   return cfg, params, rest, static
 
 
-def compile_prefill(mesh, cfg, rows, prompt, new, *, chunk=0,
+def compile_prefill(mesh, cfg, rows, prompt, new, *, chunk=0, unique=None,
                     rules=RULES) -> Compiled:
   """The engine's prefill of ``rows`` prompts of bucket ``prompt`` into a
   cache of ``prompt + new`` slots (``chunk``: column blocks, 0 = one
-  pass)."""
+  pass); ``unique`` = Bu: Bu distinct prompts prefilled, their cache
+  gathered to the ``rows`` decode rows (prompts repeat); None: the prompts
+  are the decode rows (no gather)."""
   cfg, params, rest, static = _engine_inputs(mesh, cfg, rules)
-  x = sds((rows, prompt - 1), jnp.int32, rows_sharding(mesh, 2, rules))
-  m = sds((rows, prompt - 1), jnp.bool_, rows_sharding(mesh, 2, rules))
-  row_map = sds((rows,), jnp.int32)
+  n = rows if unique is None else unique
+  x = sds((n, prompt - 1), jnp.int32, rows_sharding(mesh, 2, rules))
+  m = sds((n, prompt - 1), jnp.bool_, rows_sharding(mesh, 2, rules))
+  row_map = None if unique is None else sds((rows,), jnp.int32)
   lowered = jax_engine._prefill.lower(
       params, rest, x, x, m, row_map, cache_len=prompt + new, static=static,
       chunk=chunk)

@@ -43,9 +43,11 @@ against ``memory_analysis()`` of small compiled shapes on CPU):
                 + 3.5 r (H / t) T^2 4   [unless attention is fused: cuDNN]
   log-prob transient (pi_old, pi_ref of U rows in chunks of r a device;
     ``logprob_bytes``)
-  rollout transient (``prefill_bytes``): the KV cache of a prefill's rows
-    twice (unique prompts, gathered decode rows) + 3 float32 score copies
-    [r_e, H / t, Pb - 1, S] (the KV-cache path never uses a fused kernel)
+  rollout transient (``prefill_bytes``): the KV cache of a prefill call's
+    rows r_e (at most ``rollout.engine_max_rows``, ``engine_shapes``)
+    1.5 times (the decode rows' and, when prompts repeat, the distinct
+    ones' of at most half the rows) + 3 float32 score copies [r_e, H / t,
+    Pb - 1, S] (the KV-cache path never uses a fused kernel)
 
   total  = resident + max(train, log-prob, rollout transients)
 
@@ -211,6 +213,8 @@ FORWARD_SCORE_COPIES = 3  # the same in a forward (log-probs, prefill)
 LOGIT_COPIES = 2  # float32 [rows, W, V / t]: logits and their gradient
 FORWARD_LOGIT_COPIES = 1
 GATHERED_LAYERS = 1  # FSDP: the running block's gathered weights
+UNIQUE_CACHE_SHARE = 0.5  # the engine's cache of distinct prompts, at most
+#                   half a call's rows (jax_engine: gathered only then)
 BATCH_BYTES = 41  # per row and position: 3 int32 inputs, 7 float32 fields,
 #                   + is_offpolicy
 DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates 75 % of a GPU by default
@@ -409,7 +413,7 @@ def logprob_bytes(mcfg, mesh_shape, rows: int, length: int, *, window: int,
 
 
 def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
-                  chunk: int = 0) -> dict:
+                  chunk: int = 0, shared: bool = True) -> dict:
   """Bytes per device of the engine's compiled prefill of ``rows`` prompts
   of bucket ``prompt`` into a cache of S = prompt + new slots (the KV-cache
   path: scores always materialised; ``chunk`` columns at a time, 0 = all
@@ -417,14 +421,23 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
 
     weights   = P i / t                      (split over 'tensor' only)
     cache     = r S L 2 K hd c / t_kv        (the decode rows' cache)
-    transient = cache [the unique prompts' cache, before the row gather]
-                + FORWARD_SCORE_COPIES r H / t x q x S x 4
-    peak      = weights + cache + transient
+    unique    = UNIQUE_CACHE_SHARE x cache   (``shared``: repeated prompts
+                                              prefilled once into a cache
+                                              of at most half the rows,
+                                              gathered to the decode rows;
+                                              else none: prefilled in
+                                              place, ``jax_engine._prefill``)
+    scores    = FORWARD_SCORE_COPIES r H / t x q x keys x 4
+    peak      = read + cache + unique + scores
 
   r = ceil(rows / ways), t_kv = t when it divides K else 1; one pass: q =
   prompt - 1 queries over S keys; blocks of ``chunk`` columns (as the
   engine widens them: ``jax_engine.prefill_block``): the last block's q =
-  chunk queries over prompt - 1 keys."""
+  chunk queries over prompt - 1 keys. ``read`` (the weights the program
+  takes) is P i / t less what the prefill never reads: the last block's
+  query, output and MLP weights, the final norm and an untied LM head
+  (the engine holds them all: ``weights``, resident in
+  ``memory_per_device``; at 28 blocks a few per cent, at 2 half)."""
   from rspo_jax.rollout.jax_engine import prefill_block
 
   x = _dims(mcfg, mesh_shape)
@@ -432,34 +445,50 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
   s = prompt + new
   t_kv = x["t"] if x["k"] % x["t"] == 0 else 1
   weights = x["inf"] * x["p"] / x["t"]
-  cache = r * s * x["layers"] * 2 * x["k"] * x["hd"] * x["c"] / t_kv
+  d, hd = x["d"], x["hd"]
+  unused = (2 * d * x["h"] * hd  # q, o
+            + (x["h"] * hd if getattr(mcfg, "qkv_bias", False) else 0)
+            + 3 * d * x["f"] + 2 * d  # MLP, post-attention and final norm
+            + (0 if mcfg.tie_word_embeddings else x["v"] * d))
+  read = weights - x["inf"] * unused / x["t"]
+  cache = r * s * x["layers"] * 2 * x["k"] * hd * x["c"] / t_kv
+  unique = UNIQUE_CACHE_SHARE * cache if shared else 0.0
   chunk = prefill_block(chunk, prompt)
   q, keys = ((chunk, prompt - 1) if 0 < chunk < prompt - 1
              else (prompt - 1, s))
   scores = FORWARD_SCORE_COPIES * r * x["h"] / x["t"] * q * keys * 4
-  return dict(weights=weights, cache=cache, scores=scores,
-              transient=cache + scores, peak=weights + 2 * cache + scores,
-              rows=r)
+  return dict(weights=weights, read=read, cache=cache, unique=unique,
+              scores=scores, transient=cache + unique + scores,
+              peak=read + cache + unique + scores, rows=r)
 
 
-def engine_shapes(cfg, layout, chunk="config") -> dict:
-  """What one prefill of the in-process engine holds (its defaults,
-  ``rollout/jax_engine.py``): a host's episodes of a turn in one call on
-  an accelerator (``length_group_rows`` 0), chunks of 8 rows on CPU; the
-  prompt's columns in blocks of ``rollout.prefill_chunk`` (None: the
-  engine's default, 64 on CPU and one pass elsewhere, unless the plan
-  chose it: ``choose``), widened to at most ``MAX_PREFILL_BLOCKS``; rows
-  padded to a batch bucket, prompts to a prompt bucket, new tokens to a
-  multiple of 16. Rows split over the engine mesh's data x fsdp (one
-  host: the learner's mesh; several: each host's own devices)."""
+def engine_shapes(cfg, layout, chunk="config", max_rows="config") -> dict:
+  """What one prefill call of the in-process engine holds (its defaults,
+  ``rollout/jax_engine.py``): a host's episodes of a turn in calls of at
+  most ``jax_engine.rows_per_call`` rows -- on an accelerator all of them
+  (up to 256) unless ``rollout.engine_max_rows`` caps them, chunks of 8
+  rows on CPU -- in ``calls_per_turn`` equal calls, each padded to a batch
+  bucket (``rows``); the prompt's columns in blocks of
+  ``rollout.prefill_chunk`` (None: the engine's default, 64 on CPU and
+  one pass elsewhere, unless the plan chose it: ``choose``), widened to
+  at most ``MAX_PREFILL_BLOCKS``; prompts padded to a prompt bucket, new
+  tokens to a multiple of 16. ``chunk`` / ``max_rows``: the values to
+  plan with instead of the config's. Rows split over the engine mesh's
+  data x fsdp (one host: the learner's mesh; several: each host's own
+  devices)."""
   from rspo_jax.rollout import jax_engine as je
 
   on_cpu = layout["platform"] == "cpu"
   episodes = -(-cfg.train.batch_tasks * cfg.train.group_size
                // layout["hosts"])
-  rows = min(episodes, je.CPU_GROUP_ROWS if on_cpu else max(
-      je.BATCH_BUCKETS))
-  rows = je.bucket_size(rows, je.BATCH_BUCKETS, "batch size")
+  if max_rows == "config":
+    max_rows = cfg.rollout.get("engine_max_rows", None)
+  cap = je.rows_per_call(je.BATCH_BUCKETS,
+                         je.CPU_GROUP_ROWS if on_cpu else 0,
+                         int(max_rows or 0))
+  calls = -(-episodes // cap)
+  rows = je.bucket_size(-(-episodes // calls), je.BATCH_BUCKETS,
+                        "batch size")
   prompt = je.bucket_size(min(cfg.rollout.max_prompt_tokens,
                               max(je.PROMPT_BUCKETS)), je.PROMPT_BUCKETS,
                           "prompt length")
@@ -481,7 +510,7 @@ def engine_shapes(cfg, layout, chunk="config") -> dict:
   elif own and own != mesh[2]:
     mesh = [1, per // own, own]
   return dict(rows=rows, prompt=prompt, new=new, chunk=chunk, mesh=mesh,
-              calls_per_turn=-(-episodes // rows))
+              calls_per_turn=calls)
 
 
 def step_rows(cfg) -> int:
@@ -542,7 +571,7 @@ def run_dtypes(cfg, mcfg) -> dict:
 
 
 def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
-                      prefill_chunk="config") -> dict:
+                      prefill_chunk="config", max_rows="config") -> dict:
   """The run's bytes per device (module docstring), in GiB for the
   ``*_GB`` keys. ``layout`` (``resolve_layout``): platform and hosts; a
   one-host GPU by default."""
@@ -587,13 +616,14 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
   prm = (x["c"] * p / prm_shard if cfg.rspo.enabled
          and cfg.rspo.dense_reward == "prm" else 0.0)
   in_process = cfg.rollout.engine == "jax"
-  engine = kv_cache = prefill = 0.0
+  engine = kv_cache = prefill = unique_cache = 0.0
   eng = None
   if in_process:
-    eng = engine_shapes(cfg, layout, prefill_chunk)
+    eng = engine_shapes(cfg, layout, prefill_chunk, max_rows)
     pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
                         eng["new"], chunk=eng["chunk"])
     engine, kv_cache, prefill = pre["weights"], pre["cache"], pre["scores"]
+    unique_cache = pre["unique"]
   # Overlap: the next collection's weights, copied before each update
   # (Learner.frozen_params) when its thread recomputes their log-probs.
   overlap = bool(cfg.rollout.get("overlap", 0))
@@ -603,7 +633,7 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
               + snapshot)
   train_transient = train["batch"] + train["transient"]
   logprob_transient = max(old["transient"], ref_pass["transient"])
-  rollout = 2 * kv_cache + prefill
+  rollout = kv_cache + unique_cache + prefill
   if overlap:  # the thread's prefill or log-prob pass beside the update
     train_transient += max(rollout if in_process else 0.0,
                            old["transient"] if snapshot else 0.0)
@@ -711,6 +741,9 @@ REMAT_BY = ("plan: the lightest of none, dots, full whose train step fits"
             f" in {CHOICE_HEADROOM:g} of the usable memory")
 CHUNK_BY = (f"plan: one pass (0) if the prefill fits in {CHOICE_HEADROOM:g}"
             " of the usable memory, else the widest block that does")
+ROWS_BY = ("plan: no cap (0) if a prefill of a host's episodes fits in"
+           f" {CHOICE_HEADROOM:g} of the usable memory (at some prefill"
+           " block), else the most rows a call that do")
 
 
 def remat_of(cfg) -> str:
@@ -769,26 +802,44 @@ def _fits(mem, usable, phase=None) -> bool:
   return need <= usable
 
 
+def engine_row_caps(cfg, layout) -> list:
+  """The ``rollout.engine_max_rows`` the plan tries, most rows first: 0
+  (no cap: a host's episodes in calls of ``engine_shapes``' rows), then
+  each smaller batch bucket down to 1."""
+  from rspo_jax.rollout.jax_engine import BATCH_BUCKETS
+
+  rows = engine_shapes(cfg, layout, max_rows=0)["rows"]
+  return [0] + [b for b in sorted(BATCH_BUCKETS, reverse=True) if b < rows]
+
+
 def choose(cfg, layout, usable: Optional[float]) -> dict:
-  """{config key: {"value", "by"}} for ``model.remat`` and
-  ``rollout.prefill_chunk`` (in-process engine only), each as given or, at
-  'auto' / None, chosen on ``usable`` GiB a device: the lightest remat
-  policy (none, dots, full) whose train step fits beside the resident
-  state, and one pass over the prompt if the rollout's prefill fits, else
-  the widest block of ``prefill_chunks`` that fits (the narrowest when
-  none does); "fits" in ``CHOICE_HEADROOM`` of ``usable``. Unknown ``usable`` (None): remat 'full', the engine's
-  default blocks."""
+  """{config key: {"value", "by"}} for ``model.remat``,
+  ``rollout.prefill_chunk`` and ``rollout.engine_max_rows`` (the last two
+  in-process engine only), each as given or, at 'auto' / None, chosen on
+  ``usable`` GiB a device: the lightest remat policy (none, dots, full)
+  whose train step fits beside the resident state; for the rollout the
+  most rows a call (``engine_row_caps``: no cap first) at which some
+  prefill block fits, and at those rows one pass over the prompt if it
+  fits, else the widest block of ``prefill_chunks`` that does (the
+  fewest rows and narrowest block when none does): fewer rows a call cost
+  decode steps (each call's loop reads the weights), narrower blocks
+  little. "Fits" in ``CHOICE_HEADROOM`` of ``usable``. Unknown ``usable``
+  (None): remat 'full', the engine's default blocks, no row cap."""
   from rspo_jax.models.config import REMAT_POLICIES
 
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
   remat_auto = str(cfg.model.remat).strip().lower() == AUTO
   chunk = cfg.rollout.get("prefill_chunk", None)
+  max_rows = cfg.rollout.get("engine_max_rows", None)
   in_process = cfg.rollout.engine == "jax"
   out = {"model.remat": {"value": remat_of(cfg), "by": "config"}}
   if in_process:
     out["rollout.prefill_chunk"] = {
         "value": chunk, "by": "config" if chunk is not None else
         "engine default (64 on CPU, one pass elsewhere)"}
+    out["rollout.engine_max_rows"] = {
+        "value": max_rows, "by": "config" if max_rows is not None else
+        "engine default (no cap)"}
   if usable is None:
     if remat_auto:
       out["model.remat"]["by"] = ("plan: no device memory to plan with"
@@ -805,13 +856,25 @@ def choose(cfg, layout, usable: Optional[float]) -> dict:
       if _fits(mem, room, "train"):
         break
     out["model.remat"] = {"value": policy, "by": REMAT_BY}
-  if in_process and chunk is None:
+  if in_process and (chunk is None or max_rows is None):
     prompt = engine_shapes(cfg, layout)["prompt"]
-    for chunk in prefill_chunks(prompt):
-      mem = _memory(cfg, mesh, layout, mcfg, prefill_chunk=chunk)
-      if _fits(mem, room, "rollout"):
+    chunks = prefill_chunks(prompt) if chunk is None else [chunk]
+    caps = engine_row_caps(cfg, layout) if max_rows is None else [max_rows]
+    fit = None
+    for cap in caps:
+      for c in chunks:
+        mem = _memory(cfg, mesh, layout, mcfg, prefill_chunk=c,
+                      max_rows=cap)
+        if _fits(mem, room, "rollout"):
+          fit = (cap, c)
+          break
+      if fit:
         break
-    out["rollout.prefill_chunk"] = {"value": chunk, "by": CHUNK_BY}
+    cap, c = fit or (caps[-1], chunks[-1])
+    if chunk is None:
+      out["rollout.prefill_chunk"] = {"value": c, "by": CHUNK_BY}
+    if max_rows is None:
+      out["rollout.engine_max_rows"] = {"value": cap, "by": ROWS_BY}
   return out
 
 
@@ -899,7 +962,8 @@ def usable_gb(cfg, layout, environ) -> tuple:
 def resolve_run(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
   """At the start of a run (``build.build_run``): writes the plan's
   choices (``choose``) into ``cfg`` -- ``model.remat`` at 'auto',
-  ``rollout.prefill_chunk`` at None -- on the mesh config's device memory,
+  ``rollout.prefill_chunk`` and ``rollout.engine_max_rows`` at None -- on
+  the mesh config's device memory,
   else the devices' own limit (``memory_stats()['bytes_limit']``, the
   smallest of every host's; none on CPU: no plan). Returns the choices
   and, when the estimate does not fit and ``RSPO_ALLOW_PLAN_OVERFLOW=1``
@@ -1114,7 +1178,8 @@ def make_plan(cfg, workdir: str,
           f" ({mem['engine_prefill']['rows']} rows of a"
           f" {mem['engine_prefill']['prompt']}-token prompt bucket,"
           f" blocks of {mem['engine_prefill']['chunk'] or 'all'} columns):"
-          " a narrower rollout.prefill_chunk, fewer episodes a host,"
+          " a narrower rollout.prefill_chunk, fewer rows a call"
+          " (rollout.engine_max_rows), fewer episodes a host,"
           " rollout.engine=sglang, or a larger mesh cut it")
   if problem:  # before memory: a run would deadlock, not run out
     plan["stop"] = problem
@@ -1171,7 +1236,7 @@ _TABLE = (  # (memory_per_device key, what it holds)
     ("logprob_transient_GB", "**log-prob transient** (pi_old, pi_ref)"),
     ("kv_cache_GB", "rollout: KV cache of one prefill"),
     ("prefill_scores_GB", "rollout: prefill attention scores"),
-    ("rollout_transient_GB", "**rollout transient** (cache twice + scores)"),
+    ("rollout_transient_GB", "**rollout transient** (cache x 1.5 + scores)"),
 )
 _LORA_TABLE = {  # LoRA's rows in place of _TABLE's
     "policy_A_GB": "policy A: float32 adapters, Adam m and v",

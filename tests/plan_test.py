@@ -80,16 +80,17 @@ def test_dry_run_prints_the_16_gpu_plan():
   assert (mem["update_rows"], mem["micro_batches"]) == (256, 16)
   assert mem["grads_GB"] == round(2 * 4 * P_7B / 8 / GB, 2)
   assert mem["logits_GB"] == round(2 * 512 * 152064 * 4 / GB, 2)
-  # Each host's engine: its 64 episodes over its 8 GPUs in one prefill, in
-  # blocks of 1024 prompt columns (one pass does not fit in 0.9 of the
-  # device beside the resident 39 GB); remat 'full' ('dots' does not fit
-  # either at JAX's default 0.75; tests/plan_fit_test.py).
+  # Each host's engine: its 64 episodes over its 8 GPUs in one prefill
+  # call, in one pass over the prompt (the cache 1.5 times and the scores
+  # fit in 0.9 of the device beside the resident 39 GB); remat 'full'
+  # ('dots' does not fit at JAX's default 0.75; tests/plan_fit_test.py).
   assert mem["engine_prefill"] == {"rows": 64, "prompt": 2048, "new": 512,
-                                   "chunk": 1024}
+                                   "chunk": 0}
   assert {k: v["value"] for k, v in p["choices"].items()} == {
-      "model.remat": "full", "rollout.prefill_chunk": 1024}
+      "model.remat": "full", "rollout.prefill_chunk": 0,
+      "rollout.engine_max_rows": 0}
   assert p["dtype"]["remat"] == "full"
-  assert mem["peak_phase"] == "train step"
+  assert mem["peak_phase"] == "rollout prefill"
   assert p["device_memory_GB"] == 80.0 and p["usable_GB"] == 60.0
   assert p["mem_fraction"] == {"value": 0.75, "from": "JAX default"}
   assert p["fits"] and p["warnings"] == []
@@ -260,7 +261,10 @@ def test_memory_follows_the_algorithm_and_engine():
   scores = 3 * 16 * 4 * 383 * 416 * 4
   assert mem["kv_cache_GB"] == pytest.approx(kv / GB)
   assert mem["prefill_scores_GB"] == pytest.approx(scores / GB)
-  assert mem["rollout_transient_GB"] == pytest.approx((2 * kv + scores) / GB)
+  # The cache 1.5 times: the decode rows' and, when prompts repeat, the
+  # distinct ones' (at most half the rows).
+  assert mem["rollout_transient_GB"] == pytest.approx(
+      (1.5 * kv + scores) / GB)
   # On CPU the engine prefills chunks of 8 rows, 64 columns at a time.
   layout["platform"] = "cpu"
   cpu = plan.memory_per_device(ppo, mcfg, (1, 1, 1), layout)
@@ -330,17 +334,19 @@ def test_usable_memory_follows_the_preallocation_fraction():
   # halves the resident state).
   assert low["stop"].endswith(
       "exceeds the 40.0 GB usable; set mesh.shape=(1,16,1) (FSDP over every"
-      " device (--mesh=...:data=1): 34.9 GB)")
-  # A prefill given in one pass (rollout.prefill_chunk=0): 3 fp32 score
-  # copies [64 / 8 rows, 28 heads, 2047, 2560 slots], 13.1 GB, over a
-  # quarter of the 40 GB.
-  one = plan.make_plan(paper_7b(arg=",rollout.prefill_chunk=0"), "w", {
+      " device (--mesh=...:data=1): 34.6 GB)")
+  # A prefill given in one pass of all rows (rollout.prefill_chunk=0,
+  # rollout.engine_max_rows=0): 3 fp32 score copies [64 / 8 rows, 28
+  # heads, 2047, 2560 slots], 13.1 GB, over a quarter of the 40 GB.
+  one = plan.make_plan(paper_7b(arg=",rollout.prefill_chunk=0,"
+                                "rollout.engine_max_rows=0"), "w", {
       "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
   scores = 3 * 8 * 28 * 2047 * 2560 * 4 / GB
   assert one["warnings"][-1] == (
       f"the in-process engine's prefill holds {scores:.1f} GB of attention"
       " scores (64 rows of a 2048-token prompt bucket, blocks of all"
-      " columns): a narrower rollout.prefill_chunk, fewer episodes a host,"
+      " columns): a narrower rollout.prefill_chunk, fewer rows a call"
+      " (rollout.engine_max_rows), fewer episodes a host,"
       " rollout.engine=sglang, or a larger mesh cut it")
 
 
@@ -687,7 +693,8 @@ def estimate(case) -> dict:
         n_chunks=case.get("n_chunks", 1), param_dtype=case.get("param_dtype"),
         platform="cpu")
   return plan.prefill_bytes(cfg, mesh, case["rows"], case["prompt"],
-                            case["new"])
+                            case["new"], chunk=case.get("chunk", 0),
+                            shared=case.get("unique") is not None)
 
 
 @pytest.mark.slow
