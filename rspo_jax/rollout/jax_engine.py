@@ -477,6 +477,8 @@ class JaxEngine(Engine):
         put(mask[:, head:-1]),
         None if row_map is None else jnp.asarray(row_map),
         prefix,
+        None if row_map is not None else empty_cache(
+            rows=bb, cache_len=pb + nb, static=self._static),
         cache_len=pb + nb,
         static=self._static,
         chunk=chunk,
@@ -805,8 +807,8 @@ class _Knobs(NamedTuple):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("cache_len", "static", "chunk")
-)
+    jax.jit, static_argnames=("cache_len", "static", "chunk"),
+    donate_argnames=("cache",))
 def _prefill(
     params,
     rest,
@@ -815,15 +817,19 @@ def _prefill(
     mask,
     row_map,
     prefix=None,
+    cache=None,
     *,
     cache_len,
     static: _Static,
     chunk: int = 0,
 ):
   """Writes the unique prompts' columns into a fresh cache of ``cache_len``
-  slots, then gathers the decode rows: ``cache[b] = cache_u[row_map[b]]``;
-  ``row_map`` None: the prompts are the decode rows, their cache the
-  result (no second cache).
+  slots, then gathers the decode rows: ``cache[b] = cache_u[row_map[b]]``
+  (a cache of the unique prompts and one of the decode rows).
+  ``row_map`` None: the prompts are the decode rows, written into
+  ``cache`` (an empty one, ``empty_cache``; donated, so the result is
+  that buffer: one cache in all; None: a fresh one, which XLA:CPU copies
+  into the result once more).
 
   ``chunk = C > 0``: columns [c, c + C) at a time, each attending a cache
   of the c + C slots written so far (causal blocks: about half the
@@ -841,18 +847,16 @@ def _prefill(
   shards = _row_shards(static.mesh, static.rules, tokens.shape[0]
                        if row_map is None else row_map.shape[0])
   start = 0
-  if prefix is None:
+  if cache is None or row_map is not None:
     cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
-  else:  # the heads in a cache of W slots, their rows put at slots [0, W)
+  if prefix is not None:  # the heads in a cache of W slots, put at [0, W)
     p_tok, p_pos, p_mask, head_map = prefix
     start = p_tok.shape[1]
     heads = tfm.init_cache(cfg, p_tok.shape[0], start, cfg.dtype)
     heads = _take_rows(
         _prefill_columns(model, heads, p_tok, p_pos, p_mask, 0, chunk),
         head_map, shards)
-    cache = _write_slots(
-        tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype), heads, 0,
-        start)
+    cache = _write_slots(cache, heads, 0, start)
   cache = _prefill_columns(model, cache, tokens, positions, mask, start,
                            chunk)
   if row_map is not None:
@@ -860,12 +864,22 @@ def _prefill(
   return _constrain_cache(cache, static.mesh, static.rules)
 
 
+@functools.partial(jax.jit, static_argnames=("rows", "cache_len", "static"))
+def empty_cache(*, rows: int, cache_len: int, static: _Static):
+  """An empty KV cache of ``rows`` x ``cache_len`` slots, its rows over the
+  mesh's batch axes: what ``_prefill`` writes into in place."""
+  cfg = static.cfg
+  return _constrain_cache(tfm.init_cache(cfg, rows, cache_len, cfg.dtype),
+                          static.mesh, static.rules)
+
+
 def _prefill_columns(model, cache, tokens, positions, mask, start: int,
                      chunk: int):
   """Writes columns [start, start + width) of the cache from ``tokens``
   [B, width]: one pass over the whole cache (start 0, ``chunk`` 0 or >=
   width) or blocks of ``chunk`` (``width`` when 0) columns, each
-  attending the slots written so far."""
+  attending the slots written so far (XLA copies the cache once along
+  the way: ``plan.prefill_bytes``)."""
   width = tokens.shape[1]
   if not width:
     return cache
