@@ -24,9 +24,11 @@ per chunk:
      cache of ``S = Pb + Nb`` slots, whose rows are then gathered to the
      ``Bb`` decode rows -- only when that halves the prefill (``2 Bu <=
      Bb``); otherwise the prompts are prefilled straight into the decode
-     rows' cache, the only one the call holds. So a call holds at most
-     1.5 caches of its rows (the gathered one and a unique one of at most
-     half its rows), one without repeated prompts (``plan.prefill_bytes``).
+     rows' cache (an empty one the call donates to the prefill, which XLA
+     writes in place), which the decode loop then continues in: one cache
+     in one pass, 1.5 with the gather (the distinct prompts' is at most
+     half the rows), 2 in column blocks (XLA copies the cache being
+     written; ``plan.prefill_bytes``).
      With ``prefill_chunk = C > 0`` (the default on CPU) the columns go
      in causal blocks of C, each attending only the slots written so far:
      ~half the attention, and score blocks small enough to stay in cache
