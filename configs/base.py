@@ -234,6 +234,15 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # else the widest block that does; without a known device memory the
   # engine's default, 64 on CPU, one pass elsewhere).
   c.rollout.prefill_chunk = None
+  # The in-process engine's rows a prefill / decode call, at most (rounded
+  # down to a batch bucket, a power of 2): a host's episodes of a turn go
+  # in calls of this many, one after another; a call's KV cache and
+  # prefill scores scale with its rows (rollout/jax_engine.py, step 0).
+  # 0 = no cap (all of a host's episodes, up to 256, in one call). None:
+  # chosen by the plan (rspo_jax/plan.py ``choose``: all rows if the
+  # prefill fits the device, else the most that do; without a known
+  # device memory, no cap).
+  c.rollout.engine_max_rows = None
   c.rollout.b_server_urls = ""  # SGLang servers for B (decoupled, sglang)
   c.rollout.decoupled_timeout_s = 1800.0
   # Stop the run when more than this share of a collection's (or an
@@ -470,16 +479,18 @@ def _one_of(value, choices: tuple, key: str, other_ok: bool = False,
           did_you_mean(value, choices))
 
 
-def _prefill_chunk_ok(c):
-  """A `validate` check of rollout.prefill_chunk (None or an int >= 0;
-  a command line gives a float: made an int)."""
-  v = c.rollout.prefill_chunk
+def _prefill_chunk_ok(c, key="prefill_chunk",
+                      accepts="None (the plan chooses), 0 (one pass) or a"
+                      " block width > 0"):
+  """A `validate` check of rollout.prefill_chunk (or another rollout
+  ``key`` of the same kind: None or an int >= 0; a command line gives a
+  float: made an int)."""
+  v = c.rollout[key]
   ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
                      and v >= 0 and float(v).is_integer())
   if ok and v is not None:
-    c.rollout.prefill_chunk = int(v)
-  return (ok, "rollout.prefill_chunk", v,
-          "None (the plan chooses), 0 (one pass) or a block width > 0")
+    c.rollout[key] = int(v)
+  return (ok, f"rollout.{key}", v, accepts)
 
 
 def _remat_ok(value):
@@ -559,6 +570,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
        "True with rollout.engine='jax' (one batched decode a turn; False"
        " is for SGLang servers)"),
       _prefill_chunk_ok(c),
+      _prefill_chunk_ok(c, "engine_max_rows",
+                        "None (the plan chooses), 0 (no cap) or a row"
+                        " count > 0"),
       _remat_ok(c.model.remat),
       (c.rollout.engine_tensor >= 0, "rollout.engine_tensor",
        c.rollout.engine_tensor, ">= 0 (0: the learner mesh's tensor axis)"),

@@ -409,6 +409,7 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
                                                  False)),
       prefill_chunk=(None if cfg.rollout.get("prefill_chunk") is None
                      else int(cfg.rollout.prefill_chunk)),
+      max_rows=int(cfg.rollout.get("engine_max_rows") or 0),
       seed=cfg.seed,
   )
 
@@ -694,7 +695,8 @@ def check_multihost(cfg) -> None:
 
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   check_multihost(cfg)
-  # model.remat=auto and rollout.prefill_chunk=None: the plan's choices
+  # model.remat=auto, rollout.prefill_chunk=None and
+  # rollout.engine_max_rows=None: the plan's choices
   # (the ones --dry_run shows), written into cfg before anything is built.
   chosen = plan.resolve_run(cfg)
   log.info("plan: %s", ", ".join(f"{k}={v['value']} ({v['by']})" for k, v

@@ -483,25 +483,30 @@ def _engine_inputs(mesh, cfg, rules):
   return cfg, params, rest, static
 
 
-def compile_prefill(mesh, cfg, rows, prompt, new, *, chunk=0,
+def compile_prefill(mesh, cfg, rows, prompt, new, *, chunk=0, unique=None,
                     rules=RULES) -> Compiled:
   """The engine's prefill of ``rows`` prompts of bucket ``prompt`` into a
   cache of ``prompt + new`` slots (``chunk``: column blocks, 0 = one
-  pass)."""
+  pass); ``unique`` = Bu: Bu distinct prompts prefilled, their cache
+  gathered to the ``rows`` decode rows (prompts repeat); None: the prompts
+  are the decode rows (no gather)."""
   cfg, params, rest, static = _engine_inputs(mesh, cfg, rules)
-  x = sds((rows, prompt - 1), jnp.int32, rows_sharding(mesh, 2, rules))
-  m = sds((rows, prompt - 1), jnp.bool_, rows_sharding(mesh, 2, rules))
-  row_map = sds((rows,), jnp.int32)
+  n = rows if unique is None else unique
+  x = sds((n, prompt - 1), jnp.int32, rows_sharding(mesh, 2, rules))
+  m = sds((n, prompt - 1), jnp.bool_, rows_sharding(mesh, 2, rules))
+  row_map = None if unique is None else sds((rows,), jnp.int32)
+  cache = (abstract_cache(mesh, cfg, rows, prompt + new, rules)
+           if unique is None else None)  # the engine's donated empty cache
   lowered = jax_engine._prefill.lower(
-      params, rest, x, x, m, row_map, cache_len=prompt + new, static=static,
-      chunk=chunk)
+      params, rest, x, x, m, row_map, None, cache, cache_len=prompt + new,
+      static=static, chunk=chunk)
   return _compiled("prefill", lowered, rows, prompt, params)
 
 
-def compile_decode(mesh, cfg, rows, prompt, new, *, rules=RULES) -> Compiled:
-  """The engine's decode loop over a cache of ``prompt + new`` slots."""
-  cfg, params, rest, static = _engine_inputs(mesh, cfg, rules)
-  cache = jax.eval_shape(lambda: tfm.init_cache(cfg, rows, prompt + new))
+def abstract_cache(mesh, cfg, rows, slots, rules=RULES):
+  """The engine's KV cache of ``rows`` x ``slots`` as ShapeDtypeStructs,
+  rows over the batch mesh axes (``jax_engine._constrain_cache``)."""
+  cache = jax.eval_shape(lambda: tfm.init_cache(cfg, rows, slots))
 
   def placed(x, logical):
     spec = shd.logical_to_mesh_spec(logical, rules)
@@ -509,10 +514,16 @@ def compile_decode(mesh, cfg, rows, prompt, new, *, rules=RULES) -> Compiled:
         mesh, shd.fit_spec_to_shape(mesh, spec, x.shape)))
 
   kv = lambda xs: tuple(placed(x, jax_engine._CACHE_AXES) for x in xs)
-  cache = tfm.KVCache(
+  return tfm.KVCache(
       k=kv(cache.k), v=kv(cache.v),
       key_mask=placed(cache.key_mask, ("batch", "cache_length")),
       index=placed(cache.index, ()))
+
+
+def compile_decode(mesh, cfg, rows, prompt, new, *, rules=RULES) -> Compiled:
+  """The engine's decode loop over a cache of ``prompt + new`` slots."""
+  cfg, params, rest, static = _engine_inputs(mesh, cfg, rules)
+  cache = abstract_cache(mesh, cfg, rows, prompt + new, rules)
   row = lambda dt: sds((rows,), dt, rows_sharding(mesh, 1, rules))
   state = jax_engine._Rows(last_tok=row(jnp.int32), last_pos=row(jnp.int32),
                            active=row(jnp.bool_), row_ids=row(jnp.int32))

@@ -38,14 +38,22 @@ against ``memory_analysis()`` of small compiled shapes on CPU):
     update   = 4 w P / shard             (grads, new params, m, v)
     backward = w P / shard [grads] (+ w P / shard, their sum: n > 1)
                + c P / shard [compute copy] + P_layer c / t [FSDP gather]
-               + L r T d c [remat] + max(one block, 2 r W V / t x 4)
-    one block = r T 4 (8 d + 3 F / t + (H + 2K) hd / t)
-                + 3.5 r (H / t) T^2 4   [unless attention is fused: cuDNN]
+               + carries [remat] + max(one block, 2 r W V / t x 4)
+    width    = 8 d + 3 F / t + (H + 2K) hd / t   (float32 a token)
+    one block = 0.6 r T 4 width + 3.5 r (H / t) T^2 4 [scores, unless
+                attention is fused: cuDNN]; remat none: the larger of 2
+                P_layer w / t and 0.8 x that
+    carries  = full: L r T d c; dots: L r T (c (3 d + (H + 2K) hd / t)
+               + 4 x 2 F / t); none: L (1.6 r T 4 width + 2.0 r (H / t)
+               T^2 4 [scores, unless fused])  (``remat_carries``)
   log-prob transient (pi_old, pi_ref of U rows in chunks of r a device;
     ``logprob_bytes``)
-  rollout transient (``prefill_bytes``): the KV cache of a prefill's rows
-    twice (unique prompts, gathered decode rows) + 3 float32 score copies
-    [r_e, H / t, Pb - 1, S] (the KV-cache path never uses a fused kernel)
+  rollout transient (``prefill_bytes``): the KV cache of a prefill call's
+    rows r_e (at most ``rollout.engine_max_rows``, ``engine_shapes``)
+    1.5 times in one pass (the decode rows' and, when prompts repeat, the
+    distinct ones' of at most half the rows), twice in blocks (XLA copies
+    it) + 3 float32 score copies [r_e, H / t, Pb - 1, S] (the KV-cache
+    path never uses a fused kernel)
 
   total  = resident + max(train, log-prob, rollout transients)
 
@@ -71,7 +79,8 @@ against ``memory_analysis()`` of small compiled shapes on CPU):
   and in the train step P_a takes P's place in the gradients, the update
   and the compute copy (the base needs none: i = c); the FSDP gather,
   remat carries, block and logits are those of the full model (the
-  backward runs through the frozen base).
+  backward runs through the frozen base), plus the running block's frozen
+  weights in float32, P_layer 4 / t.
   usable = mesh.device_memory_gb x the fraction JAX preallocates
            (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's default 0.75; the
            launchers set it)
@@ -198,19 +207,38 @@ def resolve_layout(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
 # Live buffers at each compiled program's peak, in copies of an array.
 # Counted from XLA's buffer assignment (``memory_analysis``) of the scanned,
 # rematerialised programs compiled on CPU with a memory-minimising schedule
-# (``hlo.MEMORY_XLA_FLAGS``); tests/plan_test.py holds each program's
-# estimate within 25 % of it. XLA:CPU runs a block's bfloat16 elementwise
-# work in float32, so the block terms are float32 copies: an upper bound
-# where an accelerator keeps them in bfloat16.
+# (``hlo.MEMORY_XLA_FLAGS``); tests/plan_compiled_test.py holds the train
+# step (remat none, dots, full; LoRA) and the prefill (one pass, blocks)
+# within 10 % of it at Qwen2.5-1.5B widths, tests/plan_test.py other
+# shapes within 25 %. XLA:CPU runs a block's bfloat16 elementwise work in
+# float32, so the block terms are float32 copies: an upper bound where an
+# accelerator keeps them in bfloat16.
 UPDATE_COPIES = 4  # grads, new params, m, v (the old state is kept until
 #                    the step's finite check selects), param dtype each
-BLOCK_COPIES = (8, 3, 1)  # float32 per token in one block's backward:
-#                    widths d, F / t and (H + 2K) hd / t
+BLOCK_COPIES = (8, 3, 1)  # float32 per token of one block: widths d, F / t
+#                    and (H + 2K) hd / t (``block_width``)
+BACKWARD_WIDTH_SHARE = 0.6  # of those, live in one block's backward
 TRAIN_SCORE_COPIES = 3.5  # float32 [rows, H / t, T, S] in that backward
+#                    (both fitted at T = 1024 and 2048: within 1 %; at
+#                    T = 512 the estimate is 0.8 of the compiled step)
+# remat 'none': what each block keeps for the backward, in block widths
+# and score copies, and the running block's backward: the larger of
+# NONE_BLOCK_COPIES P_layer w / t and NONE_BACKWARD_SHARE of a remat
+# block's (fitted at T = 512, 1024, 2048 and 2, 4 blocks: within 4 %).
+NONE_WIDTH_SHARE = 1.6
+NONE_SCORE_COPIES = 2.0
+NONE_BLOCK_COPIES = 2
+NONE_BACKWARD_SHARE = 0.8
+DOTS_F32_WIDTHS = 2  # remat 'dots': gate and up kept in float32 (XLA:CPU)
+LORA_BLOCK_F32_COPIES = 1  # LoRA: the running block's frozen weights in
+#                    float32, P_layer 4 / t (bfloat16 dots run in float32
+#                    on CPU)
 FORWARD_SCORE_COPIES = 3  # the same in a forward (log-probs, prefill)
 LOGIT_COPIES = 2  # float32 [rows, W, V / t]: logits and their gradient
 FORWARD_LOGIT_COPIES = 1
 GATHERED_LAYERS = 1  # FSDP: the running block's gathered weights
+UNIQUE_CACHE_SHARE = 0.5  # the engine's cache of distinct prompts, at most
+#                   half a call's rows (jax_engine: gathered only then)
 BATCH_BYTES = 41  # per row and position: 3 int32 inputs, 7 float32 fields,
 #                   + is_offpolicy
 DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates 75 % of a GPU by default
@@ -270,36 +298,54 @@ def adapter_params(mcfg) -> int:
   return mcfg.num_layers * r * sum(sum(widths[t]) for t in mcfg.lora_targets)
 
 
-def _block_bytes(x, rows, length, fused, backward):
-  """One block's live internals on a device: float32 [rows, T, .] widths
-  (``BLOCK_COPIES``) and, unless fused, the [rows, H / t, T, T] scores."""
+def block_width(x) -> float:
+  """Float32 values per token of one block's internals (``BLOCK_COPIES``):
+  8 d + 3 F / t + (H + 2K) hd / t."""
   kd, kf, kh = BLOCK_COPIES
   t = x["t"]
-  width = (kd * x["d"] + kf * x["f"] / t
-           + kh * (x["h"] + 2 * x["k"]) * x["hd"] / t)
+  return kd * x["d"] + kf * x["f"] / t + kh * (x["h"] + 2 * x["k"]) * x[
+      "hd"] / t
+
+
+def _block_bytes(x, rows, length, fused, backward):
+  """One block's live internals on a device: a backward's
+  ``BACKWARD_WIDTH_SHARE`` of the float32 [rows, T, ``block_width``] and,
+  unless fused, ``TRAIN_SCORE_COPIES`` of the [rows, H / t, T, T] scores;
+  a forward's scores (``FORWARD_SCORE_COPIES``) or MLP, the larger."""
+  t = x["t"]
   scores = 0.0
   if not fused:
     copies = TRAIN_SCORE_COPIES if backward else FORWARD_SCORE_COPIES
     scores = copies * rows * x["h"] / t * length * length * 4
   if not backward:  # a forward holds the scores or the MLP, not both
     return max(scores, rows * length * 4 * 2 * x["f"] / t)
-  return rows * length * 4 * width + scores
+  return BACKWARD_WIDTH_SHARE * rows * length * 4 * block_width(x) + scores
 
 
-def remat_carries(x, rows, length, policy: str) -> float:
+def remat_carries(x, rows, length, policy: str,
+                  fused: bool = False) -> float:
   """What the forward keeps of every block for the backward under the
   remat ``policy`` (``models.config.REMAT_POLICIES``), on ``rows`` x
-  ``length`` tokens a device (``_dims`` ``x``), in the compute dtype c:
+  ``length`` tokens a device (``_dims`` ``x``):
 
     full  L r T d c                        (each block's input)
-    dots  L r T c (3 d + ((H + 2K) hd + 2 F) / t)   (the input and the
-          weight matmuls' outputs: q, k, v, gate, up split over 'tensor';
-          o and down [r, T, d] before their reduction)
-    none  0 (every block's internals are kept instead: L x one block)"""
-  per_token = {"full": x["d"], "none": 0.0,
-               "dots": 3 * x["d"] + ((x["h"] + 2 * x["k"]) * x["hd"]
-                                     + 2 * x["f"]) / x["t"]}[policy]
-  return x["layers"] * rows * length * per_token * x["c"]
+    dots  L r T (c (3 d + (H + 2K) hd / t) + 4 x 2 F / t)   (the input and
+          the weight matmuls' outputs: q, k, v, gate, up split over
+          'tensor', gate and up in float32 (``DOTS_F32_WIDTHS``); o and
+          down [r, T, d] before their reduction)
+    none  L (NONE_WIDTH_SHARE r T 4 block_width + NONE_SCORE_COPIES r H / t
+          T^2 4 [unless ``fused``])        (every block's internals)"""
+  t = x["t"]
+  if policy == "none":
+    scores = 0.0 if fused else (
+        NONE_SCORE_COPIES * rows * x["h"] / t * length * length * 4)
+    return x["layers"] * (
+        NONE_WIDTH_SHARE * rows * length * 4 * block_width(x) + scores)
+  per_token = {"full": x["d"] * x["c"],
+               "dots": (x["c"] * (3 * x["d"] + (x["h"] + 2 * x["k"])
+                                  * x["hd"] / t)
+                        + 4 * DOTS_F32_WIDTHS * x["f"] / t)}[policy]
+  return x["layers"] * rows * length * per_token
 
 
 def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
@@ -313,18 +359,25 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
     batch     = rows / ways x T x BATCH_BYTES
     update    = UPDATE_COPIES w P / shard
     backward  = P / shard (w [grads] + w [accumulator, n_micro > 1]
-                           + c [compute copy, c != w]) + gathered + acts
+                           + c [compute copy, c != w]) + gathered
+                + layer + acts
     gathered  = GATHERED_LAYERS P_layer c / t     (fsdp > 1)
+    layer     = LoRA: LORA_BLOCK_F32_COPIES P_layer 4 / t (the running
+                block's frozen weights in float32)
     acts      = carries + max(block, LOGIT_COPIES r W V / t x 4)
+    block     = r T 4 x BACKWARD_WIDTH_SHARE x block_width
+                + TRAIN_SCORE_COPIES r H / t x T^2 x 4 (unless fused);
+                remat 'none': the larger of NONE_BLOCK_COPIES P_layer w / t
+                and NONE_BACKWARD_SHARE x that block
     carries   = what remat keeps of each block (``remat_carries``: 'full'
-                L r T d c, 'dots' adds the weight matmuls' outputs)
+                L r T d c, 'dots' adds the weight matmuls' outputs, 'none'
+                every block's internals)
     peak      = state + batch + max(update, backward)
 
-  r = ceil(rows / n_micro / ways) rows a device computes at once; without
-  remat ('none') every block's internals are kept (L x block). LoRA: the
-  trained P_a (adapters) in state, update, grads and the compute copy, and
-  the frozen base, i P / shard, an argument beside them (``base``, in the
-  peak). A fused kernel with
+  r = ceil(rows / n_micro / ways) rows a device computes at once. LoRA:
+  the trained P_a (adapters) in state, update, grads and the compute
+  copy, and the frozen base, i P / shard, an argument beside them
+  (``base``, in the peak). A fused kernel with
   unrolled layers: the last block's plain-path scores on the response
   window, TRAIN_SCORE_COPIES r H / t x W x T x 4, are added (scanned
   layers take the window after the last block)."""
@@ -344,22 +397,24 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
   gathered = GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 \
       else 0.0
   block = _block_bytes(x, r, length, fused, backward=True)
+  layer = (LORA_BLOCK_F32_COPIES * 4 * x["p_layer"] / x["t"] if x["p_a"]
+           else 0.0)
+  if mcfg.remat == "none":
+    block = max(NONE_BLOCK_COPIES * w * x["p_layer"] / x["t"],
+                NONE_BACKWARD_SHARE * block)
   window_scores = 0.0
   if fused and window and not mcfg.scan_layers:
     # Unrolled layers: the last block runs on the response window by the
     # plain path (an offset window): [r, H / t, W, T] float32 scores.
     window_scores = (TRAIN_SCORE_COPIES * r * x["h"] / x["t"] * window
                      * length * 4)
-  carries = remat_carries(x, r, length, mcfg.remat)
-  if mcfg.remat == "none":
-    block = x["layers"] * block + window_scores
-  else:
-    block += window_scores
+  carries = remat_carries(x, r, length, mcfg.remat, fused)
+  block += window_scores
   logits = LOGIT_COPIES * r * window * x["v"] / x["t"] * 4
   acts = carries + max(block, logits)
-  backward = grads + copy + gathered + acts
+  backward = grads + copy + gathered + layer + acts
   return dict(base=base, state=state, batch=batch, update=update,
-              grads=grads, compute_copy=copy, gathered=gathered,
+              grads=grads, compute_copy=copy, gathered=gathered, layer=layer,
               carries=carries, block=block, logits=logits,
               activations=carries + block, transient=max(update, backward),
               peak=base + state + batch + max(update, backward), rows=r,
@@ -409,7 +464,7 @@ def logprob_bytes(mcfg, mesh_shape, rows: int, length: int, *, window: int,
 
 
 def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
-                  chunk: int = 0) -> dict:
+                  chunk: int = 0, gathered: Optional[bool] = None) -> dict:
   """Bytes per device of the engine's compiled prefill of ``rows`` prompts
   of bucket ``prompt`` into a cache of S = prompt + new slots (the KV-cache
   path: scores always materialised; ``chunk`` columns at a time, 0 = all
@@ -417,14 +472,26 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
 
     weights   = P i / t                      (split over 'tensor' only)
     cache     = r S L 2 K hd c / t_kv        (the decode rows' cache)
-    transient = cache [the unique prompts' cache, before the row gather]
-                + FORWARD_SCORE_COPIES r H / t x q x S x 4
-    peak      = weights + cache + transient
+    second    = a second cache, (copies - 1) x cache:
+                ``gathered`` (prompts repeat): the distinct prompts'
+                cache, UNIQUE_CACHE_SHARE of the rows, gathered to the
+                decode rows -- copies 1.5;
+                not gathered, one pass: none (the prefill writes the
+                engine's donated empty cache in place) -- copies 1;
+                not gathered, blocks: XLA's copy of the cache being
+                written block by block -- copies 2;
+                None (the plan: prompts may repeat or not): the larger
+    scores    = FORWARD_SCORE_COPIES r H / t x q x keys x 4
+    peak      = read + cache + second + scores
 
   r = ceil(rows / ways), t_kv = t when it divides K else 1; one pass: q =
   prompt - 1 queries over S keys; blocks of ``chunk`` columns (as the
   engine widens them: ``jax_engine.prefill_block``): the last block's q =
-  chunk queries over prompt - 1 keys."""
+  chunk queries over prompt - 1 keys. ``read`` (the weights the program
+  takes) is P i / t less what the prefill never reads: the last block's
+  query, output and MLP weights, the final norm and an untied LM head
+  (the engine holds them all: ``weights``, resident in
+  ``memory_per_device``; at 28 blocks a few per cent, at 2 half)."""
   from rspo_jax.rollout.jax_engine import prefill_block
 
   x = _dims(mcfg, mesh_shape)
@@ -432,34 +499,52 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
   s = prompt + new
   t_kv = x["t"] if x["k"] % x["t"] == 0 else 1
   weights = x["inf"] * x["p"] / x["t"]
-  cache = r * s * x["layers"] * 2 * x["k"] * x["hd"] * x["c"] / t_kv
+  d, hd = x["d"], x["hd"]
+  unused = (2 * d * x["h"] * hd  # q, o
+            + (x["h"] * hd if getattr(mcfg, "qkv_bias", False) else 0)
+            + 3 * d * x["f"] + 2 * d  # MLP, post-attention and final norm
+            + (0 if mcfg.tie_word_embeddings else x["v"] * d))
+  read = weights - x["inf"] * unused / x["t"]
+  cache = r * s * x["layers"] * 2 * x["k"] * hd * x["c"] / t_kv
   chunk = prefill_block(chunk, prompt)
-  q, keys = ((chunk, prompt - 1) if 0 < chunk < prompt - 1
-             else (prompt - 1, s))
+  blocks = 0 < chunk < prompt - 1
+  copies = {True: 1 + UNIQUE_CACHE_SHARE, False: 2 if blocks else 1}
+  copies[None] = max(copies.values())
+  second = (copies[gathered] - 1) * cache
+  q, keys = (chunk, prompt - 1) if blocks else (prompt - 1, s)
   scores = FORWARD_SCORE_COPIES * r * x["h"] / x["t"] * q * keys * 4
-  return dict(weights=weights, cache=cache, scores=scores,
-              transient=cache + scores, peak=weights + 2 * cache + scores,
-              rows=r)
+  return dict(weights=weights, read=read, cache=cache, second=second,
+              scores=scores, transient=cache + second + scores,
+              peak=read + cache + second + scores, rows=r)
 
 
-def engine_shapes(cfg, layout, chunk="config") -> dict:
-  """What one prefill of the in-process engine holds (its defaults,
-  ``rollout/jax_engine.py``): a host's episodes of a turn in one call on
-  an accelerator (``length_group_rows`` 0), chunks of 8 rows on CPU; the
-  prompt's columns in blocks of ``rollout.prefill_chunk`` (None: the
-  engine's default, 64 on CPU and one pass elsewhere, unless the plan
-  chose it: ``choose``), widened to at most ``MAX_PREFILL_BLOCKS``; rows
-  padded to a batch bucket, prompts to a prompt bucket, new tokens to a
-  multiple of 16. Rows split over the engine mesh's data x fsdp (one
-  host: the learner's mesh; several: each host's own devices)."""
+def engine_shapes(cfg, layout, chunk="config", max_rows="config") -> dict:
+  """What one prefill call of the in-process engine holds (its defaults,
+  ``rollout/jax_engine.py``): a host's episodes of a turn in calls of at
+  most ``jax_engine.rows_per_call`` rows -- on an accelerator all of them
+  (up to 256) unless ``rollout.engine_max_rows`` caps them, chunks of 8
+  rows on CPU -- in ``calls_per_turn`` equal calls, each padded to a batch
+  bucket (``rows``); the prompt's columns in blocks of
+  ``rollout.prefill_chunk`` (None: the engine's default, 64 on CPU and
+  one pass elsewhere, unless the plan chose it: ``choose``), widened to
+  at most ``MAX_PREFILL_BLOCKS``; prompts padded to a prompt bucket, new
+  tokens to a multiple of 16. ``chunk`` / ``max_rows``: the values to
+  plan with instead of the config's. Rows split over the engine mesh's
+  data x fsdp (one host: the learner's mesh; several: each host's own
+  devices)."""
   from rspo_jax.rollout import jax_engine as je
 
   on_cpu = layout["platform"] == "cpu"
   episodes = -(-cfg.train.batch_tasks * cfg.train.group_size
                // layout["hosts"])
-  rows = min(episodes, je.CPU_GROUP_ROWS if on_cpu else max(
-      je.BATCH_BUCKETS))
-  rows = je.bucket_size(rows, je.BATCH_BUCKETS, "batch size")
+  if max_rows == "config":
+    max_rows = cfg.rollout.get("engine_max_rows", None)
+  cap = je.rows_per_call(je.BATCH_BUCKETS,
+                         je.CPU_GROUP_ROWS if on_cpu else 0,
+                         int(max_rows or 0))
+  calls = -(-episodes // cap)
+  rows = je.bucket_size(-(-episodes // calls), je.BATCH_BUCKETS,
+                        "batch size")
   prompt = je.bucket_size(min(cfg.rollout.max_prompt_tokens,
                               max(je.PROMPT_BUCKETS)), je.PROMPT_BUCKETS,
                           "prompt length")
@@ -481,7 +566,7 @@ def engine_shapes(cfg, layout, chunk="config") -> dict:
   elif own and own != mesh[2]:
     mesh = [1, per // own, own]
   return dict(rows=rows, prompt=prompt, new=new, chunk=chunk, mesh=mesh,
-              calls_per_turn=-(-episodes // rows))
+              calls_per_turn=calls)
 
 
 def step_rows(cfg) -> int:
@@ -542,7 +627,7 @@ def run_dtypes(cfg, mcfg) -> dict:
 
 
 def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
-                      prefill_chunk="config") -> dict:
+                      prefill_chunk="config", max_rows="config") -> dict:
   """The run's bytes per device (module docstring), in GiB for the
   ``*_GB`` keys. ``layout`` (``resolve_layout``): platform and hosts; a
   one-host GPU by default."""
@@ -587,13 +672,14 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
   prm = (x["c"] * p / prm_shard if cfg.rspo.enabled
          and cfg.rspo.dense_reward == "prm" else 0.0)
   in_process = cfg.rollout.engine == "jax"
-  engine = kv_cache = prefill = 0.0
+  engine = kv_cache = prefill = second_cache = 0.0
   eng = None
   if in_process:
-    eng = engine_shapes(cfg, layout, prefill_chunk)
+    eng = engine_shapes(cfg, layout, prefill_chunk, max_rows)
     pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
                         eng["new"], chunk=eng["chunk"])
     engine, kv_cache, prefill = pre["weights"], pre["cache"], pre["scores"]
+    second_cache = pre["second"]
   # Overlap: the next collection's weights, copied before each update
   # (Learner.frozen_params) when its thread recomputes their log-probs.
   overlap = bool(cfg.rollout.get("overlap", 0))
@@ -603,7 +689,7 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
               + snapshot)
   train_transient = train["batch"] + train["transient"]
   logprob_transient = max(old["transient"], ref_pass["transient"])
-  rollout = 2 * kv_cache + prefill
+  rollout = kv_cache + second_cache + prefill
   if overlap:  # the thread's prefill or log-prob pass beside the update
     train_transient += max(rollout if in_process else 0.0,
                            old["transient"] if snapshot else 0.0)
@@ -631,11 +717,13 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
       "compute_copy_GB": train["compute_copy"],
       "optimizer_update_GB": train["update"],
       "fsdp_gather_GB": train["gathered"],
+      "block_grad_GB": train["layer"],
       "activations_GB": train["activations"],
       "logits_GB": train["logits"],
       "train_transient_GB": train_transient,
       "logprob_transient_GB": logprob_transient,
       "kv_cache_GB": kv_cache,
+      "second_cache_GB": second_cache,
       "prefill_scores_GB": prefill,
       "rollout_transient_GB": rollout,
       "total_GB": total,
@@ -703,14 +791,18 @@ def layout_warnings(cfg, mcfg, mesh_shape, hosts: int) -> list:
 # --------------------------------------------------------------------------
 
 AUTO = "auto"  # model.remat=auto: the plan picks (rollout.prefill_chunk: None)
-# A choice must fit in this share of the usable memory: the estimate of a
-# step without remat came out at 0.78-0.95 of what XLA compiled
-# (docs/scale_out.md), so a choice at 98 % of the device would not be one.
+# A choice must fit in this share of the usable memory: the estimates are
+# within 10 % of what XLA compiles at the calibrated shapes
+# (tests/plan_compiled_test.py; 0.8 at short sequences), so a choice at
+# 98 % of the device would not be one.
 CHOICE_HEADROOM = 0.9
 REMAT_BY = ("plan: the lightest of none, dots, full whose train step fits"
             f" in {CHOICE_HEADROOM:g} of the usable memory")
 CHUNK_BY = (f"plan: one pass (0) if the prefill fits in {CHOICE_HEADROOM:g}"
             " of the usable memory, else the widest block that does")
+ROWS_BY = ("plan: no cap (0) if a prefill of a host's episodes fits in"
+           f" {CHOICE_HEADROOM:g} of the usable memory (at some prefill"
+           " block), else the most rows a call that do")
 
 
 def remat_of(cfg) -> str:
@@ -769,26 +861,44 @@ def _fits(mem, usable, phase=None) -> bool:
   return need <= usable
 
 
+def engine_row_caps(cfg, layout) -> list:
+  """The ``rollout.engine_max_rows`` the plan tries, most rows first: 0
+  (no cap: a host's episodes in calls of ``engine_shapes``' rows), then
+  each smaller batch bucket down to 1."""
+  from rspo_jax.rollout.jax_engine import BATCH_BUCKETS
+
+  rows = engine_shapes(cfg, layout, max_rows=0)["rows"]
+  return [0] + [b for b in sorted(BATCH_BUCKETS, reverse=True) if b < rows]
+
+
 def choose(cfg, layout, usable: Optional[float]) -> dict:
-  """{config key: {"value", "by"}} for ``model.remat`` and
-  ``rollout.prefill_chunk`` (in-process engine only), each as given or, at
-  'auto' / None, chosen on ``usable`` GiB a device: the lightest remat
-  policy (none, dots, full) whose train step fits beside the resident
-  state, and one pass over the prompt if the rollout's prefill fits, else
-  the widest block of ``prefill_chunks`` that fits (the narrowest when
-  none does); "fits" in ``CHOICE_HEADROOM`` of ``usable``. Unknown ``usable`` (None): remat 'full', the engine's
-  default blocks."""
+  """{config key: {"value", "by"}} for ``model.remat``,
+  ``rollout.prefill_chunk`` and ``rollout.engine_max_rows`` (the last two
+  in-process engine only), each as given or, at 'auto' / None, chosen on
+  ``usable`` GiB a device: the lightest remat policy (none, dots, full)
+  whose train step fits beside the resident state; for the rollout the
+  most rows a call (``engine_row_caps``: no cap first) at which some
+  prefill block fits, and at those rows one pass over the prompt if it
+  fits, else the widest block of ``prefill_chunks`` that does (the
+  fewest rows and narrowest block when none does): fewer rows a call cost
+  decode steps (each call's loop reads the weights), narrower blocks
+  little. "Fits" in ``CHOICE_HEADROOM`` of ``usable``. Unknown ``usable``
+  (None): remat 'full', the engine's default blocks, no row cap."""
   from rspo_jax.models.config import REMAT_POLICIES
 
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
   remat_auto = str(cfg.model.remat).strip().lower() == AUTO
   chunk = cfg.rollout.get("prefill_chunk", None)
+  max_rows = cfg.rollout.get("engine_max_rows", None)
   in_process = cfg.rollout.engine == "jax"
   out = {"model.remat": {"value": remat_of(cfg), "by": "config"}}
   if in_process:
     out["rollout.prefill_chunk"] = {
         "value": chunk, "by": "config" if chunk is not None else
         "engine default (64 on CPU, one pass elsewhere)"}
+    out["rollout.engine_max_rows"] = {
+        "value": max_rows, "by": "config" if max_rows is not None else
+        "engine default (no cap)"}
   if usable is None:
     if remat_auto:
       out["model.remat"]["by"] = ("plan: no device memory to plan with"
@@ -805,13 +915,25 @@ def choose(cfg, layout, usable: Optional[float]) -> dict:
       if _fits(mem, room, "train"):
         break
     out["model.remat"] = {"value": policy, "by": REMAT_BY}
-  if in_process and chunk is None:
+  if in_process and (chunk is None or max_rows is None):
     prompt = engine_shapes(cfg, layout)["prompt"]
-    for chunk in prefill_chunks(prompt):
-      mem = _memory(cfg, mesh, layout, mcfg, prefill_chunk=chunk)
-      if _fits(mem, room, "rollout"):
+    chunks = prefill_chunks(prompt) if chunk is None else [chunk]
+    caps = engine_row_caps(cfg, layout) if max_rows is None else [max_rows]
+    fit = None
+    for cap in caps:
+      for c in chunks:
+        mem = _memory(cfg, mesh, layout, mcfg, prefill_chunk=c,
+                      max_rows=cap)
+        if _fits(mem, room, "rollout"):
+          fit = (cap, c)
+          break
+      if fit:
         break
-    out["rollout.prefill_chunk"] = {"value": chunk, "by": CHUNK_BY}
+    cap, c = fit or (caps[-1], chunks[-1])
+    if chunk is None:
+      out["rollout.prefill_chunk"] = {"value": c, "by": CHUNK_BY}
+    if max_rows is None:
+      out["rollout.engine_max_rows"] = {"value": cap, "by": ROWS_BY}
   return out
 
 
@@ -899,7 +1021,8 @@ def usable_gb(cfg, layout, environ) -> tuple:
 def resolve_run(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
   """At the start of a run (``build.build_run``): writes the plan's
   choices (``choose``) into ``cfg`` -- ``model.remat`` at 'auto',
-  ``rollout.prefill_chunk`` at None -- on the mesh config's device memory,
+  ``rollout.prefill_chunk`` and ``rollout.engine_max_rows`` at None -- on
+  the mesh config's device memory,
   else the devices' own limit (``memory_stats()['bytes_limit']``, the
   smallest of every host's; none on CPU: no plan). Returns the choices
   and, when the estimate does not fit and ``RSPO_ALLOW_PLAN_OVERFLOW=1``
@@ -1114,7 +1237,8 @@ def make_plan(cfg, workdir: str,
           f" ({mem['engine_prefill']['rows']} rows of a"
           f" {mem['engine_prefill']['prompt']}-token prompt bucket,"
           f" blocks of {mem['engine_prefill']['chunk'] or 'all'} columns):"
-          " a narrower rollout.prefill_chunk, fewer episodes a host,"
+          " a narrower rollout.prefill_chunk, fewer rows a call"
+          " (rollout.engine_max_rows), fewer episodes a host,"
           " rollout.engine=sglang, or a larger mesh cut it")
   if problem:  # before memory: a run would deadlock, not run out
     plan["stop"] = problem
@@ -1164,14 +1288,17 @@ _TABLE = (  # (memory_per_device key, what it holds)
     ("grads_GB", "train step: gradients (+ their sum over micro-batches)"),
     ("compute_copy_GB", "train step: compute-dtype copy of the weights"),
     ("fsdp_gather_GB", "train step: one FSDP-gathered block"),
+    ("block_grad_GB", "train step: the running block in float32 (LoRA)"),
     ("activations_GB", "train step: remat carries + one block"),
     ("logits_GB", "train step: window logits and their gradient"),
     ("optimizer_update_GB", "train step: the update (4 copies)"),
     ("train_transient_GB", "**train step transient** (with the batch)"),
     ("logprob_transient_GB", "**log-prob transient** (pi_old, pi_ref)"),
-    ("kv_cache_GB", "rollout: KV cache of one prefill"),
+    ("kv_cache_GB", "rollout: KV cache of one prefill call"),
+    ("second_cache_GB", "rollout: a second cache (repeated prompts'"
+     " or XLA's copy in blocks)"),
     ("prefill_scores_GB", "rollout: prefill attention scores"),
-    ("rollout_transient_GB", "**rollout transient** (cache twice + scores)"),
+    ("rollout_transient_GB", "**rollout transient** (caches + scores)"),
 )
 _LORA_TABLE = {  # LoRA's rows in place of _TABLE's
     "policy_A_GB": "policy A: float32 adapters, Adam m and v",
@@ -1185,6 +1312,15 @@ _LORA_TABLE = {  # LoRA's rows in place of _TABLE's
 }
 
 
+def _engine_line(mem: dict) -> str:
+  """' (R rows a prefill call, ...)' for the in-process engine."""
+  e = mem.get("engine_prefill")
+  if not e:
+    return ""
+  return (f" ({e['rows']} rows a prefill call, prompt columns in"
+          f" {'blocks of ' + str(e['chunk']) if e['chunk'] else 'one pass'})")
+
+
 def table(p: dict) -> str:
   """A dry-run plan (``make_plan``) as a markdown table of memory a
   device, GiB."""
@@ -1195,7 +1331,8 @@ def table(p: dict) -> str:
       f"{p['model']} ({mem['params']:,} parameters), {p['env']}"
       f" {p['algorithm']}{' + RSPO' if p['rspo'] else ''}; {p['hosts']} x"
       f" {p['devices_per_host']} {p['platform']} devices, mesh {mesh}"
-      f" (data x fsdp x tensor); rollout {p['rollout']['engine']};"
+      f" (data x fsdp x tensor); rollout {p['rollout']['engine']}"
+      f"{_engine_line(mem)};"
       f" updates of {b['update_rows']} rows in {b['micro_batches']}"
       f" micro-batches of {b['micro_batch_rows']}"
       f" ({mem['train_rows_per_device']} a device); attention"
@@ -1212,7 +1349,8 @@ def table(p: dict) -> str:
              " pi_ref, critic")] + [(k, _LORA_TABLE.get(k, what))
                                     for k, what in rows]
   lines += [f"| {what} | {mem[k]:.2f} |" for k, what in rows
-            if k != "overlap_snapshot_GB" or mem.get(k)]
+            if k not in ("overlap_snapshot_GB", "block_grad_GB")
+            or mem.get(k)]
   lines.append(f"| **total** = resident + {mem['peak_phase']} |"
                f" **{mem['total_GB']:.2f}** |")
   if "usable_GB" in p:

@@ -224,16 +224,63 @@ def test_shapes_inside_buckets_compile_once(model):
   assert jax_engine.trace_count() == t0 + 4
 
 
-def test_prefix_sharing_equals_no_sharing(model, engine):
-  prompts = [[5, 6, 7], [9, 10], [5, 6, 7], [11]]  # 3 unique: same buckets
+@pytest.mark.parametrize("prompts,gathered", [
+    # 2 unique of 4 rows: prefilled once each, gathered to the 4 rows.
+    ([[5, 6, 7], [9, 10], [5, 6, 7], [9, 10]], True),
+    # 3 unique: the same batch bucket, so prefilled in place (no gather).
+    ([[5, 6, 7], [9, 10], [5, 6, 7], [11]], False)])
+def test_prefix_sharing_equals_no_sharing(model, prompts, gathered):
   params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=11)
+  engine = make_engine(model, batch_buckets=(2, 4, 8))
   shared = engine.generate(prompts, params)
-  plain = make_engine(model, prefix_sharing=False).generate(prompts, params)
+  (key,) = [k for k in engine._shape_keys if k[0] == "prefill"]
+  assert (key[1], key[2], key[-1]) == ((2, 4, False) if gathered
+                                       else (4, 4, True))
+  plain = make_engine(model, batch_buckets=(2, 4, 8),
+                      prefix_sharing=False).generate(prompts, params)
   for a, b in zip(shared, plain):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
   # Members of a group draw different samples (row-indexed keys).
   assert shared[0].token_ids.tolist() != shared[2].token_ids.tolist()
+
+
+def test_rows_per_call_by_hand():
+  b = jax_engine.BATCH_BUCKETS
+  assert jax_engine.rows_per_call(b) == 256
+  assert jax_engine.rows_per_call(b, group_rows=8) == 8
+  assert jax_engine.rows_per_call(b, max_rows=64) == 64
+  # Rounded down to a batch bucket: 48 rows would pad to 64.
+  assert jax_engine.rows_per_call(b, max_rows=48) == 32
+  assert jax_engine.rows_per_call(b, group_rows=8, max_rows=4) == 4
+  assert jax_engine.rows_per_call((4, 8), max_rows=3) == 4  # smallest
+  with pytest.raises(ValueError, match="max_rows must be >= 0"):
+    make_engine(make_model(), max_rows=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_row_cap_gives_the_same_tokens_and_logprobs(model, temperature):
+  """``max_rows`` splits a batch into calls of fewer rows: each row keeps
+  its rng stream (its index in the request), so the tokens are the same
+  and the log-probs equal within float rounding (matmuls over fewer
+  rows). 8 prompts with repeats (a prefill of the distinct ones,
+  gathered) and without."""
+  prompts = VARIED + [[5, 6, 7], [44, 45, 46, 47]]
+  params = SamplingParams(temperature=temperature, max_new_tokens=12,
+                          seed=5)
+  kw = dict(batch_buckets=(1, 2, 4, 8), length_group_rows=0,
+            prefill_chunk=0)
+  whole = make_engine(model, **kw)
+  capped = make_engine(model, max_rows=3, **kw)  # calls of 2 rows
+  for batch in (prompts, [[i + 3, i + 4, 2 * i + 5] for i in range(8)]):
+    want, got = whole.generate(batch, params), capped.generate(batch, params)
+    for a, b in zip(want, got):
+      np.testing.assert_array_equal(a.token_ids, b.token_ids)
+      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+      assert a.finish_reason == b.finish_reason
+  assert {k[2] for k in whole._shape_keys if k[0] == "prefill"} == {8}
+  assert {k[2] for k in capped._shape_keys if k[0] == "prefill"} == {2}
+  assert len({tuple(r.token_ids.tolist()) for r in got}) > 4
 
 
 def test_prefix_width_by_hand():

@@ -68,7 +68,7 @@ def test_lora_resident_terms_and_unchanged_full_fine_tuning():
   f, m = full["memory_per_device"], lora["memory_per_device"]
   assert "lora" not in full and f["base_GB"] == 0 and f[
       "adapter_params"] == 0
-  assert f["resident_GB"] == 7.91 and round(f["total_GB"], 2) == 31.81
+  assert f["resident_GB"] == 7.91 and round(f["total_GB"], 2) == 46.17
   n, n_a = m["params"], m["adapter_params"]
   assert n == 1_543_714_304 and n_a == 18_464_768
   assert lora["lora"] == {

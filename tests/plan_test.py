@@ -80,16 +80,17 @@ def test_dry_run_prints_the_16_gpu_plan():
   assert (mem["update_rows"], mem["micro_batches"]) == (256, 16)
   assert mem["grads_GB"] == round(2 * 4 * P_7B / 8 / GB, 2)
   assert mem["logits_GB"] == round(2 * 512 * 152064 * 4 / GB, 2)
-  # Each host's engine: its 64 episodes over its 8 GPUs in one prefill, in
-  # blocks of 1024 prompt columns (one pass does not fit in 0.9 of the
-  # device beside the resident 39 GB); remat 'full' ('dots' does not fit
-  # either at JAX's default 0.75; tests/plan_fit_test.py).
+  # Each host's engine: its 64 episodes over its 8 GPUs in one prefill
+  # call, in one pass over the prompt (the cache 1.5 times and the scores
+  # fit in 0.9 of the device beside the resident 39 GB); remat 'full'
+  # ('dots' does not fit at JAX's default 0.75; tests/plan_fit_test.py).
   assert mem["engine_prefill"] == {"rows": 64, "prompt": 2048, "new": 512,
-                                   "chunk": 1024}
+                                   "chunk": 0}
   assert {k: v["value"] for k, v in p["choices"].items()} == {
-      "model.remat": "full", "rollout.prefill_chunk": 1024}
+      "model.remat": "full", "rollout.prefill_chunk": 0,
+      "rollout.engine_max_rows": 0}
   assert p["dtype"]["remat"] == "full"
-  assert mem["peak_phase"] == "train step"
+  assert mem["peak_phase"] == "rollout prefill"
   assert p["device_memory_GB"] == 80.0 and p["usable_GB"] == 60.0
   assert p["mem_fraction"] == {"value": 0.75, "from": "JAX default"}
   assert p["fits"] and p["warnings"] == []
@@ -212,18 +213,22 @@ def test_memory_terms_by_hand():
   assert mem["resident_GB"] == gb((12 + 12 + 4) * p / 4)
   # The train step: the update (grads, new params, m, v) or the backward:
   # a micro-batch's grads and their sum, one FSDP-gathered block over
-  # tensor = 2, and without remat the 4 blocks' internals -- widths 8 d +
-  # 3 F / 2 + (H + 2K) hd / 2 in fp32 and 3.5 copies of the [r, H / 2, T, T]
-  # scores each.
+  # tensor = 2, and without remat the 4 blocks' internals -- 1.6 x the
+  # widths 8 d + 3 F / 2 + (H + 2K) hd / 2 in fp32 and 2 copies of the
+  # [r, H / 2, T, T] scores each -- and the running block's backward.
   assert mem["optimizer_update_GB"] == gb(16 * p / 4)
   assert mem["grads_GB"] == gb(2 * 4 * p / 4)
   assert mem["compute_copy_GB"] == 0
   assert mem["fsdp_gather_GB"] == gb(layer * 4 / 2)
-  block = (r * t * 4 * (8 * 256 + 3 * 704 / 2 + (4 + 4) * 64 / 2)
-           + 3.5 * r * 2 * t * t * 4)
-  assert mem["activations_GB"] == gb(4 * block)
+  width = 8 * 256 + 3 * 704 / 2 + (4 + 4) * 64 / 2  # float32 a token
+  kept = 1.6 * r * t * 4 * width + 2.0 * r * 2 * t * t * 4  # a block's
+  # The running block's backward (remat none): the larger of 2 fp32
+  # copies of its weights and 0.8 of a remat block's backward.
+  block = max(2 * layer * 4 / 2, 0.8 * (0.6 * r * t * 4 * width
+                                        + 3.5 * r * 2 * t * t * 4))
+  assert mem["activations_GB"] == gb(4 * kept + block)
   assert mem["logits_GB"] == gb(2 * r * w * 2048 / 2 * 4)
-  backward = 2 * p + layer * 2 + 4 * block
+  backward = 2 * p + layer * 2 + 4 * kept + block
   assert backward > 16 * p / 4
   train = 16 // 4 * t * 41 + backward  # + the update's 16 rows over 4
   assert mem["train_transient_GB"] == gb(train)
@@ -260,7 +265,10 @@ def test_memory_follows_the_algorithm_and_engine():
   scores = 3 * 16 * 4 * 383 * 416 * 4
   assert mem["kv_cache_GB"] == pytest.approx(kv / GB)
   assert mem["prefill_scores_GB"] == pytest.approx(scores / GB)
-  assert mem["rollout_transient_GB"] == pytest.approx((2 * kv + scores) / GB)
+  # The cache 1.5 times: the decode rows' and, when prompts repeat, the
+  # distinct ones' (at most half the rows).
+  assert mem["rollout_transient_GB"] == pytest.approx(
+      (1.5 * kv + scores) / GB)
   # On CPU the engine prefills chunks of 8 rows, 64 columns at a time.
   layout["platform"] = "cpu"
   cpu = plan.memory_per_device(ppo, mcfg, (1, 1, 1), layout)
@@ -293,7 +301,7 @@ def test_bf16_compute_terms():
   assert gpu["compute_copy"] == 2 * p / 4
   assert gpu["carries"] == 4 * r * 512 * 256 * 2
   width = 8 * 256 + 3 * 704 + (4 + 4) * 64
-  assert gpu["block"] == r * 512 * 4 * width
+  assert gpu["block"] == 0.6 * r * 512 * 4 * width
   assert cpu["block"] == xla["block"] == (
       gpu["block"] + 3.5 * r * 4 * 512 * 512 * 4)
   # Unrolled layers: the last block runs the window by the plain path.
@@ -331,16 +339,18 @@ def test_usable_memory_follows_the_preallocation_fraction():
   assert low["stop"].endswith(
       "exceeds the 40.0 GB usable; set mesh.shape=(1,16,1) (FSDP over every"
       " device (--mesh=...:data=1): 34.9 GB)")
-  # A prefill given in one pass (rollout.prefill_chunk=0): 3 fp32 score
-  # copies [64 / 8 rows, 28 heads, 2047, 2560 slots], 13.1 GB, over a
-  # quarter of the 40 GB.
-  one = plan.make_plan(paper_7b(arg=",rollout.prefill_chunk=0"), "w", {
+  # A prefill given in one pass of all rows (rollout.prefill_chunk=0,
+  # rollout.engine_max_rows=0): 3 fp32 score copies [64 / 8 rows, 28
+  # heads, 2047, 2560 slots], 13.1 GB, over a quarter of the 40 GB.
+  one = plan.make_plan(paper_7b(arg=",rollout.prefill_chunk=0,"
+                                "rollout.engine_max_rows=0"), "w", {
       "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
   scores = 3 * 8 * 28 * 2047 * 2560 * 4 / GB
   assert one["warnings"][-1] == (
       f"the in-process engine's prefill holds {scores:.1f} GB of attention"
       " scores (64 rows of a 2048-token prompt bucket, blocks of all"
-      " columns): a narrower rollout.prefill_chunk, fewer episodes a host,"
+      " columns): a narrower rollout.prefill_chunk, fewer rows a call"
+      " (rollout.engine_max_rows), fewer episodes a host,"
       " rollout.engine=sglang, or a larger mesh cut it")
 
 
@@ -535,12 +545,12 @@ def test_table_of_the_documented_plans():
                          " gigpo + RSPO; 1 x 8 gpu devices, mesh 1x8x1")
   assert "dtypes: params float32, optimizer_state float32," in text
   assert "| **resident** | 7.91 |" in text
-  assert "| **total** = resident + train step | **31.81** |" in text
+  assert "| **total** = resident + train step | **46.17** |" in text
   assert "remat none, scan_layers True" in text  # the plan's choice
   text = plan.table(plan.make_plan(paper_7b(), "w", env))
   assert "updates of 256 rows in 16 micro-batches of 16 (1 a device)" in text
   assert "| **resident** | 39.01 |" in text
-  assert "| **total** = resident + train step | **56.28** |" in text
+  assert "| **total** = resident + train step | **61.06** |" in text
   assert "remat dots, scan_layers True" in text
   assert ("| usable: 80 GB x 0.92 (XLA_PYTHON_CLIENT_MEM_FRACTION) | 73.60 |"
           in text)
@@ -687,7 +697,8 @@ def estimate(case) -> dict:
         n_chunks=case.get("n_chunks", 1), param_dtype=case.get("param_dtype"),
         platform="cpu")
   return plan.prefill_bytes(cfg, mesh, case["rows"], case["prompt"],
-                            case["new"])
+                            case["new"], chunk=case.get("chunk", 0),
+                            gathered=case.get("unique") is not None)
 
 
 @pytest.mark.slow

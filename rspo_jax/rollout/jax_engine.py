@@ -8,7 +8,10 @@ per chunk:
      size (+-1), so each chunk pads to its own, tighter, prompt bucket
      (prefill costs ~ rows x Pb^2 in attention, decode ~ rows x (Pb + Nb)
      per token); otherwise the same with g = the largest batch bucket, in
-     order.
+     order. ``max_rows = m > 0`` caps g at the largest batch bucket <= m
+     (``rows_per_call``): a call's KV cache and prefill scores scale with
+     its rows, so m bounds the rollout's memory (``plan.engine_shapes``;
+     the chunks run one after another, each decode loop over its rows).
   1. Bucketing. Prompts are left-padded to the prompt bucket ``Pb`` (smallest
      ``prompt_buckets`` entry >= the longest prompt), rows to the batch bucket
      ``Bb`` (extra rows are dummies, done from the start), and
@@ -19,10 +22,17 @@ per chunk:
   2. Prefill (jitted). Identical prompts are prefilled once (prefix sharing):
      the ``Bu`` unique prompts' first ``Pb - 1`` columns are written to a KV
      cache of ``S = Pb + Nb`` slots, whose rows are then gathered to the
-     ``Bb`` decode rows. With ``prefill_chunk = C > 0`` (the default on CPU)
-     the columns go in causal blocks of C, each attending only the slots
-     written so far: ~half the attention, and score blocks small enough to
-     stay in cache (2-2.5x faster prefill on CPU).
+     ``Bb`` decode rows -- only when that halves the prefill (``2 Bu <=
+     Bb``); otherwise the prompts are prefilled straight into the decode
+     rows' cache (an empty one the call donates to the prefill, which XLA
+     writes in place), which the decode loop then continues in: one cache
+     in one pass, 1.5 with the gather (the distinct prompts' is at most
+     half the rows), 2 in column blocks (XLA copies the cache being
+     written; ``plan.prefill_bytes``).
+     With ``prefill_chunk = C > 0`` (the default on CPU) the columns go
+     in causal blocks of C, each attending only the slots written so far:
+     ~half the attention, and score blocks small enough to stay in cache
+     (2-2.5x faster prefill on CPU).
      Shared prefix blocks (``shared_prefix_prefill``): prompts that differ
      but begin alike (a group's instruction and task at later turns) have
      their first ``W`` tokens laid out at columns [0, W) and the rest
@@ -102,6 +112,21 @@ PREFIX_GRAIN = 64
 _CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 
 
+def rows_per_call(buckets: Sequence[int], group_rows: int = 0,
+                  max_rows: int = 0) -> int:
+  """Most prompts one prefill / decode call takes (module docstring, step
+  0): ``group_rows`` (0: the largest of ``buckets``), at most the largest
+  batch bucket, and with ``max_rows`` > 0 at most the largest bucket <=
+  ``max_rows`` (the smallest bucket if none is), so a call's padded rows
+  stay within the cap."""
+  buckets = sorted(int(b) for b in buckets)
+  rows = min(group_rows, buckets[-1]) if group_rows else buckets[-1]
+  if max_rows:
+    rows = min(rows, max([b for b in buckets if b <= max_rows],
+                         default=buckets[0]))
+  return rows
+
+
 def bucket_size(n: int, buckets: Sequence[int], what: str) -> int:
   """Smallest bucket >= n; ValueError naming ``what`` when none fits."""
   for b in sorted(buckets):
@@ -146,6 +171,9 @@ class JaxEngine(Engine):
     prefill_chunk: prefill this many prompt columns at a time (causal
       blocks, see ``_prefill``; 0: all at once); None:
       ``CPU_PREFILL_CHUNK`` on CPU, else 0.
+    max_rows: at most this many rows (rounded down to a batch bucket) a
+      prefill and decode call (module docstring, step 0); 0: no cap (the
+      largest batch bucket).
     seed: seeds the draws of requests whose ``seed`` is None.
     version: initial weight version.
   """
@@ -168,6 +196,7 @@ class JaxEngine(Engine):
       shared_prefix_prefill: bool = False,
       length_group_rows: Optional[int] = None,
       prefill_chunk: Optional[int] = None,
+      max_rows: int = 0,
       seed: int = 0,
       version: int = 0,
   ):
@@ -206,10 +235,12 @@ class JaxEngine(Engine):
     if prefill_chunk is None:
       prefill_chunk = CPU_PREFILL_CHUNK if on_cpu else 0
     for name, v in (("length_group_rows", length_group_rows),
-                    ("prefill_chunk", prefill_chunk)):
+                    ("prefill_chunk", prefill_chunk),
+                    ("max_rows", max_rows)):
       if v < 0:
         raise ValueError(f"{name} must be >= 0: {v}")
     self._group_rows = int(length_group_rows)
+    self._max_rows = int(max_rows)
     self._prefill_chunk = int(prefill_chunk)
     self._np_rng = np.random.default_rng(seed)
     self._shape_keys: set = set()
@@ -374,11 +405,12 @@ class JaxEngine(Engine):
   def _generate_rows(self, rows, seed, stop_mask, stops, params):
     """Results of every row, chunk by chunk (module docstring, step 0)."""
     n = len(rows)
+    chunk = rows_per_call(self._batch_buckets, self._group_rows,
+                          self._max_rows)
     if self._group_rows:
       order = sorted(range(n), key=lambda i: (len(rows[i]), rows[i]))
-      chunk = min(self._group_rows, self._batch_buckets[-1])
     else:
-      order, chunk = list(range(n)), self._batch_buckets[-1]
+      order = list(range(n))
     # Equal chunks (n = 123, g = 8: 16 chunks of 7-8 rows, one batch
     # bucket), not 15 of 8 and one of 3 (a bucket, and a compile, more).
     results = [None] * n
@@ -404,6 +436,9 @@ class JaxEngine(Engine):
     unique_rows, row_map = share_prompts(
         rows, bb, shards, self._batch_buckets, self._pad_id,
         self._prefix_sharing)
+    if 2 * len(unique_rows) > bb:  # no gather: the decode rows' cache only
+      unique_rows = [list(r) for r in rows] + [[self._pad_id]] * (bb - n)
+      row_map = None
     bu = len(unique_rows)
     chunk = self._chunk_for(pb)
     head = 0
@@ -423,7 +458,7 @@ class JaxEngine(Engine):
     self._columns_prefilled[0] += bp * head + bu * (pb - 1 - head)
     self._columns_prefilled[1] += bu * (pb - 1)
     lengths = np.asarray([len(r) for r in rows] + [1] * (bb - n), np.int32)
-    last_tok = tokens[row_map, -1]
+    last_tok = tokens[:, -1] if row_map is None else tokens[row_map, -1]
     active = np.arange(bb) < n
     # Dummy rows take ids past the request's rows (their draws are unused).
     row_ids = np.concatenate(
@@ -433,7 +468,7 @@ class JaxEngine(Engine):
     put = self._put_rows
     stop_shape = None if stops is None else stops[0].shape[:2]
     self._shape_keys.update((
-        ("prefill", bu, bb, pb, nb, chunk, bp, head),
+        ("prefill", bu, bb, pb, nb, chunk, bp, head, row_map is None),
         ("decode", bb, pb, nb, stop_shape),
     ))
     cache = _prefill(
@@ -442,8 +477,10 @@ class JaxEngine(Engine):
         put(tokens[:, head:-1]),
         put(positions[:, head:-1]),
         put(mask[:, head:-1]),
-        jnp.asarray(row_map),
+        None if row_map is None else jnp.asarray(row_map),
         prefix,
+        None if row_map is not None else empty_cache(
+            rows=bb, cache_len=pb + nb, static=self._static),
         cache_len=pb + nb,
         static=self._static,
         chunk=chunk,
@@ -772,8 +809,8 @@ class _Knobs(NamedTuple):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("cache_len", "static", "chunk")
-)
+    jax.jit, static_argnames=("cache_len", "static", "chunk"),
+    donate_argnames=("cache",))
 def _prefill(
     params,
     rest,
@@ -782,13 +819,19 @@ def _prefill(
     mask,
     row_map,
     prefix=None,
+    cache=None,
     *,
     cache_len,
     static: _Static,
     chunk: int = 0,
 ):
   """Writes the unique prompts' columns into a fresh cache of ``cache_len``
-  slots, then gathers the decode rows: ``cache[b] = cache_u[row_map[b]]``.
+  slots, then gathers the decode rows: ``cache[b] = cache_u[row_map[b]]``
+  (a cache of the unique prompts and one of the decode rows).
+  ``row_map`` None: the prompts are the decode rows, written into
+  ``cache`` (an empty one, ``empty_cache``; donated, so the result is
+  that buffer: one cache in all; None: a fresh one, which XLA:CPU copies
+  into the result once more).
 
   ``chunk = C > 0``: columns [c, c + C) at a time, each attending a cache
   of the c + C slots written so far (causal blocks: about half the
@@ -803,24 +846,33 @@ def _prefill(
   _TRACES[0] += 1
   cfg = static.cfg
   model = nnx.merge(static.graphdef, params, rest)
-  shards = _row_shards(static.mesh, static.rules, row_map.shape[0])
+  shards = _row_shards(static.mesh, static.rules, tokens.shape[0]
+                       if row_map is None else row_map.shape[0])
   start = 0
-  if prefix is None:
+  if cache is None or row_map is not None:
     cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
-  else:  # the heads in a cache of W slots, their rows put at slots [0, W)
+  if prefix is not None:  # the heads in a cache of W slots, put at [0, W)
     p_tok, p_pos, p_mask, head_map = prefix
     start = p_tok.shape[1]
     heads = tfm.init_cache(cfg, p_tok.shape[0], start, cfg.dtype)
     heads = _take_rows(
         _prefill_columns(model, heads, p_tok, p_pos, p_mask, 0, chunk),
         head_map, shards)
-    cache = _write_slots(
-        tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype), heads, 0,
-        start)
+    cache = _write_slots(cache, heads, 0, start)
   cache = _prefill_columns(model, cache, tokens, positions, mask, start,
                            chunk)
-  cache = _take_rows(cache, row_map, shards)
+  if row_map is not None:
+    cache = _take_rows(cache, row_map, shards)
   return _constrain_cache(cache, static.mesh, static.rules)
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "cache_len", "static"))
+def empty_cache(*, rows: int, cache_len: int, static: _Static):
+  """An empty KV cache of ``rows`` x ``cache_len`` slots, its rows over the
+  mesh's batch axes: what ``_prefill`` writes into in place."""
+  cfg = static.cfg
+  return _constrain_cache(tfm.init_cache(cfg, rows, cache_len, cfg.dtype),
+                          static.mesh, static.rules)
 
 
 def _prefill_columns(model, cache, tokens, positions, mask, start: int,
@@ -828,7 +880,8 @@ def _prefill_columns(model, cache, tokens, positions, mask, start: int,
   """Writes columns [start, start + width) of the cache from ``tokens``
   [B, width]: one pass over the whole cache (start 0, ``chunk`` 0 or >=
   width) or blocks of ``chunk`` (``width`` when 0) columns, each
-  attending the slots written so far."""
+  attending the slots written so far (XLA copies the cache once along
+  the way: ``plan.prefill_bytes``)."""
   width = tokens.shape[1]
   if not width:
     return cache
