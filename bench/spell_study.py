@@ -575,6 +575,14 @@ def spell_markdown(report: dict) -> str:
       f" `{report['overrides']}`; B's dense reward: `{report['dense_reward']}`"
       + ("" if per_turn else " (the environment's own: aligned,"
          " misaligned or decoy by `env.kwargs.dense`)") + ".",
+      "",
+      "**Setting**: the RSPO cells ran at the `rspo.alpha` of the overrides"
+      " above, the wins replay rule (`rspo.replay_reuse=wins`) and k = 10"
+      " unless a cell names its k. With 2-5 training seeds a percentile"
+      " bootstrap is about the seeds' range: t intervals over the seeds and"
+      " exact p, with the per-seed values, are in"
+      " [record_intervals.json](record_intervals.json)"
+      " (`python bench/record_intervals.py`).",
   ]
   other = [f"{c['label']} (seeds"
            f" {', '.join(str(s) for s in c['other_config_seeds'])})"
