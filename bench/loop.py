@@ -202,6 +202,8 @@ def _init(args):
          else "sft.enabled=0")
   cfg = base.make_config(args.env, "grpo", ",".join(
       p for p in ("model=nano", sft, args.overrides) if p))
+  with cfg.unlocked():  # clone here, not from a committed warm start
+    cfg.model.checkpoint_dir = ""
   workdir = os.path.join(args.cache_dir, f"{args.env}_sft{args.sft_steps}")
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   tokenizer, tok_dir = build.make_tokenizer(cfg, workdir)

@@ -16,7 +16,9 @@ critical path with and without turn barriers (``decode_paths``) and the
 prompt tokens a group shares at later turns (``group_prefixes``), and the
 prompt columns the in-process engine prefilled (``--shared_prefix`` adds
 the engine with shared prefix blocks, ``--length_group_rows 0`` one chunk a
-turn, as on accelerators). With
+turn, as on accelerators; ``--engine_max_rows N`` adds the engine with
+``rollout.engine_max_rows=N``, its calls cut into chunks of at most N rows,
+beside the one that takes a turn's rows at once). With
 ``--sglang_url`` the same collection also runs against that server (serving
 a model of the same shape and tokenizer, e.g. ``launch/serve_rollout.py
 --model_path=<--export_dir>``), turn by turn (``collect``) and, as engine
@@ -93,6 +95,9 @@ def main(argv=None):
                  " blocks (engine 'jax_shared_prefix'; 'jax' is the"
                  " default, without), and report the prompt columns each"
                  " prefilled")
+  p.add_argument("--engine_max_rows", type=int, default=0,
+                 help="also run the in-process engine with"
+                 " rollout.engine_max_rows=N (engine 'jax_max_rowsN')")
   p.add_argument("--length_group_rows", type=int, default=-1,
                  help="the in-process engine's length_group_rows (-1: its"
                  " default, 8 on CPU; 0: one chunk per turn, as on GPUs)")
@@ -148,6 +153,12 @@ def main(argv=None):
         cfg.rollout.shared_prefix_prefill = True
       engines["jax_shared_prefix"] = build.make_engine(cfg, mcfg, module,
                                                        tokenizer, mesh)
+    if args.engine_max_rows:
+      with cfg.unlocked():
+        cfg.rollout.shared_prefix_prefill = False
+        cfg.rollout.engine_max_rows = args.engine_max_rows
+      engines[f"jax_max_rows{args.engine_max_rows}"] = build.make_engine(
+          cfg, mcfg, module, tokenizer, mesh)
     if args.length_group_rows >= 0:
       for name in engines:
         engines[name]._group_rows = args.length_group_rows  # bench knob
