@@ -185,6 +185,27 @@ def gain(cells: list) -> dict:
   return intervals.t_interval(g)
 
 
+def matching_ratio(data: dict, rank: int = 4, seed: int = 0,
+                   full_lr: float = 1e-4):
+  """The adapters' lr at which LoRA rank ``rank`` learns as fast as full
+  fine-tuning at ``full_lr`` (mean sampled success over the steps, seed
+  ``seed``), over ``full_lr``: log-linear interpolation between the two
+  LoRA lrs whose speeds bracket full fine-tuning's. None if none do."""
+  cells = [c for c in data["cells"].values() if c["seed"] == seed]
+  full = [c for c in cells if not c["rank"] and c["train_lr"] == full_lr]
+  lora = sorted((c["adapter_lr"], float(np.mean(c["rollout_success"])))
+                for c in cells if c["rank"] == rank)
+  if not full or len(lora) < 2:
+    return None
+  target = float(np.mean(full[0]["rollout_success"]))
+  for (x0, y0), (x1, y1) in zip(lora, lora[1:]):
+    if y0 <= target <= y1 and y1 > y0:
+      t = (target - y0) / (y1 - y0)
+      return float(np.exp(np.log(x0) + t * (np.log(x1) - np.log(x0)))
+                   / full_lr)
+  return None
+
+
 def report(data: dict) -> str:
   pts = lambda d: (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f},"
                    f" {100 * d['hi']:+.1f}]")
@@ -208,11 +229,18 @@ def report(data: dict) -> str:
     if score > best.get(rank, (None, (-9, -9)))[1]:
       best[rank] = ((cs[0]["adapter_lr"] if rank else lr), score)
   lines.append("")
-  if 0 in best:
-    for rank in sorted(k for k in best if k):
-      lines.append(f"best lr (gain, then sampled success), LoRA r = {rank}"
-                   f" / full: {best[rank][0]:g} / {best[0][0]:g} ="
-                   f" {best[rank][0] / best[0][0]:g}")
+  for rank, (lr, _) in sorted(best.items()):
+    top = max(c["adapter_lr"] for c in data["cells"].values()
+              if c["rank"] == rank)
+    name = f"LoRA r = {rank}" if rank else "full fine-tuning"
+    edge = (" (the grid's largest: success still rising, no peak found)"
+            if lr == top else "")
+    lines.append(f"best lr, {name}: {lr:g}{edge}")
+  ratio = matching_ratio(data)
+  if ratio:
+    lines.append(
+        f"equal speed (seed 0): LoRA r = 4's adapters need {ratio:.2g}x the"
+        f" lr full fine-tuning needs for its sampled success at lr 1e-4")
   crit = settings_of(data)
   full, r4 = crit.get((0, 1e-4)), crit.get((4, 1e-4))
   if full and r4 and len(full) >= 2:

@@ -396,3 +396,21 @@ def test_group_prefixes_by_hand():
       rec(0, 0, 0, [1, 2]), rec(0, 1, 0, [1, 2]), rec(1, 2, 1, [5, 6, 7])])
   assert out == {"group_prefix_share": round(2 / 14, 3),
                  "median_group_lcp": 2.0}
+
+
+def test_lora_lr_matching_ratio_interpolates_in_log_lr():
+  import lora_lr  # noqa: E402  (bench/ is on sys.path above)
+
+  def cell(rank, lr, adapter_lr, speed):
+    return {"rank": rank, "train_lr": lr, "adapter_lr": adapter_lr,
+            "seed": 0, "rollout_success": [speed, speed]}
+
+  data = {"cells": {
+      "full": cell(0, 1e-4, 1e-4, 0.4),
+      "a": cell(4, 1e-5, 1e-4, 0.2),
+      "b": cell(4, 1e-4, 1e-3, 0.6)}}
+  # 0.4 is halfway from 0.2 to 0.6: halfway in log lr from 1e-4 to 1e-3,
+  # 10 ** -3.5 = 3.162e-4, over full fine-tuning's 1e-4.
+  assert lora_lr.matching_ratio(data) == pytest.approx(10 ** 0.5)
+  data["cells"]["full"]["rollout_success"] = [0.9, 0.9]  # out of bracket
+  assert lora_lr.matching_ratio(data) is None
