@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rspo_jax import compile_cache, distributed, models, plan, sharding
+from rspo_jax import compile_cache, distributed, losses, models, plan, sharding
 from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner
@@ -136,17 +136,20 @@ def model_config(cfg, tokenizer):
   return models.get_model_config(cfg.model.preset, **overrides)
 
 
-def policy_loss_config(cfg, *, rspo: bool) -> ts.PolicyLossConfig:
+def policy_loss_config(cfg, *, rspo: bool) -> losses.LossConfig:
+  """The policy loss's knobs from ``algo``, ``rspo`` and ``rollout``, under
+  the config's names; ``rspo=False`` (B, the baseline): no off-policy
+  term, no centre cap."""
   a = cfg.algo
-  return ts.PolicyLossConfig(
+  return losses.LossConfig(
       alpha=cfg.rspo.alpha if rspo else 0.0,
       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
-      window=a.clip_window, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
-      entropy_coef=a.entropy_coef, agg=a.loss_agg,
+      clip_window=a.clip_window, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
+      entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
       centre_cap=cfg.rspo.centre_cap if rspo else 0.0,
       centre_cap_mode=cfg.rspo.centre_cap_mode,
-      dual_clip_c=a.clip_ratio_c,
-      fresh_behavior=bool(cfg.rollout.get("overlap", 0)),
+      clip_ratio_c=a.clip_ratio_c,
+      overlap=bool(cfg.rollout.overlap),
   )
 
 
