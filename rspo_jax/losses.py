@@ -666,6 +666,41 @@ def _sources(loss_mask: jax.Array, is_offpolicy: jax.Array):
           jnp.where(off_rows, mask, 0.0))
 
 
+def _clip_objective(logp, old_logp, behavior_logp, advantages, mask,
+                    off_rows, cfg: LossConfig):
+  """The clip objective of :func:`mixed_objective`, per token.
+
+    fresh rows:    PPO clip, pi_B := pi_old (``cfg.overlap``: their own
+                   behaviour log-probs, the shifted clip), then the dual
+                   clip (``cfg.clip_ratio_c`` > 0)
+    replayed rows: shifted clip around c = pi_old / pi_B, then the centre
+                   cap (``cfg.centre_cap`` > 0)
+
+  Returns:
+    objective [B, T], the shifted clip's diagnostics, and held: {metric
+    name: (source, [B, T] indicator)} of the dual clip and the cap.
+  """
+  mask_on = jnp.where(off_rows, 0.0, mask)
+  behavior = (behavior_logp if cfg.overlap
+              else jnp.where(off_rows, behavior_logp, old_logp))
+  obj, diag = shifted_clip_objective(
+      logp, old_logp, behavior, advantages, mask, clip_eps=cfg.clip_eps,
+      clip_eps_high=cfg.clip_eps_high, window=cfg.clip_window)
+  held = {}
+  if cfg.centre_cap:
+    obj, over = apply_centre_cap(obj, diag["centre"], off_rows,
+                                 cfg.centre_cap, cfg.centre_cap_mode)
+    held["centre_cap_frac_off"] = (
+        "off", _masked(over, jnp.where(off_rows, mask, 0.0)))
+  if cfg.clip_ratio_c:
+    obj, dual = dual_clip(
+        obj, diag["ratio"], jax.lax.stop_gradient(diag["centre"]),
+        jax.lax.stop_gradient(advantages.astype(jnp.float32)),
+        cfg.clip_ratio_c, mask_on)
+    held = {"clip_frac_on_dual": ("on", dual), **held}
+  return obj, diag, held
+
+
 def _check_mixed_inputs(arrays, is_offpolicy, entropy) -> None:
   chex.assert_rank(arrays, 2)
   chex.assert_equal_shape(arrays)
@@ -744,23 +779,8 @@ def mixed_objective(
   if own_totals:
     totals = mixed_totals(loss_mask, is_offpolicy, alpha=cfg.alpha)
   mask, off_rows, mask_on, mask_off = _sources(loss_mask, is_offpolicy)
-  behavior = (behavior_logp if cfg.overlap
-              else jnp.where(off_rows, behavior_logp, old_logp))
-
-  obj, diag = shifted_clip_objective(
-      logp, old_logp, behavior, advantages, mask, clip_eps=cfg.clip_eps,
-      clip_eps_high=cfg.clip_eps_high, window=cfg.clip_window)
-  held = {}
-  if cfg.centre_cap:
-    obj, over = apply_centre_cap(obj, diag["centre"], off_rows,
-                                 cfg.centre_cap, cfg.centre_cap_mode)
-    held["centre_cap_frac_off"] = ("off", _masked(over, mask_off))
-  if cfg.clip_ratio_c:
-    obj, dual = dual_clip(
-        obj, diag["ratio"], jax.lax.stop_gradient(diag["centre"]),
-        jax.lax.stop_gradient(advantages.astype(jnp.float32)),
-        cfg.clip_ratio_c, mask_on)
-    held = {"clip_frac_on_dual": ("on", dual), **held}
+  obj, diag, held = _clip_objective(logp, old_logp, behavior_logp,
+                                    advantages, mask, off_rows, cfg)
   kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask),
                      cfg.kl_kind)
   per_token = obj - cfg.kl_coef * kl
