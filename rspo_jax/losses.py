@@ -37,30 +37,21 @@ K3_CLAMP = 10.0
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  """Knobs of :func:`mixed_objective`, named as the run config names them.
+  """Knobs of :func:`mixed_objective`, named as the run config names them:
+  ``rspo.{alpha, centre_cap, centre_cap_mode}``, ``rollout.overlap`` and
+  the rest ``algo.*``. Built once from the config
+  (``build.policy_loss_config``); static (the jitted step closes over it).
 
-  Built once from the config (``build.policy_loss_config``); static (the
-  jitted step closes over it).
-
-  Attributes:
-    alpha: ``rspo.alpha``, weight of the off-policy term (0 for B and the
-      baseline).
-    clip_eps: ``algo.clip_eps``, eps_low of the clip window.
-    clip_eps_high: ``algo.clip_eps_high``, eps_high (None = clip_eps).
-    clip_window: ``algo.clip_window``, 'additive' or 'multiplicative'
-      (:func:`shifted_window`).
-    kl_coef: ``algo.kl_coef``, beta of the KL to the reference policy.
-    kl_kind: ``algo.kl_kind``, estimator of :func:`kl_divergence`.
-    entropy_coef: ``algo.entropy_coef``, weight of the entropy bonus.
-    loss_agg: ``algo.loss_agg``, mode of :func:`aggregate`.
-    centre_cap: ``rspo.centre_cap``, cap on c = pi_old / pi_B of replayed
-      tokens (:func:`apply_centre_cap`); 0 = off.
-    centre_cap_mode: ``rspo.centre_cap_mode``, 'truncate' or 'mask'.
-    clip_ratio_c: ``algo.clip_ratio_c``, C of the dual clip on fresh
-      tokens (:func:`dual_clip`); 0 = off, else > 1.
-    overlap: ``rollout.overlap``: fresh rows may be one A step stale, so
-      their clip is centred on pi_old / their behaviour log-probs; False:
-      pi_B := pi_old there.
+  alpha: weight of the off-policy term (0 for B and the baseline).
+  clip_eps, clip_eps_high (None = clip_eps), clip_window: eps_low, eps_high
+    and the form of :func:`shifted_window`.
+  kl_coef, kl_kind: beta and the estimator (:func:`kl_divergence`).
+  loss_agg: mode of :func:`aggregate`.
+  centre_cap, centre_cap_mode: :func:`apply_centre_cap` on replayed tokens;
+    cap 0 = off.
+  clip_ratio_c: C of :func:`dual_clip` on fresh tokens; 0 = off, else > 1.
+  overlap: fresh rows may be one A step stale: their clip is centred on
+    pi_old / their behaviour log-probs (False: pi_B := pi_old there).
   """
 
   alpha: float = 0.0
@@ -181,19 +172,13 @@ def shifted_clip_objective(
 
     r = pi_theta / pi_B       = exp(logp - behavior_logp)
     c = pi_theta_old / pi_B   = exp(old_logp - behavior_logp)   (no gradient)
-    additive:       [lo, hi] = [c - eps_low,       c + eps_high]   (paper)
-    multiplicative: [lo, hi] = [c * (1 - eps_low), c * (1 + eps_high)]
-                    (AReaL's decoupled PPO)
-    objective = min(r * A, clip(r, lo, hi) * A)
+    [lo, hi] = shifted_window(c, eps_low, eps_high, window)
+    objective = ppo_clip(r, A, lo, hi) = min(r * A, clip(r, lo, hi) * A)
 
   eps_low = clip_eps, eps_high = clip_eps_high or clip_eps. When
-  behavior_logp == old_logp, c = 1 and both windows are PPO's
-  [1 - eps_low, 1 + eps_high]: the objective equals PPO exactly.
-
-  On tokens where the clipped branch is the smaller one and differs from
-  the unclipped one, the objective is the constant clip bound times A, so the
-  gradient there is exactly 0. Log-ratios are clamped to [-20, 20] before exp.
-  Only ``logp`` carries gradient; all other inputs are stop-gradient.
+  behavior_logp == old_logp, c = 1: the objective equals PPO exactly.
+  Log-ratios are clamped to [-20, 20] before exp. Only ``logp`` carries
+  gradient; all other inputs are stop-gradient.
 
   Args:
     logp: [B, T] log pi_theta of the taken tokens.
@@ -278,12 +263,10 @@ def shifted_window(
   """RSPO's clip window [lower, upper] around c = pi_old / pi_B:
 
     additive:       [c - eps_low,       c + eps_high]        (paper)
-    multiplicative: [c * (1 - eps_low), c * (1 + eps_high)]  (AReaL's
-                                                              decoupled PPO)
+    multiplicative: [c * (1 - eps_low), c * (1 + eps_high)]  (AReaL)
 
-  At c = 1 (tokens sampled by pi_old) both are PPO's window
-  [1 - eps_low, 1 + eps_high].
-  """
+  At c = 1 (tokens sampled by pi_old) both are PPO's [1 - eps_low,
+  1 + eps_high]."""
   if window == "additive":
     return centre - eps_low, centre + eps_high
   return centre * (1.0 - eps_low), centre * (1.0 + eps_high)
@@ -359,18 +342,13 @@ def centre_cap_factor(
     mask:     f = 1 if c <= cap else 0  -> the token contributes nothing
               (AReaL's ``behav_imp_weight_cap``)
 
-  AReaL (inclusionAI/AReaL), areal/utils/functional.py ``ppo_actor_loss_fn``:
-  its decoupled loss is w * PPO-clip(pi_theta / pi_prox), w = pi_prox /
-  pi_behav (w is our c: pi_prox is our pi_old, pi_behav our pi_B; since
-  w > 0 the product is our multiplicative window). Tokens with
-  w > behav_imp_weight_cap get w = 0 (kept: w <= cap, as here) while the
-  loss is still divided by the count of the *original* loss mask; AReaL
-  documents the cap as > 1. Its later areal/utils/functional/functional.py
-  replaces the cap by ``apply_rejection_sampling`` with action 'mask' (the
-  same, and it keeps that denominator on purpose: otherwise "mask mode
-  would inflate per-token gradients by N_original / N_kept") or 'clamp'
-  (w clamped to the cap: our truncate, since f * c = min(c, cap)). So here
-  a masked token still counts in its source's normaliser (N_off, R_off) and
+  AReaL's decoupled loss (areal/utils/functional.py ``ppo_actor_loss_fn``)
+  is w * PPO-clip(pi_theta / pi_prox), w = pi_prox / pi_behav (our c);
+  tokens with w > behav_imp_weight_cap get w = 0 (kept: w <= cap, as here)
+  and the loss is still divided by the count of the *original* loss mask
+  (its later ``apply_rejection_sampling``, action 'mask', keeps that
+  denominator on purpose; action 'clamp' is our truncate). So here a
+  masked token still counts in its source's normaliser (N_off, R_off) and
   in the (1 - alpha, alpha) decision.
 
   Args:
@@ -520,12 +498,9 @@ def _approx_kl(logp, old_logp, mask, total=None) -> jax.Array:
   clamped at 10.
 
   Not exp(-d) + d - 1 (the KL penalty's direction, ``_k3``): under pi_old's
-  samples its mean is E_old[pi_old / pi_theta] - 1 - KL, heavy-tailed: one
-  token of ~3,000 whose probability fell by e^-13 adds ~150 to it (the
-  earlier studies' approx_kl "spikes", 0.3 to ~300, fit such tokens; the
-  metric's mean over a step's updates divides one update's by their
-  count); here that token adds 12 / 3,000, and log_ratio_fall_max shows
-  the fall itself."""
+  samples its mean is E_old[pi_old / pi_theta] - 1 - KL, heavy-tailed (one
+  token whose probability fell by e^-13 adds e^13 to the sum; here 12);
+  log_ratio_fall_max shows such a fall itself."""
   d = _masked_log_ratio(logp, old_logp, mask)
   k3 = jnp.exp(d) - 1.0 - d
   return aggregate(jax.lax.stop_gradient(k3), mask, "token_mean", total)
@@ -740,13 +715,11 @@ def mixed_objective(
   (``cfg.clip_ratio_c`` > 0; replayed ones keep the paper's J_off).
 
   N_src, R_src (counted tokens, rows with a counted token) and the weights
-  come from ``totals`` (:func:`mixed_totals`). ``totals=None`` takes this
-  batch's own, so the result is this batch's loss. Given the totals of a
-  whole update, the call on one micro-batch returns that micro-batch's
-  *contribution*: summed over any partition of the update's rows (in any
-  order, with padding rows of zero mask), loss, gradient and metrics are
-  the update's. A capped token still counts in N_off, R_off and the
-  weights.
+  come from ``totals`` (:func:`mixed_totals`; None: this batch's own).
+  Given a whole update's totals, the call on one micro-batch returns its
+  *contribution*: summed over any partition of the update's rows (padding
+  rows of zero mask included), loss, gradient and metrics are the
+  update's.
 
   Args:
     logp, old_logp, behavior_logp, ref_logp, advantages: [B, T].
@@ -758,19 +731,15 @@ def mixed_objective(
 
   Returns:
     loss (scalar) and metrics, each a token mean over the counted tokens of
-    its source (or all) normalised by the totals: loss, pg_loss_on/off (-J
-    of the clip objective alone, ``loss_agg``), clip_frac_on/off (clipped
-    branch active: zero gradient), clip_frac_{on,off}_low (r < lower,
-    A < 0) and _high (r > upper, A > 0), kl_on/off, ratio_mean_on/off,
-    approx_kl (k3 of KL(pi_old || pi_theta) over fresh tokens,
-    :func:`_approx_kl`) and approx_kl_off (the same over replayed tokens),
-    log_ratio_fall_max and log_ratio_rise_max
-    (:func:`_log_ratio_extremes`), entropy; with the dual clip also
-    clip_frac_on_dual (share of counted fresh tokens held at C * A, verl's
-    pg_clipfrac_lower); with the centre cap also centre_cap_frac_off
-    (share of counted replayed tokens with c > cap). With ``totals=None``
-    the metrics also hold this batch's totals (n_tokens_on/off,
-    n_rows_on/off, w_on/off).
+    its source normalised by the totals: loss, entropy, pg_loss_on/off (-J
+    of the clip objective alone), clip_frac_{on,off}{,_low,_high} (clipped
+    branch active; r < lower, A < 0; r > upper, A > 0), kl_on/off,
+    ratio_mean_on/off, approx_kl(_off) (:func:`_approx_kl` over fresh /
+    replayed tokens), log_ratio_{fall,rise}_max (:func:`_log_ratio_extremes`);
+    clip_frac_on_dual (fresh tokens held by the dual clip, verl's
+    pg_clipfrac_lower) and centre_cap_frac_off (replayed tokens with
+    c > cap) when those are on; with ``totals=None`` also this batch's
+    totals (n_tokens_on/off, n_rows_on/off, w_on/off).
   """
   _check_mixed_inputs(
       [logp, old_logp, behavior_logp, ref_logp, advantages, loss_mask],
