@@ -43,8 +43,20 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = f"runs/{env}_{algo}"
   c.seed = 0
+  _model(c)
+  _env(c, env)
+  _algo(c, env, algo)
+  _rspo(c)
+  _rollout(c)
+  _train(c)
+  _sft(c)
+  _metrics(c)
+  _mesh(c)
+  return c
 
-  # ---------------------------------------------------------------- model
+
+def _model(c: ml_collections.ConfigDict) -> None:
+  """c.model: the policy model: tokenizer, attention kernel, LoRA."""
   # scales.py: preset, checkpoint_dir (HF dir: config.json + safetensors;
   # "" = init, then behaviour cloning when sft.enabled), dtype (compute),
   # param_dtype (master weights and Adam state), remat.
@@ -63,7 +75,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.model.lora_alpha = 32.0
   c.model.lora_targets = "q,k,v,o,gate,up,down"  # attention, MLP
 
-  # ---------------------------------------------------------------- env
+
+def _env(c: ml_collections.ConfigDict, env: str) -> None:
+  """c.env: the environment and its task splits."""
   # scales.py: max_steps (turns), history_length (past obs/action pairs in
   # the prompt), num_eval_tasks, num_workers, kwargs (env constructor).
   c.env = ml_collections.ConfigDict()
@@ -76,7 +90,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # --num_tasks=N), apart from whether that carries to held-out ones.
   c.env.train_tasks = 0
 
-  # ---------------------------------------------------------------- algo
+
+def _algo(c: ml_collections.ConfigDict, env: str, algo: str) -> None:
+  """c.algo: the advantage estimator and the clipped policy loss."""
   # scales.py: clip_eps, kl_coef, kl_kind, entropy_coef,
   # invalid_action_penalty, critic_lr (PPO).
   c.algo = ml_collections.ConfigDict()
@@ -99,7 +115,7 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.algo.anchor_similarity = config_dict.placeholder(float)  # None = exact
   c.algo.clip_eps_high = config_dict.placeholder(float)  # None = clip_eps
   c.algo.clip_window = "additive"  # or "multiplicative" (AReaL decoupled)
-  # Dual clip of fresh tokens with A < 0 (losses.mixed_objective): verl's
+  # Dual clip of fresh tokens with A < 0 (losses.dual_clip): verl's
   # actor.clip_ratio_c, 3.0 in dp_actor.py; 0 = off.
   c.algo.clip_ratio_c = 3.0
   c.algo.loss_agg = "token_mean"
@@ -113,7 +129,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # rows are always recomputed.
   c.algo.recompute_old_logprobs = False
 
-  # ---------------------------------------------------------------- rspo
+
+def _rspo(c: ml_collections.ConfigDict) -> None:
+  """c.rspo: agent B, the replay buffer D, the dense reward, the PRM."""
   # scales.py: alpha (replayed share of A's training samples), k (steps of
   # B, then of A, per loop), dense_reward (oracle = the environment's
   # progress signal | prm).
@@ -158,7 +176,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.rspo.prm_steps = 300  # Adam steps of the PRM head
   c.rspo.prm_refresh_loops = 0  # retrain the head every N loops (0 = never)
 
-  # ---------------------------------------------------------------- rollout
+
+def _rollout(c: ml_collections.ConfigDict) -> None:
+  """c.rollout: the rollout engine, its weight syncs and the collections."""
   # scales.py: temperature (behaviour log-probs are taken at T=1),
   # eval_temperature (0 = greedy), max_new_tokens, max_prompt_tokens.
   c.rollout = ml_collections.ConfigDict()
@@ -205,7 +225,7 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # 1: A's next collection (step t + 1) plays in a background thread on the
   # weights of step t while step t's update runs (rspo_jax/overlap.py): its
   # rows are one A step stale, their clip centred on pi_old / pi_behaviour
-  # (losses.mixed_objective, fresh_behavior) and the lag is logged; never
+  # (losses.LossConfig.overlap) and the lag is logged; never
   # across a B phase. 0 (default): collection, then update. On the 2-core
   # CPU both share the cores (docs/performance.md, "Overlap").
   c.rollout.overlap = 0
@@ -250,7 +270,9 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   # died (rollout/collect.check_failures; docs/custom_env.md section 5).
   c.rollout.max_failed_episode_frac = 0.5
 
-  # ---------------------------------------------------------------- train
+
+def _train(c: ml_collections.ConfigDict) -> None:
+  """c.train: optimisation, checkpoints and the compile cache."""
   # scales.py: total_steps (of A), batch_tasks (tasks a batch), group_size
   # (episodes a task), lr, weight_decay, micro_batch_rows (0 = an update at
   # once), max_train_rows (0 = every row), mini_batch_rows,
@@ -282,23 +304,28 @@ def _base(env: str, algo: str) -> ml_collections.ConfigDict:
   c.train.log_every = 1
   c.train.max_bad_steps = 5  # consecutive NaN/Inf steps before stopping
 
-  # ---------------------------------------------------------------- warm start
+
+def _sft(c: ml_collections.ConfigDict) -> None:
+  """c.sft: the behaviour-cloning warm start (every key in scales.py)."""
   # scales.py: enabled (behaviour-clone the policy on the first run),
   # num_episodes (expert episodes), steps, lr, batch_rows,
   # prompt_loss_weight (> 0: also model the prompts, make_sft_loss).
   c.sft = ml_collections.ConfigDict()
 
-  # ---------------------------------------------------------------- metrics
+
+def _metrics(c: ml_collections.ConfigDict) -> None:
+  """c.metrics: Weights & Biases logging."""
   c.metrics = ml_collections.ConfigDict()
   c.metrics.wandb_project = ""  # "" = no W&B (pip install 'rspo_jax[wandb]')
   c.metrics.wandb_entity = ""  # "" = the account's default entity
   c.metrics.wandb_name = ""  # "" = the workdir's name
 
-  # ---------------------------------------------------------------- mesh
+
+def _mesh(c: ml_collections.ConfigDict) -> None:
+  """c.mesh: the device mesh and the logical axis rules."""
   c.mesh = ml_collections.ConfigDict()  # scales.py: shape (data, fsdp,
   # tensor; -1 takes the rest)
   c.logical_axis_rules = sharding.DEFAULT_RULES
-  return c
 
 
 def _apply_table(c: ml_collections.ConfigDict, table: dict) -> None:

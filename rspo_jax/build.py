@@ -16,26 +16,27 @@ more than one process.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import re
-import shutil
-import time
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rspo_jax import compile_cache, distributed, models, plan, sharding
+from rspo_jax import compile_cache, distributed, losses, models, plan, sharding
+# The engine's weights and their sync, re-exported as build's API.
+from rspo_jax.engine_weights import (  # pylint: disable=unused-import
+    WEIGHT_SYNCS as WEIGHT_SYNCS, base_model as base_model,
+    cast_floating as cast_floating, engine_config as engine_config,
+    engine_params as engine_params, inference_model as inference_model,
+    inference_params as inference_params, make_sync_engine as make_sync_engine,
+    make_weight_push as make_weight_push, merged as merged)
 from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner
 from rspo_jax.models import lora
-from rspo_jax.models import transformer as tfm
-from rspo_jax.models.config import LORA_SYNCS
 from rspo_jax.metrics import MetricsWriter, setup_wandb_from_config
 from rspo_jax.rollout.collect import CollectConfig
 from rspo_jax.rollout.jax_engine import JaxEngine
@@ -64,7 +65,7 @@ def num_train_tasks(cfg) -> int:
   all of them, or the first ``env.train_tasks`` (ConfigError when the split
   has fewer)."""
   n = num_tasks(cfg, cfg.env.train_split)
-  want = cfg.env.get("train_tasks", 0)
+  want = cfg.env.train_tasks
   if want > n:
     raise ConfigError(f"env.train_tasks={want} but split"
                       f" {cfg.env.train_split!r} has {n} tasks")
@@ -112,7 +113,7 @@ def param_dtype(cfg) -> str:
   train step's gradient sums follow the parameters (optax and the step
   allocate them like the params), so they are float32 too.
   """
-  return str(cfg.model.get("param_dtype", "float32") or "float32")
+  return str(cfg.model.param_dtype or "float32")
 
 
 def model_numerics(cfg) -> dict:
@@ -121,7 +122,7 @@ def model_numerics(cfg) -> dict:
   rules."""
   return {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
           "remat": plan.remat_of(cfg),
-          "scan_layers": bool(cfg.model.get("scan_layers", False)),
+          "scan_layers": bool(cfg.model.scan_layers),
           "attention": cfg.model.attention,
           "logical_axis_rules": cfg.logical_axis_rules}
 
@@ -136,17 +137,20 @@ def model_config(cfg, tokenizer):
   return models.get_model_config(cfg.model.preset, **overrides)
 
 
-def policy_loss_config(cfg, *, rspo: bool) -> ts.PolicyLossConfig:
+def policy_loss_config(cfg, *, rspo: bool) -> losses.LossConfig:
+  """The policy loss's knobs from ``algo``, ``rspo`` and ``rollout``, under
+  the config's names; ``rspo=False`` (B, the baseline): no off-policy
+  term, no centre cap."""
   a = cfg.algo
-  return ts.PolicyLossConfig(
+  return losses.LossConfig(
       alpha=cfg.rspo.alpha if rspo else 0.0,
       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
-      window=a.clip_window, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
-      entropy_coef=a.entropy_coef, agg=a.loss_agg,
+      clip_window=a.clip_window, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
+      entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
       centre_cap=cfg.rspo.centre_cap if rspo else 0.0,
       centre_cap_mode=cfg.rspo.centre_cap_mode,
-      dual_clip_c=a.clip_ratio_c,
-      fresh_behavior=bool(cfg.rollout.get("overlap", 0)),
+      clip_ratio_c=a.clip_ratio_c,
+      overlap=bool(cfg.rollout.overlap),
   )
 
 
@@ -182,15 +186,14 @@ def load_policy(cfg, path: str, mesh):
 def lora_config(cfg, mcfg):
   """``mcfg`` with the run's LoRA fields (``model.lora_rank``, ``lora_alpha``,
   ``lora_targets``); ConfigError naming a bad one."""
-  rank = int(cfg.model.get("lora_rank", 0) or 0)
+  rank = int(cfg.model.lora_rank or 0)
   if not rank:
     return mcfg
   try:
     out = dataclasses.replace(
         mcfg, lora_rank=rank,
-        lora_alpha=float(cfg.model.get("lora_alpha", 32.0)),
-        lora_targets=lora.parse_targets(cfg.model.get(
-            "lora_targets", ",".join(lora.TARGETS))))
+        lora_alpha=float(cfg.model.lora_alpha),
+        lora_targets=lora.parse_targets(cfg.model.lora_targets))
     lora.check(out)
   except ValueError as e:
     raise ConfigError(str(e)) from e
@@ -215,94 +218,6 @@ def reference_params(policy: Learner, mcfg):
   if lora.enabled(mcfg):
     return lora.adapters_off(policy.params, policy.state_sh.params)
   return inference_params(policy.params, mcfg, policy.state_sh.params)
-
-
-def _module(learner_or_module):
-  if isinstance(learner_or_module, Learner):
-    return learner_or_module.module()
-  return learner_or_module
-
-
-def merged(learner_or_module, mcfg):
-  """(ModelConfig, Transformer) the engine and exports see: with LoRA the
-  base config and the merged weights (``lora.merged_model``, on device);
-  else the module as it is."""
-  return lora.merged_model(_module(learner_or_module), mcfg)
-
-
-def cast_floating(tree, dtype):
-  """Floating leaves of ``tree`` cast to ``dtype`` (device arrays keep
-  their sharding, numpy stays numpy); other leaves as they are."""
-  dt = jnp.dtype(dtype)
-
-  def cast(x):
-    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt:
-      return x.astype(dt)
-    return x
-
-  return jax.tree.map(cast, tree)
-
-
-def inference_params(params, mcfg, shardings=None):
-  """A copy of ``params`` for a model only run forward (pi_ref) in
-  ``mcfg.inference_dtype``: new buffers (training donates its own), the same
-  outputs as ``params`` (the forward casts each weight to the compute dtype
-  anyway), half the memory of float32 masters under bfloat16 compute."""
-  dt = jnp.dtype(mcfg.inference_dtype)
-
-  def copy(x):
-    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt:
-      return x.astype(dt)
-    return jnp.copy(x)  # an explicit copy: jit would forward the input
-
-  return jax.jit(lambda t: jax.tree.map(copy, t), out_shardings=shardings)(
-      params)
-
-
-def inference_model(model, mcfg):
-  """``(graphdef, params, rest)`` of an NNX module (or of such a tuple)
-  with the params in ``mcfg.inference_dtype``: what the rollout engine
-  holds (it copies them onto its mesh and casts later syncs to the same
-  dtypes). A scanned model comes in the unrolled layout the engine runs
-  (``engine_config``, ``engine_params``)."""
-  if isinstance(model, nnx.Module):
-    mcfg, model = merged(model, mcfg)  # LoRA: merged weights
-    model = nnx.split(model, nnx.Param, ...)
-  graphdef, params, *rest = model
-  if mcfg.scan_layers:
-    params = engine_params(params, mcfg)  # cast and unrolled
-    rest = [tfm.unrolled_state(r) if "layers" in r else r for r in rest]
-  else:
-    params = cast_floating(params, mcfg.inference_dtype)
-  if mcfg.scan_layers or mcfg.remat != "none":
-    graphdef = tfm.graphdef_of(engine_config(mcfg))
-  return (graphdef, params, *rest)
-
-
-def engine_config(mcfg):
-  """The rollout engine's ModelConfig: the policy's, with unrolled layers
-  (per-layer KV-cache buffers written in place at each decode step;
-  ``transformer.unrolled``) and no remat (nothing is differentiated; a
-  remat block inside the decode loop fails to trace)."""
-  return dataclasses.replace(lora.base_config(mcfg), scan_layers=False,
-                             remat=False)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _unrolled_inference_params(params, dtype):
-  return tfm.unrolled_state(cast_floating(params, dtype))
-
-
-def engine_params(params, mcfg):
-  """A learner's params in the layout the engine runs: a scanned model's
-  layer stacks sliced into layers, cast to ``mcfg.inference_dtype`` first
-  (on device: one jitted copy in the narrow dtype; host arrays stay on the
-  host); an unrolled model's params as they are."""
-  if not mcfg.scan_layers:
-    return params
-  if all(isinstance(x, np.ndarray) for x in jax.tree.leaves(params)):
-    return tfm.unrolled_state(cast_floating(params, mcfg.inference_dtype))
-  return _unrolled_inference_params(params, mcfg.inference_dtype)
 
 
 def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
@@ -380,9 +295,8 @@ def make_sglang_client(cfg, key: str = "rollout.server_urls"):
     raise ConfigError(f"{key}={text!r}: each URL must look like"
                       " http://HOST:PORT")
   client = SGLangClient(
-      urls, timeout_s=float(cfg.rollout.get("server_timeout_s", 600.0)),
-      original_logprobs=bool(cfg.rollout.get("server_original_logprobs",
-                                             True)))
+      urls, timeout_s=float(cfg.rollout.server_timeout_s),
+      original_logprobs=bool(cfg.rollout.server_original_logprobs))
   down = client.unreachable_urls()
   if down:
     client.close()
@@ -405,190 +319,12 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
       inference_model(module, mcfg), engine_config(mcfg), mesh=mesh,
       rules=cfg.logical_axis_rules, pad_id=pad, eos_ids=sorted(set(eos)),
       decode_fn=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-      shared_prefix_prefill=bool(cfg.rollout.get("shared_prefix_prefill",
-                                                 False)),
-      prefill_chunk=(None if cfg.rollout.get("prefill_chunk") is None
+      shared_prefix_prefill=bool(cfg.rollout.shared_prefix_prefill),
+      prefill_chunk=(None if cfg.rollout.prefill_chunk is None
                      else int(cfg.rollout.prefill_chunk)),
-      max_rows=int(cfg.rollout.get("engine_max_rows") or 0),
+      max_rows=int(cfg.rollout.engine_max_rows or 0),
       seed=cfg.seed,
   )
-
-
-def base_model(learner_or_module, mcfg):
-  """(base config, Transformer) of a LoRA model's frozen base: the merged
-  weights with every adapter zero, i.e. the base exactly (``merged``)."""
-  graphdef, adapters, rest = nnx.split(_module(learner_or_module),
-                                       nnx.LoRAParam, ...)
-  zero = jax.tree.map(jnp.zeros_like, adapters)
-  return merged(nnx.merge(graphdef, zero, rest), mcfg)
-
-
-def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
-                     threads: int = 8, push=None, lora_sync: str = "auto"):
-  """Pushes a learner's weights to the engine: in-process state for the JAX
-  engine (cast to its ``mcfg.inference_dtype`` weights); for SGLang servers
-  an HF directory exported in the compute dtype (``weight_sync.export_hf``:
-  layer files written by ``threads`` threads into ``export_dir``'s slot
-  ``v{version % 2}``; the other slot is removed once the servers loaded it;
-  multi-host, ``weight_sync.export_hf_multihost``: each host writes its
-  share of the layer files, no host gathers the whole model),
-  or with ``push`` (``rollout.weight_sync='distributed'``: a
-  ``distributed_sync.DistributedPush``) the same tensors, in the compute
-  dtype, broadcast to the servers one batch at a time, no file written.
-  A sync whose weights the engine already has does nothing
-  (``weight_sync.SyncedWeights``). ``sync.log`` (``weight_sync.SyncLog``)
-  counts exports, broadcasts and skips and keeps each sync's seconds (also
-  logged); ``sync.close()`` closes ``push``'s groups.
-
-  LoRA policies on SGLang servers (``lora_sync``, the config's
-  ``rollout.sglang_lora_sync``; one process, disk sync): 'adapter' writes
-  only the PEFT adapter directory (``lora.save_peft``, float32) into slot
-  ``adapter_v{version % 2}`` and has the servers load it
-  (``SGLangClient.update_adapter``); the frozen base is exported once, at
-  the first such sync, into ``export_dir/lora_base`` (kept for servers that
-  restart) and loaded by each server once. 'merged' exports W + (alpha / r)
-  A B in full every sync, as without LoRA. 'auto' (default) tries the
-  adapter at an engine's first sync and, when a server refuses it (started
-  without --enable-lora, or with a smaller --max-lora-rank), warns once and
-  syncs that engine merged for the rest of the run; a refusal after
-  adapters worked is an error. ``sync.log``'s entries then carry
-  ``adapter`` (True for adapter syncs) and ``base_bytes`` (the one base
-  export)."""
-  if lora_sync not in LORA_SYNCS:
-    raise ConfigError(f"rollout.sglang_lora_sync={lora_sync!r}: one of"
-                      f" {LORA_SYNCS}")
-  from rspo_jax.rollout.sglang_client import SGLangAdapterRefused  # pylint: disable=g-import-not-at-top
-
-  synced, sync_log = weight_sync.SyncedWeights(), weight_sync.SyncLog()
-  lora_modes = {}  # id(engine) -> 'adapter' | 'merged', once decided
-  base_dir = os.path.join(export_dir, "lora_base")
-  base_written = []
-
-  def sync_adapter(engine, learner, version, start):
-    """The adapter route; False when 'auto' falls back to merged."""
-    base_bytes = None
-    if not base_written:
-      base_bytes = weight_sync.export_hf(
-          *base_model(learner, mcfg)[::-1], base_dir,
-          tokenizer_dir=tokenizer_dir, threads=threads)
-      base_written.append(base_dir)
-    path = os.path.join(export_dir, f"adapter_v{version % 2}")
-    shutil.rmtree(path, ignore_errors=True)
-    nbytes = lora.save_peft(learner.module(), mcfg, path,
-                            base_model=os.path.abspath(base_dir))
-    export_s = time.perf_counter() - start
-    try:
-      engine.update_adapter(path, version, base_dir=base_dir)
-    except SGLangAdapterRefused as e:
-      if lora_sync == "adapter" or lora_modes.get(id(engine)) == "adapter":
-        raise
-      log.warning("LoRA adapter sync refused (%s); syncing merged weights"
-                  " (rollout.sglang_lora_sync=merged) from now on", e)
-      lora_modes[id(engine)] = "merged"
-      shutil.rmtree(path, ignore_errors=True)
-      if "adapter" not in lora_modes.values():  # no engine needs the base
-        shutil.rmtree(base_dir, ignore_errors=True)
-        base_written.clear()
-      return False
-    lora_modes[id(engine)] = "adapter"
-    shutil.rmtree(os.path.join(export_dir, f"adapter_v{(version + 1) % 2}"),
-                  ignore_errors=True)
-    synced.record(engine, learner)
-    sync_log.add(version=version, export_s=export_s,
-                 load_s=time.perf_counter() - start - export_s,
-                 total_s=time.perf_counter() - start, bytes=nbytes,
-                 adapter=True, base_bytes=base_bytes)
-    return True
-
-  def sync(engine, learner: Learner, version: int):
-    if synced.unchanged(engine, learner):
-      sync_log.add(version=version, skipped=True)
-      return
-    start = time.perf_counter()
-    multihost = distributed.is_multihost()
-    if push is not None and not isinstance(engine, JaxEngine):
-      # One process (check_multihost): its first device holds each tensor
-      # whole for a DLPack hand-over under nccl; gloo sends host copies.
-      device = None if push.on_host else jax.local_devices()[0]
-      out = push(engine, weight_sync.hf_named_arrays(
-          *merged(learner, mcfg)[::-1], device=device), version)
-      synced.record(engine, learner)
-      sync_log.add(version=version, broadcast_s=out["seconds"],
-                   total_s=time.perf_counter() - start, bytes=out["bytes"])
-      return
-    if isinstance(engine, JaxEngine):
-      # Multi-host: every host's engine gets the whole weights (split over
-      # the engine's 'tensor' axis), cast first so half the bytes move
-      # under bfloat16 compute, resharded device to device onto its host
-      # mesh (no host copy; the SGLang export below shares the files out
-      # instead).
-      if lora.enabled(mcfg):  # merged on device (lora.merged_params)
-        cfg0, params = lora.merged_params(learner.module(), mcfg)
-        params = engine_params(params, cfg0)
-      else:
-        params = engine_params(learner.params, mcfg)
-      if multihost:
-        params = distributed.to_host_mesh(
-            cast_floating(params, mcfg.inference_dtype), learner.mesh,
-            engine.param_shardings)
-      engine.update_weights(params, version)
-      synced.record(engine, learner)
-      sync_log.add(version=version, total_s=time.perf_counter() - start)
-      return
-    if (lora.enabled(mcfg) and lora_sync != "merged" and not multihost
-        and lora_modes.get(id(engine)) != "merged"
-        and hasattr(engine, "update_adapter")):
-      if sync_adapter(engine, learner, version, start):
-        return
-      start = time.perf_counter()
-    path = os.path.join(export_dir, f"v{version % 2}")
-    nbytes = 0
-    if multihost:
-      # One directory, its layer files written by their owning hosts (no
-      # host holds the model; weight_sync.export_hf_multihost); it returns
-      # when the directory is complete, then every host's client loads it.
-      nbytes = weight_sync.export_hf_multihost(
-          *merged(learner, mcfg)[::-1], path, tokenizer_dir=tokenizer_dir)
-    else:
-      nbytes = weight_sync.export_hf(*merged(learner, mcfg)[::-1], path,
-                                     tokenizer_dir=tokenizer_dir,
-                                     threads=threads)
-    export_s = time.perf_counter() - start
-    engine.update_weights(path, version)
-    load_s = time.perf_counter() - start - export_s
-    if distributed.is_leader():  # loaded: the other slot is not needed
-      shutil.rmtree(os.path.join(export_dir, f"v{(version + 1) % 2}"),
-                    ignore_errors=True)
-    synced.record(engine, learner)
-    sync_log.add(version=version, export_s=export_s, load_s=load_s,
-                 total_s=time.perf_counter() - start, bytes=nbytes)
-
-  sync.log = sync_log
-  sync.close = push.close if push is not None else lambda: None
-  return sync
-
-
-WEIGHT_SYNCS = ("disk", "distributed")
-
-
-def make_weight_push(cfg):
-  """``rollout.weight_sync``: None for 'disk' (or the in-process engine),
-  a ``distributed_sync.DistributedPush`` for 'distributed' (ImportError
-  naming the fix when torch is not importable here)."""
-  how = cfg.rollout.get("weight_sync", "disk")
-  if how not in WEIGHT_SYNCS:
-    raise ConfigError(f"rollout.weight_sync={how!r}: one of {WEIGHT_SYNCS}")
-  if how == "disk" or cfg.rollout.engine != "sglang":
-    return None
-  from rspo_jax.rollout import distributed_sync  # pylint: disable=g-import-not-at-top
-
-  r = cfg.rollout
-  return distributed_sync.DistributedPush(
-      backend=r.get("weight_sync_backend", ""),
-      master_address=r.get("weight_sync_master_address", ""),
-      master_port=int(r.get("weight_sync_master_port", 0)),
-      bucket_bytes=int(float(r.get("weight_sync_bucket_mb", 512)) * 2**20),
-      timeout_s=float(r.get("server_timeout_s", 600.0)))
 
 
 def engine_module(module, mcfg, mesh, engine_mesh, rules):
@@ -616,7 +352,7 @@ def make_engine_mesh(cfg, mesh):
   this host's devices of the learner's mesh (``distributed.host_mesh``,
   its tensor axis T when set). Rows split over ('data', 'fsdp'), weights
   over 'tensor' only (``sharding.inference_rules``)."""
-  tensor = int(cfg.rollout.get("engine_tensor", 0))
+  tensor = int(cfg.rollout.engine_tensor)
   n = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
   if tensor and n % tensor:
     raise ConfigError(f"rollout.engine_tensor={tensor} does not divide the"
@@ -659,7 +395,7 @@ class Run:
         collect_config(c, c.env.eval_split), list(range(n)),
         temperature=c.rollout.eval_temperature,
         max_new_tokens=c.rollout.max_new_tokens, seeds=seeds,
-        max_failed_frac=c.rollout.get("max_failed_episode_frac", 0.5),
+        max_failed_frac=c.rollout.max_failed_episode_frac,
     )
 
   def close(self) -> None:
@@ -688,7 +424,7 @@ def check_multihost(cfg) -> None:
     raise ValueError(f"rollout.placement='decoupled' with {n} processes:"
                      " multi-host runs use 'colocated'")
   if (cfg.rollout.engine == "sglang"
-      and cfg.rollout.get("weight_sync", "disk") == "distributed"):
+      and cfg.rollout.weight_sync == "distributed"):
     raise ValueError(f"rollout.weight_sync='distributed' with {n} processes:"
                      " the broadcast runs from one process only; use 'disk'")
 
@@ -757,9 +493,9 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
       sync_engine=make_sync_engine(
           mcfg, tok_dir, weight_sync.export_dir(
               cfg, workdir, multihost=distributed.is_multihost()),
-          threads=cfg.rollout.get("export_threads", 8),
+          threads=cfg.rollout.export_threads,
           push=push,
-          lora_sync=cfg.rollout.get("sglang_lora_sync", "auto")),
+          lora_sync=cfg.rollout.sglang_lora_sync),
       num_train_tasks=num_train_tasks(cfg),
       progress=progress,
   )

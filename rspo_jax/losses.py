@@ -16,6 +16,7 @@ Objective of agent A (docs/method.md section 2):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import chex
@@ -32,6 +33,43 @@ LOG_RATIO_CLAMP = 20.0
 # verl's low_var_kl clamps the k3 estimate itself to [-10, 10] (k3 >= 0, so
 # a token's KL term is at most 10, with zero gradient beyond).
 K3_CLAMP = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Knobs of :func:`mixed_objective`, named as the run config names them:
+  ``rspo.{alpha, centre_cap, centre_cap_mode}``, ``rollout.overlap`` and
+  the rest ``algo.*``. Built once from the config
+  (``build.policy_loss_config``); static (the jitted step closes over it).
+
+  alpha: weight of the off-policy term (0 for B and the baseline).
+  clip_eps, clip_eps_high (None = clip_eps), clip_window: eps_low, eps_high
+    and the form of :func:`shifted_window`.
+  kl_coef, kl_kind: beta and the estimator (:func:`kl_divergence`).
+  loss_agg: mode of :func:`aggregate`.
+  centre_cap, centre_cap_mode: :func:`apply_centre_cap` on replayed tokens;
+    cap 0 = off.
+  clip_ratio_c: C of :func:`dual_clip` on fresh tokens; 0 = off, else > 1.
+  overlap: fresh rows may be one A step stale: their clip is centred on
+    pi_old / their behaviour log-probs (False: pi_B := pi_old there).
+  """
+
+  alpha: float = 0.0
+  clip_eps: float = 0.2
+  clip_eps_high: Optional[float] = None
+  clip_window: str = "additive"
+  kl_coef: float = 0.0
+  kl_kind: str = "k3"
+  entropy_coef: float = 0.0
+  loss_agg: str = "token_mean"
+  centre_cap: float = 0.0
+  centre_cap_mode: str = "truncate"
+  clip_ratio_c: float = 0.0
+  overlap: bool = False
+
+  def __post_init__(self):
+    check_centre_cap(self.centre_cap, self.centre_cap_mode)
+    check_dual_clip(self.clip_ratio_c)
 
 
 def _masked(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -134,19 +172,13 @@ def shifted_clip_objective(
 
     r = pi_theta / pi_B       = exp(logp - behavior_logp)
     c = pi_theta_old / pi_B   = exp(old_logp - behavior_logp)   (no gradient)
-    additive:       [lo, hi] = [c - eps_low,       c + eps_high]   (paper)
-    multiplicative: [lo, hi] = [c * (1 - eps_low), c * (1 + eps_high)]
-                    (AReaL's decoupled PPO)
-    objective = min(r * A, clip(r, lo, hi) * A)
+    [lo, hi] = shifted_window(c, eps_low, eps_high, window)
+    objective = ppo_clip(r, A, lo, hi) = min(r * A, clip(r, lo, hi) * A)
 
   eps_low = clip_eps, eps_high = clip_eps_high or clip_eps. When
-  behavior_logp == old_logp, c = 1 and both windows are PPO's
-  [1 - eps_low, 1 + eps_high]: the objective equals PPO exactly.
-
-  On tokens where the clipped branch is the smaller one and differs from
-  the unclipped one, the objective is the constant clip bound times A, so the
-  gradient there is exactly 0. Log-ratios are clamped to [-20, 20] before exp.
-  Only ``logp`` carries gradient; all other inputs are stop-gradient.
+  behavior_logp == old_logp, c = 1: the objective equals PPO exactly.
+  Log-ratios are clamped to [-20, 20] before exp. Only ``logp`` carries
+  gradient; all other inputs are stop-gradient.
 
   Args:
     logp: [B, T] log pi_theta of the taken tokens.
@@ -179,15 +211,8 @@ def shifted_clip_objective(
 
   ratio = jnp.exp(_masked_log_ratio(logp, behavior_logp, mask))
   centre = jnp.exp(_masked_log_ratio(old_logp, behavior_logp, mask))
-  if window == "additive":
-    lower, upper = centre - eps_low, centre + eps_high
-  else:
-    lower, upper = centre * (1.0 - eps_low), centre * (1.0 + eps_high)
-  unclipped = ratio * adv
-  clipped_obj = jnp.clip(ratio, lower, upper) * adv
-  is_clipped = clipped_obj < unclipped
-  # where (not minimum) so the gradient is exactly r*A's or exactly 0.
-  objective = jnp.where(is_clipped, clipped_obj, unclipped)
+  lower, upper = shifted_window(centre, eps_low, eps_high, window)
+  objective, is_clipped = ppo_clip(ratio, adv, lower, upper)
   objective = _masked(objective, mask)
   diag = {
       "ratio": ratio,
@@ -201,6 +226,106 @@ def shifted_clip_objective(
           (is_clipped & (ratio > upper)).astype(jnp.float32), mask),
   }
   return objective, diag
+
+
+def ppo_clip(
+    ratio: jax.Array, advantages: jax.Array, lower, upper
+) -> tuple[jax.Array, jax.Array]:
+  """PPO's clipped surrogate on the window [lower, upper], per token.
+
+    objective = min(r * A, clip(r, lower, upper) * A)
+
+  taken with ``where``, not ``minimum``: where the clipped branch is the
+  smaller one and differs, the objective is the constant bound times A and
+  its gradient is exactly 0; elsewhere it is exactly r * A's. PPO's window
+  is [1 - eps_low, 1 + eps_high]; RSPO's is :func:`shifted_window`.
+
+  Args:
+    ratio: [B, T] r (carries gradient).
+    advantages: [B, T] A (no gradient).
+    lower: [B, T] (or scalar) lower bound of the window.
+    upper: [B, T] (or scalar) upper bound.
+
+  Returns:
+    objective [B, T] and is_clipped [B, T] bool (the clipped branch is
+    active and differs).
+  """
+  unclipped = ratio * advantages
+  clipped = jnp.clip(ratio, lower, upper) * advantages
+  is_clipped = clipped < unclipped
+  return jnp.where(is_clipped, clipped, unclipped), is_clipped
+
+
+def shifted_window(
+    centre: jax.Array, eps_low: float, eps_high: float,
+    window: str = "additive",
+) -> tuple[jax.Array, jax.Array]:
+  """RSPO's clip window [lower, upper] around c = pi_old / pi_B:
+
+    additive:       [c - eps_low,       c + eps_high]        (paper)
+    multiplicative: [c * (1 - eps_low), c * (1 + eps_high)]  (AReaL)
+
+  At c = 1 (tokens sampled by pi_old) both are PPO's [1 - eps_low,
+  1 + eps_high]."""
+  if window == "additive":
+    return centre - eps_low, centre + eps_high
+  return centre * (1.0 - eps_low), centre * (1.0 + eps_high)
+
+
+def dual_clip(
+    objective: jax.Array, ratio: jax.Array, centre: jax.Array,
+    advantages: jax.Array, c: float, mask: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+  """verl's dual clip (``clip_ratio_c``, Ye et al. 2020) of a clip objective.
+
+    held      = mask * [A < 0 and r > C * c]
+    objective = C * c * A where held, else objective   (zero gradient there)
+
+  With c = 1 this is max(min(r A, clip(r) A), C A) where A < 0, verl's
+  ``compute_policy_loss``: a token with A < 0 whose ratio grew past C gets
+  a constant objective. On a fresh row one A step stale (c = pi_old /
+  pi_behaviour) it is c * max(PPO(r / c), C A), AReaL's decoupled loss:
+  r / c = pi_theta / pi_old, so the rule acts on the ratio to pi_old.
+
+  Args:
+    objective: [B, T] clip objective.
+    ratio: [B, T] r = pi_theta / pi_B.
+    centre: [B, T] c (no gradient).
+    advantages: [B, T] A (no gradient).
+    c: C (> 1).
+    mask: [B, T] float, the tokens it may hold.
+
+  Returns:
+    objective [B, T] and held [B, T] float (1.0 where held at C * c * A).
+  """
+  held = _masked(((advantages < 0) & (ratio > c * centre))
+                 .astype(jnp.float32), mask)
+  return jnp.where(held > 0, c * centre * advantages, objective), held
+
+
+def apply_centre_cap(
+    objective: jax.Array, centre: jax.Array, rows: jax.Array, cap: float,
+    mode: str,
+) -> tuple[jax.Array, jax.Array]:
+  """The clip objective of ``rows`` times :func:`centre_cap_factor`'s f.
+
+    objective' = f * objective on rows, objective elsewhere
+    truncate: f = min(1, cap / c);  mask: f = [c <= cap]
+
+  so a token at r = c has gradient weight min(c, cap) * A, or 0.
+
+  Args:
+    objective: [B, T].
+    centre: [B, T] c (no gradient).
+    rows: [B, 1] bool, the rows capped (replayed rows).
+    cap: the cap (> 0).
+    mode: one of ``CENTRE_CAP_MODES``.
+
+  Returns:
+    objective [B, T] and over [B, T] (1.0 where c > cap, else 0).
+  """
+  factor, over = centre_cap_factor(centre, cap, mode)
+  return jnp.where(rows, objective * factor, objective), over
 
 
 def centre_cap_factor(
@@ -217,18 +342,13 @@ def centre_cap_factor(
     mask:     f = 1 if c <= cap else 0  -> the token contributes nothing
               (AReaL's ``behav_imp_weight_cap``)
 
-  AReaL (inclusionAI/AReaL), areal/utils/functional.py ``ppo_actor_loss_fn``:
-  its decoupled loss is w * PPO-clip(pi_theta / pi_prox), w = pi_prox /
-  pi_behav (w is our c: pi_prox is our pi_old, pi_behav our pi_B; since
-  w > 0 the product is our multiplicative window). Tokens with
-  w > behav_imp_weight_cap get w = 0 (kept: w <= cap, as here) while the
-  loss is still divided by the count of the *original* loss mask; AReaL
-  documents the cap as > 1. Its later areal/utils/functional/functional.py
-  replaces the cap by ``apply_rejection_sampling`` with action 'mask' (the
-  same, and it keeps that denominator on purpose: otherwise "mask mode
-  would inflate per-token gradients by N_original / N_kept") or 'clamp'
-  (w clamped to the cap: our truncate, since f * c = min(c, cap)). So here
-  a masked token still counts in its source's normaliser (N_off, R_off) and
+  AReaL's decoupled loss (areal/utils/functional.py ``ppo_actor_loss_fn``)
+  is w * PPO-clip(pi_theta / pi_prox), w = pi_prox / pi_behav (our c);
+  tokens with w > behav_imp_weight_cap get w = 0 (kept: w <= cap, as here)
+  and the loss is still divided by the count of the *original* loss mask
+  (its later ``apply_rejection_sampling``, action 'mask', keeps that
+  denominator on purpose; action 'clamp' is our truncate). So here a
+  masked token still counts in its source's normaliser (N_off, R_off) and
   in the (1 - alpha, alpha) decision.
 
   Args:
@@ -378,12 +498,9 @@ def _approx_kl(logp, old_logp, mask, total=None) -> jax.Array:
   clamped at 10.
 
   Not exp(-d) + d - 1 (the KL penalty's direction, ``_k3``): under pi_old's
-  samples its mean is E_old[pi_old / pi_theta] - 1 - KL, heavy-tailed: one
-  token of ~3,000 whose probability fell by e^-13 adds ~150 to it (the
-  earlier studies' approx_kl "spikes", 0.3 to ~300, fit such tokens; the
-  metric's mean over a step's updates divides one update's by their
-  count); here that token adds 12 / 3,000, and log_ratio_fall_max shows
-  the fall itself."""
+  samples its mean is E_old[pi_old / pi_theta] - 1 - KL, heavy-tailed (one
+  token whose probability fell by e^-13 adds e^13 to the sum; here 12);
+  log_ratio_fall_max shows such a fall itself."""
   d = _masked_log_ratio(logp, old_logp, mask)
   k3 = jnp.exp(d) - 1.0 - d
   return aggregate(jax.lax.stop_gradient(k3), mask, "token_mean", total)
@@ -515,6 +632,59 @@ def mixed_totals(
   return totals
 
 
+def _sources(loss_mask: jax.Array, is_offpolicy: jax.Array):
+  """mask (float), replayed rows [B, 1] bool, and the masks of the fresh
+  (on) and replayed (off) rows."""
+  mask = loss_mask.astype(jnp.float32)
+  off_rows = is_offpolicy.astype(bool)[:, None]
+  return (mask, off_rows, jnp.where(off_rows, 0.0, mask),
+          jnp.where(off_rows, mask, 0.0))
+
+
+def _clip_objective(logp, old_logp, behavior_logp, advantages, mask,
+                    off_rows, cfg: LossConfig):
+  """The clip objective of :func:`mixed_objective`, per token.
+
+    fresh rows:    PPO clip, pi_B := pi_old (``cfg.overlap``: their own
+                   behaviour log-probs, the shifted clip), then the dual
+                   clip (``cfg.clip_ratio_c`` > 0)
+    replayed rows: shifted clip around c = pi_old / pi_B, then the centre
+                   cap (``cfg.centre_cap`` > 0)
+
+  Returns:
+    objective [B, T], the shifted clip's diagnostics, and held: {metric
+    name: (source, [B, T] indicator)} of the dual clip and the cap.
+  """
+  mask_on = jnp.where(off_rows, 0.0, mask)
+  behavior = (behavior_logp if cfg.overlap
+              else jnp.where(off_rows, behavior_logp, old_logp))
+  obj, diag = shifted_clip_objective(
+      logp, old_logp, behavior, advantages, mask, clip_eps=cfg.clip_eps,
+      clip_eps_high=cfg.clip_eps_high, window=cfg.clip_window)
+  held = {}
+  if cfg.centre_cap:
+    obj, over = apply_centre_cap(obj, diag["centre"], off_rows,
+                                 cfg.centre_cap, cfg.centre_cap_mode)
+    held["centre_cap_frac_off"] = (
+        "off", _masked(over, jnp.where(off_rows, mask, 0.0)))
+  if cfg.clip_ratio_c:
+    obj, dual = dual_clip(
+        obj, diag["ratio"], jax.lax.stop_gradient(diag["centre"]),
+        jax.lax.stop_gradient(advantages.astype(jnp.float32)),
+        cfg.clip_ratio_c, mask_on)
+    held = {"clip_frac_on_dual": ("on", dual), **held}
+  return obj, diag, held
+
+
+def _check_mixed_inputs(arrays, is_offpolicy, entropy) -> None:
+  chex.assert_rank(arrays, 2)
+  chex.assert_equal_shape(arrays)
+  chex.assert_rank(is_offpolicy, 1)
+  chex.assert_axis_dimension(is_offpolicy, 0, arrays[0].shape[0])
+  if entropy is not None:
+    chex.assert_equal_shape([entropy, arrays[0]])
+
+
 def mixed_objective(
     logp: jax.Array,
     old_logp: jax.Array,
@@ -524,177 +694,106 @@ def mixed_objective(
     loss_mask: jax.Array,
     is_offpolicy: jax.Array,
     entropy: Optional[jax.Array],
-    *,
-    alpha: float,
-    clip_eps: float,
-    clip_eps_high: Optional[float] = None,
-    window: str = "additive",
-    kl_coef: float,
-    kl_kind: str = "k3",
-    entropy_coef: float,
-    agg: str = "token_mean",
+    cfg: LossConfig,
     totals: Optional[dict] = None,
-    centre_cap: float = 0.0,
-    centre_cap_mode: str = "truncate",
-    dual_clip_c: float = 0.0,
-    fresh_behavior: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """RSPO's loss for agent A over a batch mixing on- and off-policy rows.
 
-    f       = clip_objective - kl_coef * KL(pi_theta || pi_ref)   per token
+    f       = clip objective - kl_coef * KL(pi_theta || pi_ref)   per token
     J_src   = sum_{src tokens} f / N_src                 (token_mean)
               sum_{src rows} mean_t f / R_src            (seq_mean_token_mean)
     J_total = w_on * J_on + w_off * J_off
     loss    = -J_total - entropy_coef * H,   H normalised by N_on + N_off
                                              (or R_on + R_off) alike
 
+  The clip objective: fresh (on-policy) rows take pi_B := pi_old, so
+  :func:`shifted_clip_objective` is PPO's clip there (with ``cfg.overlap``
+  they keep ``behavior_logp``: c = pi_old / pi_behaviour, AReaL's decoupled
+  PPO); replayed rows the shifted clip around c = pi_old / pi_B. Then
+  :func:`apply_centre_cap` on replayed rows (``cfg.centre_cap`` > 0; the
+  paper has none) and :func:`dual_clip` on fresh tokens
+  (``cfg.clip_ratio_c`` > 0; replayed ones keep the paper's J_off).
+
   N_src, R_src (counted tokens, rows with a counted token) and the weights
-  come from ``totals`` (:func:`mixed_totals`): (w_on, w_off) =
-  (1 - alpha, alpha) when both sources have counted tokens, (1, 0) or
-  (0, 1) when only one has, (0, 0) when neither. ``totals=None`` takes this
-  batch's own, so the result is this batch's loss. Given the totals of a
-  whole update, the call on one micro-batch returns that micro-batch's
-  *contribution*: summed over any partition of the update's rows (in any
-  order, with padding rows of zero mask), loss, gradient and metrics are
-  the update's. On-policy rows use pi_B := pi_old (whatever
-  ``behavior_logp`` holds there), so J_on is plain PPO; off-policy rows use
-  the shifted clip around c = pi_old / pi_B. With ``fresh_behavior`` the
-  on-policy rows take ``behavior_logp`` as given too: rows sampled by an
-  earlier policy than pi_old (``rollout.overlap``: one A step stale) get
-  the shifted clip around c = pi_old / pi_behaviour, AReaL's decoupled
-  PPO; where ``behavior_logp`` equals pi_old there it is PPO again.
-
-  Centre cap (option, off by default: the paper has none): with
-  ``centre_cap`` > 0 the clip objective of each counted *replayed* token is
-  multiplied by :func:`centre_cap_factor`'s stop-gradient f (truncate:
-  min(1, cap / c); mask: 0 where c > cap), so its gradient weight at r = c is
-  min(c, cap) * A, or 0. Fresh rows (c = 1 by construction), the KL and
-  entropy terms, and every normaliser and weight are unchanged. With
-  ``centre_cap = 0`` the loss is exactly the uncapped one.
-
-  Dual clip (verl's ``clip_ratio_c``, Ye et al. 2020): with ``dual_clip_c``
-  = C > 1, a *fresh* token with A < 0 and r = pi_theta / pi_old > C has
-  objective C * A, a constant (zero gradient), i.e. on fresh tokens
-  objective = max(min(r A, clip(r) A), C A) where A < 0, as verl's
-  ``compute_policy_loss``. A stale fresh row (``fresh_behavior``, c =
-  pi_old / pi_behaviour) has the same rule on its ratio to pi_old, times
-  c, as AReaL's decoupled loss: objective = c * max(PPO(r / c), C A),
-  held at C * c * A where r > C * c. Replayed tokens keep the paper's
-  J_off (no dual clip: their window is centred on c, not 1). 0 = off.
+  come from ``totals`` (:func:`mixed_totals`; None: this batch's own).
+  Given a whole update's totals, the call on one micro-batch returns its
+  *contribution*: summed over any partition of the update's rows (padding
+  rows of zero mask included), loss, gradient and metrics are the
+  update's.
 
   Args:
     logp, old_logp, behavior_logp, ref_logp, advantages: [B, T].
     loss_mask: [B, T] float, 1 on counted response tokens.
     is_offpolicy: [B] bool, row sampled from the replay buffer.
     entropy: [B, T] per-token policy entropy, or None (no entropy term).
-    alpha: weight of the off-policy term.
-    clip_eps, clip_eps_high, window: see :func:`shifted_clip_objective`.
-    kl_coef: beta, weight of the KL to the reference policy.
-    kl_kind: KL estimator, see :func:`kl_divergence`.
-    entropy_coef: weight of the entropy bonus.
-    agg: aggregation mode, see :func:`aggregate`.
+    cfg: the knobs (:class:`LossConfig`).
     totals: the whole update's :func:`mixed_totals`, or None.
-    centre_cap: cap on c of replayed tokens; 0 = off (a static float).
-    centre_cap_mode: 'truncate' or 'mask', see :func:`centre_cap_factor`.
-    dual_clip_c: C of the dual clip on fresh tokens (a static float);
-      0 = off, else > 1.
-    fresh_behavior: on-policy rows use ``behavior_logp`` (a static bool;
-      False: pi_old there).
 
   Returns:
     loss (scalar) and metrics, each a token mean over the counted tokens of
-    its source (or all) normalised by the totals: loss, pg_loss_on/off (-J
-    of the clip objective alone, ``agg``), clip_frac_on/off (clipped branch
-    active: zero gradient), clip_frac_{on,off}_low (r < lower, A < 0) and
-    _high (r > upper, A > 0), kl_on/off, ratio_mean_on/off, approx_kl
-    (k3 of KL(pi_old || pi_theta) over fresh tokens, :func:`_approx_kl`)
-    and approx_kl_off (the same over replayed tokens), log_ratio_fall_max
-    and log_ratio_rise_max (:func:`_log_ratio_extremes`), entropy; with
-    ``dual_clip_c`` > 0 also clip_frac_on_dual
-    (share of counted fresh tokens the dual clip holds at C * A, verl's
-    pg_clipfrac_lower); with ``centre_cap`` > 0 also
-    centre_cap_frac_off (share of counted replayed tokens with c > cap: how
-    often the cap binds). With ``totals=None`` the metrics also hold this
-    batch's totals (n_tokens_on/off, n_rows_on/off, w_on/off).
+    its source normalised by the totals: loss, entropy, pg_loss_on/off (-J
+    of the clip objective alone), clip_frac_{on,off}{,_low,_high} (clipped
+    branch active; r < lower, A < 0; r > upper, A > 0), kl_on/off,
+    ratio_mean_on/off, approx_kl(_off) (:func:`_approx_kl` over fresh /
+    replayed tokens), log_ratio_{fall,rise}_max (:func:`_log_ratio_extremes`);
+    clip_frac_on_dual (fresh tokens held by the dual clip, verl's
+    pg_clipfrac_lower) and centre_cap_frac_off (replayed tokens with
+    c > cap) when those are on; with ``totals=None`` also this batch's
+    totals (n_tokens_on/off, n_rows_on/off, w_on/off).
   """
-  chex.assert_rank(
-      [logp, old_logp, behavior_logp, ref_logp, advantages, loss_mask], 2
-  )
-  chex.assert_equal_shape(
-      [logp, old_logp, behavior_logp, ref_logp, advantages, loss_mask]
-  )
-  chex.assert_rank(is_offpolicy, 1)
-  chex.assert_axis_dimension(is_offpolicy, 0, logp.shape[0])
-  if entropy is not None:
-    chex.assert_equal_shape([entropy, logp])
-  check_centre_cap(centre_cap, centre_cap_mode)
-  check_dual_clip(dual_clip_c)
+  _check_mixed_inputs(
+      [logp, old_logp, behavior_logp, ref_logp, advantages, loss_mask],
+      is_offpolicy, entropy)
   own_totals = totals is None
   if own_totals:
-    totals = mixed_totals(loss_mask, is_offpolicy, alpha=alpha)
-  mask = loss_mask.astype(jnp.float32)
-  off_rows = is_offpolicy.astype(bool)[:, None]
-  mask_off = jnp.where(off_rows, mask, 0.0)
-  mask_on = jnp.where(off_rows, 0.0, mask)
-  behavior = (behavior_logp if fresh_behavior
-              else jnp.where(off_rows, behavior_logp, old_logp))
+    totals = mixed_totals(loss_mask, is_offpolicy, alpha=cfg.alpha)
+  mask, off_rows, mask_on, mask_off = _sources(loss_mask, is_offpolicy)
+  obj, diag, held = _clip_objective(logp, old_logp, behavior_logp,
+                                    advantages, mask, off_rows, cfg)
+  kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask),
+                     cfg.kl_kind)
+  per_token = obj - cfg.kl_coef * kl
 
-  obj, diag = shifted_clip_objective(
-      logp,
-      old_logp,
-      behavior,
-      advantages,
-      mask,
-      clip_eps=clip_eps,
-      clip_eps_high=clip_eps_high,
-      window=window,
-  )
-  if centre_cap:
-    factor, over = centre_cap_factor(diag["centre"], centre_cap,
-                                     centre_cap_mode)
-    obj = jnp.where(off_rows, obj * factor, obj)
-    over = _masked(over, mask_off)
-  if dual_clip_c:
-    # On c * PPO(r / c): r / c = pi_theta / pi_old, c = 1 on rows sampled
-    # by pi_old (exactly: their behaviour is pi_old), so C * c * A below.
-    adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))
-    centre = jax.lax.stop_gradient(diag["centre"])
-    dual = _masked(((adv < 0) & (diag["ratio"] > dual_clip_c * centre))
-                   .astype(jnp.float32), mask_on)
-    obj = jnp.where(dual > 0, dual_clip_c * centre * adv, obj)
-  kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask), kl_kind)
-  per_token = obj - kl_coef * kl
-
-  n = {src: totals[f"n_tokens_{src}"] for src in ("on", "off")}
-  norm = {src: _total(totals, agg, f"_{src}") for src in ("on", "off")}
+  agg = cfg.loss_agg
+  masks = {"on": mask_on, "off": mask_off}
+  norm = {src: _total(totals, agg, f"_{src}") for src in masks}
   j_on = aggregate(per_token, mask_on, agg, norm["on"])
   j_off = aggregate(per_token, mask_off, agg, norm["off"])
   j_total = totals["w_on"] * j_on + totals["w_off"] * j_off
-
   if entropy is None:
     ent = jnp.zeros((), jnp.float32)
   else:
     ent = aggregate(entropy, mask, agg, norm["on"] + norm["off"])
-  loss = -j_total - entropy_coef * ent
+  loss = -j_total - cfg.entropy_coef * ent
 
   metrics = {"loss": loss, "entropy": ent}
-  token_means = (("clip_frac_{}", diag["clipped"]),
-                 ("clip_frac_{}_low", diag["clipped_low"]),
-                 ("clip_frac_{}_high", diag["clipped_high"]),
-                 ("kl_{}", kl), ("ratio_mean_{}", diag["ratio"]))
-  for src, m in (("on", mask_on), ("off", mask_off)):
-    metrics[f"pg_loss_{src}"] = -aggregate(obj, m, agg, norm[src])
-    for name, x in token_means:
-      metrics[name.format(src)] = aggregate(x, m, "token_mean", n[src])
-  if dual_clip_c:
-    metrics["clip_frac_on_dual"] = aggregate(dual, mask_on, "token_mean",
-                                             n["on"])
-  if centre_cap:
-    metrics["centre_cap_frac_off"] = aggregate(over, mask_off, "token_mean",
-                                               n["off"])
-  metrics["approx_kl"] = _approx_kl(logp, old_logp, mask_on, n["on"])
-  metrics["approx_kl_off"] = _approx_kl(logp, old_logp, mask_off, n["off"])
+  metrics.update(_source_metrics(obj, kl, diag, held, masks, norm, totals,
+                                 agg))
+  metrics["approx_kl"] = _approx_kl(logp, old_logp, mask_on,
+                                    totals["n_tokens_on"])
+  metrics["approx_kl_off"] = _approx_kl(logp, old_logp, mask_off,
+                                        totals["n_tokens_off"])
   metrics.update(_log_ratio_extremes(logp, old_logp, mask))
   if own_totals:
     metrics.update(totals)
   return loss, metrics
+
+
+def _source_metrics(obj, kl, diag, held, masks, norm, totals, agg):
+  """Per-source metrics of :func:`mixed_objective`: pg_loss (``agg``, by
+  ``norm``), token means of the clip diagnostics, KL and ratio, and the
+  shares ``held`` ({name: (source, [B, T] indicator)}), each over its
+  source's counted tokens."""
+  token_means = (("clip_frac_{}", diag["clipped"]),
+                 ("clip_frac_{}_low", diag["clipped_low"]),
+                 ("clip_frac_{}_high", diag["clipped_high"]),
+                 ("kl_{}", kl), ("ratio_mean_{}", diag["ratio"]))
+  n = {src: totals[f"n_tokens_{src}"] for src in masks}
+  metrics = {}
+  for src, m in masks.items():
+    metrics[f"pg_loss_{src}"] = -aggregate(obj, m, agg, norm[src])
+    for name, x in token_means:
+      metrics[name.format(src)] = aggregate(x, m, "token_mean", n[src])
+  for name, (src, x) in held.items():
+    metrics[name] = aggregate(x, masks[src], "token_mean", n[src])
+  return metrics

@@ -30,14 +30,13 @@ block's queries and MLP, the final norm, the LM head, the log-softmax and the
 entropy run on R positions per row, ``[s_b, s_b + R)``
 (``transformer.window_starts``), instead of all T; per-token outputs are 0
 outside the window. Values on the counted tokens, the loss and its gradient
-are those of the full computation. Loss functions that accept a ``window``
-keyword get one from the Learner.
+are those of the full computation. A policy loss marked ``windowed`` gets
+``window=R`` from the Learner.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any, Callable, Optional
 
 import flax
@@ -58,28 +57,37 @@ from rspo_jax.models import transformer as tfm
 LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
-def summed_over_micro_batches(batch_totals: Callable[[Any], dict]):
-  """Marks a loss as one whose micro-batch values sum to the batch's.
+@dataclasses.dataclass(frozen=True)
+class SummedLoss:
+  """A loss whose micro-batch values sum to the batch's.
 
   ``batch_totals(batch) -> {name: scalar}`` gives the whole batch's
   normalisers (token counts ...); the step calls it once on the full batch
-  and passes the result as ``loss_fn(..., totals=...)`` to every
-  micro-batch. The loss then returns the micro-batch's contribution (a sum
-  over its rows divided by the totals); with ``totals=None`` it takes the
-  batch's own, i.e. returns the batch's loss. The step reports the totals
-  among the metrics.
+  and passes the result as ``fn(..., totals=...)`` to every micro-batch.
+  ``fn`` then returns the micro-batch's contribution (a sum over its rows
+  divided by the totals); with ``totals=None`` it takes the batch's own,
+  i.e. returns the batch's loss. The step reports the totals among the
+  metrics. ``windowed``: ``fn`` takes ``window=R`` (module docstring).
+  Called like ``fn``; any other callable is a plain (averaged) loss.
   """
 
-  def mark(loss_fn):
-    loss_fn.batch_totals = batch_totals
-    return loss_fn
+  fn: LossFn
+  batch_totals: Callable[[Any], dict]
+  windowed: bool = False
 
-  return mark
+  def __call__(self, model, batch, rng, **kw):
+    return self.fn(model, batch, rng, **kw)
+
+
+def summed_over_micro_batches(batch_totals: Callable[[Any], dict], *,
+                              windowed: bool = False):
+  """Decorator: ``fn`` -> ``SummedLoss(fn, batch_totals, windowed)``."""
+  return lambda fn: SummedLoss(fn, batch_totals, windowed)
 
 
 def batch_totals_of(loss_fn: LossFn) -> Optional[Callable[[Any], dict]]:
   """The ``batch_totals`` function of a summed loss, else None."""
-  return getattr(loss_fn, "batch_totals", None)
+  return loss_fn.batch_totals if isinstance(loss_fn, SummedLoss) else None
 
 
 @flax.struct.dataclass
@@ -89,27 +97,8 @@ class TrainState:
   opt_state: Any
 
 
-@dataclasses.dataclass(frozen=True)
-class PolicyLossConfig:
-  """Knobs of the mixed RSPO objective (see losses.mixed_objective)."""
-
-  alpha: float = 0.0
-  clip_eps: float = 0.2
-  clip_eps_high: Optional[float] = None
-  window: str = "additive"
-  kl_coef: float = 0.0
-  kl_kind: str = "k3"
-  entropy_coef: float = 0.0
-  agg: str = "token_mean"
-  # Cap on c = pi_old / pi_B of replayed tokens (losses.centre_cap_factor);
-  # 0 = off.
-  centre_cap: float = 0.0
-  centre_cap_mode: str = "truncate"
-  # Dual clip of fresh tokens with A < 0 (verl's clip_ratio_c); 0 = off.
-  dual_clip_c: float = 0.0
-  # Fresh rows' clip centred on pi_old / their behaviour log-probs (rows
-  # one A step stale under rollout.overlap); False: pi_old there.
-  fresh_behavior: bool = False
+# Knobs of the mixed RSPO objective, named as the config names them.
+PolicyLossConfig = losses.LossConfig
 
 
 MAX_SUFFIX = "_max"
@@ -439,11 +428,9 @@ def make_train_step(
 
 
 def accepts_window(loss_fn: LossFn) -> bool:
-  """Whether ``loss_fn`` takes the ``window`` keyword."""
-  try:
-    return "window" in inspect.signature(loss_fn).parameters
-  except (TypeError, ValueError):
-    return False
+  """Whether ``loss_fn`` takes the ``window`` keyword (a windowed
+  ``SummedLoss``)."""
+  return isinstance(loss_fn, SummedLoss) and loss_fn.windowed
 
 
 def _max_span(mask, xp):
@@ -532,35 +519,16 @@ def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
         batch.loss_mask, batch.is_offpolicy, alpha=cfg.alpha
     )
 
-  @summed_over_micro_batches(batch_totals)
+  @summed_over_micro_batches(batch_totals, windowed=True)
   def loss_fn(model, batch, rng, window: int = 0, totals=None):
     del rng
     logp, entropy = _batch_logp(
         model, batch, window, entropy=bool(cfg.entropy_coef)
     )
     return losses.mixed_objective(
-        logp,
-        batch.old_logp,
-        batch.behavior_logp,
-        batch.ref_logp,
-        batch.advantages,
-        batch.loss_mask,
-        batch.is_offpolicy,
-        entropy,
-        alpha=cfg.alpha,
-        clip_eps=cfg.clip_eps,
-        clip_eps_high=cfg.clip_eps_high,
-        window=cfg.window,
-        kl_coef=cfg.kl_coef,
-        kl_kind=cfg.kl_kind,
-        entropy_coef=cfg.entropy_coef,
-        agg=cfg.agg,
-        totals=totals,
-        centre_cap=cfg.centre_cap,
-        centre_cap_mode=cfg.centre_cap_mode,
-        dual_clip_c=cfg.dual_clip_c,
-        fresh_behavior=cfg.fresh_behavior,
-    )
+        logp, batch.old_logp, batch.behavior_logp, batch.ref_logp,
+        batch.advantages, batch.loss_mask, batch.is_offpolicy, entropy, cfg,
+        totals)
 
   return loss_fn
 
@@ -581,7 +549,7 @@ def _sft_totals(batch):
   return {"n_tokens": jnp.sum(jnp.asarray(batch.loss_mask, jnp.float32))}
 
 
-@summed_over_micro_batches(_sft_totals)
+@summed_over_micro_batches(_sft_totals, windowed=True)
 def sft_loss(model, batch, rng, window: int = 0, totals=None):
   """Behaviour cloning: -mean log pi(response tokens), the mean over the
   whole batch's response tokens (``totals['n_tokens']``)."""

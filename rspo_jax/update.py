@@ -191,7 +191,7 @@ class StepUpdater:
 
   @property
   def epochs(self) -> int:
-    e = int(self.cfg.train.get("ppo_epochs", 1))
+    e = int(self.cfg.train.ppo_epochs)
     if e < 1:
       raise ValueError(f"train.ppo_epochs={e} must be >= 1")
     return e
@@ -344,7 +344,7 @@ class StepUpdater:
     off = np.asarray(off, bool)
     n_rows = len(off)
     t = self.cfg.train
-    fixed = int(t.get("updates_per_step", 0) or 0)
+    fixed = int(t.updates_per_step or 0)
     m = self._per_host(t.mini_batch_rows)
     if fixed:
       n_updates = min(fixed, n_rows)

@@ -97,9 +97,9 @@ def test_dual_clip_is_verls_default_reaches_both_losses_and_is_validated():
     cfg = webshop_grpo.get_config(arg)
     assert cfg.algo.clip_ratio_c == 3.0
     for rspo in (True, False):
-      assert build.policy_loss_config(cfg, rspo=rspo).dual_clip_c == 3.0
+      assert build.policy_loss_config(cfg, rspo=rspo).clip_ratio_c == 3.0
   cfg = webshop_grpo.get_config("algo.clip_ratio_c=0")
-  assert build.policy_loss_config(cfg, rspo=True).dual_clip_c == 0.0
+  assert build.policy_loss_config(cfg, rspo=True).clip_ratio_c == 0.0
   with pytest.raises(ConfigError, match=re.escape("0 (off) or > 1")):
     webshop_grpo.get_config("algo.clip_ratio_c=1")
 

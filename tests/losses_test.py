@@ -215,7 +215,7 @@ def test_masked_tokens_change_nothing():
 
   def run(lp, o, b, r, a, e):
     f = lambda lp_: losses.mixed_objective(
-        lp_, o, b, r, a, jnp.asarray(mask), is_off, e, **kw
+        lp_, o, b, r, a, jnp.asarray(mask), is_off, e, losses.LossConfig(**kw)
     )
     (loss, m), g = jax.value_and_grad(f, has_aux=True)(lp)
     return loss, m, g
@@ -340,7 +340,7 @@ def _mixed(arrs, mask, is_off, ent, **kw):
       **kw,
   )
   return losses.mixed_objective(
-      *arrs, mask, jnp.asarray(is_off), ent, **kw
+      *arrs, mask, jnp.asarray(is_off), ent, losses.LossConfig(**kw)
   )
 
 
@@ -409,7 +409,7 @@ def test_mixed_objective_seq_mean():
   # Row means: on (1.0 + 1.2) / 2 = 1.1 and -0.8 -> J_on = 0.15; J_off 2.15.
   loss, _ = _mixed(
       arrs, mask, [False, False, True], None, kl_coef=0.0,
-      agg="seq_mean_token_mean",
+      loss_agg="seq_mean_token_mean",
   )
   assert np.isclose(loss, -(0.75 * 0.15 + 0.25 * 2.15), atol=ATOL)
 
@@ -437,7 +437,7 @@ def test_mixed_objective_dual_clip_holds_fresh_negative_tokens_at_c():
   arrs, mask = _dual_case()
   is_off = [False, True]
   # J_on = (-3 - 2.5 + 1.2) / 3, J_off = -4; loss = -(0.75 J_on + 0.25 J_off)
-  loss, m = _mixed(arrs, mask, is_off, None, kl_coef=0.0, dual_clip_c=3.0)
+  loss, m = _mixed(arrs, mask, is_off, None, kl_coef=0.0, clip_ratio_c=3.0)
   assert np.isclose(loss, 0.75 * 4.3 / 3 + 0.25 * 4.0, atol=ATOL)
   assert np.isclose(m["clip_frac_on_dual"], 1 / 3, atol=ATOL)
   # Off: plain PPO on fresh tokens, J_on = (-4 - 2.5 + 1.2) / 3.
@@ -447,13 +447,13 @@ def test_mixed_objective_dual_clip_holds_fresh_negative_tokens_at_c():
   # Gradient w.r.t. log pi: d(-w J)/dlogp = -w / N * r A on active tokens.
   grad = lambda **kw: jax.grad(lambda lp: _mixed(
       [lp] + arrs[1:], mask, is_off, None, kl_coef=0.0, **kw)[0])(arrs[0])
-  g = grad(dual_clip_c=3.0)
+  g = grad(clip_ratio_c=3.0)
   np.testing.assert_allclose(
       g, [[0.0, 0.25 * 2.5, 0.0], [0.25 * 4.0, 0.0, 0.0]], atol=ATOL)
   np.testing.assert_allclose(grad()[0], [0.25 * 4.0, 0.25 * 2.5, 0.0],
                              atol=ATOL)
   with pytest.raises(ValueError, match="dual clip"):
-    _mixed(arrs, mask, is_off, None, dual_clip_c=1.0)
+    _mixed(arrs, mask, is_off, None, clip_ratio_c=1.0)
 
 
 def test_dual_clip_on_a_stale_fresh_row_acts_on_its_ratio_to_pi_old():
@@ -470,8 +470,8 @@ def test_dual_clip_on_a_stale_fresh_row_acts_on_its_ratio_to_pi_old():
   adv = -np.ones((1, 2))
   arrs = [jnp.asarray(x, jnp.float32) for x in (logp, old, beh, logp, adv)]
   mask = jnp.ones((1, 2))
-  kw = dict(kl_coef=0.0, entropy_coef=0.0, dual_clip_c=3.0,
-            fresh_behavior=True)
+  kw = dict(kl_coef=0.0, entropy_coef=0.0, clip_ratio_c=3.0,
+            overlap=True)
   loss, m = _mixed(arrs, mask, [False], None, **kw)
   assert np.isclose(loss, (6.0 + 5.0) / 2, atol=ATOL)
   assert np.isclose(m["clip_frac_on_dual"], 0.5, atol=ATOL)
@@ -494,9 +494,9 @@ def test_mixed_objective_equals_ppo_when_all_on_policy():
 def test_jit_matches_eager():
   arrs, mask, ent = _mixed_case()
   is_off = jnp.asarray([False, False, True])
-  kw = dict(alpha=0.25, clip_eps=0.2, window="multiplicative", kl_coef=0.1,
-            entropy_coef=0.01, agg="seq_mean_token_mean")
-  f = functools.partial(losses.mixed_objective, **kw)
+  kw = dict(alpha=0.25, clip_eps=0.2, clip_window="multiplicative",
+            kl_coef=0.1, entropy_coef=0.01, loss_agg="seq_mean_token_mean")
+  f = functools.partial(losses.mixed_objective, cfg=losses.LossConfig(**kw))
   eager, m_e = f(*arrs, mask, is_off, ent)
   jitted, m_j = jax.jit(f)(*arrs, mask, is_off, ent)
   assert np.isclose(eager, jitted, atol=ATOL)
@@ -541,13 +541,13 @@ def test_micro_batch_contributions_sum_to_the_batch(agg):
   batch's loss, gradient and metrics (the ``*_max`` metrics: their max)."""
   arrs, mask, is_off, ent = _random_mixed_batch()
   kw = dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01,
-            agg=agg)
+            loss_agg=agg)
 
   def run(lp, rows, totals=None):
     others = [a[rows] for a in arrs[1:]]
     return losses.mixed_objective(lp[rows], *others, mask[rows],
-                                  is_off[rows], ent[rows], totals=totals,
-                                  **kw)
+                                  is_off[rows], ent[rows],
+                                  losses.LossConfig(**kw), totals)
 
   logp = arrs[0]
   everything = np.arange(10)
@@ -597,7 +597,7 @@ def test_replayed_to_fresh_gradient_ratio_by_hand():
         r = slice(i * rows // n_micro, (i + 1) * rows // n_micro)
         total += losses.mixed_objective(
             lp[r], old[r], old[r], old[r], adv[r], jnp.asarray(mask[r]),
-            is_off[r], None, totals=totals, **kw)[0]
+            is_off[r], None, losses.LossConfig(**kw), totals)[0]
       return total
     return np.asarray(jax.grad(loss)(old))
 
@@ -633,8 +633,8 @@ def test_clip_sides_by_hand():
   off = [logp, old, beh, logp, a, mask]  # ref = logp
   both = [jnp.concatenate([x, y], 0) for x, y in zip(on, off)]
   _, m = losses.mixed_objective(
-      *both, jnp.asarray([False, False, True]), None, alpha=0.25,
-      clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0)
+      *both, jnp.asarray([False, False, True]), None, losses.LossConfig(
+          alpha=0.25, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0))
   expected = {"clip_frac_on_high": 1 / 3, "clip_frac_on_low": 1 / 3,
               "clip_frac_off_high": 2 / 6, "clip_frac_off_low": 2 / 6,
               "clip_frac_on": 2 / 3, "clip_frac_off": 4 / 6}
@@ -681,8 +681,9 @@ def _cap_case():
 def _cap_run(cap, mode="truncate", alpha=0.25):
   (logp, old, beh), ref, adv, mask, is_off = _cap_case()
   f = lambda lp: losses.mixed_objective(
-      lp, old, beh, ref, adv, mask, is_off, None, alpha=alpha, clip_eps=0.2,
-      kl_coef=0.0, entropy_coef=0.0, centre_cap=cap, centre_cap_mode=mode)
+      lp, old, beh, ref, adv, mask, is_off, None, losses.LossConfig(
+          alpha=alpha, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0,
+          centre_cap=cap, centre_cap_mode=mode))
   (loss, m), g = jax.value_and_grad(f, has_aux=True)(logp)
   return loss, m, np.asarray(g)
 
@@ -762,7 +763,7 @@ def test_centre_cap_zero_is_todays_loss_exactly():
 
   def run(**cap):
     f = lambda lp: losses.mixed_objective(lp, *arrs[1:], mask, is_off, ent,
-                                          **kw, **cap)
+                                          losses.LossConfig(**kw, **cap))
     return jax.value_and_grad(f, has_aux=True)(arrs[0])
 
   (l0, m0), g0 = run()
@@ -785,8 +786,8 @@ def test_centre_cap_micro_batches_sum_to_the_batch(mode):
   def run(lp, rows, totals=None):
     others = [a[rows] for a in arrs[1:]]
     return losses.mixed_objective(lp[rows], *others, mask[rows],
-                                  is_off[rows], ent[rows], totals=totals,
-                                  **kw)
+                                  is_off[rows], ent[rows],
+                                  losses.LossConfig(**kw), totals)
 
   vg = lambda rows, t=None: jax.value_and_grad(
       lambda lp: run(lp, rows, t), has_aux=True)(arrs[0])
@@ -808,7 +809,8 @@ def test_centre_cap_bad_values():
   x = jnp.zeros((1, 2))
   with pytest.raises(ValueError, match="must be >= 0"):
     losses.mixed_objective(x, x, x, x, x, x, jnp.zeros(1, bool), None,
-                           alpha=0.25, clip_eps=0.2, kl_coef=0.0,
-                           entropy_coef=0.0, centre_cap=-1.0)
+                           losses.LossConfig(
+                               alpha=0.25, clip_eps=0.2, kl_coef=0.0,
+                               entropy_coef=0.0, centre_cap=-1.0))
   with pytest.raises(ValueError, match="unknown mode 'clamp'"):
     losses.centre_cap_factor(x, 2.0, "clamp")

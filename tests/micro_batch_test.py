@@ -122,7 +122,7 @@ def test_seq_mean_update_is_independent_of_micro_batches():
   rows with counted tokens, per source."""
   loss = ts.make_policy_loss(ts.PolicyLossConfig(
       alpha=0.25, kl_coef=0.01, entropy_coef=0.001,
-      agg="seq_mean_token_mean"))
+      loss_agg="seq_mean_token_mean"))
   want = gradient_and_metrics(sgd_learner((1, 1, 1), loss), real_rows())
   got = gradient_and_metrics(sgd_learner((1, 8, 1), loss, 3),
                              with_padding_shuffled(real_rows(), seed=5))

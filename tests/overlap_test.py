@@ -35,16 +35,16 @@ def _fresh_row(logp, old, beh):
           jnp.zeros((1,), bool), None)
 
 
-def _loss(args, fresh_behavior):
-  return losses.mixed_objective(
-      *args, alpha=0.0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0,
-      fresh_behavior=fresh_behavior)
+def _loss(args, overlap):
+  return losses.mixed_objective(*args, losses.LossConfig(
+      alpha=0.0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0,
+      overlap=overlap))
 
 
 def test_stale_fresh_rows_clip_around_pi_old_over_pi_behaviour():
   """pi = 0.8, pi_old = 0.5, pi_behaviour = 0.4: r = 2, c = 1.25, the
   window [1.05, 1.45], so the objective is 1.45 A; without
-  ``fresh_behavior`` the row is PPO's: r = 1.6, held at 1.2 A."""
+  ``overlap`` the row is PPO's: r = 1.6, held at 1.2 A."""
   args = _fresh_row(0.8, 0.5, 0.4)
   loss, m = _loss(args, True)
   np.testing.assert_allclose([loss, m["ratio_mean_on"]], [-1.45, 2.0],
@@ -56,7 +56,7 @@ def test_stale_fresh_rows_clip_around_pi_old_over_pi_behaviour():
 
 def test_behaviour_equal_to_pi_old_is_ppo_exactly():
   """Rows of lag 0 get behaviour := pi_old (update.py): the same numbers,
-  bit for bit, with or without ``fresh_behavior``."""
+  bit for bit, with or without ``overlap``."""
   args = _fresh_row(0.7, 0.5, 0.5)
   (a, ma), (b, mb) = _loss(args, True), _loss(args, False)
   assert float(a) == float(b)
@@ -66,9 +66,9 @@ def test_behaviour_equal_to_pi_old_is_ppo_exactly():
 def test_the_key_is_off_by_default_validated_and_reaches_the_loss():
   cfg = toy_grpo.get_config()
   assert cfg.rollout.overlap == 0
-  assert not build.policy_loss_config(cfg, rspo=True).fresh_behavior
+  assert not build.policy_loss_config(cfg, rspo=True).overlap
   cfg = toy_grpo.get_config("rollout.overlap=1")
-  assert build.policy_loss_config(cfg, rspo=False).fresh_behavior
+  assert build.policy_loss_config(cfg, rspo=False).overlap
   with pytest.raises(ConfigError, match=re.escape("rollout.overlap=2")):
     toy_grpo.get_config("rollout.overlap=2")
 
