@@ -148,6 +148,28 @@ def test_a_reward_outside_the_declared_range_warns_once(caplog):
       " BigReward.reward_range=(0, 10)")
 
 
+def test_key_hunts_search_expert_wins_from_what_it_sees():
+  """The 'search' expert (docs/custom_env.md's learning run) wins every
+  task in <= 4 steps and its action is a function of the observation; the
+  default expert still walks straight to the key."""
+  import key_env
+
+  env, seen = key_env.SearchingKeyHunt(), {}
+  assert env.num_tasks("train") == env.num_tasks("valid_seen") == 64
+  for task_id in range(64):
+    step, turns = env.reset(task_id, "valid_seen"), 0
+    while (action := env.expert_action()) is not None:
+      assert seen.setdefault(step.observation, action) == action
+      step, turns = env.step(action), turns + 1
+    assert step.won and turns <= 4
+  direct = key_env.KeyHunt()
+  assert direct.num_tasks("train") == 16
+  direct.reset(0)
+  assert direct.expert_action() == f"go {key_env.key_room('train', 0)}"
+  with pytest.raises(ValueError, match="expert='oracle'"):
+    key_env.KeyHunt(expert="oracle")
+
+
 # ------------------------------------------------------------ collections
 
 

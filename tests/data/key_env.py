@@ -8,6 +8,14 @@ room (won), anything else changes nothing. The observation says where
 the agent is and whether the key is there. Dense reward: 1 on the step
 that enters the key's room, 0 otherwise.
 
+Two experts (``expert=``): ``'direct'`` (the default) knows the task and
+walks straight to the key; its won episodes show no room without the key,
+so a clone of it has never seen the state a wrong guess leads to.
+``'search'`` knows only what the observation says: it visits the rooms in
+``SEARCH_ORDER`` and takes the key where it is, winning every task in at
+most 4 steps; ``SearchingKeyHunt`` is the environment with it (and 64
+tasks a split), for ``env.name`` on a command line (docs/custom_env.md).
+
 The classes below ``KeyHunt`` each break one rule of
 docs/custom_env.md, section 1, and ``env.name=key_env:<Class>`` runs them.
 """
@@ -21,6 +29,8 @@ from third_party_envs import base
 
 ROOMS = ("hall", "kitchen", "study", "cellar")
 ACTIONS = [f"go {r}" for r in ROOMS] + ["take key"]
+SEARCH_ORDER = ROOMS  # the 'search' expert's walk: hall, kitchen, ...
+EXPERTS = ("direct", "search")
 
 
 def key_room(split: str, task_id: int) -> str:
@@ -32,12 +42,15 @@ class KeyHunt(base.TextEnv):
 
   name = "key_hunt"
 
-  def __init__(self, max_steps: int = 4):
-    self.max_steps = max_steps
+  def __init__(self, max_steps: int = 4, expert: str = "direct",
+               num_tasks: int = 16):
+    if expert not in EXPERTS:
+      raise ValueError(f"expert={expert!r}; one of {EXPERTS}")
+    self.max_steps, self.expert, self.tasks = max_steps, expert, num_tasks
     self.key, self.room, self.t, self.done = "", "hall", 0, True
 
   def num_tasks(self, split: str) -> int:
-    return 16
+    return self.tasks
 
   def reset(self, task_id: int, split: str = "train") -> base.EnvStep:
     self.key, self.room = key_room(split, task_id), "hall"
@@ -59,7 +72,13 @@ class KeyHunt(base.TextEnv):
   def expert_action(self) -> Optional[str]:
     if self.done:
       return None
-    return "take key" if self.room == self.key else f"go {self.key}"
+    if self.room == self.key:
+      return "take key"
+    if self.expert == "direct":
+      return f"go {self.key}"
+    # 'search': the room after this one (the key is never in the hall, so
+    # the walk ends at the key by the last room).
+    return f"go {SEARCH_ORDER[SEARCH_ORDER.index(self.room) + 1]}"
 
   def _observe(self, won: bool, valid: bool, dense: float) -> base.EnvStep:
     here = "The key is here." if self.room == self.key else "No key here."
@@ -69,6 +88,13 @@ class KeyHunt(base.TextEnv):
         reward=base.SUCCESS_REWARD * won, done=self.done, won=won,
         score=float(won), task="find the key and take it",
         valid_action=valid, dense_reward=dense)
+
+
+class SearchingKeyHunt(KeyHunt):
+  """``KeyHunt`` with the 'search' expert and 64 tasks a split."""
+
+  def __init__(self, max_steps: int = 4):
+    super().__init__(max_steps, expert="search", num_tasks=64)
 
 
 class NoDenseReward(KeyHunt):
