@@ -107,8 +107,8 @@ def choose(cfg, layout, usable: Optional[float]) -> dict:
 
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
   remat_auto = str(cfg.model.remat).strip().lower() == AUTO
-  chunk = cfg.rollout.get("prefill_chunk", None)
-  max_rows = cfg.rollout.get("engine_max_rows", None)
+  chunk = cfg.rollout.prefill_chunk
+  max_rows = cfg.rollout.engine_max_rows
   in_process = cfg.rollout.engine == "jax"
   out = {"model.remat": {"value": remat_of(cfg), "by": "config"}}
   if in_process:
@@ -169,7 +169,7 @@ def _trial_fixes(cfg, layout) -> list:
          else math.prod(mesh))
   fixes = []
   if cfg.rollout.engine == "jax":
-    t_now = int(cfg.rollout.get("engine_tensor", 0) or 0) or mesh[2]
+    t_now = int(cfg.rollout.engine_tensor) or mesh[2]
     for t in range(t_now + 1, per + 1):
       if per % t == 0:
         fixes.append(({"rollout.engine_tensor": t},
@@ -286,13 +286,13 @@ def overlap_problem(cfg, layout) -> Optional[str]:
   mesh, while the main thread's update runs its own collectives there:
   two threads enqueueing collectives in different orders on the same
   devices is a known NCCL deadlock. On one device there are none."""
-  if not int(cfg.rollout.get("overlap", 0) or 0):
+  if not int(cfg.rollout.overlap):
     return None
   devices = math.prod(layout["mesh"].values())
   if devices <= 1:
     return None
   in_process = cfg.rollout.engine == "jax"
-  recompute = bool(cfg.rspo.get("recompute_behavior_logp", True))
+  recompute = bool(cfg.rspo.recompute_behavior_logp)
   if not (in_process or recompute):
     return None  # the thread only talks HTTP to SGLang servers
   what = ("the in-process engine's prefill and decode" if in_process

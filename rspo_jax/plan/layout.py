@@ -61,7 +61,9 @@ def resolve_layout(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
   Raises ValueError naming the mesh and device count when they disagree.
   """
   environ = os.environ if environ is None else environ
-  mesh_cfg = cfg.mesh
+  mesh_cfg = cfg.mesh  # num_hosts, devices_per_host, platform and
+  # device_memory_gb come from configs/mesh/*.py only (the base config's
+  # mesh holds its shape): read with .get, absent means "not declared"
   shape = [int(s) for s in mesh_cfg.shape]
   hosts = _env_int(environ, "RSPO_NUM_HOSTS") or int(
       mesh_cfg.get("num_hosts", 0) or 0

@@ -41,7 +41,7 @@ def engine_shapes(cfg, layout, chunk="config", max_rows="config") -> dict:
   episodes = -(-cfg.train.batch_tasks * cfg.train.group_size
                // layout["hosts"])
   if max_rows == "config":
-    max_rows = cfg.rollout.get("engine_max_rows", None)
+    max_rows = cfg.rollout.engine_max_rows
   cap = je.rows_per_call(je.BATCH_BUCKETS,
                          je.CPU_GROUP_ROWS if on_cpu else 0,
                          int(max_rows or 0))
@@ -53,12 +53,12 @@ def engine_shapes(cfg, layout, chunk="config", max_rows="config") -> dict:
                           "prompt length")
   new = je.round_up(cfg.rollout.max_new_tokens, 16)
   if chunk == "config":  # else the block width to plan with
-    chunk = cfg.rollout.get("prefill_chunk", None)
+    chunk = cfg.rollout.prefill_chunk
   if chunk is None:
     chunk = je.CPU_PREFILL_CHUNK if on_cpu else 0
   chunk = je.prefill_block(int(chunk), prompt)
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
-  own = int(cfg.rollout.get("engine_tensor", 0))  # build.make_engine_mesh
+  own = int(cfg.rollout.engine_tensor)  # build.make_engine_mesh
   per = layout["devices_per_host"] if layout["hosts"] > 1 else math.prod(mesh)
   if own and per % own:
     raise ValueError(f"rollout.engine_tensor={own} does not divide the"
@@ -85,8 +85,7 @@ def update_rows(cfg) -> int:
   ceil(step rows / ``train.updates_per_step``) when that is set; else
   ``train.mini_batch_rows`` when it is below the step's rows; else all."""
   t, rows = cfg.train, step_rows(cfg)
-  fixed = int(t.get("updates_per_step", 0) or 0)
-  m = int(t.get("mini_batch_rows", 0) or 0)
+  fixed, m = int(t.updates_per_step), int(t.mini_batch_rows)
   if fixed:
     return -(-rows // min(fixed, rows))
   return m if 0 < m < rows else rows
@@ -185,9 +184,9 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
     second_cache = pre["second"]
   # Overlap: the next collection's weights, copied before each update
   # (Learner.frozen_params) when its thread recomputes their log-probs.
-  overlap = bool(cfg.rollout.get("overlap", 0))
+  overlap = bool(cfg.rollout.overlap)
   snapshot = (x["w"] * (lora_p or p) / shard if overlap
-              and cfg.rspo.get("recompute_behavior_logp", True) else 0.0)
+              and cfg.rspo.recompute_behavior_logp else 0.0)
   resident = (base + state + policy_b + critic + ref + engine + prm
               + snapshot)
   train_transient = train["batch"] + train["transient"]
@@ -296,12 +295,11 @@ def plan_model_config(cfg):
 
   m = cfg.model
   overrides = {"dtype": m.dtype,  # as build.model_numerics sets them
-               "param_dtype": str(m.get("param_dtype", "float32") or
-                                  "float32"),
+               "param_dtype": str(m.param_dtype or "float32"),
                "remat": remat_of(cfg),
-               "scan_layers": bool(m.get("scan_layers", False)),
-               "attention": m.get("attention", "auto")}
-  for item in filter(None, str(m.get("overrides", "") or "").split(";")):
+               "scan_layers": bool(m.scan_layers),
+               "attention": m.attention}
+  for item in filter(None, m.overrides.split(";")):
     key, _, value = item.partition("=")
     overrides[key.strip()] = int(value)
   config_json = os.path.join(m.checkpoint_dir or "", "config.json")
@@ -313,11 +311,10 @@ def plan_model_config(cfg):
       overrides.setdefault("vocab_size",
                            models.local_vocab_size(int(m.tokenizer_vocab)))
     mcfg = models.get_model_config(m.preset, **overrides)
-  rank = int(m.get("lora_rank", 0) or 0)
+  rank = int(m.lora_rank)  # the one read of model.lora_rank in the plan
   if rank:
     mcfg = dataclasses.replace(
-        mcfg, lora_rank=rank, lora_alpha=float(m.get("lora_alpha", 32.0)),
-        lora_targets=lora.parse_targets(m.get("lora_targets",
-                                              ",".join(lora.TARGETS))))
+        mcfg, lora_rank=rank, lora_alpha=float(m.lora_alpha),
+        lora_targets=lora.parse_targets(m.lora_targets))
     lora.check(mcfg)
   return mcfg

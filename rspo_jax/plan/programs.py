@@ -97,7 +97,7 @@ def _lora_widths(mcfg) -> dict:
 def adapter_params(mcfg) -> int:
   """Parameters of a LoRA model's adapters (0 without LoRA): per block and
   target, A [in, r] and B [r, out], r (in + out)."""
-  r = int(getattr(mcfg, "lora_rank", 0) or 0)
+  r = int(mcfg.lora_rank)
   if r <= 0:
     return 0
   widths = _lora_widths(mcfg)
@@ -307,7 +307,7 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
   weights = x["inf"] * x["p"] / x["t"]
   d, hd = x["d"], x["hd"]
   unused = (2 * d * x["h"] * hd  # q, o
-            + (x["h"] * hd if getattr(mcfg, "qkv_bias", False) else 0)
+            + (x["h"] * hd if mcfg.qkv_bias else 0)
             + 3 * d * x["f"] + 2 * d  # MLP, post-attention and final norm
             + (0 if mcfg.tie_word_embeddings else x["v"] * d))
   read = weights - x["inf"] * unused / x["t"]
