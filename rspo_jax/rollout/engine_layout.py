@@ -2,8 +2,8 @@
 shape buckets, calls of at most ``rows_per_call`` rows, prefix sharing
 (``share_prompts``) and shared prefix blocks (``prefix_width``), and the
 padded token layout (``_layout``). ``jax_engine``'s docstring, steps 0-2,
-describes the whole; ``plan.py`` reads the buckets and block widths here
-to estimate a rollout's memory.
+describes the whole; ``rspo_jax.plan`` reads the buckets and block widths
+here to estimate a rollout's memory.
 """
 
 from __future__ import annotations

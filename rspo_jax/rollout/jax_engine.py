@@ -80,7 +80,7 @@ from rspo_jax import sharding as shd
 from rspo_jax.rollout import sampling
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 # The prompt layout and the jitted programs live beside this module; their
-# names are read here (by the engine, and by hlo.py, plan.py and the tests
+# names are read here (by the engine, and by hlo.py, launch/ and the tests
 # as ``jax_engine.<name>``; tests patch ``_prefill``, ``_decode`` and
 # ``PREFIX_GRAIN`` here).
 from rspo_jax.rollout.engine_layout import (  # noqa: F401
