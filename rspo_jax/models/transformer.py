@@ -60,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 from rspo_jax import sharding as _sharding  # noqa: F401  (sets flax flags)
 from rspo_jax.models import cudnn_attention, lora_layers as lora, splash
 from rspo_jax.models.config import ModelConfig
+from rspo_jax.models.rope import apply_rope, rope_inv_freq
 
 _MASK_VALUE = -1e30  # finite, so fully-masked (padding) rows give no NaN
 _INIT_STD = 0.02
@@ -106,10 +107,10 @@ def kernel_lengths(attention_mask: jax.Array) -> jax.Array:
 
   At least 1: a padding row (no real token; zero loss mask) given to a
   kernel as length 0 has come back NaN from cuDNN's fused attention before
-  9.25 (cudnn-frontend issue 943), and NaN activations make NaN gradients
-  (0 x NaN). Length 1 attends slot 0: finite, and the row counts nothing
-  either way (``bench/device.py --kernel_check`` runs the kernel on such a
-  row)."""
+  9.25 (NVIDIA/cudnn-frontend GitHub issue 943), and NaN activations make
+  NaN gradients (0 x NaN). Length 1 attends slot 0: finite, and the row
+  counts nothing either way (``bench/device.py --kernel_check`` runs the
+  kernel on such a row)."""
   real = attention_mask.astype(jnp.bool_)
   return jnp.maximum(jnp.sum(real, axis=1, dtype=jnp.int32), 1)
 
@@ -176,53 +177,6 @@ def init_cache(
       key_mask=jnp.zeros((batch, max_len), jnp.bool_),
       index=jnp.zeros((), jnp.int32),
   )
-
-
-# ------------------------------------------------------------------- RoPE
-
-
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies ``theta^(-2i/Dh)``, i < Dh/2, with HF's scalings.
-
-  llama3: wavelengths ``w = 2 pi / f`` longer than ``L / low`` are divided by
-  ``factor``, shorter than ``L / high`` kept, and in between interpolated with
-  ``s = (L / w - low) / (high - low)``: ``f' = (1 - s) f / factor + s f``
-  (``L = original_max_position_embeddings``). linear: ``f / factor``.
-  """
-  dh = cfg.head_dim
-  inv = 1.0 / (
-      cfg.rope_theta
-      ** (np.arange(0, dh, 2, dtype=np.int64).astype(np.float32) / dh)
-  )
-  inv = inv.astype(np.float32)
-  rs = cfg.rope_scaling
-  if rs is None:
-    return inv
-  rope_type = rs.get("rope_type", rs.get("type"))
-  factor = float(rs["factor"])
-  if rope_type == "linear":
-    return (inv / factor).astype(np.float32)
-  low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
-  old_len = float(rs["original_max_position_embeddings"])
-  wavelen = 2 * math.pi / inv
-  scaled = np.where(wavelen > old_len / low, inv / factor, inv)
-  smooth = (old_len / wavelen - low) / (high - low)
-  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-  medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-  return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq) -> jax.Array:
-  """Rotates halves: ``x * cos + rotate_half(x) * sin`` (HF convention).
-
-  x [B, T, H, Dh], positions [B, T] int.
-  """
-  ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  ang = jnp.concatenate([ang, ang], axis=-1)[:, :, None, :]  # [B,T,1,Dh]
-  cos, sin = jnp.cos(ang).astype(x.dtype), jnp.sin(ang).astype(x.dtype)
-  x1, x2 = jnp.split(x, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return x * cos + rotated * sin
 
 
 # ----------------------------------------------------------------- layers
@@ -677,11 +631,11 @@ class Transformer(nnx.Module):
     without FSDP on 'embed') is looked up where it lies
     (``_vocab_parallel_take``: one all-reduce of the [B, T, D] rows, no
     gather of the table). Otherwise the table is gathered over 'tensor'
-    only and keeps its FSDP split of the width; the rows are looked up split over the batch axes
-    other than the width's (('data',) by default), each device its slice
-    of the width, and one all-to-all over the width's axes hands every
-    device its own rows' whole vectors (and back in the backward): no
-    gather of the table nor of activations.
+    only and keeps its FSDP split of the width; the rows are looked up
+    split over the batch axes other than the width's (('data',) by
+    default), each device its slice of the width, and one all-to-all over
+    the width's axes hands every device its own rows' whole vectors (and
+    back in the backward): no gather of the table nor of activations.
     """
     width = shard.axes("embed")
     rows = tuple(a for a in shard.axes("batch") if a not in width) or None
@@ -731,7 +685,8 @@ def _vocab_parallel_take(table, tokens, shard, vocab, rows) -> jax.Array:
   local = shard.put(tokens % per, P(rows, None))
   x = jax.vmap(lambda block: jnp.take(block, local, axis=0))(blocks)
   x = shard.put(x, P(vocab, rows, None, None))  # [n, B, T, D]: each its own
-  own = (tokens // per)[None] == jnp.arange(n, dtype=tokens.dtype)[:, None, None]
+  shard_of = jnp.arange(n, dtype=tokens.dtype)[:, None, None]
+  own = (tokens // per)[None] == shard_of
   x = jnp.where(own[..., None], x, jnp.zeros((), x.dtype)).sum(0)
   return shard.put(x, P(rows, None, None))
 

@@ -63,13 +63,12 @@ tokenizer's texts do not concatenate, it falls back, once and for all, to
 decoding to a stop id or the limit and cutting on the host).
 """
 
+
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import os
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -78,65 +77,44 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rspo_jax import sharding as shd
-from rspo_jax.models import transformer as tfm
 from rspo_jax.rollout import sampling
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
+# The prompt layout and the jitted programs live beside this module; their
+# names are read here (by the engine, and by hlo.py, launch/ and the tests
+# as ``jax_engine.<name>``; tests patch ``_prefill``, ``_decode`` and
+# ``PREFIX_GRAIN`` here).
+from rspo_jax.rollout.engine_layout import (  # noqa: F401
+    BATCH_BUCKETS,
+    CPU_GROUP_ROWS,
+    CPU_PREFILL_CHUNK,
+    MAX_PREFILL_BLOCKS,
+    PREFIX_GRAIN,
+    PROMPT_BUCKETS,
+    _layout,
+    _prefix_rows,
+    bucket_size,
+    prefill_block,
+    prefix_width,
+    round_up,
+    rows_per_call,
+    share_prompts,
+)
+from rspo_jax.rollout.engine_programs import (  # noqa: F401
+    _CACHE_AXES,
+    _constrain_cache,
+    _decode,
+    _gather_rows,
+    _Knobs,
+    _prefill,
+    _row_shards,
+    _Rows,
+    _Static,
+    _with_activation_rules,
+    empty_cache,
+    trace_count,
+)
 
 log = logging.getLogger(__name__)
-
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# 1.5x apart: at most 1.5x padding, ~2.25x less attention than powers of 2.
-PROMPT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
-                  4096)
-# CPU defaults (length_group_rows=None, prefill_chunk=None).
-CPU_GROUP_ROWS = 8
-CPU_PREFILL_CHUNK = 64
-# A prefill is unrolled into at most this many column blocks (compile time).
-MAX_PREFILL_BLOCKS = 12
-
-
-def prefill_block(chunk: int, pb: int) -> int:
-  """Prefill block width for prompt bucket ``pb``: ``chunk``, widened so
-  there are at most ``MAX_PREFILL_BLOCKS`` blocks; 0 = one pass (as is a
-  block of ``pb - 1`` or more columns)."""
-  if not chunk:
-    return 0
-  return max(int(chunk), -(-(pb - 1) // MAX_PREFILL_BLOCKS))
-
-
-# Shared prefix widths are this (or the prefill block width) times a power
-# of 2 (few widths: few compiled shapes).
-PREFIX_GRAIN = 64
-
-# Logical axes of each layer's KV-cache buffer [B, Hkv, S, Dh].
-_CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
-
-
-def rows_per_call(buckets: Sequence[int], group_rows: int = 0,
-                  max_rows: int = 0) -> int:
-  """Most prompts one prefill / decode call takes (module docstring, step
-  0): ``group_rows`` (0: the largest of ``buckets``), at most the largest
-  batch bucket, and with ``max_rows`` > 0 at most the largest bucket <=
-  ``max_rows`` (the smallest bucket if none is), so a call's padded rows
-  stay within the cap."""
-  buckets = sorted(int(b) for b in buckets)
-  rows = min(group_rows, buckets[-1]) if group_rows else buckets[-1]
-  if max_rows:
-    rows = min(rows, max([b for b in buckets if b <= max_rows],
-                         default=buckets[0]))
-  return rows
-
-
-def bucket_size(n: int, buckets: Sequence[int], what: str) -> int:
-  """Smallest bucket >= n; ValueError naming ``what`` when none fits."""
-  for b in sorted(buckets):
-    if b >= n:
-      return int(b)
-  raise ValueError(f"{what} {n} exceeds the largest bucket {max(buckets)}")
-
-
-def round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
 
 
 class JaxEngine(Engine):
@@ -387,7 +365,8 @@ class JaxEngine(Engine):
     results = self._generate_rows(rows, seed, stop_mask, stops, params)
     done = set()  # rows the automaton stopped at the right token
     if stops is not None:
-      done = self._stopped_by_string(results, stop_mask, params.stop_strings)
+      done = stopped_by_string(results, stop_mask, params.stop_strings,
+                               self._decode_fn)
       if done is None:
         log.warning("token texts do not concatenate to decode_fn's text:"
                     " stop strings are cut on the host from now on")
@@ -544,49 +523,11 @@ class JaxEngine(Engine):
           self._token_texts, key)
     return self._stop_tables[key]
 
-  def _stopped_by_string(self, results, stop_mask, stops):
-    """Indices of the rows the automaton stopped (finish 'stop', last token
-    no stop id), each checked to hold a stop string in its text and none
-    without its last token; None if a row fails the check."""
-    done = set()
-    for i, r in enumerate(results):
-      ids = r.token_ids.tolist()
-      if r.finish_reason != "stop" or not ids or stop_mask[ids[-1]]:
-        continue
-      if not any(s in self._decode_fn(ids) for s in stops) or any(
-          s in self._decode_fn(ids[:-1]) for s in stops):
-        return None
-      done.add(i)
-    return done
-
   def _cut_at_stop_string(
       self, res: GenerationResult, stops
   ) -> GenerationResult:
-    """Cuts after the first token whose decoded prefix contains a stop string.
-
-    Binary search over prefix lengths (containment only grows with the
-    prefix), so O(log n) calls of ``decode_fn`` per row.
-    """
-    ids = res.token_ids.tolist()
-
-    def hit(k):
-      text = self._decode_fn(ids[:k])
-      return any(s in text for s in stops)
-
-    if not ids or not hit(len(ids)):
-      return res
-    lo, hi = 1, len(ids)  # smallest k with hit(k) lies in [lo, hi]
-    while lo < hi:
-      mid = (lo + hi) // 2
-      if hit(mid):
-        hi = mid
-      else:
-        lo = mid + 1
-    return GenerationResult(
-        token_ids=res.token_ids[:lo],
-        logprobs=res.logprobs[:lo],
-        finish_reason="stop",
-    )
+    """``cut_at_stop_string`` with this engine's ``decode_fn``."""
+    return cut_at_stop_string(res, stops, self._decode_fn)
 
   def _check_params(self, p: SamplingParams) -> None:
     # max_new_tokens, temperature and top_p: SamplingParams.__post_init__.
@@ -622,12 +563,56 @@ class JaxEngine(Engine):
     return ids
 
 
-# ------------------------------------------------------- jitted functions
-# Module-level and keyed by the (hashable) graphdef, config, mesh and rules,
-# so every engine of one model structure -- e.g. each loop's fresh agent B --
-# shares the compiled code.
+# ------------------------------------------------------------ stop strings
 
-_TRACES = [0]
+
+def stopped_by_string(results, stop_mask, stops, decode_fn):
+  """Indices of the rows the automaton stopped (finish 'stop', last token
+  no stop id), each checked to hold a stop string in its text (``decode_fn``
+  of its ids) and none without its last token; None if a row fails the
+  check."""
+  done = set()
+  for i, r in enumerate(results):
+    ids = r.token_ids.tolist()
+    if r.finish_reason != "stop" or not ids or stop_mask[ids[-1]]:
+      continue
+    if not any(s in decode_fn(ids) for s in stops) or any(
+        s in decode_fn(ids[:-1]) for s in stops):
+      return None
+    done.add(i)
+  return done
+
+
+def cut_at_stop_string(res: GenerationResult, stops,
+                       decode_fn) -> GenerationResult:
+  """Cuts after the first token whose decoded prefix contains a stop string.
+
+  Binary search over prefix lengths (containment only grows with the
+  prefix), so O(log n) calls of ``decode_fn`` per row.
+  """
+  ids = res.token_ids.tolist()
+
+  def hit(k):
+    text = decode_fn(ids[:k])
+    return any(s in text for s in stops)
+
+  if not ids or not hit(len(ids)):
+    return res
+  lo, hi = 1, len(ids)  # smallest k with hit(k) lies in [lo, hi]
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if hit(mid):
+      hi = mid
+    else:
+      lo = mid + 1
+  return GenerationResult(
+      token_ids=res.token_ids[:lo],
+      logprobs=res.logprobs[:lo],
+      finish_reason="stop",
+  )
+
+
+# ----------------------------------------------------------------- weights
 
 
 def _own_copy(new, dtype, sharding):
@@ -635,440 +620,6 @@ def _own_copy(new, dtype, sharding):
   array no one else holds: copied unless the cast made a new one."""
   cast = new.astype(dtype)
   return jax.device_put(cast, sharding, may_alias=cast is not new)
-
-
-def trace_count() -> int:
-  """How many times the engine's jitted functions were traced (process-wide)."""
-  return _TRACES[0]
-
-
-def _constrain_cache(cache: tfm.KVCache, mesh, rules) -> tfm.KVCache:
-  """Rows of the cache over the batch mesh axes (no-op without a mesh)."""
-  if mesh is None:
-    return cache
-
-  def sharding(logical, shape):
-    spec = shd.logical_to_mesh_spec(logical, rules)
-    return NamedSharding(mesh, shd.fit_spec_to_shape(mesh, spec, shape))
-
-  kv = sharding(_CACHE_AXES, cache.k[0].shape)
-  km = sharding(("batch", "cache_length"), cache.key_mask.shape)
-  wsc = jax.lax.with_sharding_constraint
-  return tfm.KVCache(
-      k=tuple(wsc(x, kv) for x in cache.k),
-      v=tuple(wsc(x, kv) for x in cache.v),
-      key_mask=wsc(cache.key_mask, km),
-      index=cache.index,
-  )
-
-
-def _row_shards(mesh, rules, rows: int) -> int:
-  """Shards of ``rows`` rows over the mesh's batch axes (1 when they do not
-  divide)."""
-  if mesh is None:
-    return 1
-  spec = shd.logical_to_mesh_spec(("batch",), rules)[0]
-  axes = (spec,) if isinstance(spec, str) else tuple(spec or ())
-  ways = int(np.prod([mesh.shape[a] for a in axes]))
-  return ways if rows % ways == 0 else 1
-
-
-def share_prompts(rows, bb: int, shards: int, buckets, pad_id: int,
-                  share: bool = True, filler: Optional[Sequence[int]] = None):
-  """(unique prompts, row_map [bb]): decode row b (of ``bb``; rows past
-  ``len(rows)`` are dummies) reads prompt ``row_map[b]``.
-
-  Shard j of ``shards`` holds decode rows [j bb/s, (j + 1) bb/s) and prompts
-  [j u, (j + 1) u), u = the batch bucket of the most distinct prompts any
-  shard has (its own, deduplicated when ``share``; dummy prompts, one pad
-  token or ``filler``, fill each shard's share), so the prefilled cache
-  reaches its decode rows without leaving the device (``_gather_rows``).
-  """
-  per = bb // shards
-  parts, maps = [], []
-  for j in range(shards):
-    block = [list(r) for r in rows[j * per:(j + 1) * per]]
-    row_map = list(range(len(block)))
-    if share:
-      uniq = {}
-      row_map = [uniq.setdefault(tuple(r), len(uniq)) for r in block]
-      block = [list(r) for r in uniq]
-    parts.append(block)
-    maps.append(row_map + [0] * (per - len(row_map)))
-  u = bucket_size(max(1, max(len(p) for p in parts)), buckets, "batch size")
-  unique = []
-  dummy = [pad_id] if filler is None else list(filler)
-  for p in parts:  # dummy prompts: real tokens, no fully masked row
-    unique += p + [dummy] * (u - len(p))
-  row_map = [j * u + m for j, mp in enumerate(maps) for m in mp]
-  return unique, np.asarray(row_map, np.int32)
-
-
-def prefix_width(unique_rows, min_len: int, shards: int, grain: int,
-                 buckets, pb: int) -> int:
-  """The shared prefix width W of a chunk (module docstring, step 2).
-
-  W runs over ``grain`` times powers of 2 below ``min_len`` (the shortest
-  real prompt: each keeps a token after its prefix); per W, shard j's
-  distinct W-token prefixes among its real rows (``unique_rows`` in
-  ``share_prompts``' shard blocks; dummies, shorter than ``min_len``,
-  borrow one) number 1 + #(adjacent pairs of its sorted rows whose common
-  prefix is < W), and the prefill costs
-
-    cost(W) = shards * bucket(max_j distinct_j) * W + Bu * (pb - 1 - W)
-
-  columns, against Bu * (pb - 1) without. The cheapest W, 0 if none is
-  cheaper.
-  """
-  top = min(min_len - 1, pb - 1)
-  widths = [grain << k for k in range(max(0, top // grain).bit_length())]
-  if not widths:
-    return 0
-  bu = len(unique_rows)
-  u = bu // shards
-  lcps = []
-  for j in range(shards):
-    real = sorted(r for r in unique_rows[j * u:(j + 1) * u]
-                  if len(r) >= min_len)
-    lcps.append(np.asarray([_common_prefix(a, b)
-                            for a, b in zip(real, real[1:])], np.int64))
-  best, best_cost = 0, bu * (pb - 1)
-  for w in widths:
-    distinct = max(1 + int(np.sum(ls < w)) for ls in lcps)
-    cost = (shards * bucket_size(distinct, buckets, "batch size") * w
-            + bu * (pb - 1 - w))
-    if cost < best_cost:
-      best, best_cost = w, cost
-  return best
-
-
-def _common_prefix(a, b) -> int:
-  """Length of the longest common prefix of token lists a and b."""
-  n = min(len(a), len(b))
-  same = np.asarray(a[:n]) == np.asarray(b[:n])
-  return n if same.all() else int(np.argmin(same))
-
-
-def _prefix_rows(unique_rows, shards: int, head: int):
-  """Each unique prompt's first ``head`` tokens; a dummy (not longer
-  than ``head``) takes its shard's first prompt's (or, in a shard of
-  dummies only, prompt 0's), so it adds no distinct prefix."""
-  u = len(unique_rows) // shards
-  out = []
-  for j in range(shards):
-    block = unique_rows[j * u:(j + 1) * u]
-    fill = block[0] if len(block[0]) > head else unique_rows[0]
-    out += [list(r[:head] if len(r) > head else fill[:head]) for r in block]
-  return out
-
-
-def _gather_rows(x, row_map, shards: int):
-  """``x[row_map]``, ``row_map`` indexing within each of ``shards`` equal
-  row blocks of x and of the result (``share_prompts``): a gather local to
-  each device."""
-  if shards == 1:
-    return x[row_map]
-  u = x.shape[0] // shards
-  blocks = x.reshape((shards, u) + x.shape[1:])
-  local = row_map.reshape(shards, -1) - u * jnp.arange(shards)[:, None]
-  out = jax.vmap(lambda a, i: a[i])(blocks, local)
-  return out.reshape((row_map.shape[0],) + x.shape[1:])
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-  """Hashable, compile-time arguments of the jitted functions."""
-
-  graphdef: Any
-  cfg: Any
-  mesh: Optional[Mesh]
-  rules: tuple
-  pad_id: int
-
-
-class _Rows(NamedTuple):
-  """Per-row decode inputs, all [B]."""
-
-  last_tok: jax.Array  # last prompt token, fed at step 0
-  last_pos: jax.Array  # its position, L_b - 1
-  active: jax.Array  # False on dummy rows
-  row_ids: jax.Array  # request row index (rng stream)
-
-
-class _Knobs(NamedTuple):
-  """Per-request traced values: changing them never recompiles (the stop
-  tables' shapes do; None = no stop strings)."""
-
-  seed: jax.Array
-  temperature: jax.Array
-  top_p: jax.Array
-  max_new: jax.Array
-  stop_mask: jax.Array  # bool [V]
-  stop_table: Optional[jax.Array] = None  # int32 [n, M + 1, V]
-  stop_len: Optional[jax.Array] = None  # int32 [n]
-
-
-@functools.partial(
-    jax.jit, static_argnames=("cache_len", "static", "chunk"),
-    donate_argnames=("cache",))
-def _prefill(
-    params,
-    rest,
-    tokens,
-    positions,
-    mask,
-    row_map,
-    prefix=None,
-    cache=None,
-    *,
-    cache_len,
-    static: _Static,
-    chunk: int = 0,
-):
-  """Writes the unique prompts' columns into a fresh cache of ``cache_len``
-  slots, then gathers the decode rows: ``cache[b] = cache_u[row_map[b]]``
-  (a cache of the unique prompts and one of the decode rows).
-  ``row_map`` None: the prompts are the decode rows, written into
-  ``cache`` (an empty one, ``empty_cache``; donated, so the result is
-  that buffer: one cache in all; None: a fresh one, which XLA:CPU copies
-  into the result once more).
-
-  ``chunk = C > 0``: columns [c, c + C) at a time, each attending a cache
-  of the c + C slots written so far (causal blocks: about half the
-  attention of one pass over all ``cache_len`` slots, and C x slots score
-  blocks instead of T x slots).
-
-  ``prefix = (tokens, positions, mask, head_map)``, [Bp, W]: the distinct
-  leading W columns (module docstring, step 2), prefilled first and
-  gathered to the prompts (``cache_u[u] = cache_p[head_map[u]]``); then
-  ``tokens`` etc. hold the prompts' columns [W, Pb - 1) only.
-  """
-  _TRACES[0] += 1
-  cfg = static.cfg
-  model = nnx.merge(static.graphdef, params, rest)
-  shards = _row_shards(static.mesh, static.rules, tokens.shape[0]
-                       if row_map is None else row_map.shape[0])
-  start = 0
-  if cache is None or row_map is not None:
-    cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
-  if prefix is not None:  # the heads in a cache of W slots, put at [0, W)
-    p_tok, p_pos, p_mask, head_map = prefix
-    start = p_tok.shape[1]
-    heads = tfm.init_cache(cfg, p_tok.shape[0], start, cfg.dtype)
-    heads = _take_rows(
-        _prefill_columns(model, heads, p_tok, p_pos, p_mask, 0, chunk),
-        head_map, shards)
-    cache = _write_slots(cache, heads, 0, start)
-  cache = _prefill_columns(model, cache, tokens, positions, mask, start,
-                           chunk)
-  if row_map is not None:
-    cache = _take_rows(cache, row_map, shards)
-  return _constrain_cache(cache, static.mesh, static.rules)
-
-
-@functools.partial(jax.jit, static_argnames=("rows", "cache_len", "static"))
-def empty_cache(*, rows: int, cache_len: int, static: _Static):
-  """An empty KV cache of ``rows`` x ``cache_len`` slots, its rows over the
-  mesh's batch axes: what ``_prefill`` writes into in place."""
-  cfg = static.cfg
-  return _constrain_cache(tfm.init_cache(cfg, rows, cache_len, cfg.dtype),
-                          static.mesh, static.rules)
-
-
-def _prefill_columns(model, cache, tokens, positions, mask, start: int,
-                     chunk: int):
-  """Writes columns [start, start + width) of the cache from ``tokens``
-  [B, width]: one pass over the whole cache (start 0, ``chunk`` 0 or >=
-  width) or blocks of ``chunk`` (``width`` when 0) columns, each
-  attending the slots written so far (XLA copies the cache once along
-  the way: ``plan.prefill_bytes``)."""
-  width = tokens.shape[1]
-  if not width:
-    return cache
-  if start == 0 and not 0 < chunk < width:
-    return model(tokens, positions, mask, cache=cache,
-                 return_logits=False)[2]
-  step = chunk or width
-  for c0 in range(start, start + width, step):
-    c1 = min(start + width, c0 + step)
-    part = tfm.KVCache(
-        k=tuple(x[:, :, :c1] for x in cache.k),
-        v=tuple(x[:, :, :c1] for x in cache.v),
-        key_mask=cache.key_mask[:, :c1],
-        index=jnp.int32(c0),
-    )
-    cols = slice(c0 - start, c1 - start)
-    _, _, part = model(
-        tokens[:, cols], positions[:, cols], mask[:, cols],
-        cache=part, return_logits=False,
-    )
-    cache = _write_slots(cache, part, c0, c1)
-  return cache
-
-
-def _write_slots(cache, part, c0: int, c1: int):
-  """``cache`` with ``part``'s slots [c0, c1) written in place of its own,
-  its next write slot c1."""
-  put = lambda full, new: jax.lax.dynamic_update_slice_in_dim(
-      full, new[:, :, c0:c1], c0, axis=2)
-  return tfm.KVCache(
-      k=tuple(map(put, cache.k, part.k)),
-      v=tuple(map(put, cache.v, part.v)),
-      key_mask=jax.lax.dynamic_update_slice_in_dim(
-          cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1),
-      index=jnp.int32(c1),
-  )
-
-
-def _take_rows(cache, row_map, shards: int):
-  """The cache's rows ``row_map`` (``_gather_rows``, local to each row
-  shard)."""
-  take = lambda x: _gather_rows(x, row_map, shards)
-  return tfm.KVCache(
-      k=tuple(take(x) for x in cache.k),
-      v=tuple(take(x) for x in cache.v),
-      key_mask=take(cache.key_mask),
-      index=cache.index,
-  )
-
-
-class _State(NamedTuple):
-  """The decode loop's carry; rows [B], outputs [B, slots]."""
-
-  i: jax.Array  # steps taken (the next output column)
-  cache: tfm.KVCache
-  tok: jax.Array  # token fed at step i
-  pos: jax.Array  # its position
-  done: jax.Array
-  length: jax.Array
-  stopped: jax.Array
-  out_tok: jax.Array
-  out_lp: jax.Array
-  matched: jax.Array  # [B, n] stop-string automaton states
-  row_keys: jax.Array  # per-row rng keys
-
-
-def _start_state(cache, rows: _Rows, knobs: _Knobs, slots: int, pad):
-  batch = rows.last_tok.shape[0]
-  n_strings = 0 if knobs.stop_table is None else knobs.stop_table.shape[0]
-  return _State(
-      i=jnp.int32(0),
-      cache=cache,
-      tok=rows.last_tok.astype(jnp.int32),
-      pos=rows.last_pos.astype(jnp.int32),
-      done=~rows.active,
-      length=jnp.zeros((batch,), jnp.int32),
-      stopped=jnp.zeros((batch,), jnp.bool_),
-      out_tok=jnp.full((batch, slots), pad, jnp.int32),
-      out_lp=jnp.zeros((batch, slots), jnp.float32),
-      matched=jnp.zeros((batch, n_strings), jnp.int32),
-      row_keys=jax.vmap(jax.random.fold_in, (None, 0))(
-          jax.random.key(knobs.seed), rows.row_ids),
-  )
-
-
-def _run(params, rest, state: _State, knobs: _Knobs, static):
-  """Decode steps until every row is done or ``max_new`` steps were taken
-  (module docstring, step 3)."""
-  batch = state.tok.shape[0]
-  pad = jnp.int32(static.pad_id)
-  strings = knobs.stop_table is not None
-
-  def cond(st: _State):
-    return (st.i < knobs.max_new) & ~jnp.all(st.done)
-
-  def body(st: _State):
-    i = st.i
-    model = nnx.merge(static.graphdef, params, rest)
-    logits, _, cache = model(
-        st.tok[:, None],
-        st.pos[:, None],
-        jnp.ones((batch, 1), jnp.bool_),
-        cache=st.cache,
-    )
-    cache = _constrain_cache(cache, static.mesh, static.rules)
-    logits = logits[:, 0]
-    keys = jax.vmap(jax.random.fold_in, (0, None))(st.row_keys, i)
-    tok = sampling.sample_token(logits, keys, knobs.temperature, knobs.top_p)
-    lp = sampling.token_logprob(logits, tok)
-    live = ~st.done
-    tok = jnp.where(live, tok, pad)
-    hit = live & knobs.stop_mask[tok]
-    matched = st.matched
-    if strings:
-      matched, in_text = sampling.advance_stop_states(
-          knobs.stop_table, knobs.stop_len, matched, tok)
-      hit = hit | (live & in_text)
-    return _State(
-        i=i + 1,
-        cache=cache,
-        tok=tok,
-        pos=st.pos + 1,
-        done=st.done | hit,
-        length=st.length + live.astype(jnp.int32),
-        stopped=st.stopped | hit,
-        out_tok=st.out_tok.at[:, i].set(tok),
-        out_lp=st.out_lp.at[:, i].set(jnp.where(live, lp, 0.0)),
-        matched=matched,
-        row_keys=st.row_keys,
-    )
-
-  return jax.lax.while_loop(cond, body, state)
-
-
-@functools.partial(
-    jax.jit, static_argnames=("slots", "static"), donate_argnums=(2,)
-)
-def _decode(
-    params, rest, cache, rows: _Rows, knobs: _Knobs, *, slots, static: _Static
-):
-  """The whole decode loop (module docstring, step 3).
-
-  Returns (tokens, logprobs [B, slots], lengths [B], stopped [B], cache,
-  steps taken).
-  """
-  _TRACES[0] += 1
-  state = _start_state(cache, rows, knobs, slots, jnp.int32(static.pad_id))
-  st = _run(params, rest, state, knobs, static)
-  return st.out_tok, st.out_lp, st.length, st.stopped, st.cache, st.i
-
-
-def _layout(rows, width: int, pad_id: int, head: int = 0):
-  """(tokens, positions, mask) [len(rows), width]: each row's first
-  ``head`` tokens at columns [0, head), the rest right-aligned, the gap
-  masked (``head`` 0: left padding); rows not longer than ``head``
-  (dummies) right-aligned whole. Positions count 0, 1, ... from each row's
-  first real token."""
-  n = len(rows)
-  tokens = np.full((n, width), pad_id, np.int32)
-  positions = np.zeros((n, width), np.int32)
-  mask = np.zeros((n, width), np.bool_)
-  for b, r in enumerate(rows):
-    h = head if len(r) > head else 0
-    tokens[b, :h] = r[:h]
-    positions[b, :h] = np.arange(h)
-    mask[b, :h] = True
-    tail = width - (len(r) - h)
-    tokens[b, tail:] = r[h:]
-    positions[b, tail:] = np.arange(h, len(r))
-    mask[b, tail:] = True
-  return tokens, positions, mask
-
-
-def _with_activation_rules(graphdef, params, rest, rules):
-  """``graphdef`` with its model's activation rules (``cfg.rules``) set to
-  ``rules``. The engine's weights lie whole on every row shard
-  (``sharding.inference_rules``), so its activations must not be split
-  like the learner's: with 'embed' on 'fsdp' the embedding lookup gathers
-  every row's token id and exchanges the vectors all-to-all at each decode
-  step, and the tied LM head re-gathers the table each call. A module
-  without a ``cfg`` keeps its graphdef."""
-  model = nnx.merge(graphdef, params, rest)
-  cfg = getattr(model, "cfg", None)
-  if not dataclasses.is_dataclass(cfg) or not hasattr(cfg, "rules"):
-    return graphdef
-  model.cfg = dataclasses.replace(cfg, logical_axis_rules=tuple(rules))
-  return nnx.split(model, nnx.Param, ...)[0]
 
 
 def _snapshot(state):
