@@ -13,15 +13,25 @@
                     ``+ 104_729 * process`` on host ``process``,
                     ``+ 1_000_003 * round`` for its r-th round of groups
                     (collection.py)
-  update keys       A's step t: ``t``; B's step i of loop L:
-                    ``10**6 + 97 L + i`` (``step_key`` of update.py)
+  update keys       ``jax.random.fold_in`` of the role, then the step(s),
+                    into key 0, as a 31-bit int (``step_key`` of
+                    update.py): A's step t folds (A, t), B's step i of loop
+                    L folds (B, L, i): keys of different roles or steps
+                    are independent however many loops or steps a run
+                    takes (an arithmetic key such as 10**6 + 97 L + i
+                    repeats once k > 97)
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+# The roles folded into the update keys.
+ROLE_A, ROLE_B = 1, 2
 
 
 def rng(seed: int, *keys) -> np.random.Generator:
@@ -68,11 +78,20 @@ def round_seed(seed: int, round_index: int) -> int:
   return seed + 1_000_003 * round_index
 
 
+def folded_key(*data: int) -> int:
+  """An int in [0, 2**31): ``data`` folded in turn into key 0
+  (``jax.random.fold_in``), then 32 random bits of that key halved."""
+  key = jax.random.key(0)
+  for d in data:
+    key = jax.random.fold_in(key, d)
+  return int(jax.random.bits(key, dtype=jnp.uint32)) >> 1
+
+
 def a_step_key(a_steps: int) -> int:
   """The update's key of A's step after ``a_steps`` steps."""
-  return a_steps
+  return folded_key(ROLE_A, a_steps)
 
 
 def b_step_key(loop: int, step: int) -> int:
   """The update's key of B's step ``step`` (0..k-1) of loop ``loop``."""
-  return 10**6 + loop * 97 + step
+  return folded_key(ROLE_B, loop, step)
