@@ -39,6 +39,10 @@ SCANNED = ("rspo_jax", "launch")
 GET_EXEMPT = frozenset({
     "rspo_jax/rspo.py",
     "rspo_jax/plan.py",
+    # plan.py became this package; it also reads the mesh keys
+    # (num_hosts, devices_per_host, platform, device_memory_gb) that only
+    # a --mesh=configs/mesh/*.py file adds: base.py holds mesh.shape alone.
+    "rspo_jax/plan/",
     "rspo_jax/rollout/jax_engine.py",
     "rspo_jax/models/transformer.py",
     "rspo_jax/build.py",
@@ -279,10 +283,15 @@ def test_every_key_the_library_reads_exists_in_the_base_config(
 
 def test_no_get_with_a_default_on_config_sections(library_reads):
   gets = sorted(f"{r.where}: .get({r.path[-1]!r})" for r in library_reads
-                if r.get and r.where.split(":")[0] not in GET_EXEMPT)
+                if r.get and not _exempt(r.where.split(":")[0]))
   assert not gets, (
       "read config keys directly (cfg.section.key): the base config owns"
       " every default:\n" + "\n".join(gets))
+
+
+def _exempt(path: str) -> bool:
+  return any(path == e or e.endswith("/") and path.startswith(e)
+             for e in GET_EXEMPT)
 
 
 def test_the_scan_catches_a_typo_and_a_get():
