@@ -423,21 +423,22 @@ def run_paper(args, run, out, summary, start):
 # Qwen2.5-1.5B's attention (12 query heads, 2 kv heads, head width 128) on
 # (padded length, real tokens per row): 768 (a batch bucket, 0 mod 128)
 # and 704 (64 mod 128: cuDNN's backward has returned NaN grad_q there when
-# a mask is given and a query row's logsumexp is below -88.7, pytorch
-# issue 196678 / TRL issue 7181). Real tokens 0: a padding row, which the
-# model gives the kernel as length 1 (transformer.kernel_lengths).
+# a mask is given and a query row's logsumexp is below -88.7,
+# github.com/pytorch/pytorch/issues/196678, huggingface/trl#7181). Real
+# tokens 0: a padding row, which the model gives the kernel as length 1
+# (transformer.kernel_lengths).
 KERNEL = dict(heads=12, kv_heads=2, head_dim=128,
               shapes=((768, (0, 1, 704, 640, 768)), (704, (0, 1, 704, 640))))
 KERNEL_SMOKE = dict(heads=4, kv_heads=2, head_dim=32,
                     shapes=((128, (0, 1, 96, 128)), (64, (0, 1, 40, 64))))
-# Large-activation inputs (Qwen2.5's massive-activation heads, as TRL
-# issue 7181 reduced them) on kv head 0 and its query heads: key feature 0
-# is KERNEL_SHIFT sqrt(Dh) on every key and q[..., 0] = 1 on query head 0,
-# so its every logit is near KERNEL_SHIFT (logsumexp < -88.7); query head
-# 1 is scaled by KERNEL_SHARP (a near one-hot softmax); the group's other
-# heads have q[..., 0] = 0 (normal logits; their grad_q still carries the
-# large key feature). kv heads >= 1 and their query heads are plain normal
-# inputs.
+# Large-activation inputs (Qwen2.5's massive-activation heads, as
+# huggingface/trl#7181 reduced them) on kv head 0 and its query heads: key
+# feature 0 is KERNEL_SHIFT sqrt(Dh) on every key and q[..., 0] = 1 on
+# query head 0, so its every logit is near KERNEL_SHIFT (logsumexp <
+# -88.7); query head 1 is scaled by KERNEL_SHARP (a near one-hot
+# softmax); the group's other heads have q[..., 0] = 0 (normal logits;
+# their grad_q still carries the large key feature). kv heads >= 1 and
+# their query heads are plain normal inputs.
 KERNEL_SHIFT = -120.0
 KERNEL_SHARP = 30.0
 # Tolerance, on the normal heads: the XLA path in bfloat16 (bf16 inputs,

@@ -32,7 +32,7 @@
 #    With --cudnn (model.attention=cudnn, as 'auto' picks on a GPU): jax's
 #    own cuDNN partitioning code, only the kernels stubbed
 #    (rspo_jax/models/cudnn_stub.py), so a one-GPU run checks the
-#    multi-device cuDNN compile (issue 51 item 1).
+#    multi-device cuDNN compile (docs/scale_out.md, "Start here").
 #
 # Each step runs under `timeout`: SIGINT at its limit, SIGKILL 20 s later
 # (a compile hung in XLA ignores SIGINT); a step that times out is

@@ -36,7 +36,8 @@ SEEDS = (0, 200, 400)
 MAIN_VARIANTS = {"baseline": "rspo=0", "rspo": "rspo=1"}
 ALGO_LABELS = {"grpo": "GRPO", "ppo": "PPO", "gigpo": "GiGPO"}
 ENV_LABELS = {"webshop": "WebShop", "alfworld": "ALFWorld", "toy": "Toy"}
-# DESIGN.md section 2: Qwen2.5-1.5B, success rate %, (env, algo, variant).
+# The paper's Table 1 (docs/results.md "What is measured"): Qwen2.5-1.5B,
+# success rate %, (env, algo, variant).
 PAPER_SUCCESS = {
     ("alfworld", "grpo", "baseline"): 69.0,
     ("alfworld", "grpo", "rspo"): 74.7,
@@ -359,7 +360,8 @@ SPELL_VARIANTS = {
 }
 
 
-# The paper's regime (issue 50 item 3): a dense reward that helps early
+# The paper's regime (docs/results.md, "The claim where the paper makes
+# it"): a dense reward that helps early
 # and misleads late, env.kwargs.dense=partial with decoy_positions = m
 # (third_party_envs/spell.py: aligned prefix credit on the first L - m
 # letters, the decoy on the last m whatever came before; m = 0 is
@@ -492,7 +494,7 @@ def spell_extra(extra: str = "") -> str:
 
 
 # --------------------------------------------------------------------------
-# The WebShop sparse study (issue 36 item 5; report bench/spell_study.py)
+# The WebShop sparse study (docs/results.md; report bench/spell_study.py)
 # --------------------------------------------------------------------------
 
 # RSPO where WebShop's outcomes are sparse: the CPU study's world, batch
@@ -504,10 +506,11 @@ def spell_extra(extra: str = "") -> str:
 # with k = 10 and 3, RSPO_O, the dense reward alone), B's dense reward the
 # WebShop oracle. The A steps sit in each run's overrides, not in the
 # shared ones, so that ``--rl_extra steps=12`` can shorten the runs without
-# another warm start: the gate (issue 36 item 5b: does the dense reward
-# find wins faster?) is ``--variants baseline,dense_only --rl_extra
-# steps=12 --root runs/webshop_sparse_gate``, whose warm_start_webshop
-# links to SPARSE_ROOT's.
+# another warm start: the gate (does the dense reward find wins faster?
+# docs/results.md "WebShop where outcomes are sparse: the gate") is
+# ``--variants baseline,dense_only --rl_extra steps=12 --root
+# runs/webshop_sparse_gate``, whose warm_start_webshop links to
+# SPARSE_ROOT's.
 SPARSE_ENV = "webshop"
 SPARSE_ROOT = os.path.join(ROOT, "runs", "webshop_sparse")
 SPARSE_STEPS = "steps=30"
@@ -516,7 +519,8 @@ SPARSE_OVERRIDES = ("train.batch_tasks=16,train.group_size=8,"
                     "env.kwargs.num_test_goals=256,env.num_eval_tasks=256,"
                     "sft.steps=300,rspo.alpha=0.125,train.max_train_rows=0,"
                     "train.micro_batch_rows=32")
-# LoRA instead of full fine-tuning (issue 39): rank 16 on every attention
+# LoRA instead of full fine-tuning (docs/results.md "LoRA against full
+# fine-tuning, WebShop"): rank 16 on every attention
 # and MLP projection, alpha 32, the base frozen. lr 1e-3 against full
 # fine-tuning's 3e-4: Adam moves each entry of B by about lr a step, and
 # (alpha / r) A B then moves an entry of W by about 2 x sqrt(16) x
@@ -535,8 +539,8 @@ SPARSE_TABLE.update(baseline_lora=f"rspo=0,{DENSE},{LORA}",
                     rspo_lora=f"{RSPO_K10},{LORA}",
                     # LoRA at 3x the lr: are its steps too small at 1e-3?
                     baseline_lora3e3=f"rspo=0,{DENSE},{LORA},train.lr=3e-3")
-# GRPO instead of GiGPO (issue 39 asks for LoRA vs full fine-tuning on
-# GRPO and RSPO+GRPO): these two keys turn the GiGPO config into
+# GRPO instead of GiGPO (LoRA vs full fine-tuning on GRPO and RSPO+GRPO
+# too): these two keys turn the GiGPO config into
 # configs/webshop_grpo.py's (configs/base.py: GiGPO on WebShop differs only
 # in algo.name and mean_norm). The run names keep the grid's algo, gigpo:
 # the variant names the algorithm.

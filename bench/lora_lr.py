@@ -1,4 +1,6 @@
-r"""LoRA's learning rate against full fine-tuning's on the toy (issue 54).
+r"""LoRA's learning rate against full fine-tuning's on the toy.
+
+Report: docs/results.md, "LoRA learning rate".
 
   python bench/lora_lr.py                    # every cell, resumable
   python bench/lora_lr.py --budget_s 480     # stop starting cells after 8 min
@@ -245,7 +247,7 @@ def report(data: dict) -> str:
   full, r4 = crit.get((0, 1e-4)), crit.get((4, 1e-4))
   if full and r4 and len(full) >= 2:
     lo = gain(full)["lo"]
-    lines.append(f"issue 54's criterion: LoRA r = 4 at lr 1e-4 gains"
+    lines.append(f"criterion: LoRA r = 4 at lr 1e-4 gains"
                  f" {100 * gain(r4)['mean']:+.1f} points, full fine-tuning's"
                  f" lower bound {100 * lo:+.1f}:"
                  f" {'met' if gain(r4)['mean'] >= lo else 'not met'}"

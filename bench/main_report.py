@@ -101,7 +101,7 @@ def env_markdown(report: dict) -> str:
       "Success rate and score (%) of agent A on the fixed evaluation split"
       " after training, mean ± std (ddof 0) over the n finished seeds;"
       " *start* is the success rate at the start of RL. *Paper* is the"
-      " paper's success rate (Qwen2.5-1.5B, DESIGN.md section 2)."
+      " paper's success rate (Qwen2.5-1.5B, the paper's Table 1)."
       f" {_dense_note(report)}",
       "",
       "| Method | Success | Score | n | Start | Paper |",

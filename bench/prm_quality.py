@@ -1,5 +1,6 @@
-r"""WebShop with the learned PRM (issue 50 item 4): its quality, B's lift on
-it, the PRM alone as A's reward, and the gate of the full study.
+r"""WebShop with the learned PRM: its quality, B's lift on it, the PRM alone
+as A's reward, and the gate of the full study (report:
+docs/results/prm_webshop.md).
 
 One piece of work per invocation (each fits a few minutes of 2 CPU cores),
 every piece resumable, JSON out under ``--root`` (default

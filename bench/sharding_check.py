@@ -21,7 +21,8 @@ read (rspo_jax/hlo.py):
 --cudnn: model.attention=cudnn, as 'auto' picks on a GPU, with jax's own
 cuDNN partitioning code and only the kernels' lowering stubbed
 (rspo_jax/models/cudnn_stub.py), so the compile runs on CPU devices and
-checks what a multi-GPU run compiles: before issue 51 this step failed on
+checks what a multi-GPU run compiles: before the kernel ran under
+``shard_map`` (rspo_jax/models/cudnn_attention.py) this step failed on
 (2, 4, 1) with 2 or more micro-batches ('GSPMDSharding' object has no
 attribute 'spec'). Each row says which attention it compiled.
 

@@ -42,7 +42,8 @@ sft.steps=2000`` with its own ``--root``: the same world and warm start
 recipe, not the same config strings (its RSPO cells ran k = 3), so the
 pilot's archive refuses to be resumed from it.
 
-The partly misleading study (issue 50 item 3; ``grid.partial_study``):
+The partly misleading study (``grid.partial_study``; docs/results.md, "The
+claim where the paper makes it"):
 the dense reward 'partial' with m decoy positions (aligned prefix credit
 on the first L - m letters, decoys on the last m; m in PARTIAL_M), cells
 GiGPO, GiGPO run 60 A steps (RSPO's environment steps, B's included),
@@ -400,7 +401,7 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
 def _equal_cost(v: str, cells: dict, finals: dict, decs, diff) -> dict:
   """RSPO cell ``v`` against GiGPO at its environment steps and against
   its dense reward alone (EQUAL_COST), and against the stronger of the
-  two by mean success in each decoding (issue 50: does RSPO beat
+  two by mean success in each decoding (the paper's claim: does RSPO beat
   max(base at equal environment steps, dense alone)?)."""
   long, dense = EQUAL_COST[v]
   out = {"variant": v, "long": long, "dense": dense}

@@ -152,7 +152,7 @@ def _check_paths(cfg, workdir) -> None:
         f"{key}={tok or ckpt!r} holds no tokenizer (tokenizer.json or"
         " tokenizer_config.json); pass model.tokenizer_dir=<a directory"
         " with the model's tokenizer.json>")
-  backbone = cfg.rspo.get("prm_backbone_dir", "")
+  backbone = cfg.rspo.prm_backbone_dir
   if backbone and not os.path.isfile(os.path.join(backbone, "config.json")):
     raise ConfigError(
         f"rspo.prm_backbone_dir={backbone!r}: no Hugging Face model there;"

@@ -44,7 +44,7 @@ def cache_dir(cfg, workdir: str) -> Optional[str]:
   ``JAX_COMPILATION_CACHE_DIR`` when the environment sets it (one cache
   shared by many runs: a sweep, the test suite), else
   ``<workdir>/compile_cache``; "none" = no persistent cache (None)."""
-  path = str(cfg.train.get("compile_cache_dir", "") or "")
+  path = str(cfg.train.compile_cache_dir or "")
   if path.lower() == NONE:
     return None
   path = path or os.environ.get("JAX_COMPILATION_CACHE_DIR", "")

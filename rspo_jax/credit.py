@@ -120,7 +120,7 @@ def compute_advantages(
     [S], one per row; PPO in 'verl_agent' mode: a list of S float32 arrays,
     one advantage per response token.
   """
-  mode = algo_cfg.get("credit_mode", "verl_agent")
+  mode = algo_cfg.credit_mode
   if mode not in CREDIT_MODES:
     raise ValueError(
         f"unknown credit_mode {mode!r}; known: {CREDIT_MODES}")
@@ -128,7 +128,7 @@ def compute_advantages(
   step_traj, traj_group = _traj_index(records)
   step_idx = np.array([r.step_idx for r in records])
   penalty = step_penalties(
-      records, algo_cfg.get("invalid_action_penalty", -0.1))
+      records, algo_cfg.invalid_action_penalty)
   name = algo_cfg.name
   if name == "ppo":
     return _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg,
@@ -175,7 +175,7 @@ def join_ppo_whitening(algo_cfg, sum_fn) -> None:
   under PPO when its peers whiten through ``sum_fn`` (a collective): the
   same two sums, of nothing."""
   if (sum_fn is not None and algo_cfg.name == "ppo"
-      and algo_cfg.get("gae_whiten", True)):
+      and algo_cfg.gae_whiten):
     adv_lib.whiten(np.zeros(0), sum_fn=sum_fn)
 
 
@@ -195,13 +195,13 @@ def _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg, mode,
   """
   if values is None:
     raise ValueError("PPO advantages need the critic's step values")
-  gamma = float(algo_cfg.get("gae_gamma", 1.0))
-  lam = float(algo_cfg.get("gae_lambda", 1.0))
+  gamma = float(algo_cfg.gae_gamma)
+  lam = float(algo_cfg.gae_lambda)
   if len(values) != len(records):
     raise ValueError(f"{len(values)} critic values for {len(records)} rows")
   if token_counts is None:
     token_counts = [len(r.response_ids) for r in records]
-  whiten = algo_cfg.get("gae_whiten", True)
+  whiten = algo_cfg.gae_whiten
   if mode == "verl_agent":
     if gamma != 1.0 or lam != 1.0:
       raise ValueError(

@@ -130,7 +130,7 @@ def outcome_matrix(per_task: Iterable[dict], key: str = "won",
 # ------------------------------------------------------------ few units
 # With n <= 5 training seeds or loops the percentile bootstrap above
 # returns about the observed range. Beside it the record reports a
-# Student t interval over the n units and an exact p (issue 50).
+# Student t interval over the n units and an exact p (docs/results.md).
 #
 # One sample x_1..x_n (units: a cell's seeds, B's loops, paired
 # differences):

@@ -107,15 +107,16 @@ class MetricsWriter:
 
 
 def wandb_settings(cfg) -> dict:
-  """``metrics.wandb_*`` of a config (absent keys: W&B off)::
+  """``metrics.wandb_*`` of a config::
 
     metrics.wandb_project  ''  = off
     metrics.wandb_entity   ''  = the account's default entity
     metrics.wandb_name     ''  = the workdir's name
   """
-  m = cfg.get("metrics", None) or {}
-  return {k: str(m.get(f"wandb_{k}", "") or "")
-          for k in ("project", "entity", "name")}
+  m = cfg.metrics
+  return {"project": str(m.wandb_project or ""),
+          "entity": str(m.wandb_entity or ""),
+          "name": str(m.wandb_name or "")}
 
 
 def setup_wandb(workdir: str, project: str, *, entity: str = "",

@@ -124,7 +124,7 @@ def _check_checkpoints(workdir: str, cfg) -> None:
 
 def check_packages(cfg) -> None:
   """MissingPackage for an optional package the config needs."""
-  project = cfg.get("metrics", {}).get("wandb_project", "")
+  project = cfg.metrics.wandb_project
   if project and importlib.util.find_spec("wandb") is None:
     raise MissingPackage(
         f"metrics.wandb_project={project!r} logs to Weights & Biases, but"
@@ -132,7 +132,7 @@ def check_packages(cfg) -> None:
         " install wandb), or set metrics.wandb_project=''")
   rollout = cfg.rollout
   if (rollout.engine == "sglang"
-      and rollout.get("weight_sync", "disk") == "distributed"
+      and rollout.weight_sync == "distributed"
       and importlib.util.find_spec("torch") is None):
     raise MissingPackage(
         "rollout.weight_sync='distributed' broadcasts the weights with"
@@ -148,7 +148,7 @@ def uses_env_dense_reward(cfg) -> bool:
   RSPO_H, no B; not RSPO_O, B on the outcome)."""
   r = cfg.rspo
   return (bool(r.enabled) and r.dense_reward in ("oracle", "env")
-          and r.get("data_source", "rspo") == "rspo")
+          and r.data_source == "rspo")
 
 
 def check_environment(cfg) -> None:

@@ -98,7 +98,7 @@ def _is_local(url: str) -> bool:
 
 def export_dir(cfg, workdir: str, *, multihost: bool = False) -> str:
   """Where a run's SGLang exports go (see the module docstring)."""
-  given = cfg.rollout.get("export_dir", "")
+  given = cfg.rollout.export_dir
   if given:
     return given
   text = f"{cfg.rollout.server_urls},{cfg.rollout.b_server_urls}"

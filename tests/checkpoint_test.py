@@ -200,7 +200,7 @@ def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
   base, base_log = baseline(case)
   assert saves_logged(base_log) == saved
   assert os.listdir(compile_cache.cache_dir(
-      ml_collections.ConfigDict({"train": {}}), base))
+      ml_collections.ConfigDict({"train": {"compile_cache_dir": ""}}), base))
   want_rows = a_rows(base)
   assert sorted(want_rows) == list(range(1, steps + 1))
   assert want_rows[steps]["rows_off"] > 0  # replayed in the last loop

@@ -52,7 +52,9 @@ def _records():
 def _cfg(name, **kw):
   c = ml_collections.ConfigDict(dict(
       name=name, normalize_std=True, gamma=0.5, omega=1.0,
-      anchor_similarity=None, invalid_action_penalty=P))
+      anchor_similarity=None, invalid_action_penalty=P,
+      credit_mode="verl_agent", gae_gamma=1.0, gae_lambda=1.0,
+      gae_whiten=True))
   c.update(kw)
   return c
 

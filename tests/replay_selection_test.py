@@ -61,7 +61,8 @@ def ids(trajs):
 def algo(name="grpo", normalize_std=True):
   return ml_collections.ConfigDict(dict(
       name=name, normalize_std=normalize_std, gamma=0.95, gae_lambda=1.0,
-      omega=1.0, anchor_similarity=None))
+      omega=1.0, anchor_similarity=None, credit_mode="verl_agent",
+      invalid_action_penalty=-0.1))
 
 
 def run_steps(d, n, strategy, seed, k=3, used=(), reuse="wins"):

@@ -136,11 +136,11 @@ def test_writers_of_one_workdir_share_one_run(tmp_path):
 
 def test_config_keys_turn_it_on_and_off(tmp_path):
   wd = str(tmp_path)
-  cfg = ml_collections.ConfigDict({"seed": 0})
+  cfg = ml_collections.ConfigDict({"seed": 0, "metrics": dict(
+      wandb_project="", wandb_entity="", wandb_name="run-7")})
   assert metrics.setup_wandb_from_config(wd, cfg) is None  # never on
   assert not os.path.exists(os.path.join(wd, metrics.WANDB_FILE))
-  cfg.metrics = ml_collections.ConfigDict(dict(
-      wandb_project="rspo-test", wandb_entity="", wandb_name="run-7"))
+  cfg.metrics.wandb_project = "rspo-test"
   on = metrics.setup_wandb_from_config(wd, cfg)
   assert (on["project"], on["name"], on["config"]["seed"]) == (
       "rspo-test", "run-7", 0)

@@ -9,7 +9,8 @@
 over the 'batch' axes, heads over the 'heads' axes, each device calling the
 kernel on its own block. cuDNN's own partitioning (``custom_partitioning``
 in jax's ``fused_attention_stablehlo``) never runs then. Left to it, two
-layouts failed to compile (issue 51): inside the train step's data-local
+layouts failed to compile (jax 0.10.2; `bench/sharding_check.py --cudnn`
+checks them on CPU): inside the train step's data-local
 micro-batch loop (manual over 'data' only) its partition callback met an
 unnamed sharding (``'GSPMDSharding' object has no attribute 'spec'``), and
 with more devices on 'tensor' than kv heads it needs q, k and v split

@@ -89,20 +89,20 @@ def lr_multiplier(run_cfg) -> float:
   "LoRA Without Regret" (Schulman et al., Thinking Machines, 2025) finds
   LoRA's best lr about 10x full fine-tuning's, independent of rank under
   the alpha / r scaling (docs/results.md "LoRA learning rate")."""
-  if int(run_cfg.model.get("lora_rank", 0) or 0) <= 0:
+  if int(run_cfg.model.lora_rank) <= 0:
     return 1.0
-  return float(run_cfg.train.get("lora_lr_multiplier", 1.0))
+  return float(run_cfg.train.lora_lr_multiplier)
 
 
 def lr_line(run_cfg) -> str:
   """The rule as the run shows it, e.g. 'lr 0.0001 x LoRA multiplier 10
   = 0.001 on adapters' (and B's own ``rspo.b_lr``, a critic's
   ``algo.critic_lr``, when set); '' without LoRA."""
-  if int(run_cfg.model.get("lora_rank", 0) or 0) <= 0:
+  if int(run_cfg.model.lora_rank) <= 0:
     return ""
   m = lr_multiplier(run_cfg)
   parts = [("lr", run_cfg.train.lr)]
-  if run_cfg.rspo.enabled and run_cfg.rspo.get("b_lr", 0.0):
+  if run_cfg.rspo.enabled and run_cfg.rspo.b_lr:
     parts.append(("B's lr", run_cfg.rspo.b_lr))
   if run_cfg.algo.name == "ppo":
     parts.append(("critic lr", run_cfg.algo.critic_lr))
