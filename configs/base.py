@@ -325,6 +325,12 @@ def _mesh(c: ml_collections.ConfigDict) -> None:
   """c.mesh: the device mesh and the logical axis rules."""
   c.mesh = ml_collections.ConfigDict()  # scales.py: shape (data, fsdp,
   # tensor; -1 takes the rest)
+  # The hardware a --mesh=configs/mesh/*.py file describes (0 / "": not
+  # given; the plan then reads what it can from the devices it sees).
+  c.mesh.num_hosts = 0
+  c.mesh.devices_per_host = 0
+  c.mesh.platform = ""
+  c.mesh.device_memory_gb = 0.0
   c.logical_axis_rules = sharding.DEFAULT_RULES
 
 

@@ -61,17 +61,16 @@ def resolve_layout(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
   Raises ValueError naming the mesh and device count when they disagree.
   """
   environ = os.environ if environ is None else environ
-  mesh_cfg = cfg.mesh  # num_hosts, devices_per_host, platform and
-  # device_memory_gb come from configs/mesh/*.py only (the base config's
-  # mesh holds its shape): read with .get, absent means "not declared"
+  mesh_cfg = cfg.mesh  # num_hosts, devices_per_host, platform: set by a
+  # configs/mesh/*.py file; 0 / "" (the base config's) means "not declared"
   shape = [int(s) for s in mesh_cfg.shape]
   hosts = _env_int(environ, "RSPO_NUM_HOSTS") or int(
-      mesh_cfg.get("num_hosts", 0) or 0
+      mesh_cfg.num_hosts or 0
   )
   per_host = _env_int(environ, "RSPO_DEVICES_PER_HOST") or int(
-      mesh_cfg.get("devices_per_host", 0) or 0
+      mesh_cfg.devices_per_host or 0
   )
-  platform = mesh_cfg.get("platform", "") or ""
+  platform = mesh_cfg.platform or ""
   if hosts < 0 or per_host < 0:
     raise ValueError(
         f"hosts={hosts}, devices_per_host={per_host}: must be >= 0"
@@ -146,7 +145,7 @@ def mem_fraction(environ: Mapping[str, str],
 def usable_gb(cfg, layout, environ) -> tuple:
   """(GiB a device JAX may use, (fraction, where it came from)), or (None,
   None) without ``mesh.device_memory_gb``."""
-  device_gb = float(cfg.mesh.get("device_memory_gb", 0) or 0)
+  device_gb = float(cfg.mesh.device_memory_gb or 0)
   if not device_gb:
     return None, None
   fraction, source = mem_fraction(environ, layout["platform"])

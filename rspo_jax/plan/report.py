@@ -43,7 +43,7 @@ def make_plan(cfg, workdir: str,
              if u.strip()]
   if cfg.rollout.engine == "sglang" and not servers:
     raise ValueError("rollout.engine=sglang needs rollout.server_urls")
-  device_gb = float(cfg.mesh.get("device_memory_gb", 0) or 0)
+  device_gb = float(cfg.mesh.device_memory_gb or 0)
   episodes = cfg.train.batch_tasks * cfg.train.group_size
   plan = {
       "workdir": workdir,
