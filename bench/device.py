@@ -41,8 +41,8 @@ visible devices (mesh (1, N, 1)) and on one device (when N > 1):
               second forward; the attention the kernel computes)
               (bench/_common.py), the compiled program's peak bytes a
               device (memory_analysis: arguments + outputs - aliased +
-              temporaries) beside the
-              plan's estimate (rspo_jax/plan.py train_step_bytes), the
+              temporaries) beside the plan's estimate
+              (rspo_jax/plan/programs.py train_step_bytes), the
               allocator's peak so far (memory_stats; accelerators only),
               and the count of all-gather / all-reduce / reduce-scatter
               of activation-sized arrays in the partitioned HLO

@@ -250,7 +250,7 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
   # many (each attending the slots written so far: float32 scores of
   # [rows, heads, block, prompt] instead of [rows, heads, prompt, prompt +
   # new]; rollout/jax_engine.py, step 2); 0 = one pass. None: chosen by the
-  # plan (rspo_jax/plan.py ``choose``: one pass if it fits the device,
+  # plan (rspo_jax/plan/choices.py ``choose``: one pass if it fits the device,
   # else the widest block that does; without a known device memory the
   # engine's default, 64 on CPU, one pass elsewhere).
   c.rollout.prefill_chunk = None
@@ -259,7 +259,7 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
   # in calls of this many, one after another; a call's KV cache and
   # prefill scores scale with its rows (rollout/jax_engine.py, step 0).
   # 0 = no cap (all of a host's episodes, up to 256, in one call). None:
-  # chosen by the plan (rspo_jax/plan.py ``choose``: all rows if the
+  # chosen by the plan (rspo_jax/plan/choices.py ``choose``: all rows if the
   # prefill fits the device, else the most that do; without a known
   # device memory, no cap).
   c.rollout.engine_max_rows = None

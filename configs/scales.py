@@ -130,7 +130,7 @@ PAPER = {
     # not a result-changing value (the same loss and gradients): 'auto'
     # lets the plan pick the lightest policy that fits the device
     # (none > dots > full in memory, the reverse in recompute; rspo_jax/
-    # plan.py ``choose``, shown by --dry_run).
+    # plan/choices.py ``choose``, shown by --dry_run).
     "model.dtype": "bfloat16",
     "model.param_dtype": "float32",
     "model.remat": "auto",

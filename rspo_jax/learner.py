@@ -156,7 +156,7 @@ class Learner:
     else:
       self.state = _state
       self.state_sh = jax.tree.map(lambda x: x.sharding, _state)
-    # Loss functions with a ``window`` keyword get the response window.
+    # A windowed ``SummedLoss`` gets the response window.
     self._windowed = kind == "policy" and ts.accepts_window(loss_fn)
     self._copy_params = None  # frozen_params' jitted copy, made once
     if _compiled is not None:  # a copy shares its source's jitted functions

@@ -15,11 +15,11 @@ theta_t as behaviour log-probs (A's learner recomputes them in the thread
 on a snapshot of theta_t when ``rspo.recompute_behavior_logp``, else the
 engine's), and the loss centres their clip window on
 c = pi_old / pi_behaviour: the shifted clip RSPO uses for B's replayed rows
-(update.py ``stale_on``, losses.mixed_objective ``fresh_behavior``; AReaL's
-decoupled PPO). Logged per A step: ``overlap_policy_lag`` (A steps between
-the weights that played a step's rows and those that train on them) and
-``overlap_logp_gap_on`` (mean |log pi_old - log pi_behaviour| on its fresh
-tokens at the step's start).
+(update.py ``stale_on``, losses.mixed_objective with
+``LossConfig.overlap``; AReaL's decoupled PPO). Logged per A step:
+``overlap_policy_lag`` (A steps between the weights that played a step's
+rows and those that train on them) and ``overlap_logp_gap_on`` (mean
+|log pi_old - log pi_behaviour| on its fresh tokens at the step's start).
 
 Never across a B phase (B := A after the update) or, with RSPO, a loop's
 end (D changes there): the first A step of such a loop collects on its own

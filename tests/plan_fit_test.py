@@ -2,7 +2,8 @@
 policy, prefill blocks, the engine's rows a call), or stops with one line
 naming the key to change.
 
-plan.py's functions only: no model is built, nothing compiles (~2 s)."""
+The plan package's functions only (rspo_jax/plan/): no model is built,
+nothing compiles (~2 s)."""
 
 import dataclasses
 import itertools
