@@ -3,13 +3,7 @@
 Nothing is started and no model is created; devices are counted only when
 neither the mesh config nor the environment says how many there are.
 
-Hosts x devices, first match wins:
-  1. ``RSPO_NUM_HOSTS`` / ``RSPO_DEVICES_PER_HOST`` (environment),
-  2. ``mesh.num_hosts`` / ``mesh.devices_per_host`` (``configs/mesh/*.py``),
-  3. this process: ``jax.process_count()`` x ``jax.local_device_count()``.
-Devices are taken in process-major order (``jax.devices()``), so each host
-holds a contiguous block of the row-major mesh; ``cross_host_axes`` names
-the mesh axes whose collectives leave a host.
+How hosts, devices and the mesh are found: ``plan/layout.py``.
 
 Memory per device (docs/scale_out.md works the numbers; GB = 2**30
 bytes), modelled on what the programs compile to (``train_step_bytes``,
