@@ -63,7 +63,7 @@ def main(argv):
   if env_name not in ("webshop", "alfworld"):
     raise app.UsageError("eval_failures.py reads WebShop or ALFWorld episodes")
   from rspo_jax import build, models, sharding
-  from rspo_jax.rollout.collect import collect
+  from rspo_jax.rollout.collect import CollectRequest, collect
   from rspo_jax.rollout.engine import SamplingParams
   from third_party_envs import registry
   from third_party_envs.vector import VectorEnv
@@ -84,9 +84,11 @@ def main(argv):
   try:
     for start in range(0, n_tasks, venv.num_envs):
       tasks = list(range(start, min(start + venv.num_envs, n_tasks)))
-      records, _ = collect(engine, venv, tokenizer, tasks, 1, sampling,
-                           build.collect_config(cfg, cfg.env.eval_split),
-                           traj_id_start=start, group_id_start=start)
+      records, _ = collect(engine, venv, tokenizer,
+                           CollectRequest(tasks, 1, sampling,
+                                          traj_id_start=start,
+                                          group_id_start=start),
+                           build.collect_config(cfg, cfg.env.eval_split))
       for r in records:
         episodes[r.task_id].append(r)
   finally:

@@ -123,6 +123,7 @@ def main(argv=None):
 
   from configs import base
   from rspo_jax import build, models, sharding
+  from rspo_jax.rollout.collect import CollectRequest
   from rspo_jax.rollout.engine import SamplingParams
   from third_party_envs import registry
   from third_party_envs.vector import VectorEnv
@@ -179,16 +180,17 @@ def main(argv=None):
       try:
         tasks = list(range(batch // GROUP))
         for name, engine in engines.items():  # warm-up: compiles every bucket
-          _play(name)(engine, venv, tokenizer, tasks, GROUP, sampling, ccfg,
-                      seed=1)
+          _play(name)(engine, venv, tokenizer,
+                      CollectRequest(tasks, GROUP, sampling, seed=1), ccfg)
         walls = {name: [] for name in engines}
         for rep in range(args.repeats):  # engines take turns: drift is shared
           for name, engine in engines.items():
             prefills = _prefill_forwards(args.server_log, name)
             columns = getattr(engine, "prefill_columns", None)
             t0 = time.perf_counter()
-            records, stats = _play(name)(engine, venv, tokenizer, tasks,
-                                         GROUP, sampling, ccfg, seed=2 + rep)
+            records, stats = _play(name)(
+                engine, venv, tokenizer,
+                CollectRequest(tasks, GROUP, sampling, seed=2 + rep), ccfg)
             wall = time.perf_counter() - t0
             walls[name].append(wall)
             paths = {**decode_paths(records), **group_prefixes(records)}

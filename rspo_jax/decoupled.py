@@ -45,9 +45,9 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from rspo_jax import replay
 from rspo_jax.replay.shards import SHARD_SUFFIX
 from rspo_jax.replay.shards import TMP_SUFFIX
-from rspo_jax.rollout.collect import CollectConfig, collect
-from rspo_jax.rollout.engine import Engine, SamplingParams
-from rspo_jax.types import POLICY_B, StepRecord, Trajectory
+from rspo_jax.rollout.collect import CollectConfig, CollectRequest, collect
+from rspo_jax.rollout.engine import Engine
+from rspo_jax.types import StepRecord, Trajectory
 from rspo_jax.types import group_trajectories
 
 ERROR_FILE = "_ERROR"
@@ -261,57 +261,53 @@ def collect_b_groups(
     engine: Engine,
     venv,
     tokenizer,
-    task_ids: Sequence[int],
-    group_size: int,
-    sampling: SamplingParams,
+    request: CollectRequest,
     cfg: CollectConfig,
     *,
     groups_per_call: int = 1,
-    policy_tag: str = POLICY_B,
-    traj_id_start: int = 0,
-    group_id_start: int = 0,
-    seed: int = 0,
     swap_rewards: bool = True,
     stats: Optional[list] = None,
 ) -> Iterator[list[StepRecord]]:
-  """Plays ``task_ids`` with ``rollout.collect``, ``groups_per_call``
+  """Plays ``request`` with ``rollout.collect``, ``groups_per_call``
   groups per call, and yields each group's records.
 
-  Ids match one ``collect`` call over all tasks: task ``i`` is group
-  ``group_id_start + i`` with trajectories ``traj_id_start + i *
-  group_size + j``. Chunk ``c`` samples with collect seed ``seed * 10007 +
-  c``. Failed episodes are dropped (a group left empty is not yielded);
-  ``swap_rewards`` clears ``dense_reward`` (NaN): stored records carry the
-  outcome reward only. Each call's statistics are appended to ``stats``.
-  Needs its own ``venv`` (a call resets every instance of it). Arguments
-  are checked now; nothing is played until the first group is asked for.
+  Ids match one ``collect`` call over all of ``request.task_ids``: task
+  ``i`` is group ``group_id_start + i`` with trajectories ``traj_id_start
+  + i * group_size + j``. Chunk ``c`` samples with collect seed ``seed *
+  10007 + c``. Records carry ``request.policy_tag`` (B's collection:
+  ``types.POLICY_B``). Failed episodes are dropped (a group left empty is
+  not yielded); ``swap_rewards`` clears ``dense_reward`` (NaN): stored
+  records carry the outcome reward only. Each call's statistics are
+  appended to ``stats``. Needs its own ``venv`` (a call resets every
+  instance of it). Arguments are checked now; nothing is played until the
+  first group is asked for.
   """
   if groups_per_call < 1:
     raise ValueError(f"groups_per_call={groups_per_call} must be >= 1")
-  if group_size * min(groups_per_call, len(task_ids)) > venv.num_envs:
+  group_size = request.group_size
+  if group_size * min(groups_per_call, len(request.task_ids)) > (
+      venv.num_envs):
     raise ValueError(
         f"groups_per_call={groups_per_call} x group_size={group_size}"
         f" episodes need more than the {venv.num_envs} environments of venv"
     )
-  return _collect_b_groups(
-      engine, venv, tokenizer, [int(t) for t in task_ids], group_size,
-      sampling, cfg, groups_per_call, policy_tag, traj_id_start,
-      group_id_start, seed, swap_rewards, stats,
-  )
+  request = dataclasses.replace(
+      request, task_ids=[int(t) for t in request.task_ids])
+  return _collect_b_groups(engine, venv, tokenizer, request, cfg,
+                           groups_per_call, swap_rewards, stats)
 
 
-def _collect_b_groups(engine, venv, tokenizer, task_ids, group_size,
-                      sampling, cfg, groups_per_call, policy_tag,
-                      traj_id_start, group_id_start, seed, swap_rewards,
-                      stats):
+def _collect_b_groups(engine, venv, tokenizer, request, cfg,
+                      groups_per_call, swap_rewards, stats):
+  task_ids = request.task_ids
   for c, start in enumerate(range(0, len(task_ids), groups_per_call)):
-    chunk = task_ids[start:start + groups_per_call]
-    records, summary = collect(
-        engine, venv, tokenizer, chunk, group_size, sampling, cfg,
-        policy_tag=policy_tag,
-        traj_id_start=traj_id_start + start * group_size,
-        group_id_start=group_id_start + start, seed=seed * 10007 + c,
+    chunk = dataclasses.replace(
+        request, task_ids=task_ids[start:start + groups_per_call],
+        traj_id_start=request.traj_id_start + start * request.group_size,
+        group_id_start=request.group_id_start + start,
+        seed=request.seed * 10007 + c,
     )
+    records, summary = collect(engine, venv, tokenizer, chunk, cfg)
     if stats is not None:
       stats.append(summary)
     by_group: dict[int, list[StepRecord]] = {}

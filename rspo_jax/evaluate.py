@@ -26,7 +26,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from rspo_jax import distributed
-from rspo_jax.rollout.collect import CollectConfig, check_failures, collect
+from rspo_jax.rollout.collect import (CollectConfig, CollectRequest,
+                                      check_failures, collect)
 from rspo_jax.rollout.engine import SamplingParams
 
 
@@ -50,11 +51,10 @@ def evaluate(
     won, score, lengths, failed, episodes = [], [], [], 0, 0
     for start in range(0, len(mine), venv.num_envs):
       chunk = [int(t) for t in mine[start:start + venv.num_envs]]
-      records, stats = collect(
-          engine, venv, tokenizer, chunk, 1, sampling, collect_cfg,
-          traj_id_start=first + start, group_id_start=first + start,
-          seed=seed,
-      )
+      request = CollectRequest(chunk, 1, sampling,
+                               traj_id_start=first + start,
+                               group_id_start=first + start, seed=seed)
+      records, stats = collect(engine, venv, tokenizer, request, collect_cfg)
       failed += stats["failed_episodes"]
       episodes += stats["episodes"]
       for r in records:

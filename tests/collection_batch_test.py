@@ -97,7 +97,8 @@ def collections(policy):
     for name, tasks in (("alone", TASKS), ("more", TASKS + EXTRA)):
       chunks.clear()
       records, stats = collect_lib.collect(
-          engine, venv, tok, tasks, GROUP, sampling, ccfg, seed=SEED)
+          engine, venv, tok,
+          collect_lib.CollectRequest(tasks, GROUP, sampling, seed=SEED), ccfg)
       out[name] = (records, stats, list(chunks))
   finally:
     venv.close()

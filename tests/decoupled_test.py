@@ -254,7 +254,7 @@ def test_b_collects_on_its_own_devices_while_the_consumer_reads(tmp_path):
   from rspo_jax.models import hf_io
   from rspo_jax.models import tokenizer as tok_lib
   from rspo_jax.models.config import get_model_config
-  from rspo_jax.rollout.collect import CollectConfig
+  from rspo_jax.rollout.collect import CollectConfig, CollectRequest
   from rspo_jax.rollout.engine import SamplingParams
   from rspo_jax.rollout.jax_engine import JaxEngine
   from third_party_envs.vector import VectorEnv
@@ -280,11 +280,13 @@ def test_b_collects_on_its_own_devices_while_the_consumer_reads(tmp_path):
   d = str(tmp_path / "b")
   try:
     groups = decoupled.collect_b_groups(
-        engine, venv, tok, [5, 6, 7], GROUP_SIZE,
-        SamplingParams(max_new_tokens=16, stop_strings=("</action>",)),
+        engine, venv, tok,
+        CollectRequest(
+            [5, 6, 7], GROUP_SIZE,
+            SamplingParams(max_new_tokens=16, stop_strings=("</action>",)),
+            policy_tag="B", traj_id_start=1000, group_id_start=10, seed=1),
         CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=256),
-        groups_per_call=2, traj_id_start=1000, group_id_start=10, seed=1,
-        stats=stats,
+        groups_per_call=2, stats=stats,
     )
     job = decoupled.start_collection(groups, d, records_per_shard=3)
     assert job.wait_for_groups(1, timeout_s=600) >= 1
@@ -309,5 +311,6 @@ def test_b_collects_on_its_own_devices_while_the_consumer_reads(tmp_path):
     assert np.all(np.isfinite(r.behavior_logp) & (r.behavior_logp <= 0))
   with pytest.raises(ValueError, match="environments"):
     decoupled.collect_b_groups(
-        engine, venv, tok, [1, 2, 3], GROUP_SIZE, SamplingParams(),
+        engine, venv, tok,
+        CollectRequest([1, 2, 3], GROUP_SIZE, SamplingParams()),
         CollectConfig(env_name="toy", max_steps=3), groups_per_call=3)

@@ -18,8 +18,9 @@ import pytest
 from rspo_jax import models
 from rspo_jax.evaluate import evaluate
 from rspo_jax.rollout import prompts
-from rspo_jax.rollout.collect import (CollectConfig, TooManyFailures,
-                                      check_failures, collect)
+from rspo_jax.rollout.collect import (CollectConfig, CollectRequest,
+                                      TooManyFailures, check_failures,
+                                      collect)
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 from rspo_launch import exit_on_user_error
 from third_party_envs import failures, toy
@@ -171,9 +172,9 @@ def test_a_collection_whose_every_step_raises(tokenizer, caplog):
   venv = VectorEnv("toy", {}, 4, use_processes=False)
   cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=256)
   try:
-    records, stats = collect(ReplyEngine(tokenizer, CRASH), venv, tokenizer,
-                             [0, 1], 2, SamplingParams(max_new_tokens=16),
-                             cfg)
+    records, stats = collect(
+        ReplyEngine(tokenizer, CRASH), venv, tokenizer,
+        CollectRequest([0, 1], 2, SamplingParams(max_new_tokens=16)), cfg)
   finally:
     venv.close()
   assert (stats["failed_episodes"], stats["episodes"]) == (4, 4)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from rspo_jax.rollout import http_server
-from rspo_jax.rollout.collect import CollectConfig, collect
+from rspo_jax.rollout.collect import CollectConfig, CollectRequest, collect
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 from rspo_jax.rollout.sglang_client import SGLangClient, SGLangError
 from third_party_envs.vector import VectorEnv
@@ -238,8 +238,9 @@ def test_collection_completes_when_a_server_stops_midway(fleet, tmp_path):
                    use_processes=False)
   try:
     records, stats = collect(
-        client, venv, tok, list(range(N_GROUPS)), GROUP_SIZE,
-        SamplingParams(max_new_tokens=32),
+        client, venv, tok,
+        CollectRequest(list(range(N_GROUPS)), GROUP_SIZE,
+                       SamplingParams(max_new_tokens=32)),
         CollectConfig(env_name="toy", max_steps=MAX_STEPS),
         progress=progress,
     )
@@ -322,12 +323,14 @@ def test_sigkill_of_one_server_during_collection(tmp_path, caplog):
     venv = VectorEnv("toy", {"max_steps": MAX_STEPS}, N_GROUPS * GROUP_SIZE,
                      use_processes=False)
     records, stats = collect(
-        client, venv, tok, list(range(N_GROUPS)), GROUP_SIZE,
-        SamplingParams(temperature=1.0, max_new_tokens=16,
-                       stop_strings=("</action>",)),
+        client, venv, tok,
+        CollectRequest(list(range(N_GROUPS)), GROUP_SIZE,
+                       SamplingParams(temperature=1.0, max_new_tokens=16,
+                                      stop_strings=("</action>",)),
+                       seed=3),
         CollectConfig(env_name="toy", max_steps=MAX_STEPS,
                       max_prompt_tokens=256),
-        progress=progress, seed=3,
+        progress=progress,
     )
     killer[0].join()
     assert victim.proc.wait(timeout=30) == -signal.SIGKILL

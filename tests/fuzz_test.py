@@ -11,7 +11,7 @@ import pytest
 
 from rspo_jax import models
 from rspo_jax.rollout import prompts
-from rspo_jax.rollout.collect import CollectConfig, collect
+from rspo_jax.rollout.collect import CollectConfig, CollectRequest, collect
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 from third_party_envs import toy
 from third_party_envs.vector import VectorEnv
@@ -84,8 +84,9 @@ def test_any_reply_through_collect(tokenizer, replies, task):
   venv = VectorEnv("toy", {"max_steps": 3, "hang_s": 0.0}, 2,
                    use_processes=False)
   cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=128)
-  records, stats = collect(ReplayEngine(replies), venv, tokenizer, [task], 2,
-                           SamplingParams(max_new_tokens=24), cfg)
+  records, stats = collect(
+      ReplayEngine(replies), venv, tokenizer,
+      CollectRequest([task], 2, SamplingParams(max_new_tokens=24)), cfg)
   assert stats["episodes"] == 2 and len(records) <= 6
   for r in records:
     text = tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)

@@ -34,7 +34,7 @@ from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.metrics import read_metrics
 from rspo_jax.rollout import http_server
 from rspo_jax.rollout import prompts
-from rspo_jax.rollout.collect import CollectConfig, collect
+from rspo_jax.rollout.collect import CollectConfig, CollectRequest, collect
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 from rspo_jax.rollout.sglang_client import SGLangClient, SGLangError
 from rspo_jax.rollout.sglang_client import parse_generate_response
@@ -268,8 +268,9 @@ def test_long_prompts_are_left_truncated_and_counted(tokenizer):
   venv = VectorEnv("toy", {"max_steps": 3}, 2, use_processes=False)
   engine = ScriptedEngine(tokenizer, lambda c, r: THINK_INC)
   cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=40)
-  records, stats = collect(engine, venv, tokenizer, [5], 2,
-                           SamplingParams(max_new_tokens=16), cfg)
+  records, stats = collect(
+      engine, venv, tokenizer,
+      CollectRequest([5], 2, SamplingParams(max_new_tokens=16)), cfg)
   start, target = toy.toy_task("train", 5)
   full = prompts.render_chat(tokenizer, prompts.build_prompt(
       "toy", f"reach the number {target}", f"The current number is {start}.",
@@ -411,8 +412,9 @@ def test_malformed_replies_change_nothing(tokenizer, reply, penalised):
   venv = VectorEnv("toy", {"max_steps": 3}, 2, use_processes=False)
   engine = ScriptedEngine(tokenizer, lambda c, r: reply)
   cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=256)
-  records, stats = collect(engine, venv, tokenizer, [7], 2,
-                           SamplingParams(max_new_tokens=16), cfg)
+  records, stats = collect(
+      engine, venv, tokenizer,
+      CollectRequest([7], 2, SamplingParams(max_new_tokens=16)), cfg)
   assert len(records) == 6 and stats["failed_episodes"] == 0
   assert stats["invalid_action_rate"] == float(penalised)
   for r in records:
@@ -427,8 +429,9 @@ def test_action_without_think_is_sent_but_penalised(tokenizer):
   venv = VectorEnv("toy", {"max_steps": 2}, 1, use_processes=False)
   engine = ScriptedEngine(tokenizer, lambda c, r: "<action>inc</action>")
   cfg = CollectConfig(env_name="toy", max_steps=2, max_prompt_tokens=256)
-  records, _ = collect(engine, venv, tokenizer, [7], 1,
-                       SamplingParams(max_new_tokens=16), cfg)
+  records, _ = collect(
+      engine, venv, tokenizer,
+      CollectRequest([7], 1, SamplingParams(max_new_tokens=16)), cfg)
   start, _ = toy.toy_task("train", 7)
   assert [r.anchor_obs for r in records] == [
       f"The current number is {start + i}." for i in range(len(records))]

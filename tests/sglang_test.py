@@ -861,7 +861,7 @@ def test_lora_adapter_sync_requests_and_files(serve, tmp_path):
 def _both_collections(engine, tokenizer, *, groups=2, group_size=3):
   """(records, stats) of collect and of collect_unbarriered, greedy, on the
   toy environment."""
-  from rspo_jax.rollout.collect import CollectConfig, collect  # pylint: disable=g-import-not-at-top
+  from rspo_jax.rollout.collect import CollectConfig, CollectRequest, collect  # pylint: disable=g-import-not-at-top
   from rspo_jax.rollout.unbarriered import collect_unbarriered
   from third_party_envs.vector import VectorEnv
 
@@ -873,9 +873,9 @@ def _both_collections(engine, tokenizer, *, groups=2, group_size=3):
     venv = VectorEnv("toy", {"max_steps": 3}, groups * group_size,
                      use_processes=False)
     try:
-      out.append(fn(engine, venv, tokenizer, list(range(groups)), group_size,
-                    params, cfg, traj_id_start=100, group_id_start=10,
-                    seed=4))
+      request = CollectRequest(list(range(groups)), group_size, params,
+                               traj_id_start=100, group_id_start=10, seed=4)
+      out.append(fn(engine, venv, tokenizer, request, cfg))
     finally:
       venv.close()
   return out

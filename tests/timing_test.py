@@ -125,9 +125,12 @@ def test_collect_books_its_phases_one_engine_call_per_turn(tmp_path):
   t0 = time.perf_counter()
   with timer.phase("a_step"):
     records, stats = collect_lib.collect(
-        engine, venv, tok, [3, 5], 2, SamplingParams(max_new_tokens=8,
-                                                     stop_strings=("</action>",)),
-        ccfg, seed=1, timer=timer)
+        engine, venv, tok,
+        collect_lib.CollectRequest(
+            [3, 5], 2,
+            SamplingParams(max_new_tokens=8, stop_strings=("</action>",)),
+            seed=1),
+        ccfg, timer=timer)
   wall = time.perf_counter() - t0
   venv.close()
   # One call per turn, with every unfinished episode (4, then fewer).
@@ -144,8 +147,10 @@ def test_collect_books_its_phases_one_engine_call_per_turn(tmp_path):
   _, again = collect_lib.collect(
       engine, VectorEnv("toy", {"max_steps": 3, "hang_s": 0.0}, 4,
                         use_processes=False),
-      tok, [3, 5], 2, SamplingParams(max_new_tokens=8), ccfg, seed=1,
-      timer=timer)
+      tok,
+      collect_lib.CollectRequest([3, 5], 2, SamplingParams(max_new_tokens=8),
+                                 seed=1),
+      ccfg, timer=timer)
   assert again["generation_s"] == pytest.approx(
       timer.seconds()["generation"] - seconds["generation"])
   both = collect_lib.combine_rounds([stats, again])

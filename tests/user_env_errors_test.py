@@ -31,7 +31,7 @@ from env_failures_test import ReplyEngine
 from rspo_jax import models, preflight, warm_start
 from rspo_jax.errors import ConfigError, EnvError, MissingPackage
 from rspo_jax.rollout import prompts
-from rspo_jax.rollout.collect import CollectConfig, collect
+from rspo_jax.rollout.collect import CollectConfig, CollectRequest, collect
 from rspo_jax.rollout.engine import SamplingParams
 from rspo_jax.rollout.unbarriered import collect_unbarriered
 from rspo_launch import exit_on_user_error
@@ -193,8 +193,8 @@ def test_a_collection_stops_at_the_first_nan(tokenizer, play, use_processes):
   engine = ReplyEngine(tokenizer, "<think>x</think><action>go hall</action>")
   try:
     with pytest.raises(EnvError) as e:
-      play(engine, venv, tokenizer, [0, 1], 2,
-           SamplingParams(max_new_tokens=16), cfg)
+      play(engine, venv, tokenizer,
+           CollectRequest([0, 1], 2, SamplingParams(max_new_tokens=16)), cfg)
   finally:
     venv.close()
   assert str(e.value) == LATE

@@ -18,7 +18,7 @@ import numpy as np
 from rspo_jax import distributed, timing
 from rspo_jax.loop import seeds
 from rspo_jax.rollout import collect as collect_lib
-from rspo_jax.rollout.collect import CollectConfig, collect
+from rspo_jax.rollout.collect import CollectConfig, CollectRequest, collect
 from rspo_jax.rollout.engine import Engine, SamplingParams
 from rspo_jax.rollout.unbarriered import collect_unbarriered
 from rspo_jax.types import POLICY_B, StepRecord
@@ -100,14 +100,15 @@ class Collector:
     per_round = max(1, self.venv.num_envs // g)
     records, rounds = [], []
     for c, lo in enumerate(range(0, len(mine), per_round)):
-      got, stats = self.collect(
-          self.engine, self.venv, self.tokenizer, mine[lo:lo + per_round],
-          g, self.sampling, self.collect_cfg, policy_tag=tag,
+      request = CollectRequest(
+          mine[lo:lo + per_round], g, self.sampling, policy_tag=tag,
           traj_id_start=(collection * TRAJS_PER_COLLECTION
                          + (first + lo) * g),
           group_id_start=collection * GROUPS_PER_COLLECTION + first + lo,
-          seed=seeds.round_seed(seed, c), timer=timer,
+          seed=seeds.round_seed(seed, c),
       )
+      got, stats = self.collect(self.engine, self.venv, self.tokenizer,
+                                request, self.collect_cfg, timer=timer)
       records += got
       rounds.append(stats)
     return records, rounds

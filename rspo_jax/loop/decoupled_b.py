@@ -20,6 +20,8 @@ from rspo_jax.learner import Learner
 from rspo_jax.loop import host_stats, seeds
 from rspo_jax.loop.collection import (GROUPS_PER_COLLECTION,
                                       TRAJS_PER_COLLECTION, Collector)
+from rspo_jax.rollout.collect import CollectRequest
+from rspo_jax.types import POLICY_B
 
 
 def check_one_process(cfg, multihost: bool) -> None:
@@ -55,14 +57,15 @@ class DecoupledB:
     sync_engine(engine, b, state.collections)
     tasks, seed_of = self.collector.draw(self.cfg.train.batch_tasks,
                                          state.collections, replay_of)
-    groups = decoupled.collect_b_groups(
-        engine, venv, tokenizer, [int(t) for t in tasks],
-        self.cfg.train.group_size, self.collector.sampling,
-        self.collector.collect_cfg,
+    request = CollectRequest(
+        [int(t) for t in tasks], self.cfg.train.group_size,
+        self.collector.sampling, policy_tag=POLICY_B,
         traj_id_start=state.collections * TRAJS_PER_COLLECTION,
         group_id_start=state.collections * GROUPS_PER_COLLECTION,
         seed=seeds.sampling_seed(self.cfg.seed, seed_of),
     )
+    groups = decoupled.collect_b_groups(engine, venv, tokenizer, request,
+                                        self.collector.collect_cfg)
     if self.cfg.rspo.recompute_behavior_logp:
       self.logp_gap = 0.0
       groups = self._recomputed(b, groups)

@@ -41,7 +41,7 @@ from rspo_jax import timing
 from rspo_jax.errors import ConfigError
 from rspo_jax.rollout import prompts as prompt_lib
 from rspo_jax.rollout.engine import Engine, SamplingParams
-from rspo_jax.types import StepRecord
+from rspo_jax.types import POLICY_A, StepRecord
 from third_party_envs import failures
 
 PHASES = ("generation", "environment", "prompts")
@@ -62,6 +62,44 @@ class CollectConfig:
   invalid_action_penalty: float = -0.1
   split: str = "train"
   repeat_window: int = 5  # exploration metric: revisits within this window
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectRequest:
+  """What one collection plays, and how its records are numbered.
+
+  The long-lived pieces (engine, environment pool, tokenizer,
+  ``CollectConfig``) are the collector's own arguments; this is what
+  changes from call to call. A call plays ``len(task_ids) * group_size``
+  episodes; episode ``i`` belongs to group ``k = i // group_size``.
+
+  Attributes:
+    task_ids: one task per group: every member of group ``k`` plays
+      ``task_ids[k]`` (kept as a tuple).
+    group_size: G, the episodes per group (the same task each).
+    sampling: how replies are sampled; its ``seed`` is replaced by the
+      per-turn seed below.
+    policy_tag: the policy the records are booked to (``types.POLICY_A``
+      or ``POLICY_B``).
+    traj_id_start: where this call's trajectory ids start: episode ``i``
+      is trajectory ``traj_id_start + i``.
+    group_id_start: where this call's group ids start: group ``k`` is
+      group ``group_id_start + k``.
+    seed: the call's sampling seed: turn ``t`` samples with seed
+      ``seed * 1_000_003 + 2 t`` (``collect``: row ``i`` of the turn's
+      batch draws from stream ``i``; ``collect_unbarriered``: episode
+      ``i`` adds ``i`` to it).
+  """
+  task_ids: Sequence[int]
+  group_size: int
+  sampling: SamplingParams
+  policy_tag: str = POLICY_A
+  traj_id_start: int = 0
+  group_id_start: int = 0
+  seed: int = 0
+
+  def __post_init__(self):
+    object.__setattr__(self, "task_ids", tuple(self.task_ids))
 
 
 @dataclasses.dataclass
@@ -89,19 +127,15 @@ def collect(
     engine: Engine,
     venv,
     tokenizer,
-    task_ids: Sequence[int],
-    group_size: int,
-    sampling: SamplingParams,
+    request: CollectRequest,
     cfg: CollectConfig,
     *,
-    policy_tag: str = "A",
-    traj_id_start: int = 0,
-    group_id_start: int = 0,
-    seed: int = 0,
     progress: Optional[Callable[[int], None]] = None,
     timer: Optional[timing.PhaseTimer] = None,
 ) -> tuple[list[StepRecord], dict]:
-  """Plays the episodes; returns (step records, statistics)."""
+  """Plays ``request``'s episodes; returns (step records, statistics).
+  ``progress(n)`` is told the ``n`` episodes stepped after each turn."""
+  task_ids, group_size = request.task_ids, request.group_size
   n = len(task_ids) * group_size
   if n > venv.num_envs:
     raise ValueError(
@@ -117,8 +151,8 @@ def collect(
   eps = [
       _Episode(
           task_id=t,
-          group_id=group_id_start + i // group_size,
-          traj_id=traj_id_start + i,
+          group_id=request.group_id_start + i // group_size,
+          traj_id=request.traj_id_start + i,
           obs=first[i],
       )
       for i, t in enumerate(row_tasks)
@@ -152,7 +186,8 @@ def collect(
         stats["prompt_truncated"] += int(truncated)
         prompts.append(ids)
     t0 = time.perf_counter()
-    params = dataclasses.replace(sampling, seed=seed * 1_000_003 + turn * 2)
+    params = dataclasses.replace(request.sampling,
+                                 seed=request.seed * 1_000_003 + turn * 2)
     with timer.phase("generation"):
       results = engine.generate(prompts, params)
     stats["gen_time"] += time.perf_counter() - t0
@@ -172,7 +207,7 @@ def collect(
             prompt_ids=np.asarray(ids, np.int32),
             response_ids=np.asarray(res.token_ids, np.int32),
             behavior_logp=np.asarray(res.logprobs, np.float32),
-            policy_tag=policy_tag,
+            policy_tag=request.policy_tag,
             weight_version=engine.weight_version,
             env_reward=0.0 if valid else cfg.invalid_action_penalty,
             invalid=not valid,

@@ -31,15 +31,15 @@ import dataclasses
 import queue
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 
 from rspo_jax import timing
 from rspo_jax.rollout import prompts as prompt_lib
-from rspo_jax.rollout.collect import (CollectConfig, PHASES, _Episode,
-                                      _apply_env_results, _finish)
-from rspo_jax.rollout.engine import Engine, SamplingParams
+from rspo_jax.rollout.collect import (CollectConfig, CollectRequest, PHASES,
+                                      _Episode, _apply_env_results, _finish)
+from rspo_jax.rollout.engine import Engine
 from rspo_jax.types import StepRecord
 
 
@@ -47,19 +47,14 @@ def collect_unbarriered(
     engine: Engine,
     venv,
     tokenizer,
-    task_ids: Sequence[int],
-    group_size: int,
-    sampling: SamplingParams,
+    request: CollectRequest,
     cfg: CollectConfig,
     *,
-    policy_tag: str = "A",
-    traj_id_start: int = 0,
-    group_id_start: int = 0,
-    seed: int = 0,
     progress: Optional[Callable[[int], None]] = None,
     timer: Optional[timing.PhaseTimer] = None,
 ) -> tuple[list[StepRecord], dict]:
   """``collect``'s (records, statistics), each episode played on its own."""
+  task_ids, group_size = request.task_ids, request.group_size
   n = len(task_ids) * group_size
   if n > venv.num_envs:
     raise ValueError(
@@ -71,8 +66,9 @@ def collect_unbarriered(
   t0 = time.perf_counter()
   first = venv.reset(row_tasks + [None] * (venv.num_envs - n), cfg.split)
   env_s += time.perf_counter() - t0
-  eps = [_Episode(task_id=t, group_id=group_id_start + i // group_size,
-                  traj_id=traj_id_start + i, obs=first[i])
+  eps = [_Episode(task_id=t,
+                  group_id=request.group_id_start + i // group_size,
+                  traj_id=request.traj_id_start + i, obs=first[i])
          for i, t in enumerate(row_tasks)]
   for e in eps:
     e.failed = bool(e.obs.info.get("failed", False))
@@ -96,7 +92,7 @@ def collect_unbarriered(
           step_idx=turn, history_length=cfg.history_length,
           max_prompt_tokens=cfg.max_prompt_tokens)
       params = dataclasses.replace(
-          sampling, seed=seed * 1_000_003 + turn * 2 + i)
+          request.sampling, seed=request.seed * 1_000_003 + turn * 2 + i)
       res = engine.generate([ids], params)[0]
       reply = tokenizer.decode(res.token_ids, skip_special_tokens=True)
       action, valid = prompt_lib.parse_action(reply, cfg.env_name)
@@ -109,7 +105,8 @@ def collect_unbarriered(
           step_idx=turn, prompt_ids=np.asarray(ids, np.int32),
           response_ids=np.asarray(res.token_ids, np.int32),
           behavior_logp=np.asarray(res.logprobs, np.float32),
-          policy_tag=policy_tag, weight_version=engine.weight_version,
+          policy_tag=request.policy_tag,
+          weight_version=engine.weight_version,
           env_reward=0.0 if valid else cfg.invalid_action_penalty,
           invalid=not valid, anchor_obs=e.obs.anchor_obs, action=action,
           task_type=e.obs.task_type))
