@@ -322,7 +322,7 @@ CPU = {
     # default run's greedy success went 24.6 -> 24.6 % where T = 0.4 went
     # 21.9 -> 24.2 % (same run, docs/results/default_run). Greedy else:
     # 32-64 tasks, one sample. The studies evaluate greedy in training
-    # (bench/runner.py) and at T = 0.4 and 1 after (launch/eval.py).
+    # (experiments/runner.py) and at T = 0.4 and 1 after (launch/eval.py).
     "rollout.eval_temperature": ByEnv(webshop=0.4, alfworld=0.0, toy=0.0,
                                       spell=0.0),
     # '<think>..</think><action>search[..]</action>' fits 64 tokens.

@@ -155,7 +155,7 @@ def main(argv):
       distributed.barrier("rspo_eval_start")
     start = json.load(open(start_eval_path))
     if not (missing or resumed or _has_start_row(workdir)):
-      # given (bench/reproduce.py's shared evaluation); a restart before
+      # given (experiments/reproduce.py's shared evaluation); a restart before
       # the first checkpoint finds its own row already written
       run.trainer.metrics.write(0, "eval", start)
     log.info("start of RL: success %.3f, score %.3f%s",

@@ -1,9 +1,10 @@
 """docs/architecture.md names every module and script, and only real ones.
 
-Every .py file under rspo_jax/, launch/, bench/, configs/, scripts/ and at
-the top level of third_party_envs/ must appear in the doc by its path from
-the repository root, and every ``rspo_jax/...`` path the doc names must
-exist, so adding, moving or removing a module without the doc fails here.
+Every .py file under rspo_jax/, launch/, bench/, experiments/, configs/,
+scripts/ and at the top level of third_party_envs/ must appear in the doc by
+its path from the repository root, and every ``rspo_jax/...``, ``bench/...``
+and ``experiments/...`` path the doc names must exist, so adding, moving or
+removing a module without the doc fails here.
 """
 
 import pathlib
@@ -11,7 +12,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
-TREES = ("rspo_jax", "launch", "bench", "configs", "scripts")
+TREES = ("rspo_jax", "launch", "bench", "experiments", "configs", "scripts")
 
 
 def _modules() -> list[str]:
@@ -29,9 +30,10 @@ def test_every_module_and_script_is_in_the_doc():
       f"docs/architecture.md does not list (as `path`): {missing}")
 
 
-def test_every_rspo_jax_path_the_doc_names_exists():
+def test_every_module_path_the_doc_names_exists():
   doc = DOC.read_text()
-  named = set(re.findall(r"(?<![\w/.])rspo_jax/[\w/.]*\w/?", doc))
+  named = set(re.findall(
+      r"(?<![\w/.])(?:rspo_jax|bench|experiments)/[\w/.]*\w/?", doc))
   absent = sorted(p for p in named if not (ROOT / p).exists())
   assert named and not absent, (
       f"docs/architecture.md names paths that do not exist: {absent}")

@@ -299,38 +299,6 @@ def _check_kernel_rows(rows):
   assert verdict["set"] == "--config.model.attention=xla"
 
 
-def test_warm_start_probe_decision_kinds():
-  kind = _load("warm_start_probe").decision_kind
-  assert kind("search[garden hose]") == "search"
-  assert kind("click[b0l2nht6p8]") == "product"
-  assert kind("click[75 ft]") == "option"
-  assert kind("click[next >]") == "option"
-  assert kind("click[buy now]") == "buy"
-
-
-def test_eval_failures_sorts_episode_endings():
-  ending = _load("eval_failures").ending
-  bought = ["search[hoodie]", "click[b0ksko17e8]", "click[buy now]"]
-  assert ending(bought, won=True, invalid=False) == "won"
-  assert ending(bought, won=False, invalid=False) == "wrong_buy"
-  looped = ["search[usb c cable]", "click[b02x263k57]"] + ["click[white]"] * 6
-  assert ending(looped, won=False, invalid=False) == "no_buy"
-  assert ending(looped[:2], won=False, invalid=True) == "invalid"
-
-
-def test_eval_failures_sorts_alfworld_endings():
-  ending = _load("eval_failures").alfworld_ending
-  take = ["go to sidetable 1"] + ["take mug 1 from sidetable 1"] * 4
-  rejected = [False, True, True, True, False]  # the last answer is unknown
-  assert ending(take, won=True, rejected=[False] * 5) == "won"
-  assert ending(take, won=False, rejected=rejected) == "repeats_invalid"
-  # The same command accepted by the game, or different rejected ones.
-  assert ending(take, won=False, rejected=[False] * 5) == "step_limit"
-  mixed = ["open drawer 1", "open drawer 2", "open drawer 3"]
-  assert ending(mixed, won=False, rejected=[True, True, False]) == (
-      "step_limit")
-
-
 @pytest.mark.slow
 def test_loop_bench_smoke_prints_phases(tmp_path):
   """bench/loop.py end to end on the toy world, the working tree only,
@@ -397,20 +365,3 @@ def test_group_prefixes_by_hand():
   assert out == {"group_prefix_share": round(2 / 14, 3),
                  "median_group_lcp": 2.0}
 
-
-def test_lora_lr_matching_ratio_interpolates_in_log_lr():
-  import lora_lr  # noqa: E402  (bench/ is on sys.path above)
-
-  def cell(rank, lr, adapter_lr, speed):
-    return {"rank": rank, "train_lr": lr, "adapter_lr": adapter_lr,
-            "seed": 0, "rollout_success": [speed, speed]}
-
-  data = {"cells": {
-      "full": cell(0, 1e-4, 1e-4, 0.4),
-      "a": cell(4, 1e-5, 1e-4, 0.2),
-      "b": cell(4, 1e-4, 1e-3, 0.6)}}
-  # 0.4 is halfway from 0.2 to 0.6: halfway in log lr from 1e-4 to 1e-3,
-  # 10 ** -3.5 = 3.162e-4, over full fine-tuning's 1e-4.
-  assert lora_lr.matching_ratio(data) == pytest.approx(10 ** 0.5)
-  data["cells"]["full"]["rollout_success"] = [0.9, 0.9]  # out of bracket
-  assert lora_lr.matching_ratio(data) is None

@@ -1,4 +1,4 @@
-"""bench/mechanism.py: B's lift and replayed wins by loop position from
+"""experiments/mechanism.py: B's lift and replayed wins by loop position from
 metrics.jsonl rows written by hand."""
 
 import json
@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
+                                "experiments"))
 import mechanism  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """The tracked tree stays small: every clone and CI run pays for it.
 
-Weights are regenerated, not committed (bench/run_archive.py keeps a
+Weights are regenerated, not committed (experiments/run_archive.py keeps a
 policy's sha256 and the command that regenerates it). Sizes are those of
 the files ``git ls-files`` lists, as checked out; outside a git checkout
 the tests skip.

@@ -1,6 +1,7 @@
-"""bench/reproduce.py and the modules under it (grid, runner, sampled_eval,
-the reports) and bench/ablations.py: the grid, skipping and resuming runs,
-and the reports (numbers worked out by hand from synthetic runs)."""
+"""experiments/reproduce.py and the modules under it (grid, runner,
+sampled_eval, the reports) and experiments/ablations.py: the grid, skipping
+and resuming runs, and the reports (numbers worked out by hand from
+synthetic runs)."""
 
 import ast
 import hashlib
@@ -15,7 +16,7 @@ from configs import alfworld_grpo, toy_grpo, webshop_grpo
 from rspo_jax.metrics import MetricsWriter, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import ablation_report  # noqa: E402
 import ablations  # noqa: E402
 import grid  # noqa: E402
@@ -130,13 +131,13 @@ def test_ablations_cli_is_reproduce_grid_ablations(tmp_path, capsys):
   assert mine.count("launch/train.py") == 7  # the 7 variants at seed 0
 
 
-def test_no_bench_module_imports_one_that_imports_it_back():
-  """bench/'s imports (top level or in functions) form no cycle."""
-  bench = os.path.join(ROOT, "bench")
-  names = {f[:-3] for f in os.listdir(bench) if f.endswith(".py")}
+def test_no_experiments_module_imports_one_that_imports_it_back():
+  """experiments/'s imports (top level or in functions) form no cycle."""
+  folder = os.path.join(ROOT, "experiments")
+  names = {f[:-3] for f in os.listdir(folder) if f.endswith(".py")}
   graph = {}
   for name in names:
-    tree = ast.parse(open(os.path.join(bench, f"{name}.py")).read())
+    tree = ast.parse(open(os.path.join(folder, f"{name}.py")).read())
     graph[name] = {a.name.split(".")[0] for n in ast.walk(tree)
                    if isinstance(n, ast.Import) for a in n.names} | {
                        n.module.split(".")[0] for n in ast.walk(tree)
@@ -629,7 +630,7 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
 
 
 # --------------------------------------------------------------------------
-# The archive of finished runs (--archive, bench/run_archive.py)
+# The archive of finished runs (--archive, experiments/run_archive.py)
 # --------------------------------------------------------------------------
 
 

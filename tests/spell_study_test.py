@@ -1,5 +1,5 @@
-"""The spell study (bench/reproduce.py --grid spell; bench/grid.py's
-spell_grid, bench/spell_study.py): its cells and overrides, one root and
+"""The spell study (experiments/reproduce.py --grid spell; experiments/grid.py's
+spell_grid, experiments/spell_study.py): its cells and overrides, one root and
 warm start per word length, the dry run's commands, and the report's
 numbers from synthetic runs (seconds; nothing is trained)."""
 
@@ -13,7 +13,7 @@ from configs import spell_gigpo, spell_grpo
 from rspo_jax.metrics import MetricsWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import grid  # noqa: E402
 import reproduce as rp  # noqa: E402
 import spell_study  # noqa: E402

@@ -1,4 +1,6 @@
-"""bench/study_probes.py: the diagnostic table from a run's files."""
+"""experiments/study_probes.py: the diagnostic table from a run's files;
+the diagnostics eval_failures.py and warm_start_probe.py: how they sort
+episode endings and decisions."""
 
 import json
 import os
@@ -7,7 +9,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 import study_probes  # noqa: E402
 
@@ -96,3 +98,41 @@ def test_settings_versus_the_first_share_goals(tmp_path):
   assert r["diff"]["lo"] < 0 < r["diff"]["hi"]
   assert "| probe/y | probe/x | greedy | +0.0 [" in \
       study_probes.versus_markdown([r])
+
+
+def test_warm_start_probe_decision_kinds():
+  import warm_start_probe  # noqa: PLC0415
+
+  kind = warm_start_probe.decision_kind
+  assert kind("search[garden hose]") == "search"
+  assert kind("click[b0l2nht6p8]") == "product"
+  assert kind("click[75 ft]") == "option"
+  assert kind("click[next >]") == "option"
+  assert kind("click[buy now]") == "buy"
+
+
+def test_eval_failures_sorts_episode_endings():
+  import eval_failures  # noqa: PLC0415
+
+  ending = eval_failures.ending
+  bought = ["search[hoodie]", "click[b0ksko17e8]", "click[buy now]"]
+  assert ending(bought, won=True, invalid=False) == "won"
+  assert ending(bought, won=False, invalid=False) == "wrong_buy"
+  looped = ["search[usb c cable]", "click[b02x263k57]"] + ["click[white]"] * 6
+  assert ending(looped, won=False, invalid=False) == "no_buy"
+  assert ending(looped[:2], won=False, invalid=True) == "invalid"
+
+
+def test_eval_failures_sorts_alfworld_endings():
+  import eval_failures  # noqa: PLC0415
+
+  ending = eval_failures.alfworld_ending
+  take = ["go to sidetable 1"] + ["take mug 1 from sidetable 1"] * 4
+  rejected = [False, True, True, True, False]  # the last answer is unknown
+  assert ending(take, won=True, rejected=[False] * 5) == "won"
+  assert ending(take, won=False, rejected=rejected) == "repeats_invalid"
+  # The same command accepted by the game, or different rejected ones.
+  assert ending(take, won=False, rejected=[False] * 5) == "step_limit"
+  mixed = ["open drawer 1", "open drawer 2", "open drawer 3"]
+  assert ending(mixed, won=False, rejected=[True, True, False]) == (
+      "step_limit")

@@ -1,4 +1,4 @@
-"""bench/toy_mechanism.py without training: each arm's config, the dense
+"""experiments/toy_mechanism.py without training: each arm's config, the dense
 return read from a metrics row, and the report's rollout and B tables."""
 
 import argparse
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 import toy_mechanism as tm  # noqa: E402
 from rspo_jax import build  # noqa: E402
@@ -97,7 +97,7 @@ def test_report_tables():
   text = tm.report(data)
   # per seed block means: dense 0.6 and 0.3 -> 0.45; success 1/6, 1/12
   assert "| 1-3 | 0.45 [" in text and "| 12.5 [" in text
-  assert ("`python bench/toy_mechanism.py --steps 3 --eval_every 3 --lr"
+  assert ("`python experiments/toy_mechanism.py --steps 3 --eval_every 3 --lr"
           " 0.0001 --arms dense_only_misaligned --seeds 0,1`") in text
   assert "## dense_only_misaligned - grpo at equal A steps" in text
   assert "## rspo_misaligned - grpo at equal A steps" in text
@@ -106,3 +106,21 @@ def test_report_tables():
   assert ("## B's own rollouts (rspo_misaligned): success % / dense return"
           in text)
   assert "| 0 | 0.0 / 0.00 | 25.0 / -0.50 | 50.0 / -1.00 |" in text
+
+
+def test_lora_lr_matching_ratio_interpolates_in_log_lr():
+  import lora_lr  # noqa: PLC0415  (experiments/ is on sys.path above)
+
+  def cell(rank, lr, adapter_lr, speed):
+    return {"rank": rank, "train_lr": lr, "adapter_lr": adapter_lr,
+            "seed": 0, "rollout_success": [speed, speed]}
+
+  data = {"cells": {
+      "full": cell(0, 1e-4, 1e-4, 0.4),
+      "a": cell(4, 1e-5, 1e-4, 0.2),
+      "b": cell(4, 1e-4, 1e-3, 0.6)}}
+  # 0.4 is halfway from 0.2 to 0.6: halfway in log lr from 1e-4 to 1e-3,
+  # 10 ** -3.5 = 3.162e-4, over full fine-tuning's 1e-4.
+  assert lora_lr.matching_ratio(data) == pytest.approx(10 ** 0.5)
+  data["cells"]["full"]["rollout_success"] = [0.9, 0.9]  # out of bracket
+  assert lora_lr.matching_ratio(data) is None

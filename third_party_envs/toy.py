@@ -23,7 +23,7 @@ Rewards follow the project convention (``base.py``):
   rewards of a won episode sum to 1.
 
 A deliberately misaligned dense reward (the ``rspo.dense_only`` hacking
-ablation, bench/toy_mechanism.py): ``dense_target_offset = d`` makes the
+ablation, experiments/toy_mechanism.py): ``dense_target_offset = d`` makes the
 progress signal measure approach to a decoy m = n + d instead of n,
 
   dense_reward_t = (|x_{t-1} - m| - |x_t - m|) / |x0 - n|,

@@ -167,7 +167,7 @@ def study_markdown(report: dict) -> str:
   lines = [
       f"# {ENV_LABELS[env]}: CPU study",
       "",
-      f"Written by `python bench/reproduce.py --grid study --envs {env}"
+      f"Written by `python experiments/reproduce.py --grid study --envs {env}"
       + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
          else "") + "`"
       f" ({report['generated']}) from the finished runs under"

@@ -1,10 +1,10 @@
 r"""Why WebShop GRPO does not move: one table over diagnostic runs.
 
-  python bench/study_probes.py runs/study/webshop_grpo_baseline_s0 \
+  python experiments/study_probes.py runs/study/webshop_grpo_baseline_s0 \
       runs/probe/*                       # markdown table on stdout
 
 Each argument is a launch/train.py workdir (``command.txt`` holds the
-command that made it, when it was not made by bench/reproduce.py). Per
+command that made it, when it was not made by experiments/reproduce.py). Per
 run, from ``metrics.jsonl``'s 'A' rows (A's training steps):
 
   steps        A steps finished (a probe stopped early has fewer),
@@ -38,7 +38,7 @@ settings: per decoding, each later setting's final success minus the first
 setting's (rspo_jax/intervals.method_difference: training seeds resampled
 within each, goals shared), e.g. the sampling ablation:
 
-  python bench/study_probes.py \
+  python experiments/study_probes.py \
       docs/results/archive/study_allrows/webshop_gigpo_rspo_s0 \
       docs/results/archive/study_allrows/webshop_gigpo_sample_variance_s0 \
       docs/results/archive/study_allrows/webshop_gigpo_baseline_s0

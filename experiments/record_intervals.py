@@ -1,6 +1,6 @@
 r"""The record's few-unit results, recomputed from the committed archives.
 
-  python bench/record_intervals.py > docs/results/record_intervals.json
+  python experiments/record_intervals.py > docs/results/record_intervals.json
 
 Issue 50 item 1. Every result the README and docs/results.md rest on 2-5
 training seeds or B loops, with, beside the percentile bootstrap the
@@ -271,7 +271,7 @@ def main() -> dict:
   ws, sp = "webshop", "spell"
   L4 = "study_spell_L4_D1"
   gate = "webshop_sparse_gate"
-  out = {"command": "python bench/record_intervals.py", "units": (
+  out = {"command": "python experiments/record_intervals.py", "units": (
       "percent / points; a seed's success is its mean over held-out goals "
       "x sampling seeds"), "contrasts": [], "gains": [], "levels": [],
       "lifts": [], "replay": [], "not_archived": [

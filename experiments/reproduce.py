@@ -1,16 +1,17 @@
 r"""Runs the paper's results grid, resumably, and writes its tables and curves.
 
-  python bench/reproduce.py --grid main                    # 2 x 3 x 2 x 3 runs
-  python bench/reproduce.py --grid main --envs webshop --algos grpo --seeds 0
-  python bench/reproduce.py --grid ablations --parallel 2  # WebShop GRPO
-  python bench/reproduce.py --grid main --report_only      # tables only
-  python bench/reproduce.py --grid study --seeds 0          # CPU study
-  python bench/reproduce.py --grid study --envs alfworld --seeds 0
-  python bench/reproduce.py --grid spell --seeds 0          # spell, L4_D1
-  python bench/reproduce.py --grid spell --seeds 0 \
+  python experiments/reproduce.py --grid main          # 2 x 3 x 2 x 3 runs
+  python experiments/reproduce.py --grid main --envs webshop --algos grpo \
+      --seeds 0
+  python experiments/reproduce.py --grid ablations --parallel 2  # WebShop GRPO
+  python experiments/reproduce.py --grid main --report_only      # tables only
+  python experiments/reproduce.py --grid study --seeds 0         # CPU study
+  python experiments/reproduce.py --grid study --envs alfworld --seeds 0
+  python experiments/reproduce.py --grid spell --seeds 0     # spell, L4_D1
+  python experiments/reproduce.py --grid spell --seeds 0 \
       --extra env.kwargs.word_length=6                     # L = 6
-  python bench/reproduce.py --grid sparse --seeds 0         # WebShop, sparse
-  python bench/reproduce.py --envs toy --algos grpo --seeds 0 \
+  python experiments/reproduce.py --grid sparse --seeds 0    # WebShop, sparse
+  python experiments/reproduce.py --envs toy --algos grpo --seeds 0 \
       --extra 'steps=2,train.batch_tasks=2'                # smoke test
 
 Grids (``--envs/--algos/--variants/--seeds`` filter them):
@@ -18,7 +19,7 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              {baseline (``rspo=0``), rspo (``rspo=1``)} x seed {0, 200, 400}.
   ablations  WebShop GRPO: replay sampling {reward, variance, random}, data
              source {RSPO_H, RSPO_O, RSPO}, the dense-only run, and the
-             baseline (see bench/ablations.py).
+             baseline (see experiments/ablations.py).
   study      the CPU study (docs/results.md, "CPU study recipe"): one env
              (default WebShop) at STUDY_OVERRIDES (the paper's batch shape
              16 x 8, 30 A steps = 10 RSPO loops, 256 held-out goals),
@@ -34,7 +35,8 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              eval_start_t04.json, _t10; resumable); report
              ``study_<env>.{json,md}`` with 95 % bootstrap intervals
              (rspo_jax/intervals.py).
-  spell      the spell task (third_party_envs/spell.py, bench/spell_study.py):
+  spell      the spell task (third_party_envs/spell.py,
+             experiments/spell_study.py):
              GiGPO x {baseline, rspo, rspo_o, dense_only, rspo_k3} (and
              by name rspo_misaligned, dense_only_misaligned, rspo_decoy,
              dense_only_decoy) x seeds {0,
@@ -45,7 +47,7 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              ``study_spell_L<L>_D1.{json,md}`` (intervals, B's lift, the
              dense-only runs' dense return against success). ``--grid
              study --envs spell`` is the same.
-  sparse     WebShop where outcomes are sparse (bench/grid.py,
+  sparse     WebShop where outcomes are sparse (experiments/grid.py,
              SPARSE_OVERRIDES): the study's world and 16 x 8 batch, every
              row trained, alpha 1/8, from a 300-step warm start (5 % at
              T = 1); the spell study's cells (GiGPO x {baseline, rspo,
@@ -82,7 +84,7 @@ overrides go to the RL runs only: another RL recipe from the same warm
 start (a new ``--root`` whose ``warm_start_<env>`` links to the first's is
 not behaviour-cloned again), e.g. the WebShop study training every row:
 
-  python bench/reproduce.py --grid study --root runs/study_allrows \
+  python experiments/reproduce.py --grid study --root runs/study_allrows \
       --rl_extra train.max_train_rows=0,train.micro_batch_rows=32 \
       --out docs/results/study_allrows --seeds 0
 
@@ -107,7 +109,7 @@ its final policy A's sha256 per file and the command that regenerates it
 (the policy itself is exported by launch/export.py with --python into
 ``<root>/<name>/final_policy/``, the local copy); the warm start's
 done.json, evaluations and policy.json; never weights or checkpoints
-(bench/run_archive.py) -- after each run or evaluation finishes and again
+(experiments/run_archive.py) -- after each run or evaluation finishes and again
 before the reports (``--report_only --archive DIR`` archives what root
 holds). The reports, the curves and the skipping read root and archive,
 root winning: a run finished in the archive only is reported and skipped,
@@ -195,7 +197,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--envs", default=None, help="e.g. webshop,alfworld (toy)")
   p.add_argument("--algos", default=None, help="e.g. grpo,ppo,gigpo")
   p.add_argument("--variants", default=None,
-                 help="main: baseline,rspo; ablations: see bench/ablations.py")
+                 help="main: baseline,rspo; ablations: see "
+                 "experiments/ablations.py")
   p.add_argument("--seeds", default=None, help="e.g. 0,200,400")
   p.add_argument("--extra", default="",
                  help="'key=val,...' appended to every run's overrides")
@@ -211,7 +214,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--archive", default="",
                  help="keep finished runs' small files here (e.g."
                  " docs/results/archive/<study>, committed) and read runs"
-                 " from it too (bench/run_archive.py)")
+                 " from it too (experiments/run_archive.py)")
   p.add_argument("--mesh", default="",
                  help="mesh config for every run (configs/mesh/*.py)")
   p.add_argument("--parallel", type=int, default=1)

@@ -45,7 +45,7 @@ def ablation_report(root: str, env: str = "webshop", algo: str = "grpo",
                     out_dir: str = "docs/results", echo: bool = True,
                     archive: str = "") -> str:
   """Writes the JSON/MD tables and the dense-only plot of the finished runs
-  under root or in ``archive`` (bench/run_archive.py); returns the MD
+  under root or in ``archive`` (experiments/run_archive.py); returns the MD
   path."""
   name = report_name(env, algo)
   rows = []
@@ -84,7 +84,7 @@ def ablation_markdown(report: dict) -> str:
   lines = [
       f"# Ablations: {title}",
       "",
-      "Written by `python bench/reproduce.py --grid ablations` "
+      "Written by `python experiments/reproduce.py --grid ablations` "
       f"({report['generated']}) from the finished runs under"
       f" `{report['root']}`.",
       "",

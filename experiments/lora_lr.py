@@ -2,9 +2,9 @@ r"""LoRA's learning rate against full fine-tuning's on the toy.
 
 Report: docs/results.md, "LoRA learning rate".
 
-  python bench/lora_lr.py                    # every cell, resumable
-  python bench/lora_lr.py --budget_s 480     # stop starting cells after 8 min
-  python bench/lora_lr.py --report_only      # the table from the JSON
+  python experiments/lora_lr.py                 # every cell, resumable
+  python experiments/lora_lr.py --budget_s 480  # stop starting cells at 8 min
+  python experiments/lora_lr.py --report_only   # the table from the JSON
 
 Task: the learning guard's (tests/learning_guard_test.py): the toy number
 line with distant targets (``min_distance=4``), the 'nano' policy, a

@@ -6,13 +6,14 @@ One piece of work per invocation (each fits a few minutes of 2 CPU cores),
 every piece resumable, JSON out under ``--root`` (default
 runs/prm_webshop/<start>):
 
-  python bench/prm_quality.py collect --start sparse   # trajectories
-  python bench/prm_quality.py quality --start sparse   # (a) PRM quality
-  python bench/prm_quality.py loop --start sparse --b_reward prm      # (b)
-  python bench/prm_quality.py loop --start sparse --b_reward outcome  # (b)
-  python bench/prm_quality.py dense_only --start sparse --steps 4     # (c)
-  python bench/prm_quality.py dense_only --start sparse --steps 8 ... 12
-  python bench/prm_quality.py report --out docs/results/prm_webshop.json
+  python experiments/prm_quality.py collect --start sparse  # trajectories
+  python experiments/prm_quality.py quality --start sparse  # (a) PRM quality
+  python experiments/prm_quality.py loop --start sparse --b_reward prm  # (b)
+  python experiments/prm_quality.py loop --start sparse \
+      --b_reward outcome                                                # (b)
+  python experiments/prm_quality.py dense_only --start sparse --steps 4 # (c)
+  python experiments/prm_quality.py dense_only --start sparse --steps 8 ... 12
+  python experiments/prm_quality.py report --out docs/results/prm_webshop.json
 
 Starts (``--start``): ``sparse``, the WebShop gate's warm start (300
 behaviour-cloning steps, 8.2 % greedy held-out success;
@@ -41,7 +42,7 @@ loop      One RSPO+GRPO loop, k = 3 B steps then 1 A step, B on the PRM
           records are still scored by the PRM, so both report B's PRM
           return). Seed 0 for both: B's first batch is the same tasks and
           sampling seeds, so the two lifts are paired. No evaluations.
-dense_only  The spell study's dense-only cell (bench/grid.py DENSE_ONLY,
+dense_only  The spell study's dense-only cell (experiments/grid.py DENSE_ONLY,
           on GiGPO as the gate's) with the PRM as A's only reward:
           ``rspo=0,rspo.dense_only=1,rspo.dense_reward=prm``; resumes from
           its checkpoint up to ``--steps`` A steps; ``--eval`` evaluates

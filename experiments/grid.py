@@ -4,7 +4,7 @@ A run is a ``RunSpec``: a cell (env, algo, variant) and a seed; its
 ``--config`` argument is ``configs/<env>_<algo>.py:<variant overrides>,
 seed=<seed>[,--extra]`` (toy: configs/toy_grpo.py with ``algo.name``), its
 workdir ``<root>/<env>_<algo>_<variant>_s<seed>``. The grids
-(bench/reproduce.py's ``--grid``):
+(experiments/reproduce.py's ``--grid``):
 
   main       env x algo x {baseline (``rspo=0``), rspo (``rspo=1``)} x seed
              (``main_grid``; the paper's table, ``PAPER_SUCCESS``);
@@ -162,7 +162,7 @@ def with_rl_extra(spec: RunSpec, rl_extra: str) -> RunSpec:
 
 
 # --------------------------------------------------------------------------
-# The ablations (WebShop GRPO; bench/ablations.py)
+# The ablations (WebShop GRPO; experiments/ablations.py)
 # --------------------------------------------------------------------------
 
 ABLATION_VARIANTS = {
@@ -283,7 +283,7 @@ def study_extra(env: str, extra: str = "") -> str:
 
 
 # --------------------------------------------------------------------------
-# The spell study (third_party_envs/spell.py; bench/spell_study.py)
+# The spell study (third_party_envs/spell.py; experiments/spell_study.py)
 # --------------------------------------------------------------------------
 
 # Does RSPO+GiGPO beat GiGPO where outcomes are sparse, and does the dense
@@ -494,7 +494,7 @@ def spell_extra(extra: str = "") -> str:
 
 
 # --------------------------------------------------------------------------
-# The WebShop sparse study (docs/results.md; report bench/spell_study.py)
+# The WebShop sparse study (docs/results.md; report experiments/spell_study.py)
 # --------------------------------------------------------------------------
 
 # RSPO where WebShop's outcomes are sparse: the CPU study's world, batch

@@ -1,6 +1,6 @@
 r"""B's lift over its phase, by B variant, with A held fixed.
 
-  python bench/b_lift.py --out runs/b_lift/lift.jsonl --loops 6 \
+  python experiments/b_lift.py --out runs/b_lift/lift.jsonl --loops 6 \
       --config configs/webshop_gigpo.py:<the study recipe> \
       --variant default= --variant scale10=rspo.dense_scale=10
 

@@ -1,13 +1,15 @@
-r"""An archive of finished runs inside the repository (bench/reproduce.py
-``--archive DIR``): the small files the reports read, kept across working
-sessions that each start from a fresh clone (runs/ is git-ignored).
+r"""An archive of finished runs inside the repository
+(experiments/reproduce.py ``--archive DIR``): the small files the reports
+read, kept across working sessions that each start from a fresh clone
+(runs/ is git-ignored).
 
   <archive>/<run name>/        a finished run (its eval_final.json exists):
       run.json                 the --config argument it was trained with
       eval*.json               every evaluation, per_task included
       metrics.jsonl            its rows of phases A, B, B_collect and eval,
-                               verbatim (the curve plots, bench/ablations.py
-                               and bench/study_probes.py read the A rows);
+                               verbatim (the curve plots,
+                               experiments/ablations.py and
+                               experiments/study_probes.py read the A rows);
                                dropped: the 'time', 'B_time' and 'compile'
                                rows (seconds per phase, compile counts)
       command.txt              when present
@@ -47,7 +49,7 @@ files removed, eval_final.json first.
 Reading (``run_dir``): a run is ``<root>/<name>`` when finished there --
 root wins -- else ``<archive>/<name>`` when finished there; such a run
 counts as finished (skipped, not trained again). An evaluation it lacks
-(bench/sampled_eval.py ``sampled_final_eval``) is made of its local
+(experiments/sampled_eval.py ``sampled_final_eval``) is made of its local
 ``<root>/<name>/final_policy/`` (``local_policy``; on the WebShop study's
 GiGPO baseline an exported policy's per-goal outcomes equal the
 checkpoint's, greedy and T = 0.4 x 3 seeds on 8 goals) when its sha256
@@ -73,7 +75,7 @@ import subprocess
 import sys
 from typing import Optional
 
-FINAL = "eval_final.json"  # a finished run's mark (bench/run_files.py)
+FINAL = "eval_final.json"  # a finished run's mark (experiments/run_files.py)
 METRICS = "metrics.jsonl"
 KEPT_FILES = ("run.json", "command.txt", "done.json")
 KEPT_PATTERN = "eval*.json"

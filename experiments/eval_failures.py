@@ -18,7 +18,7 @@ ALFWorld:
                       is not there
   step_limit       -- ran out of steps otherwise
 
-  python bench/eval_failures.py --config=configs/webshop_grpo.py \
+  python experiments/eval_failures.py --config=configs/webshop_grpo.py \
       --policy_dir=runs/webshop_grpo/warm_start --show=10
 
 Prints one JSON line: counts per kind, mean score, and for the first

@@ -11,7 +11,7 @@ training runs; each logged to ``<workdir>/train.log``, resumable.
                      skipped, another started with another config refused.
 
 Each returns a status dict (``run``, ``status``: skipped / done / failed,
-``error``), printed as one JSON line by bench/reproduce.py.
+``error``), printed as one JSON line by experiments/reproduce.py.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ r"""The spell study (docs/results.md, sparse rewards): its report,
 (``--grid sparse``): ``study_<root's name>``, e.g.
 study_webshop_sparse_gate.
 
-  python bench/reproduce.py --grid spell --seeds 0            # L4_D1
-  python bench/reproduce.py --grid spell --seeds 0 \
+  python experiments/reproduce.py --grid spell --seeds 0        # L4_D1
+  python experiments/reproduce.py --grid spell --seeds 0 \
       --extra env.kwargs.word_length=6                         # L = 6
-  python bench/reproduce.py --grid spell --report_only        # tables only
+  python experiments/reproduce.py --grid spell --report_only    # tables only
 
 The task (third_party_envs/spell.py): spell a hidden word of L letters one
 letter a turn; letter i is a fixed cipher of code digit i shown in the
@@ -18,7 +18,7 @@ dense reward B trains on (``rspo.dense_reward=oracle``, the env's):
 typing the word's commonest letter every turn earns it without winning),
 'decoy' 1/L for the letter after the right one (farmable in every world).
 
-The grid (bench/grid.py, ``spell_grid``): GiGPO x {baseline (GiGPO),
+The grid (experiments/grid.py, ``spell_grid``): GiGPO x {baseline (GiGPO),
 rspo (RSPO+GiGPO, aligned, k = 10), rspo_misaligned, rspo_decoy,
 rspo_o (B trained on the outcome: B's extra data without the dense
 reward), dense_only (one policy on the aligned dense reward alone),
@@ -52,7 +52,7 @@ RSPO+GiGPO with B on it (rspo_partial<m>); ``_nopen`` without the
 invalid-action penalty (the main setting), without the suffix with it
 (the check):
 
-  python bench/reproduce.py --grid spell --seeds 0,200,400,600,800 \
+  python experiments/reproduce.py --grid spell --seeds 0,200,400,600,800 \
       --variants baseline_nopen,baseline_long_nopen,rspo_o_nopen,\
 dense_only_partial1_nopen,rspo_partial1_nopen,dense_only_partial2_nopen,\
 rspo_partial2_nopen,dense_only_partial3_nopen,rspo_partial3_nopen \
@@ -568,7 +568,7 @@ def spell_markdown(report: dict) -> str:
       f"# {report['title']}: RSPO+GiGPO vs GiGPO, and the dense reward"
       " alone",
       "",
-      f"Written by `python bench/reproduce.py {report['grid']}"
+      f"Written by `python experiments/reproduce.py {report['grid']}"
       + (f" --extra {extra}" if extra else "")
       + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
          else "") + f"` ({report['generated']}) from the finished runs"
@@ -583,7 +583,7 @@ def spell_markdown(report: dict) -> str:
       " bootstrap is about the seeds' range: t intervals over the seeds and"
       " exact p, with the per-seed values, are in"
       " [record_intervals.json](record_intervals.json)"
-      " (`python bench/record_intervals.py`).",
+      " (`python experiments/record_intervals.py`).",
   ]
   other = [f"{c['label']} (seeds"
            f" {', '.join(str(s) for s in c['other_config_seeds'])})"

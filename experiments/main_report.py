@@ -94,7 +94,7 @@ def env_markdown(report: dict) -> str:
   lines = [
       f"# {ENV_LABELS[env]}: results grid",
       "",
-      f"Written by `python bench/reproduce.py --grid main --envs {env}`"
+      f"Written by `python experiments/reproduce.py --grid main --envs {env}`"
       f" ({report['generated']}) from the finished runs under"
       f" `{report['root']}`{archive_note(report)}.",
       "",

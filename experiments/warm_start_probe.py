@@ -13,7 +13,7 @@ Teacher-forced (the expert's trajectory, not the policy's), so it shows which
 decisions a warm start has learned even while whole episodes still fail.
 
   python launch/sft.py --config=configs/webshop_grpo.py --workdir=runs/ws
-  python bench/warm_start_probe.py --config=configs/webshop_grpo.py \
+  python experiments/warm_start_probe.py --config=configs/webshop_grpo.py \
       --policy_dir=runs/ws/warm_start --num_tasks=24
 
 Prints one JSON line: ``{"search": [right, n], "product": ..., ...}``.

@@ -3,7 +3,7 @@
 A run's workdir holds ``run.json`` (the ``--config`` it was started with),
 ``train.log``, ``eval_start.json`` and, once finished, ``eval_final.json``
 (``is_finished``). A cell's finished runs are looked up under ``--root``,
-else in the ``--archive`` (bench/run_archive.py; root wins). Reports and
+else in the ``--archive`` (experiments/run_archive.py; root wins). Reports and
 marks are written atomically (tmp + rename).
 """
 
@@ -37,7 +37,7 @@ def warm_start_workdir(root: str, env: str) -> str:
 def finished_runs(root: str, env: str, algo: str, variant: str,
                   archive: str = "") -> list[tuple[int, str]]:
   """(seed, workdir) of the finished runs of a cell, any seed, by seed:
-  under root, else in ``archive`` (bench/run_archive.py; root wins)."""
+  under root, else in ``archive`` (experiments/run_archive.py; root wins)."""
   pat = re.compile(re.escape(f"{env}_{algo}_{variant}_s") + r"(\d+)$")
   names = {d for top in (root, archive) if top and os.path.isdir(top)
            for d in os.listdir(top) if pat.match(d)}
