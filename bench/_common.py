@@ -224,22 +224,6 @@ def policy_batch(rows: int, prompt_len: int, resp_len: int, vocab: int,
   return batch
 
 
-def task_jax_matmul(args, _shape=None) -> None:
-  """The JAX workers' (ours, Tunix's) ``--task matmul``: ``peak_matmul``,
-  the best rate of a jitted float32 ``n x n`` ``jnp.dot``, 2 n^3 FLOPs."""
-  import jax
-  import jax.numpy as jnp
-
-  n = args.matmul_n
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
-  t = time_calls(lambda: dot(a, b), iters=max(args.iters, 5),
-                 sync=jax.block_until_ready)
-  metric("peak_matmul", 2 * n**3 / t["min_s"] / 1e9, "GFLOP/s",
-         n=n, dtype="float32", framework="jax " + jax.__version__)
-
-
 # ----------------------------------------------------- text for the peers
 # TRL and Tunix take text prompts, so the peers share a word-level tokenizer
 # whose ids are ours: '<pad>' = 0, '<eos>' = 1, 'w{i}' = i for i >= 2. A
@@ -281,78 +265,3 @@ def prompt_ids(n: int, length: int, vocab_size: int, *, group: int = 1,
 
 def ids_to_text(ids) -> str:
   return " ".join(f"w{int(i)}" for i in ids)
-
-
-# --------------------------------------------------- peer worker protocol
-# compare.py starts one worker process per (peer, task) with the peer's own
-# python; a worker prints one JSON line per metric:
-#   {"metric": name, "value": x, "unit": u, "better": "higher"|"lower", ...}
-
-
-def metric(name: str, value, unit: str, *, better: str = "higher",
-           **extra) -> None:
-  if better not in ("higher", "lower"):
-    raise ValueError(f"metric {name!r}: better must be higher/lower")
-  emit({"metric": name, "value": value, "unit": unit, "better": better,
-        **extra})
-
-
-def worker_parser(description: str):
-  import argparse
-
-  p = argparse.ArgumentParser(description=description)
-  p.add_argument("--task", required=True, choices=("train", "gen", "matmul"))
-  p.add_argument("--shape", default="{}",
-                 help="JSON dict of the model shape (see compare.py)")
-  p.add_argument("--rows", type=int, default=16)
-  p.add_argument("--group", type=int, default=8)
-  p.add_argument("--prompt_len", type=int, default=256)
-  p.add_argument("--resp_len", type=int, default=32)
-  p.add_argument("--iters", type=int, default=3)
-  p.add_argument("--gen_batches", default="16,128")
-  p.add_argument("--matmul_n", type=int, default=2048)
-  p.add_argument("--url", default="", help="SGLang server URL")
-  p.add_argument("--profile_dir", default="")
-  p.add_argument("--torch_threads", type=int, default=0,
-                 help="torch intra-op threads (TRL worker; 0 = torch's)")
-  return p
-
-
-def parse_shape(text: str) -> dict:
-  shape = json.loads(text)
-  need = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-          "num_heads", "num_kv_heads", "head_dim")
-  missing = [k for k in need if k not in shape]
-  if missing:
-    raise ValueError(f"--shape lacks {missing}")
-  return shape
-
-
-def report_train(shape: dict, *, rows: int, seq_len: int, logp: dict,
-                 update: dict, train: dict, rl: Optional[dict],
-                 first_s: Optional[float]) -> None:
-  """The train-task metrics every peer reports. ``logp``, ``update``,
-  ``train`` (pi_old + pi_ref log-probs + update) and ``rl`` (with
-  generation) are ``{'median_s': wall s, 'cpu_s': process CPU s}``."""
-  tokens = rows * seq_len
-  for name, t in (("train_step", train), ("update", update),
-                  ("logprob_forward", logp), ("rl_step_with_generation", rl)):
-    if t:
-      metric(name, tokens / t["median_s"], "tokens/s",
-             seconds=round(t["median_s"], 4), cpu_s=t.get("cpu_s"))
-  gflops = train_flops(shape, tokens, seq_len) / update["median_s"] / 1e9
-  metric("update_gflops", gflops, "GFLOP/s",
-         formula="6*N_mm*tokens + 12*L*H*Dh*S*tokens")
-  if first_s is not None:
-    metric("first_update_call", first_s, "s", better="lower")
-  metric("peak_rss_train", peak_rss_mb(), "MiB", better="lower")
-
-
-def add_times(*timings: dict) -> dict:
-  """Sum of several ``{'median_s', 'cpu_s'}`` timings."""
-  return {k: sum(t[k] for t in timings) for k in ("median_s", "cpu_s")}
-
-
-def median_times(wall: list, cpu: list) -> dict:
-  return {"median_s": statistics.median(wall),
-          "cpu_s": statistics.median(cpu)}

@@ -16,11 +16,10 @@ matmul: the best time of a jitted float32 ``n x n`` ``jnp.dot``.
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 import _common
+import _peer_template as peer
 
 import jax
 import numpy as np
@@ -107,7 +106,7 @@ def task_train(args, shape):
     return learner.train(b, key)
 
   rl = _common.time_calls(rl_step, iters=args.iters)
-  _common.report_train(shape, rows=rows, seq_len=p + r, logp=logp,
+  peer.report_train(shape, rows=rows, seq_len=p + r, logp=logp,
                        update=update, train=full, rl=rl,
                        first_s=update["first_s"])
 
@@ -115,41 +114,34 @@ def task_train(args, shape):
 def task_gen(args, shape):
   cfg = model_config(shape)
   module = models.create_model(cfg, seed=0)
-  for n in (int(x) for x in args.gen_batches.split(",")):
+
+  def make_generate(n):
     engine = make_engine(module, cfg)
     prompts = _common.prompt_ids(n, args.prompt_len, cfg.vocab_size,
                                  seed=n)
     sp = SamplingParams(temperature=1.0, top_p=1.0,
                         max_new_tokens=args.resp_len, seed=0)
-    count = [0]
 
-    def run():
+    def generate():
       out = engine.generate(prompts, sp)
-      count[0] = sum(len(o.token_ids) for o in out)
       assert all(len(o.logprobs) == len(o.token_ids) for o in out)
-      return out
+      return sum(len(o.token_ids) for o in out)
 
-    t = _common.time_calls(run, iters=args.iters)
+    return generate
+
+  def profile(n, generate):
     if args.profile_dir:
       with jax.profiler.trace(str(Path(args.profile_dir) / f"ours_gen{n}")):
-        run()
-    _common.metric(f"generate_b{n}", count[0] / t["median_s"],
-                   "new tokens/s", seconds=t["median_s"], cpu_s=t["cpu_s"])
-    _common.metric(f"first_generate_call_b{n}", t["first_s"], "s",
-                   better="lower")
-  _common.metric("peak_rss_gen", _common.peak_rss_mb(), "MiB", better="lower")
+        generate()
+
+  peer.generation_task(args, make_generate, after=profile)
 
 
 def main(argv=None):
-  args = _common.worker_parser(__doc__.splitlines()[0]).parse_args(argv)
-  shape = _common.parse_shape(args.shape) if args.task != "matmul" else {}
-  tasks = {"train": task_train, "gen": task_gen,
-           "matmul": _common.task_jax_matmul}
-  tasks[args.task](args, shape)
+  peer.main(__doc__, {"train": task_train, "gen": task_gen,
+                      "matmul": peer.jax_matmul_task},
+            argv, wall_to_stderr=True)
 
 
 if __name__ == "__main__":
-  t0 = time.perf_counter()
   main()
-  _common.emit({"worker_wall_s": round(time.perf_counter() - t0, 1)},
-               stream=sys.stderr)

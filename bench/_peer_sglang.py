@@ -15,6 +15,7 @@ import json
 import urllib.request
 
 import _common
+import _peer_template as peer
 
 
 def _post(url: str, payload: dict, timeout: float = 600.0):
@@ -30,12 +31,12 @@ def task_gen(args, shape):
   url = args.url.rstrip("/")
   with urllib.request.urlopen(url + "/model_info", timeout=30) as resp:
     info = json.loads(resp.read())
-  for n in (int(x) for x in args.gen_batches.split(",")):
+
+  def make_generate(n):
     prompts = _common.prompt_ids(n, args.prompt_len, shape["vocab_size"],
                                  seed=n)
-    count = [0]
 
-    def run():
+    def generate():
       out = _post(url + "/generate", {
           "input_ids": prompts,
           "sampling_params": {"temperature": 1.0, "top_p": 1.0,
@@ -43,23 +44,22 @@ def task_gen(args, shape):
                               "ignore_eos": True},
           "return_logprob": True,
       })
-      count[0] = sum(len(o["meta_info"]["output_token_logprobs"])
-                     for o in out)
-      return out
+      return sum(len(o["meta_info"]["output_token_logprobs"]) for o in out)
 
-    t = _common.time_calls(run, iters=args.iters)
-    _common.metric(f"generate_b{n}", count[0] / t["median_s"],
-                   "new tokens/s", seconds=t["median_s"],
-                   model_path=info.get("model_path"))
-    _common.metric(f"first_generate_call_b{n}", t["first_s"], "s",
-                   better="lower")
+    return generate
+
+  peer.generation_task(
+      args, make_generate, peak_rss=False,
+      fields=lambda t: {"model_path": info.get("model_path")})
+
+
+def gen_with_url_only(args):
+  if args.task != "gen" or not args.url:
+    raise ValueError("the SGLang worker does --task gen with --url only")
 
 
 def main(argv=None):
-  args = _common.worker_parser(__doc__.splitlines()[0]).parse_args(argv)
-  if args.task != "gen" or not args.url:
-    raise ValueError("the SGLang worker does --task gen with --url only")
-  task_gen(args, _common.parse_shape(args.shape))
+  peer.main(__doc__, {"gen": task_gen}, argv, setup=gen_with_url_only)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import _common
+import _peer_template as peer
 
 import torch
 
@@ -103,23 +104,23 @@ def task_train(args, shape):
   policy = _common.time_calls(lambda: logps(trainer.model), iters=args.iters)
   ref = _common.time_calls(lambda: logps(trainer.ref_model),
                            iters=args.iters)
-  upd = _common.median_times(timer.times[3::2], timer.cpu[3::2])
-  _common.report_train(
+  upd = peer.median_times(timer.times[3::2], timer.cpu[3::2])
+  peer.report_train(
       shape, rows=rows, seq_len=p + r, logp=policy, update=upd,
-      train=_common.add_times(policy, ref, upd),
-      rl=_common.median_times(timer.times[2::2], timer.cpu[2::2]),
+      train=peer.add_times(policy, ref, upd),
+      rl=peer.median_times(timer.times[2::2], timer.cpu[2::2]),
       first_s=timer.times[1],
   )
 
 
 def task_gen(args, shape):
   model = new_model(shape, tempfile.mkdtemp()).eval()
-  for n in (int(x) for x in args.gen_batches.split(",")):
+
+  def make_generate(n):
     x = torch.tensor(_common.prompt_ids(n, args.prompt_len,
                                         shape["vocab_size"], seed=n))
-    count = [0]
 
-    def run():
+    def generate():
       with torch.no_grad():
         out = model.generate(
             input_ids=x, attention_mask=torch.ones_like(x), do_sample=True,
@@ -130,16 +131,12 @@ def task_gen(args, shape):
         )
         new = out.sequences[:, x.shape[1]:]
         logits = torch.stack(out.logits, dim=1).float()
-        lp = torch.log_softmax(logits, -1).gather(-1, new[..., None])
-      count[0] = int(new.numel())
-      return lp
+        torch.log_softmax(logits, -1).gather(-1, new[..., None])
+      return int(new.numel())
 
-    t = _common.time_calls(run, iters=args.iters)
-    _common.metric(f"generate_b{n}", count[0] / t["median_s"],
-                   "new tokens/s", seconds=t["median_s"], cpu_s=t["cpu_s"])
-    _common.metric(f"first_generate_call_b{n}", t["first_s"], "s",
-                   better="lower")
-  _common.metric("peak_rss_gen", _common.peak_rss_mb(), "MiB", better="lower")
+    return generate
+
+  peer.generation_task(args, make_generate)
 
 
 def task_matmul(args, _):
@@ -147,17 +144,18 @@ def task_matmul(args, _):
   torch.manual_seed(0)
   a, b = torch.randn(n, n), torch.randn(n, n)
   t = _common.time_calls(lambda: torch.mm(a, b), iters=max(args.iters, 5))
-  _common.metric("peak_matmul", 2 * n**3 / t["min_s"] / 1e9, "GFLOP/s",
+  peer.metric("peak_matmul", 2 * n**3 / t["min_s"] / 1e9, "GFLOP/s",
                  n=n, dtype="float32", framework="torch " + torch.__version__)
 
 
-def main(argv=None):
-  args = _common.worker_parser(__doc__.splitlines()[0]).parse_args(argv)
+def set_threads(args):
   if args.torch_threads:
     torch.set_num_threads(args.torch_threads)
-  shape = _common.parse_shape(args.shape) if args.task != "matmul" else {}
-  {"train": task_train, "gen": task_gen, "matmul": task_matmul}[args.task](
-      args, shape)
+
+
+def main(argv=None):
+  peer.main(__doc__, {"train": task_train, "gen": task_gen,
+                      "matmul": task_matmul}, argv, setup=set_threads)
 
 
 if __name__ == "__main__":

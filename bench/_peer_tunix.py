@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import _common
+import _peer_template as peer
 
 import jax
 import optax
@@ -124,11 +125,11 @@ def task_train(args, shape):
       lambda: cluster.get_ref_per_token_logps(
           *ids, _common.PAD_ID, _common.EOS_ID),
       iters=args.iters, sync=jax.block_until_ready)
-  upd = _common.median_times(update_s, update_cpu)
-  _common.report_train(
+  upd = peer.median_times(update_s, update_cpu)
+  peer.report_train(
       shape, rows=rows, seq_len=p + r, logp=old, update=upd,
-      train=_common.add_times(old, ref, upd),
-      rl=_common.median_times(rl_s, rl_cpu), first_s=first_s,
+      train=peer.add_times(old, ref, upd),
+      rl=peer.median_times(rl_s, rl_cpu), first_s=first_s,
   )
 
 
@@ -146,12 +147,12 @@ def task_gen(args, shape):
           num_kv_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
       ),
   )
-  for n in (int(x) for x in args.gen_batches.split(",")):
+
+  def make_generate(n):
     texts = [_common.ids_to_text(x) for x in _common.prompt_ids(
         n, args.prompt_len, shape["vocab_size"], seed=n)]
-    count = [0]
 
-    def run():
+    def generate():
       with jax.set_mesh(mesh):
         out = sampler(
             texts, max_generation_steps=args.resp_len,
@@ -159,23 +160,16 @@ def task_gen(args, shape):
             temperature=1.0, top_p=1.0, seed=0,
             eos_tokens=[-1],  # never matches: always resp_len tokens
         )
-      count[0] = sum(len(t) for t in out.tokens)
-      return out
+      return sum(len(t) for t in out.tokens)
 
-    t = _common.time_calls(run, iters=args.iters)
-    _common.metric(f"generate_b{n}", count[0] / t["median_s"],
-                   "new tokens/s", seconds=t["median_s"], cpu_s=t["cpu_s"])
-    _common.metric(f"first_generate_call_b{n}", t["first_s"], "s",
-                   better="lower")
-  _common.metric("peak_rss_gen", _common.peak_rss_mb(), "MiB", better="lower")
+    return generate
+
+  peer.generation_task(args, make_generate)
 
 
 def main(argv=None):
-  args = _common.worker_parser(__doc__.splitlines()[0]).parse_args(argv)
-  shape = _common.parse_shape(args.shape) if args.task != "matmul" else {}
-  tasks = {"train": task_train, "gen": task_gen,
-           "matmul": _common.task_jax_matmul}
-  tasks[args.task](args, shape)
+  peer.main(__doc__, {"train": task_train, "gen": task_gen,
+                      "matmul": peer.jax_matmul_task}, argv)
 
 
 if __name__ == "__main__":

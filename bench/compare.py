@@ -5,8 +5,9 @@
       [--torch_python=/work/venv-torch/bin/python] [--sglang_url=URL]
 
 Each peer runs in its own process with its own virtual environment
-(bench/_peer_{ours,tunix,trl,sglang}.py; see their docstrings for exactly
-what each measures), one process per (peer, task), so peak RSS is per task.
+(bench/_peer_{ours,tunix,trl,sglang}.py, each filling in the skeleton of
+bench/_peer_template.py; see their docstrings for exactly what each
+measures), one process per (peer, task), so peak RSS is per task.
 Same model shape for all: Qwen2, random weights, float32; 'tiny' (3.48 M
 params: vocab 2048, 4 layers, d 256, 4 heads, 2 KV heads, ff 704, tied) and
 'small-25m' (24.7 M; --quick: tiny only).

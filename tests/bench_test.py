@@ -148,6 +148,36 @@ def test_worker_prints_metric_lines():
   assert rows[0]["unit"] == "GFLOP/s" and rows[0]["value"] > 0
 
 
+def test_generation_task_reports_each_batch_then_memory(capsys):
+  """The workers' shared gen loop: per batch size the rate from the count
+  the worker's generate returns, the warm-up call, then peak RSS."""
+  import argparse  # noqa: PLC0415
+  import time  # noqa: PLC0415
+
+  peer = _load("_peer_template")
+  calls = []
+
+  def make_generate(n):
+    def generate():
+      calls.append(n)
+      time.sleep(0.002)  # above time_calls' rounding to 10 us
+      return 4 * n
+    return generate
+
+  peer.generation_task(argparse.Namespace(gen_batches="2,3", iters=2),
+                       make_generate, fields=lambda t: {"tag": "x"})
+  rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+  assert calls == [2, 2, 2, 3, 3, 3]  # one warm-up and 2 timed calls each
+  assert [r["metric"] for r in rows] == [
+      "generate_b2", "first_generate_call_b2", "generate_b3",
+      "first_generate_call_b3", "peak_rss_gen"]
+  rate = rows[0]
+  assert list(rate) == ["metric", "value", "unit", "better", "seconds",
+                        "tag"]
+  assert rate["value"] == pytest.approx(8 / rate["seconds"])
+  assert rows[1]["better"] == "lower" and rows[-1]["unit"] == "MiB"
+
+
 @pytest.mark.slow
 def test_device_smoke_runs_on_cpu():
   out = subprocess.run(
