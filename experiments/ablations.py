@@ -15,7 +15,7 @@ Variants (workdir ``<root>/webshop_grpo_<variant>_s<seed>``; ``rspo`` and
   dense_only       one policy on the dense reward alone (reward hacking)
   baseline         rspo=0 (plain GRPO: the repeated-state reference)
 
-Report in ``--out`` (experiments/ablation_report.py): ``ablations.{json,md}``
+Report in ``--out`` (experiments/report/ablations.py): ``ablations.{json,md}``
 (another env/algo than WebShop GRPO: ``ablations_<env>_<algo>.*``), one
 row per (group, setting): success rate and score (%) after training, mean
 +- std (ddof 0) over the finished seeds, n, the paper's success rate, and

@@ -283,7 +283,7 @@ def study_extra(env: str, extra: str = "") -> str:
 
 
 # --------------------------------------------------------------------------
-# The spell study (third_party_envs/spell.py; experiments/spell_study.py)
+# The spell study (third_party_envs/spell.py; experiments/report/spell.py)
 # --------------------------------------------------------------------------
 
 # Does RSPO+GiGPO beat GiGPO where outcomes are sparse, and does the dense
@@ -494,7 +494,7 @@ def spell_extra(extra: str = "") -> str:
 
 
 # --------------------------------------------------------------------------
-# The WebShop sparse study (docs/results.md; report experiments/spell_study.py)
+# The WebShop sparse study (docs/results.md; experiments/report/spell.py)
 # --------------------------------------------------------------------------
 
 # RSPO where WebShop's outcomes are sparse: the CPU study's world, batch

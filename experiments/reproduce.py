@@ -36,7 +36,7 @@ Grids (``--envs/--algos/--variants/--seeds`` filter them):
              ``study_<env>.{json,md}`` with 95 % bootstrap intervals
              (rspo_jax/intervals.py).
   spell      the spell task (third_party_envs/spell.py,
-             experiments/spell_study.py):
+             experiments/report/spell.py):
              GiGPO x {baseline, rspo, rspo_o, dense_only, rspo_k3} (and
              by name rspo_misaligned, dense_only_misaligned, rspo_decoy,
              dense_only_decoy) x seeds {0,
@@ -124,8 +124,8 @@ instead of recomputing them.
 Modules (imports point down the list): grid.py (the grids: RunSpec, names,
 overrides), run_files.py (what a run directory holds, finished runs),
 runner.py (shared warm start, training runs), sampled_eval.py (the
-study's sampled evaluations), report_util.py, main_report.py,
-study_report.py, ablation_report.py (the reports); this file is the CLI.
+study's sampled evaluations), report/ (the reports, one entry per grid:
+report/__init__.py); this file is the CLI.
 """
 
 from __future__ import annotations
@@ -137,19 +137,17 @@ import sys
 from typing import Optional, Sequence
 
 import run_archive as ra
-from ablation_report import ablation_report
 from grid import (ROOT, SAMPLED, SPARSE_ENV, SPARSE_ROOT, SPELL_ENV,
                   SPELL_SAMPLED, STUDY_ROOT, RunSpec, ablation_grid,
                   from_warm_start, main_grid, sampled_flags, sampled_names,
                   sparse_extra, sparse_grid, spell_extra, spell_grid,
                   spell_root, study_extra, study_grid, with_rl_extra)
-from main_report import env_report
+from report import (ablation_report, env_report, spell_report,
+                    study_report)
 from run_files import START, is_finished, warm_start_workdir
 from runner import (command, run_grid, sft_command, shared_start_eval,
                     shared_warm_start)
 from sampled_eval import sampled_final_eval
-from spell_study import spell_report
-from study_report import study_report
 
 
 def _run_study(specs: list[RunSpec], args, failed: list,

@@ -17,16 +17,14 @@ from rspo_jax.metrics import MetricsWriter, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import ablation_report  # noqa: E402
 import ablations  # noqa: E402
 import grid  # noqa: E402
-import main_report  # noqa: E402
+import report as reports  # noqa: E402
 import reproduce as rp  # noqa: E402
 import run_archive as ra  # noqa: E402
 import run_files  # noqa: E402
 import runner  # noqa: E402
 import sampled_eval  # noqa: E402
-import study_report  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -132,18 +130,28 @@ def test_ablations_cli_is_reproduce_grid_ablations(tmp_path, capsys):
 
 
 def test_no_experiments_module_imports_one_that_imports_it_back():
-  """experiments/'s imports (top level or in functions) form no cycle."""
+  """experiments/'s imports (top level or in functions) form no cycle; a
+package (report/) is one node, its files' imports together."""
   folder = os.path.join(ROOT, "experiments")
-  names = {f[:-3] for f in os.listdir(folder) if f.endswith(".py")}
+  files = {f[:-3]: [os.path.join(folder, f)] for f in os.listdir(folder)
+           if f.endswith(".py")}
+  files.update({d: [os.path.join(folder, d, f)
+                    for f in os.listdir(os.path.join(folder, d))
+                    if f.endswith(".py")]
+                for d in os.listdir(folder)
+                if os.path.isfile(os.path.join(folder, d, "__init__.py"))})
+  names = set(files)
   graph = {}
-  for name in names:
-    tree = ast.parse(open(os.path.join(folder, f"{name}.py")).read())
-    graph[name] = {a.name.split(".")[0] for n in ast.walk(tree)
-                   if isinstance(n, ast.Import) for a in n.names} | {
-                       n.module.split(".")[0] for n in ast.walk(tree)
-                       if isinstance(n, ast.ImportFrom) and n.module}
-    graph[name] &= names
-  assert {"grid", "runner", "reproduce"} <= names  # the walk found them
+  for name, paths in files.items():
+    graph[name] = set()
+    for path in paths:
+      tree = ast.parse(open(path).read())
+      graph[name] |= {a.name.split(".")[0] for n in ast.walk(tree)
+                      if isinstance(n, ast.Import) for a in n.names} | {
+                          n.module.split(".")[0] for n in ast.walk(tree)
+                          if isinstance(n, ast.ImportFrom) and n.module}
+    graph[name] &= names - {name}
+  assert {"grid", "runner", "reproduce", "report"} <= names  # found them
 
   def reaches(start, goal, seen):
     return any(n == goal or (n not in seen and reaches(n, goal, seen | {n}))
@@ -278,7 +286,7 @@ def test_env_report_numbers_table_and_curves(tmp_path):
            config=os.path.join(grid.ROOT, "configs", "webshop_grpo.py:rspo=1"))
   fake_run(root, "webshop_grpo_rspo_s400")  # unfinished: not counted
   fake_run(root, "webshop_grpo_rspo_h_s0", success=1.0)  # another cell
-  main_report.env_report(str(root), "webshop", out, echo=False)
+  reports.env_report(str(root), "webshop", out, echo=False)
   report = json.load(open(os.path.join(out, "webshop.json")))
   # B's reward, read from the RSPO run's config (the CPU preset's oracle).
   assert report["dense_reward"] == ["oracle"]
@@ -318,8 +326,8 @@ def test_ablation_report_rows_repeats_and_dense_plot(tmp_path):
   fake_run(root, "webshop_grpo_sample_random_s0", success=0.1)
   fake_run(root, "webshop_grpo_dense_only_s0", success=0.0)
   fake_run(root, "webshop_grpo_dense_only_s200", success=0.2)
-  path = ablation_report.ablation_report(str(root), "webshop", "grpo", out,
-                                         echo=False)
+  path = reports.ablation_report(str(root), "webshop", "grpo", out,
+                                 echo=False)
   assert path == os.path.join(out, "ablations.md")
   report = json.load(open(os.path.join(out, "ablations.json")))
   rows = {(r["group"], r["setting"]): r for r in report["rows"]}
@@ -344,8 +352,8 @@ def test_ablation_report_rows_repeats_and_dense_plot(tmp_path):
   assert no_tmp_files(out)
   # Another cell than the paper's: own file names, no paper numbers.
   fake_run(root, "toy_grpo_dense_only_s0", success=0.0)
-  path = ablation_report.ablation_report(str(root), "toy", "grpo", out,
-                                         echo=False)
+  path = reports.ablation_report(str(root), "toy", "grpo", out,
+                                 echo=False)
   assert path == os.path.join(out, "ablations_toy_grpo.md")
   report = json.load(open(os.path.join(out, "ablations_toy_grpo.json")))
   assert all(r["paper_success"] is None for r in report["rows"])
@@ -524,8 +532,8 @@ def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
   assert rp.main(["--grid", "study", "--envs", "alfworld", "--algos",
                   "gigpo", "--root", str(root), "--dry_run"]) == 2
   # The report lists the two cells (none finished here).
-  report = study_report.study_report(str(root), "alfworld",
-                                     str(tmp_path / "out"), echo=False)
+  report = reports.study_report(str(root), "alfworld",
+                                str(tmp_path / "out"), echo=False)
   assert [(c["label"], c["n"]) for c in report["cells"]] == [
       ("GRPO", 0), ("RSPO+GRPO", 0)]
   assert report["overrides"] == grid.STUDY_OVERRIDES["alfworld"]
@@ -550,7 +558,7 @@ def test_study_report_intervals_by_hand(tmp_path):
   for name in ("webshop_grpo_baseline_s0", "webshop_grpo_baseline_s200"):
     write_eval(root / name / "eval_final_t04.json", [1, 1, 1, 1],
                seeds=(0, 1, 2))
-  report = study_report.study_report(str(root), "webshop", out, echo=False)
+  report = reports.study_report(str(root), "webshop", out, echo=False)
   cells = {(c["algo"], c["variant"]): c for c in report["cells"]}
   base, rspo = cells["grpo", "baseline"], cells["grpo", "rspo"]
   assert base["n"] == 2 and rspo["n"] == 1
@@ -750,8 +758,8 @@ def test_root_overrides_the_archive(tmp_path):
                                  str(arch)) == [
       (0, str(root / "webshop_grpo_baseline_s0")),
       (200, str(arch / "webshop_grpo_baseline_s200"))]
-  report = main_report.env_report(str(root), "webshop", str(out), echo=False,
-                                  archive=str(arch))
+  report = reports.env_report(str(root), "webshop", str(out), echo=False,
+                              archive=str(arch))
   b = report["cells"][0]
   assert b["n"] == 2 and b["per_seed_success"] == [90.0, 30.0]
   # The warm start's evaluations: root's file, else the archive's.
@@ -759,8 +767,8 @@ def test_root_overrides_the_archive(tmp_path):
   write_eval(aws / "eval_start.json", [0, 0])
   write_eval(aws / "eval_start_t04.json", [1, 1], seeds=(0, 1, 2))
   write_eval(ws / "eval_start.json", [1, 0])
-  report = study_report.study_report(str(root), "webshop", str(out),
-                                     echo=False, archive=str(arch))
+  report = reports.study_report(str(root), "webshop", str(out),
+                                echo=False, archive=str(arch))
   assert report["start"]["greedy"]["mean"] == 50.0
   assert report["start"]["T = 0.4, 3 seeds"]["mean"] == 100.0
 
@@ -779,16 +787,16 @@ def test_report_from_the_archive_alone_equals_the_report_before(tmp_path):
   fake_run(root, "webshop_grpo_rspo_s200")  # unfinished
   args = ["--grid", "study", "--root", str(root), "--archive", str(arch),
           "--report_only"]
-  reports = []
+  written = []
   for i in (1, 2):
     out = tmp_path / f"out{i}"
     assert rp.main(args + ["--out", str(out)]) == 0
-    reports.append(json.loads((out / "study_webshop.json").read_text()))
+    written.append(json.loads((out / "study_webshop.json").read_text()))
     md = (out / "study_webshop.md").read_text().split("\n", 3)[3]
-    reports[-1]["md_body"] = md
+    written[-1]["md_body"] = md
     if i == 1:
       shutil.rmtree(root)
-  before, after = reports
+  before, after = written
   assert before["cells"] == after["cells"]
   assert before["start"] == after["start"] and before["curves"] == after[
       "curves"]

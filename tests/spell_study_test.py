@@ -1,5 +1,5 @@
 """The spell study (experiments/reproduce.py --grid spell; experiments/grid.py's
-spell_grid, experiments/spell_study.py): its cells and overrides, one root and
+spell_grid, experiments/report/spell.py): its cells and overrides, one root and
 warm start per word length, the dry run's commands, and the report's
 numbers from synthetic runs (seconds; nothing is trained)."""
 
@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import grid  # noqa: E402
 import reproduce as rp  # noqa: E402
-import spell_study  # noqa: E402
+import report as reports  # noqa: E402
+from report import spell as spell_study  # noqa: E402
 from reproduce_test import write_eval  # noqa: E402
 
 VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_decoy", "rspo_o",
@@ -281,8 +282,8 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
     fake_spell_run(root, v, 0, wins, grid.with_rl_extra(
         spec, "steps=12").config_arg(extra), success=[0.0, 0.5] * 3,
         dense=[0.1] * 6, env="webshop")
-  report = spell_study.spell_report(str(root), out, env="webshop",
-                                    extra=extra, rl_extra="steps=12")
+  report = reports.spell_report(str(root), out, env="webshop",
+                                extra=extra, rl_extra="steps=12")
   assert report["markdown"].endswith("study_webshop_sparse_gate.md")
   cells = {c["variant"]: c for c in report["cells"]}
   assert tuple(cells) == grid.SPARSE_VARIANTS
@@ -331,12 +332,12 @@ def fake_spell_run(root, variant, seed, wins, config=None, success=(),
 
 
 def test_nested_interval():
-  ci = spell_study.nested_interval([[1.0, 1.0], [3.0, 3.0, 3.0, 3.0]])
+  ci = reports.nested_interval([[1.0, 1.0], [3.0, 3.0, 3.0, 3.0]])
   assert ci["mean"] == 2.0 and ci["n_groups"] == 2 and ci["n_values"] == 6
   assert 1.0 <= ci["lo"] <= ci["hi"] <= 3.0
-  one = spell_study.nested_interval([[0.5, 0.5, 0.5]])
+  one = reports.nested_interval([[0.5, 0.5, 0.5]])
   assert (one["mean"], one["lo"], one["hi"]) == (0.5, 0.5, 0.5)
-  assert spell_study.nested_interval([[], []]) is None
+  assert reports.nested_interval([[], []]) is None
 
 
 def test_report_numbers_by_hand(tmp_path, monkeypatch):
@@ -364,7 +365,7 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   fake_spell_run(root, "dense_only_misaligned", 0, [0, 0, 0, 0],
                  success=[0.5, 0.5, 0.5, 0.0, 0.0, 0.0],
                  dense=[0.25, 0.25, 0.25, 0.5, 0.5, 0.5])
-  report = spell_study.spell_report(str(root), out, extra=extra)
+  report = reports.spell_report(str(root), out, extra=extra)
   cells = {c["variant"]: c for c in report["cells"]}
   assert report["word_length"] == 4 and report["markdown"].endswith(
       "study_spell_L4_D1.md")
@@ -437,7 +438,7 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
     fake_spell_run(root, v, 0, wins, spec(v).config_arg(extra),
                    success=success,
                    dense=[0.125, 0.125, 0.125, 0.25, 0.25, 0.25])
-  report = spell_study.spell_report(str(root), out, extra=extra)
+  report = reports.spell_report(str(root), out, extra=extra)
   cells = {c["variant"]: c for c in report["cells"]}
   rspo = cells[f"rspo_partial{m}_nopen"]
   assert rspo["base"] == "baseline_nopen"

@@ -19,8 +19,8 @@ import os
 from typing import Optional, Sequence
 
 from grid import ABLATION_PAPER_CELL, ABLATION_ROWS, ALGO_LABELS, ENV_LABELS
-from report_util import (cell_stats, fmt, load_plot_module, mean_std,
-                         save_figure)
+from report.common import (cell_stats, fmt, load_plot_module, mean_std,
+                           save_figure)
 from run_files import finished_runs, write_json, write_text
 
 REPEAT_METRIC = "rollout_repeated_states"

@@ -10,48 +10,22 @@ difference (same algorithm, goals shared). Percent / points.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 from typing import Optional, Sequence
-
-import numpy as np
 
 import mechanism
 import run_archive as ra
 from grid import (ALGO_LABELS, DENSE, ENV_LABELS, SAMPLED, STUDY_VARIANTS,
-                  RunSpec, config_key, paper_success, sampled_names,
-                  study_cells, study_extra, with_rl_extra)
-from report_util import (CURVE_METRIC, X_AXES, archive_note, fmt_ci, pct,
-                         plot_atomic)
-from run_files import (FINAL, START, finished_runs, run_config,
-                       warm_start_workdir, write_json, write_text)
-
-def decodings(sampled) -> tuple:
-  """(label, start file, final file): greedy, then each of ``sampled``'s
-  (label, tag, temperature)."""
-  return (("greedy", START, FINAL),) + tuple(
-      (label, *sampled_names(tag)) for label, tag, _ in sampled)
-
+                  RunSpec, paper_success, study_cells, study_extra,
+                  with_rl_extra)
+from report.common import (CURVE_METRIC, X_AXES, archive_note,
+                           decoding_intervals, decodings, fmt_ci,
+                           other_config_seeds, outcomes, pct, plot_atomic,
+                           start_intervals)
+from run_files import (finished_runs, run_config, warm_start_workdir,
+                       write_json, write_text)
 
 DECODINGS = decodings(SAMPLED)
-
-
-def _outcomes(paths: Sequence[str]):
-  """``x[r, g, s]`` (won) of evaluation files on the same tasks and seeds;
-  None when one is missing or has no ``per_task``."""
-  from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
-
-  mats = []
-  for p in paths:
-    if not os.path.isfile(p):
-      return None
-    per_task = json.load(open(p)).get("per_task")
-    if not per_task:
-      return None
-    mats.append(intervals.outcome_matrix(per_task))
-  if not mats or len({m.shape for m in mats}) != 1:
-    return None
-  return np.stack(mats)
 
 
 def _study_label(algo: str, variant: str) -> str:
@@ -64,14 +38,12 @@ def _study_label(algo: str, variant: str) -> str:
 def _other_config_seeds(env: str, algo: str, variant: str,
                         configs: dict, rl_extra: str,
                         extra: Optional[str]) -> list[int]:
-  """The seeds of ``configs`` ({seed: run.json's config}) trained with
-  another config (config_key) than the study grid's spec with ``rl_extra``
-  and ``extra`` (default study_extra(env)) gives."""
+  """other_config_seeds against the study grid's spec with ``rl_extra``
+  and ``extra`` (default study_extra(env))."""
   extra = study_extra(env) if extra is None else extra
-  spec = lambda seed: with_rl_extra(
-      RunSpec(env, algo, variant, seed, STUDY_VARIANTS[variant]), rl_extra)
-  return [s for s, c in configs.items() if c is not None
-          and config_key(c) != config_key(spec(s).config_arg(extra))]
+  return other_config_seeds(configs, lambda seed: with_rl_extra(
+      RunSpec(env, algo, variant, seed, STUDY_VARIANTS[variant]), rl_extra),
+                            extra)
 
 
 def study_report(root: str, env: str, out_dir: str,
@@ -90,14 +62,9 @@ def study_report(root: str, env: str, out_dir: str,
   goals, and the cell - baseline difference (same algorithm) resampling
   training seeds within each cell and goals shared. Percent / points.
   """
-  from rspo_jax import intervals  # noqa: PLC0415
-
   ws = warm_start_workdir(root, env)
-  starts = {name: _outcomes([ra.find_file(ws, archive, s)])
+  starts = {name: outcomes([ra.find_file(ws, archive, s)])
             for name, s, _ in DECODINGS}
-  start_ci = {name: (None if x is None else pct(
-      intervals.success_interval(x[0], seed=seed))) for name, x in
-      starts.items()}
   cells, curves = [], {}
   for algo in algos or tuple(study_cells(env)):
     groups, finals = {}, {}
@@ -119,22 +86,11 @@ def study_report(root: str, env: str, out_dir: str,
         cell["paper_vs_baseline"] = round(cell["paper_success"] - base_paper,
                                           1)
       for name, _, final_name in DECODINGS:
-        x = _outcomes([os.path.join(w, final_name) for _, w in runs])
+        x = outcomes([os.path.join(w, final_name) for _, w in runs])
         finals[variant, name] = x
-        start, base = starts[name], finals.get(("baseline", name))
-        if start is not None and x is not None and (
-            x.shape[1] != start.shape[1]):
-          start = None  # another goal set: no pairing
-        cell[name] = {
-            "success": None if x is None else pct(
-                intervals.success_interval(x, seed=seed)),
-            "final_minus_start": None if x is None or start is None else (
-                pct(intervals.paired_difference(x, start[0], seed=seed))),
-            "minus_baseline": None if (
-                variant == "baseline" or x is None or base is None
-                or base.shape[1] != x.shape[1]) else pct(
-                    intervals.method_difference(x, base, seed=seed)),
-        }
+        base = (None if variant == "baseline"
+                else finals.get(("baseline", name)))
+        cell[name] = decoding_intervals(x, starts[name], base, seed)
       workdirs = [w for _, w in runs]
       cell["b_lift"] = mechanism.b_lift(workdirs, seed=seed)
       cell["replay_win_share_by_position"] = mechanism.replay_by_position(
@@ -155,7 +111,8 @@ def study_report(root: str, env: str, out_dir: str,
                "bootstrap intervals (rspo_jax/intervals.py)",
       "overrides": study_extra(env, rl_extra), "rl_extra": rl_extra,
       "dense_reward": DENSE,
-      "start": start_ci, "cells": cells, "curves": curves,
+      "start": start_intervals(starts, seed), "cells": cells,
+      "curves": curves,
   }
   write_json(os.path.join(out_dir, f"study_{env}.json"), report)
   write_text(os.path.join(out_dir, f"study_{env}.md"), study_markdown(report))

@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 from grid import (ALGO_LABELS, ALGOS, ENV_LABELS, MAIN_VARIANTS,
                   PAPER_SUCCESS)
-from report_util import (CURVE_METRIC, X_AXES, archive_note, cell_stats,
-                         fmt, plot_atomic)
+from report.common import (CURVE_METRIC, X_AXES, archive_note,
+                           cell_stats, fmt, plot_atomic)
 from run_files import finished_runs, run_config, write_json, write_text
 
 

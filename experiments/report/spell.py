@@ -92,14 +92,14 @@ import numpy as np
 import run_archive as ra
 from grid import (DENSE, EQUAL_ENV_STEPS, PARTIAL_M, SAMPLED,
                   SPARSE_OVERRIDES, SPARSE_VARIANTS, SPELL_ALGO, SPELL_ENV,
-                  SPELL_OVERRIDES, SPELL_SAMPLED, SPELL_VARIANTS, config_key,
-                  sparse_grid, spell_grid, spell_length, spell_name,
-                  with_rl_extra)
-from report_util import (X_AXES, archive_note, fmt_ci, load_plot_module, pct,
-                         plot_atomic, save_figure)
+                  SPELL_OVERRIDES, SPELL_SAMPLED, SPELL_VARIANTS, sparse_grid,
+                  spell_grid, spell_length, spell_name, with_rl_extra)
+from report.common import (X_AXES, archive_note, decoding_intervals,
+                           decodings, difference, fmt_ci, load_plot_module,
+                           nested_interval, other_config_seeds, outcomes, pct,
+                           plot_atomic, save_figure, start_intervals)
 from run_files import (finished_runs, run_config, warm_start_workdir,
                        write_json, write_text)
-from study_report import _outcomes, decodings
 
 LABELS = {
     "baseline": "GiGPO",
@@ -217,30 +217,6 @@ EARLY_STEPS = 12  # the sparse WebShop gate (docs/results.md): 12 steps
 EDGE_STEPS = 3  # the first / last A steps of the hacking table
 
 
-def nested_interval(groups: Sequence[Sequence[float]], *, seed: int = 0,
-                    num_draws: int = 2000, level: float = 0.95
-                    ) -> Optional[dict]:
-  """Mean over groups (training seeds) of each group's mean (its loops or
-  steps), with a percentile bootstrap interval: groups resampled, then
-  values within each drawn group; None without values."""
-  groups = [np.asarray(g, np.float64) for g in groups if len(g)]
-  if not groups:
-    return None
-  rng = np.random.default_rng(seed)
-  picked = rng.integers(0, len(groups), (num_draws, len(groups)))
-  draws = np.zeros(num_draws)
-  for j in range(len(groups)):  # slot j of every draw: a group, resampled
-    for i, g in enumerate(groups):
-      rows = picked[:, j] == i
-      draws[rows] += g[rng.integers(0, len(g), (rows.sum(), len(g)))].mean(1)
-  draws /= len(groups)
-  lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
-  return {"mean": float(np.mean([g.mean() for g in groups])),
-          "lo": float(lo), "hi": float(hi), "level": level,
-          "draws": num_draws, "n_groups": len(groups),
-          "n_values": int(sum(len(g) for g in groups))}
-
-
 def _rows(workdir: str, phase: str) -> list[dict]:
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.isfile(path):
@@ -279,10 +255,8 @@ def _ci_pct(ci: Optional[dict]) -> Optional[dict]:
 def _other_config_seeds(env: str, variant: str, configs: dict, extra: str,
                         rl_extra: str) -> list[int]:
   grid = spell_grid if env == SPELL_ENV else sparse_grid
-  spec = lambda s: with_rl_extra(  # noqa: E731
-      grid(seeds=[s], variants=[variant])[0], rl_extra)
-  return [s for s, c in configs.items() if c is not None
-          and config_key(c) != config_key(spec(s).config_arg(extra))]
+  return other_config_seeds(configs, lambda s: with_rl_extra(
+      grid(seeds=[s], variants=[variant])[0], rl_extra), extra)
 
 
 def _study(env: str, root: str, extra: str) -> dict:
@@ -312,23 +286,19 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
   SPARSE_OVERRIDES, and --extra; gives the world and the configs the runs
   should have been trained with). Returns the JSON object, with
   ``markdown``: the .md path."""
-  from rspo_jax import intervals  # noqa: PLC0415 -- numpy only
-
   study = _study(env, root, extra)
   length, world, name = study["length"], study["world"], study["name"]
   variants, decs = study["variants"], decodings(study["sampled"])
   ws = warm_start_workdir(root, env)
-  starts = {d: _outcomes([ra.find_file(ws, archive, s)])
+  starts = {d: outcomes([ra.find_file(ws, archive, s)])
             for d, s, _ in decs}
   runs = {v: finished_runs(root, env, SPELL_ALGO, v, archive)
           for v in variants}
-  finals = {(v, d): _outcomes([os.path.join(w, f) for _, w in runs[v]])
+  finals = {(v, d): outcomes([os.path.join(w, f) for _, w in runs[v]])
             for v in variants for d, _, f in decs}
 
   def diff(a, b):
-    if a is None or b is None or a.shape[1] != b.shape[1]:
-      return None
-    return pct(intervals.method_difference(a, b, seed=seed))
+    return difference(a, b, seed)
 
   cells = []
   for v in variants:
@@ -341,18 +311,9 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
             "other_config_seeds": _other_config_seeds(env, v, configs,
                                                       extra, rl_extra)}
     for d, _, _ in decs:
-      x, start = finals[v, d], starts[d]
-      if start is not None and x is not None and x.shape[1] != (
-          start.shape[1]):
-        start = None
-      cell[d] = {
-          "success": None if x is None else pct(
-              intervals.success_interval(x, seed=seed)),
-          "final_minus_start": None if x is None or start is None else pct(
-              intervals.paired_difference(x, start[0], seed=seed)),
-          "minus_baseline": None if base is None else diff(
-              x, finals[base, d]),
-      }
+      cell[d] = decoding_intervals(
+          finals[v, d], starts[d],
+          None if base is None else finals[base, d], seed)
     wds = [w for _, w in runs[v]]
     cell["early_success"] = _ci_pct(nested_interval(
         [a_series(w, "rollout_success_rate")[:EARLY_STEPS] for w in wds],
@@ -386,9 +347,7 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
                "in units of a won episode's (1); 95 % bootstrap intervals",
       "overrides": ",".join(p for p in (extra, rl_extra) if p),
       "rl_extra": rl_extra, "dense_reward": DENSE,
-      "start": {d: None if x is None else pct(
-          intervals.success_interval(x[0], seed=seed))
-          for d, x in starts.items()},
+      "start": start_intervals(starts, seed),
       "cells": cells, "contrasts": contrasts, "equal_cost": equal_cost,
       "curves": curves,
   }
