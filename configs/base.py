@@ -167,7 +167,7 @@ def _rspo(c: ml_collections.ConfigDict) -> None:
   # r = c is c * A * grad log pi): 0 = off (the paper's objective);
   # truncate = weight min(c, cap) (truncated IS); mask = tokens with
   # c > cap contribute nothing (AReaL's behav_imp_weight_cap). Logged:
-  # centre_cap_frac_off. losses.centre_cap_factor, docs/method.md.
+  # centre_cap_frac_off. centre_cap.centre_cap_factor, docs/method.md.
   c.rspo.centre_cap = 0.0
   c.rspo.centre_cap_mode = "truncate"  # truncate | mask
   c.rspo.prm_dir = ""  # trained PRM; "" = train one at start (<workdir>/prm)

@@ -506,29 +506,37 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   if cfg.rollout.placement == "decoupled":
     trainer.b_rollout = make_b_rollout(cfg, mcfg, policy, tok_dir)
   if cfg.rspo.dense_reward == "prm":
-    backbone = (cfg.rspo.prm_backbone_dir or cfg.model.checkpoint_dir
-                or os.path.join(workdir, "warm_start"))
-    trainer.prm_refresh = make_prm_refresh(cfg, workdir, backbone, tok_dir,
-                                           mesh)
-    prm_dir = cfg.rspo.prm_dir or os.path.join(workdir, "prm")
-    have_prm = os.path.exists(os.path.join(prm_dir, "prm_config.json"))
-    if distributed.is_multihost():  # the leader's view: every host the same
-      have_prm = bool(distributed.allgather_objects(have_prm)[0])
-    if not have_prm:
-      # The PRM learns from the starting policy's own trajectories (every
-      # host's groups).
-      records, _ = trainer.collect_groups(policy, cfg.rspo.prm_train_groups,
-                                          "A")
-      trainer.dense_fn = trainer.prm_refresh(gather_records(records))
-    else:
-      from rspo_jax.prm import make_prm_dense_fn
-
-      trainer.dense_fn = make_prm_dense_fn(prm_dir, mesh=prm_mesh(cfg, mesh),
-                                           rules=cfg.logical_axis_rules)
+    attach_prm(trainer, cfg, policy, workdir, tok_dir, mesh)
   if user_dense_fn is not None:  # fills r.dense_reward of B's records
     trainer.dense_fn = contract.checked_dense_fn(user_dense_fn,
                                                  cfg.rspo.dense_reward)
   return Run(cfg, trainer, engine, venv, tokenizer, mcfg, mesh)
+
+
+def attach_prm(trainer: RSPOTrainer, cfg, policy: Learner, workdir: str,
+               tok_dir: str, mesh) -> None:
+  """``rspo.dense_reward=prm``: the trainer's PRM refit and its dense
+  reward, the PRM of ``rspo.prm_dir`` or one trained now on ``policy``'s
+  own trajectories."""
+  backbone = (cfg.rspo.prm_backbone_dir or cfg.model.checkpoint_dir
+              or os.path.join(workdir, "warm_start"))
+  trainer.prm_refresh = make_prm_refresh(cfg, workdir, backbone, tok_dir,
+                                         mesh)
+  prm_dir = cfg.rspo.prm_dir or os.path.join(workdir, "prm")
+  have_prm = os.path.exists(os.path.join(prm_dir, "prm_config.json"))
+  if distributed.is_multihost():  # the leader's view: every host the same
+    have_prm = bool(distributed.allgather_objects(have_prm)[0])
+  if not have_prm:
+    # The PRM learns from the starting policy's own trajectories (every
+    # host's groups).
+    records, _ = trainer.collect_groups(policy, cfg.rspo.prm_train_groups,
+                                        "A")
+    trainer.dense_fn = trainer.prm_refresh(gather_records(records))
+  else:
+    from rspo_jax.prm import make_prm_dense_fn
+
+    trainer.dense_fn = make_prm_dense_fn(prm_dir, mesh=prm_mesh(cfg, mesh),
+                                         rules=cfg.logical_axis_rules)
 
 
 def make_b_rollout(cfg, mcfg, policy: Learner, tok_dir: str):

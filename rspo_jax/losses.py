@@ -23,10 +23,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rspo_jax.centre_cap import apply_centre_cap, check_centre_cap
+
 AGG_MODES = ("token_mean", "seq_mean_token_mean")
 WINDOWS = ("additive", "multiplicative")
 KL_KINDS = ("k1", "k2", "k3")
-CENTRE_CAP_MODES = ("truncate", "mask")
 # Log-ratios are clamped before exp (as verl does) so one wild token cannot
 # overflow float32.
 LOG_RATIO_CLAMP = 20.0
@@ -47,8 +48,8 @@ class LossConfig:
     and the form of :func:`shifted_window`.
   kl_coef, kl_kind: beta and the estimator (:func:`kl_divergence`).
   loss_agg: mode of :func:`aggregate`.
-  centre_cap, centre_cap_mode: :func:`apply_centre_cap` on replayed tokens;
-    cap 0 = off.
+  centre_cap, centre_cap_mode: ``centre_cap.apply_centre_cap`` on replayed
+    tokens; cap 0 = off.
   clip_ratio_c: C of :func:`dual_clip` on fresh tokens; 0 = off, else > 1.
   overlap: fresh rows may be one A step stale: their clip is centred on
     pi_old / their behaviour log-probs (False: pi_B := pi_old there).
@@ -301,81 +302,6 @@ def dual_clip(
   held = _masked(((advantages < 0) & (ratio > c * centre))
                  .astype(jnp.float32), mask)
   return jnp.where(held > 0, c * centre * advantages, objective), held
-
-
-def apply_centre_cap(
-    objective: jax.Array, centre: jax.Array, rows: jax.Array, cap: float,
-    mode: str,
-) -> tuple[jax.Array, jax.Array]:
-  """The clip objective of ``rows`` times :func:`centre_cap_factor`'s f.
-
-    objective' = f * objective on rows, objective elsewhere
-    truncate: f = min(1, cap / c);  mask: f = [c <= cap]
-
-  so a token at r = c has gradient weight min(c, cap) * A, or 0.
-
-  Args:
-    objective: [B, T].
-    centre: [B, T] c (no gradient).
-    rows: [B, 1] bool, the rows capped (replayed rows).
-    cap: the cap (> 0).
-    mode: one of ``CENTRE_CAP_MODES``.
-
-  Returns:
-    objective [B, T] and over [B, T] (1.0 where c > cap, else 0).
-  """
-  factor, over = centre_cap_factor(centre, cap, mode)
-  return jnp.where(rows, objective * factor, objective), over
-
-
-def centre_cap_factor(
-    centre: jax.Array, cap: float, mode: str = "truncate"
-) -> tuple[jax.Array, jax.Array]:
-  """Stop-gradient factor f that bounds a replayed token's weight c.
-
-  At r = c the shifted clip's gradient is c * A * grad log pi: weighted by
-  c = pi_old / pi_B, which is unbounded. With ``cap`` > 0 the token's clip
-  objective is multiplied by
-
-    truncate: f = min(1, cap / c)       -> gradient weight min(c, cap) * A
-              (truncated importance sampling, V-trace's rho-bar)
-    mask:     f = 1 if c <= cap else 0  -> the token contributes nothing
-              (AReaL's ``behav_imp_weight_cap``)
-
-  AReaL's decoupled loss (areal/utils/functional.py ``ppo_actor_loss_fn``)
-  is w * PPO-clip(pi_theta / pi_prox), w = pi_prox / pi_behav (our c);
-  tokens with w > behav_imp_weight_cap get w = 0 (kept: w <= cap, as here)
-  and the loss is still divided by the count of the *original* loss mask
-  (its later ``apply_rejection_sampling``, action 'mask', keeps that
-  denominator on purpose; action 'clamp' is our truncate). So here a
-  masked token still counts in its source's normaliser (N_off, R_off) and
-  in the (1 - alpha, alpha) decision.
-
-  Args:
-    centre: [B, T] c (no gradient).
-    cap: the cap (> 0; :func:`mixed_objective` skips this when it is 0).
-    mode: one of ``CENTRE_CAP_MODES``.
-
-  Returns:
-    f [B, T] and over [B, T] (1.0 where c > cap, else 0).
-  """
-  check_centre_cap(cap, mode)
-  centre = jax.lax.stop_gradient(centre)
-  over = centre > cap
-  if mode == "truncate":
-    factor = jnp.where(over, cap / jnp.maximum(centre, cap), 1.0)
-  else:
-    factor = jnp.where(over, 0.0, 1.0)
-  return factor, over.astype(jnp.float32)
-
-
-def check_centre_cap(cap: float, mode: str) -> None:
-  """ValueError for a cap < 0 or a mode not in ``CENTRE_CAP_MODES``."""
-  if mode not in CENTRE_CAP_MODES:
-    raise ValueError(f"centre cap: unknown mode {mode!r};"
-                     f" expected {CENTRE_CAP_MODES}")
-  if not cap >= 0:
-    raise ValueError(f"centre cap: cap {cap!r} must be >= 0 (0 = off)")
 
 
 def check_dual_clip(c: float) -> None:
@@ -710,7 +636,7 @@ def mixed_objective(
   :func:`shifted_clip_objective` is PPO's clip there (with ``cfg.overlap``
   they keep ``behavior_logp``: c = pi_old / pi_behaviour, AReaL's decoupled
   PPO); replayed rows the shifted clip around c = pi_old / pi_B. Then
-  :func:`apply_centre_cap` on replayed rows (``cfg.centre_cap`` > 0; the
+  ``centre_cap.apply_centre_cap`` on replayed rows (``cfg.centre_cap`` > 0; the
   paper has none) and :func:`dual_clip` on fresh tokens
   (``cfg.clip_ratio_c`` > 0; replayed ones keep the paper's J_off).
 

@@ -31,8 +31,9 @@ algorithm (GRPO / PPO / GiGPO) on outcome rewards; ``rspo.dense_only`` trains
 one policy on the dense reward alone (the reward-hacking ablation).
 
 The pieces live beside this module in rspo_jax/loop/ (its docstring lists
-them and says how they run across hosts): resumption (loop/state.py),
-fresh collections (loop/collection.py), the sources of D -- B's stored
+them and says how they run across hosts): the main loop (loop/driver.py),
+B's phase (loop/b_phase.py), resumption (loop/state.py), fresh
+collections (loop/collection.py), the sources of D -- B's stored
 collection (loop/b_store.py), decoupled B (loop/decoupled_b.py), A's
 history (loop/history.py) --, A's replayed rows (loop/replay_rows.py),
 overlap (loop/prefetch.py), the PRM refit (loop/prm_refresh.py), progress
@@ -44,18 +45,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from typing import Callable, Optional
 
 import jax
 import numpy as np
 
-from rspo_jax import (checkpoint, distributed, faults, host_batches,
-                      preemption, replay, timing, update)
-from rspo_jax import train_step as ts
+from rspo_jax import (distributed, faults, host_batches, preemption, replay,
+                      timing, update)
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
-from rspo_jax.loop import b_store, collection, host_stats
+from rspo_jax.loop import b_phase as b_phase_lib
+from rspo_jax.loop import b_store, collection, driver
 from rspo_jax.loop import prefetch as prefetch_lib
 from rspo_jax.loop import progress as progress_lib
 from rspo_jax.loop import replay_rows, seeds
@@ -68,9 +68,8 @@ from rspo_jax.loop.prm_refresh import PrmRefresh
 from rspo_jax.loop.progress import progress_counts
 from rspo_jax.loop.state import LoopState
 from rspo_jax.metrics import MetricsWriter
-from rspo_jax.models import lora
 from rspo_jax.rollout.engine import Engine
-from rspo_jax.types import POLICY_A, POLICY_B
+from rspo_jax.types import POLICY_A
 
 # LoopState, progress_counts, FROM_LOOP and DenseFn keep their old home.
 __all__ = ["RSPOTrainer", "LoopState", "DenseFn", "FROM_LOOP",
@@ -316,58 +315,12 @@ class RSPOTrainer:
 
   # ------------------------------------------------------------ B phase
   def b_phase(self) -> None:
-    """B := copy(A); k steps of B on the dense reward (RSPO_O: the
-    outcome reward); then B's stored collection (``store_replay``)."""
-    if self.leader:  # multi-host: D (every host's shards) is cleared once
-      self.buffer.clear()
-    distributed.barrier("rspo_replay_cleared")
-    self.state.replay_used = []
-    loop = self.state.loop
-    b = self.make_b()
-    b_critic = self.critic.copy() if self.critic is not None else None
-    source = "outcome" if self.cfg.rspo.data_source == "outcome" else "dense"
-    for i in range(self.k):
-      on, stats = self.collect_groups(b, self.cfg.train.batch_tasks, POLICY_B)
-      if i == 0:  # B = A: the start of B's lift
-        self.b_first = b_store.first_collection(
-            on, stats, self.state.collections, self.multihost)
-      m = self.update(b, b_critic, on, [], source,
-                      step_key=seeds.b_step_key(loop, i))
-      faults.maybe_fail("b_phase")
-      m.update({f"rollout_{k}": v for k, v in stats.items()})
-      m.update(host_stats.reward_means(on, self.multihost))
-      m.update(loop=loop, b_step=loop * self.k + i + 1)
-      self.metrics.write(self.state.a_steps, "B", m)
-      if self._bar is not None:
-        self._bar.set_postfix(loop=loop, phase="B", success=(
-            f"{m['rollout_success_rate']:.2f}"), refresh=False)
-        self._bar.update(1)
-      self._stop_if_requested(save=False)  # B is redone from A on resume
-    if self.decoupled:
-      self.decoupled_b.start(
-          b, self.state, sync_engine=self.sync_engine,
-          replay_of=b_store.replay_of(self.cfg, self.b_first))
-    else:
-      self.store_replay(b)
-    del b, b_critic  # B exists only during its phase (and its collection)
+    """B's phase (loop/b_phase.py)."""
+    b_phase_lib.run(self)
 
   def make_b(self) -> Learner:
-    """B := copy(A): A's parameters; A's Adam moments or fresh ones
-    (``rspo.copy_optimizer_state``); A's optimizer, or one of B's own
-    learning rate / warm-up (``rspo.b_lr``, ``rspo.b_warmup_steps``; 0 =
-    A's). B's own optimizer's jitted steps are kept across loops."""
-    r, t = self.cfg.rspo, self.cfg.train
-    lr = r.b_lr or t.lr
-    warmup = r.b_warmup_steps or t.warmup_steps
-    if lr == t.lr and warmup == t.warmup_steps:
-      return self.a.copy(copy_opt_state=r.copy_optimizer_state)
-    if self._b_tx is None:
-      self._b_tx = ts.make_optimizer(
-          lr, grad_clip=t.grad_clip, weight_decay=t.weight_decay,
-          warmup_steps=warmup, adapter_lr_multiplier=lora.lr_multiplier(
-              self.cfg))  # the LoRA rule, as A's
-    return self.a.copy(copy_opt_state=r.copy_optimizer_state, tx=self._b_tx,
-                       steps=self._b_steps)
+    """B := copy(A) (loop/b_phase.py)."""
+    return b_phase_lib.make_b(self)
 
   def store_replay(self, b: Learner) -> None:
     """Swap and store: B's stored collection into D (loop/b_store.py)."""
@@ -466,62 +419,8 @@ class RSPOTrainer:
 
   # ------------------------------------------------------------ main loop
   def run(self, evaluate: Optional[Callable[[Learner, int], dict]] = None):
-    c, s = self.cfg, self.state
-    total = c.train.total_steps
-    b_steps = self.k if self.uses_b and not c.rspo.dense_only else 0
-    bar = self._bar = progress_lib.progress_bar(
-        total, s.a_steps, s.phase, self.k, b_steps, self.progress,
-        self.run_name)
-    while s.a_steps < total:
-      if s.phase == "B":
-        t0, steps0 = time.perf_counter(), s.env_steps
-        ran_b = self.uses_b and not c.rspo.dense_only
-        if ran_b:
-          self.b_phase()
-        s.phase = "A"
-        with self.timer.phase("checkpoint"):
-          self.save()
-        if ran_b:
-          self.metrics.write(s.a_steps, "B_time", progress_lib.phase_seconds(
-              self.timer, t0, steps0, s.env_steps))
-        self._stop_if_requested(save=False)  # just saved
-      t0, steps0 = time.perf_counter(), s.env_steps
-      m = self.a_step()
-      s.a_steps += 1
-      m["step_time_s"] = time.perf_counter() - t0
-      m["episodes_per_s"] = m.get("rollout_episodes", 0.0) / m["step_time_s"]
-      m.update(loop=s.loop, loop_step=(s.a_steps - 1) % self.k)
-      self.metrics.write(s.a_steps, "A", m)
-      if (evaluate is not None and c.train.eval_every
-          and s.a_steps % c.train.eval_every == 0 and s.a_steps < total):
-        with self.timer.phase("evaluation"):
-          if self.prefetch is not None:  # it plays on the same engine
-            self.prefetch.wait()
-          result = evaluate(self.a, s.a_steps)
-        self.metrics.write(s.a_steps, "eval", result)
-      loop_done = s.a_steps % self.k == 0 or s.a_steps == total
-      if loop_done:
-        self.end_loop()
-      saved = checkpoint.due(s.a_steps, c.train.checkpoint_every, loop_done)
-      with self.timer.phase("checkpoint"):
-        if saved:
-          self.save()
-        if loop_done and self.keeps_loop_data:
-          self.ckpt.wait()  # the loop's checkpoint on disk before D goes
-      self.metrics.write(s.a_steps, "time", progress_lib.phase_seconds(
-          self.timer, t0, steps0, s.env_steps))
-      if loop_done:
-        self._after_loop_saved()  # a crash before it: finished on resume
-      bar.set_postfix(
-          loop=m["loop"], phase="A",
-          success=f"{m.get('rollout_success_rate', 0):.2f}",
-          loss=f"{m.get('loss', 0):.3f}", refresh=False,
-      )
-      bar.update(1)
-      self._stop_if_requested(save=not saved)
-    bar.close()
-    self._bar = None
-    return s
+    """The loop until A's last step (loop/driver.py); the final state."""
+    return driver.run(self, evaluate)
 
   def _stop_if_requested(self, save: bool) -> None:
     """On a stop request (SIGTERM, preemption.py): ``save`` the state

@@ -28,7 +28,7 @@ tokens a row's ``loss_mask`` counts, the response at the end of the row. With
 ``window = R > 0`` (a static size, ``response_window(loss_mask)``) the last
 block's queries and MLP, the final norm, the LM head, the log-softmax and the
 entropy run on R positions per row, ``[s_b, s_b + R)``
-(``transformer.window_starts``), instead of all T; per-token outputs are 0
+(``windows.window_starts``), instead of all T; per-token outputs are 0
 outside the window. Values on the counted tokens, the loss and its gradient
 are those of the full computation. A policy loss marked ``windowed`` gets
 ``window=R`` from the Learner.
@@ -52,6 +52,7 @@ from rspo_jax import losses
 from rspo_jax import sharding as shd
 from rspo_jax.models import lora
 from rspo_jax.models import transformer as tfm
+from rspo_jax.models import windows
 
 # loss_fn(model, batch, rng[, window=R][, totals=T]) -> (loss, metrics)
 LossFn = Callable[..., tuple[jax.Array, dict]]
@@ -489,18 +490,18 @@ def policy_forward(
       ent = jnp.concatenate([jnp.zeros_like(ent[:, :1]), ent], axis=1)
     return tfm.token_logprobs(logits, tokens, by_gather=by_gather), ent
   t = tokens.shape[1]
-  starts = tfm.window_starts(loss_mask, window)
+  starts = windows.window_starts(loss_mask, window)
   _, hidden, _ = model(  # hidden [B, R, D] of positions starts - 1 + i
       tokens, positions, attention_mask, return_logits=False,
       window=(starts - 1, window),
   )
   logits = model.logits(hidden)
   logp = tfm.target_logprobs(
-      logits, tfm.take_window(tokens, starts, window), by_gather=by_gather)
+      logits, windows.take_window(tokens, starts, window), by_gather=by_gather)
   ent = None
   if entropy:
-    ent = tfm.put_window(losses.entropy_from_logits(logits), starts, t)
-  return tfm.put_window(logp, starts, t), ent
+    ent = windows.put_window(losses.entropy_from_logits(logits), starts, t)
+  return windows.put_window(logp, starts, t), ent
 
 
 def _batch_logp(model, batch, window, entropy=False):

@@ -287,21 +287,9 @@ class StepUpdater:
         noise_sigma=dense_noise_sigma if source == "dense" else 0.0,
         rng=self.host_rng(3, step_key), dense_scale=dense_scale,
     )
-    if off_adv is None:  # fresh rows only, or PPO: one credit over all rows
-      adv, returns = credit.compute_advantages(
-          records, rewards, self.cfg.algo, values=values, sum_fn=sum_fn)
-    else:
-      if len(off_adv) != len(off):
-        raise ValueError(f"{len(off_adv)} advantages for {len(off)} rows")
-      adv, returns = (credit.compute_advantages(
-          on, rewards[:len(on)], self.cfg.algo) if on else (empty, None))
-      adv = np.concatenate([adv, off_adv]).astype(np.float32)
-    token_adv = None
-    if isinstance(adv, list):  # PPO: one advantage per response token
-      token_adv = adv
-      adv = np.array([a.mean() if a.size else 0.0 for a in adv], np.float32)
-    return rewards, Rows(records, is_off, np.asarray(adv), returns, values,
-                         token_adv)
+    adv, returns, token_adv = _advantages(on, off, rewards, off_adv,
+                                          self.cfg.algo, values, sum_fn)
+    return rewards, Rows(records, is_off, adv, returns, values, token_adv)
 
   def rows_to_train(self, adv: np.ndarray,
                     step_key: int) -> Optional[np.ndarray]:
@@ -510,3 +498,26 @@ class StepUpdater:
     if self.multihost:
       gap = float(distributed.global_max(np.array([gap]))[0])
     return gap
+
+
+def _advantages(on: list, off: list, rewards: np.ndarray,
+                off_adv: Optional[np.ndarray], algo, values, sum_fn):
+  """(advantage per row, PPO's returns, PPO's advantage per token or None)
+  of the step's rows ``on + off``: one credit over all rows, or (``off_adv``
+  given) the fresh rows' credit followed by ``off_adv``."""
+  records = on + off
+  empty = np.zeros(0, np.float32)
+  if off_adv is None:  # fresh rows only, or PPO: one credit over all rows
+    adv, returns = credit.compute_advantages(
+        records, rewards, algo, values=values, sum_fn=sum_fn)
+  else:
+    if len(off_adv) != len(off):
+      raise ValueError(f"{len(off_adv)} advantages for {len(off)} rows")
+    adv, returns = (credit.compute_advantages(
+        on, rewards[:len(on)], algo) if on else (empty, None))
+    adv = np.concatenate([adv, off_adv]).astype(np.float32)
+  token_adv = None
+  if isinstance(adv, list):  # PPO: one advantage per response token
+    token_adv = adv
+    adv = np.array([a.mean() if a.size else 0.0 for a in adv], np.float32)
+  return np.asarray(adv), returns, token_adv

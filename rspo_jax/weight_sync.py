@@ -448,25 +448,6 @@ def export_hf_multihost(module, cfg, path: str, *,
   names = _file_names(order)
   sizes = {k: _group_sizes(groups[k], dt, cfg) for k in order}
 
-  def write(k, items):
-    """``_write_group`` of an owned group's gathered arrays, each let go
-    once laid out for HF (the group is not held twice)."""
-    nbytes = sum(x.nbytes for _, x in items)
-    try:
-      tensors = {}
-      for j, (name, x) in enumerate(items):
-        items[j] = None
-        tensors.update(_hf_pairs(name, x, dt, cfg))
-      save_safetensors(tensors, os.path.join(path, names[k]),
-                       metadata={"format": "pt"})
-    finally:
-      meter.drop(nbytes)
-    got = {t: int(v.nbytes) for t, v in tensors.items()}
-    if got != sizes[k]:
-      raise RuntimeError(f"{names[k]}: wrote {got}, the index says "
-                         f"{sizes[k]}")
-    meter.written.append(names[k])
-
   error = None  # this process's first failed write
   pending = None
   mesh = _exchange_mesh(groups)
@@ -489,7 +470,8 @@ def export_hf_multihost(module, cfg, path: str, *,
         k = order[block[me]]
         items = _exchange(block, order, groups, dt, mesh, keep, meter)
       if keep:
-        pending = writer.submit(write, k, items)
+        pending = writer.submit(_write_owned, items, path, names[k],
+                                sizes[k], dt, cfg, meter)
       del items
     if pending is not None:
       error = error or pending.exception()
@@ -507,6 +489,25 @@ def export_hf_multihost(module, cfg, path: str, *,
       error = e
   _raise_if_any_failed(error, "writing the index, configs and tokenizer")
   return total
+
+
+def _write_owned(items, path, file_name, sizes, dt, cfg, meter) -> None:
+  """``_write_group`` of an owned group's arrays, each let go once laid
+  out for HF (the group is not held twice); checked against ``sizes``."""
+  nbytes = sum(x.nbytes for _, x in items)
+  try:
+    tensors = {}
+    for j, (name, x) in enumerate(items):
+      items[j] = None
+      tensors.update(_hf_pairs(name, x, dt, cfg))
+    save_safetensors(tensors, os.path.join(path, file_name),
+                     metadata={"format": "pt"})
+  finally:
+    meter.drop(nbytes)
+  got = {t: int(v.nbytes) for t, v in tensors.items()}
+  if got != sizes:
+    raise RuntimeError(f"{file_name}: wrote {got}, the index says {sizes}")
+  meter.written.append(file_name)
 
 
 def _exchange_mesh(groups) -> Optional[Mesh]:

@@ -21,6 +21,7 @@ from flax import nnx
 from rspo_jax import models, sharding
 from rspo_jax.models import splash
 from rspo_jax.models import transformer as tfm
+from rspo_jax.models import windows
 
 CFG = models.get_model_config(
     "tiny", vocab_size=96, num_layers=2, hidden_size=64,
@@ -246,7 +247,7 @@ def test_window_and_cache_paths_stay_plain(attention, monkeypatch):
   win, _, _ = model(tokens, positions, mask, window=(starts, r))
   assert len(calls) == 3  # the first block only
   np.testing.assert_allclose(
-      win, tfm.take_window(full, starts, r), atol=1e-5, rtol=1e-5)
+      win, windows.take_window(full, starts, r), atol=1e-5, rtol=1e-5)
   cache = tfm.init_cache(CFG, 3, T)
   step, _, _ = model(tokens, positions, mask, cache=cache)
   assert len(calls) == 3

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rspo_jax import losses
+from rspo_jax import centre_cap, losses
 from rspo_jax import train_step as ts
 
 ATOL = 1e-5
@@ -692,10 +692,10 @@ def test_centre_cap_factor_by_hand():
   """c = 5, cap = 2: truncate f = 2/5 (weight min(c, cap) = 2), mask f = 0;
   c = 0.5 and c = 2 (not above the cap) f = 1."""
   c = jnp.asarray([[5.0, 0.5, 2.0]])
-  f, over = losses.centre_cap_factor(c, 2.0, "truncate")
+  f, over = centre_cap.centre_cap_factor(c, 2.0, "truncate")
   np.testing.assert_allclose(f[0], [0.4, 1.0, 1.0], rtol=1e-6)
   np.testing.assert_array_equal(over[0], [1.0, 0.0, 0.0])
-  f, over = losses.centre_cap_factor(c, 2.0, "mask")
+  f, over = centre_cap.centre_cap_factor(c, 2.0, "mask")
   np.testing.assert_array_equal(f[0], [0.0, 1.0, 1.0])
   np.testing.assert_array_equal(over[0], [1.0, 0.0, 0.0])
 
@@ -711,7 +711,7 @@ def test_centre_cap_truncate_gradient_weight_is_cap_times_a():
   def capped(lp, cap):
     obj, diag = losses.shifted_clip_objective(lp, old, beh, adv, mask)
     if cap:
-      obj = obj * losses.centre_cap_factor(diag["centre"], cap)[0]
+      obj = obj * centre_cap.centre_cap_factor(diag["centre"], cap)[0]
     return jnp.sum(obj)
 
   assert np.isclose(jax.grad(capped)(old, 2.0)[0, 0], 2.0 * a, rtol=1e-5)
@@ -751,7 +751,7 @@ def test_centre_cap_never_touches_fresh_rows():
   the config, allowed here) leaves them alone: only replayed rows are
   capped, and only replayed tokens are counted by centre_cap_frac_off."""
   _, _, g0 = _cap_run(0.0)
-  for mode in losses.CENTRE_CAP_MODES:
+  for mode in centre_cap.CENTRE_CAP_MODES:
     _, m, g = _cap_run(0.25, mode)
     np.testing.assert_array_equal(g[0], g0[0])
     assert m["centre_cap_frac_off"] == 1.0  # both replayed tokens: c > 0.25
@@ -767,7 +767,7 @@ def test_centre_cap_zero_is_todays_loss_exactly():
     return jax.value_and_grad(f, has_aux=True)(arrs[0])
 
   (l0, m0), g0 = run()
-  for mode in losses.CENTRE_CAP_MODES:
+  for mode in centre_cap.CENTRE_CAP_MODES:
     (l1, m1), g1 = run(centre_cap=0.0, centre_cap_mode=mode)
     assert l1 == l0 and set(m1) == set(m0)
     np.testing.assert_array_equal(g1, g0)
@@ -813,4 +813,4 @@ def test_centre_cap_bad_values():
                                alpha=0.25, clip_eps=0.2, kl_coef=0.0,
                                entropy_coef=0.0, centre_cap=-1.0))
   with pytest.raises(ValueError, match="unknown mode 'clamp'"):
-    losses.centre_cap_factor(x, 2.0, "clamp")
+    centre_cap.centre_cap_factor(x, 2.0, "clamp")

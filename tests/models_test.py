@@ -17,6 +17,7 @@ from flax import nnx
 
 from rspo_jax import models
 from rspo_jax.models import transformer as tf
+from rspo_jax.models import windows
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -369,7 +370,7 @@ def test_window_equals_full_forward_at_its_positions(tiny_model, remat):
   def loss(m, window):
     lg, _, _ = m(ids, pos, mask, window=window)
     if window is None:
-      lg = models.transformer.take_window(lg, starts, r)
+      lg = windows.take_window(lg, starts, r)
     return jnp.sum(jnp.sin(lg))
 
   g_full = nnx.grad(loss)(model, None)

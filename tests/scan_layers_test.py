@@ -24,6 +24,7 @@ from rspo_jax import build, models, sharding, train_step as ts
 from rspo_jax.learner import Learner
 from rspo_jax.models import hf_io
 from rspo_jax.models import transformer as tfm
+from rspo_jax.models import windows
 from rspo_jax.rollout.engine import SamplingParams
 from rspo_jax.rollout.jax_engine import JaxEngine
 from rspo_jax.types import Batch
@@ -107,7 +108,7 @@ def logits_and_grads(model, window=None):
   graphdef, state = nnx.split(model)
   tokens, positions, mask, weights = batch()
   if window is not None:
-    weights = tfm.take_window(weights, window[0], window[1])
+    weights = windows.take_window(weights, window[0], window[1])
 
   def loss(st):
     logits, _, _ = nnx.merge(graphdef, st)(tokens, positions, mask,

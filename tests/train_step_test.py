@@ -9,6 +9,7 @@ from flax import nnx
 
 from rspo_jax import models, sharding, train_step as ts
 from rspo_jax.learner import Learner
+from rspo_jax.models import windows
 from rspo_jax.types import Batch
 
 RULES = sharding.DEFAULT_RULES
@@ -220,16 +221,16 @@ def test_response_window_by_hand():
   assert int(on_device(jnp.asarray(m))) == 17
   m[2, 1:40] = 1  # span 39 -> bucket 48 >= T - 1: no window
   assert ts.response_window(m) == 0
-  starts = models.transformer.window_starts(jnp.asarray(m[:2]), 24)
+  starts = windows.window_starts(jnp.asarray(m[:2]), 24)
   np.testing.assert_array_equal(np.asarray(starts), [10, 16])  # 16 = 40 - 24
 
 
 def test_take_and_put_window_by_hand():
   x = jnp.arange(12).reshape(2, 6)
   s = jnp.array([1, 3])
-  w = models.transformer.take_window(x, s, 2)
+  w = windows.take_window(x, s, 2)
   np.testing.assert_array_equal(np.asarray(w), [[1, 2], [9, 10]])
-  back = models.transformer.put_window(w, s, 6)
+  back = windows.put_window(w, s, 6)
   np.testing.assert_array_equal(
       np.asarray(back), [[0, 1, 2, 0, 0, 0], [0, 0, 0, 9, 10, 0]])
 

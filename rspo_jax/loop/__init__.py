@@ -7,6 +7,9 @@
                   collection's statistics and dense rewards
   host_stats.py   means and counts over every host's records
   prefetch.py     overlap: A's next collection during A's update
+  driver.py       the main loop: B's phase when due, A's steps, evaluation,
+                  checkpoints, a loop's end
+  b_phase.py      B := copy(A) and B's k steps on the dense reward
   b_store.py      B's stored collection: B's lift, the reward swap, D
   decoupled_b.py  decoupled placement: B's stored collection on B's own
                   engine beside A's phase

@@ -128,18 +128,9 @@ def run_dtypes(cfg, mcfg) -> dict:
   return out
 
 
-def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
-                      prefill_chunk="config", max_rows="config") -> dict:
-  """The run's bytes per device (``rspo_jax.plan``'s docstring), in GiB
-  for the ``*_GB`` keys. ``layout`` (``resolve_layout``): platform and
-  hosts; a one-host GPU by default."""
-  layout = layout or {
-      "platform": "gpu", "hosts": 1, "devices_per_host": math.prod(
-          mesh_shape),
-      "mesh": dict(zip(("data", "fsdp", "tensor"), mesh_shape))}
-  platform = layout["platform"]
-  x = _dims(mcfg, mesh_shape)
-  p, shard = x["p"], x["shard"]
+def _update_passes(cfg, mcfg, mesh_shape, ways: int, platform: str):
+  """One update's compiled passes: (update rows, micro-batches, the train
+  step's terms, the pi_old pass's, the pi_ref pass's)."""
   seq = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
   window = min(seq - 1, cfg.rollout.max_new_tokens)
   # One optimizer update: its rows in micro-batches of ``train_rows``
@@ -152,12 +143,40 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
   # most micro-batch rows inside one call (``learner.apply_chunks``).
   from rspo_jax.learner import apply_chunks
 
-  chunks = apply_chunks(rows, train_rows(cfg), x["ways"])
+  chunks = apply_chunks(rows, train_rows(cfg), ways)
   old = logprob_bytes(mcfg, mesh_shape, rows, seq, window=window,
                       n_chunks=chunks, platform=platform)
   ref_pass = logprob_bytes(mcfg, mesh_shape, rows, seq, window=window,
                            n_chunks=chunks, param_dtype=mcfg.inference_dtype,
                            platform=platform)
+  return rows, n_micro, train, old, ref_pass
+
+
+def _engine_terms(cfg, mcfg, layout, prefill_chunk, max_rows):
+  """The in-process engine's shapes (None: an SGLang engine) and bytes:
+  (weights, KV cache, prefill scores, second cache), 0 without one."""
+  if cfg.rollout.engine != "jax":
+    return None, (0.0, 0.0, 0.0, 0.0)
+  eng = engine_shapes(cfg, layout, prefill_chunk, max_rows)
+  pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
+                      eng["new"], chunk=eng["chunk"])
+  return eng, (pre["weights"], pre["cache"], pre["scores"], pre["second"])
+
+
+def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
+                      prefill_chunk="config", max_rows="config") -> dict:
+  """The run's bytes per device (``rspo_jax.plan``'s docstring), in GiB
+  for the ``*_GB`` keys. ``layout`` (``resolve_layout``): platform and
+  hosts; a one-host GPU by default."""
+  layout = layout or {
+      "platform": "gpu", "hosts": 1, "devices_per_host": math.prod(
+          mesh_shape),
+      "mesh": dict(zip(("data", "fsdp", "tensor"), mesh_shape))}
+  platform = layout["platform"]
+  x = _dims(mcfg, mesh_shape)
+  p, shard = x["p"], x["shard"]
+  rows, n_micro, train, old, ref_pass = _update_passes(
+      cfg, mcfg, mesh_shape, x["ways"], platform)
 
   state, base = train["state"], train["base"]
   lora_p = x["p_a"]
@@ -174,14 +193,8 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
   prm = (x["c"] * p / prm_shard if cfg.rspo.enabled
          and cfg.rspo.dense_reward == "prm" else 0.0)
   in_process = cfg.rollout.engine == "jax"
-  engine = kv_cache = prefill = second_cache = 0.0
-  eng = None
-  if in_process:
-    eng = engine_shapes(cfg, layout, prefill_chunk, max_rows)
-    pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
-                        eng["new"], chunk=eng["chunk"])
-    engine, kv_cache, prefill = pre["weights"], pre["cache"], pre["scores"]
-    second_cache = pre["second"]
+  eng, (engine, kv_cache, prefill, second_cache) = _engine_terms(
+      cfg, mcfg, layout, prefill_chunk, max_rows)
   # Overlap: the next collection's weights, copied before each update
   # (Learner.frozen_params) when its thread recomputes their log-probs.
   overlap = bool(cfg.rollout.overlap)

@@ -187,7 +187,8 @@ class JaxEngine(Engine):
     if not 0 <= int(pad_id) < cfg.vocab_size:
       raise ValueError(f"pad_id {pad_id} outside vocab [0, {cfg.vocab_size})")
     self._pad_id = int(pad_id)
-    self._eos_ids = self._check_ids(tuple(int(i) for i in eos_ids), "eos_ids")
+    self._eos_ids = _checked_ids(tuple(int(i) for i in eos_ids), "eos_ids",
+                                 cfg.vocab_size)
     for name, b in (
         ("batch_buckets", batch_buckets),
         ("prompt_buckets", prompt_buckets),
@@ -223,7 +224,7 @@ class JaxEngine(Engine):
     self._np_rng = np.random.default_rng(seed)
     self._shape_keys: set = set()
     self._decode_steps = 0
-    self._graphdef, self._params, self._rest = self._split(model)
+    self._graphdef, self._params, self._rest = _split(model)
     self._param_sh = self._rest_sh = None
     if mesh is not None:
       weights = shd.inference_rules(rules)  # whole on each row shard
@@ -299,7 +300,7 @@ class JaxEngine(Engine):
     if isinstance(params_or_path, nnx.State):
       params = _snapshot(params_or_path)
     else:
-      _, params, _ = self._split(params_or_path)
+      _, params, _ = _split(params_or_path)
     _check_same_shapes(self._params, params)
     dtypes = jax.tree.map(lambda old: old.dtype, self._params)
     # The engine's are the only references: dropping them frees the old
@@ -314,21 +315,6 @@ class JaxEngine(Engine):
     else:
       self._params = jax.tree.map(_own_copy, params, dtypes, self._param_sh)
     self._version = int(version)
-
-  def _split(self, model):
-    """(graphdef, params, rest) in fresh Variables: the engine keeps a
-    snapshot, unaffected by later in-place updates of the caller's model."""
-    if isinstance(model, nnx.Module):
-      graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    elif isinstance(model, tuple) and len(model) in (2, 3):
-      graphdef, params = model[0], model[1]
-      rest = model[2] if len(model) == 3 else nnx.State({})
-    else:
-      raise ValueError(
-          "model must be an nnx.Module or a (graphdef, params[, rest]) tuple,"
-          f" got {type(model).__name__}"
-      )
-    return graphdef, _snapshot(params), _snapshot(rest)
 
   def _place(self, tree, shardings):
     """Own copies of the arrays, with the engine's shardings: the trainer
@@ -346,7 +332,9 @@ class JaxEngine(Engine):
           "the engine has no weights: an update_weights call failed after"
           " freeing the old ones; call update_weights again")
     self._check_params(params)
-    rows = [self._check_prompt(p, i) for i, p in enumerate(prompts)]
+    rows = [_checked_prompt(p, i, self._cfg.vocab_size,
+                            self._prompt_buckets[-1])
+            for i, p in enumerate(prompts)]
     if not rows:
       return []
     if params.max_new_tokens == 0:  # nothing to generate (SGLang's answer)
@@ -356,9 +344,9 @@ class JaxEngine(Engine):
     seed = params.seed
     if seed is None:
       seed = int(self._np_rng.integers(0, 2**31 - 1))
-    stop_ids = self._eos_ids + self._check_ids(
-        tuple(int(i) for i in params.stop_token_ids), "stop_token_ids"
-    )
+    stop_ids = self._eos_ids + _checked_ids(
+        tuple(int(i) for i in params.stop_token_ids), "stop_token_ids",
+        self._cfg.vocab_size)
     stop_mask = np.zeros((self._cfg.vocab_size,), np.bool_)
     stop_mask[list(stop_ids)] = True
     stops = self._stop_automaton(params.stop_strings)
@@ -470,29 +458,14 @@ class JaxEngine(Engine):
         active=put(active),
         row_ids=put(row_ids),
     )
-    knobs = _Knobs(
-        seed=jnp.uint32(seed % 2**32),
-        temperature=jnp.float32(params.temperature),
-        top_p=jnp.float32(params.top_p),
-        max_new=jnp.int32(params.max_new_tokens),
-        stop_mask=jnp.asarray(stop_mask),
-        stop_table=None if stops is None else jnp.asarray(stops[0]),
-        stop_len=None if stops is None else jnp.asarray(stops[1]),
-    )
+    knobs = _knobs(seed, params, stop_mask, stops)
     # The spent cache comes back only so the donated input can alias it.
     out = _decode(self._params, self._rest, cache, decode_rows, knobs,
                   slots=nb, static=self._static)
     out_tok, out_lp, out_len, stopped, steps = jax.device_get(
         out[:4] + out[5:])
     self._decode_steps += int(steps)
-    return [
-        GenerationResult(
-            token_ids=np.asarray(out_tok[b, : out_len[b]], np.int32),
-            logprobs=np.asarray(out_lp[b, : out_len[b]], np.float32),
-            finish_reason="stop" if stopped[b] else "length",
-        )
-        for b in range(n)
-    ]
+    return _results(out_tok, out_lp, out_len, stopped, n)
 
   def _chunk_for(self, pb: int) -> int:
     return prefill_block(self._prefill_chunk, pb)
@@ -537,30 +510,63 @@ class JaxEngine(Engine):
           " given to JaxEngine"
       )
 
-  def _check_prompt(self, prompt, i: int) -> list[int]:
-    ids = np.asarray(prompt).reshape(-1)
-    if ids.size == 0:
-      raise ValueError(f"prompt {i} is empty")
-    if not np.issubdtype(ids.dtype, np.integer):
-      raise ValueError(f"prompt {i} holds non-integer ids ({ids.dtype})")
-    if ids.min() < 0 or ids.max() >= self._cfg.vocab_size:
-      raise ValueError(
-          f"prompt {i} has token ids outside [0, {self._cfg.vocab_size})"
-      )
-    if ids.size > self._prompt_buckets[-1]:
-      raise ValueError(
-          f"prompt {i} has {ids.size} tokens, more than the largest prompt"
-          f" bucket {self._prompt_buckets[-1]}"
-      )
-    return ids.astype(np.int32).tolist()
 
-  def _check_ids(self, ids: tuple, what: str) -> tuple:
-    bad = [i for i in ids if not 0 <= i < self._cfg.vocab_size]
-    if bad:
-      raise ValueError(
-          f"{what} {bad} outside vocab [0, {self._cfg.vocab_size})"
+
+# ------------------------------------------------------------ one chunk
+
+
+def _knobs(seed: int, params: SamplingParams, stop_mask, stops) -> _Knobs:
+  """The decode loop's sampling knobs of one chunk, on device."""
+  return _Knobs(
+      seed=jnp.uint32(seed % 2**32),
+      temperature=jnp.float32(params.temperature),
+      top_p=jnp.float32(params.top_p),
+      max_new=jnp.int32(params.max_new_tokens),
+      stop_mask=jnp.asarray(stop_mask),
+      stop_table=None if stops is None else jnp.asarray(stops[0]),
+      stop_len=None if stops is None else jnp.asarray(stops[1]),
+  )
+
+
+def _results(out_tok, out_lp, out_len, stopped, n: int) -> list:
+  """The first ``n`` rows of a decode's outputs as GenerationResults."""
+  return [
+      GenerationResult(
+          token_ids=np.asarray(out_tok[b, : out_len[b]], np.int32),
+          logprobs=np.asarray(out_lp[b, : out_len[b]], np.float32),
+          finish_reason="stop" if stopped[b] else "length",
       )
-    return ids
+      for b in range(n)
+  ]
+
+
+def _checked_prompt(prompt, i: int, vocab_size: int,
+                    max_tokens: int) -> list[int]:
+  """Prompt ``i``'s token ids as a list; ValueError unless it is a
+  non-empty run of ids in [0, vocab_size), at most ``max_tokens`` long."""
+  ids = np.asarray(prompt).reshape(-1)
+  if ids.size == 0:
+    raise ValueError(f"prompt {i} is empty")
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"prompt {i} holds non-integer ids ({ids.dtype})")
+  if ids.min() < 0 or ids.max() >= vocab_size:
+    raise ValueError(
+        f"prompt {i} has token ids outside [0, {vocab_size})"
+    )
+  if ids.size > max_tokens:
+    raise ValueError(
+        f"prompt {i} has {ids.size} tokens, more than the largest prompt"
+        f" bucket {max_tokens}"
+    )
+  return ids.astype(np.int32).tolist()
+
+
+def _checked_ids(ids: tuple, what: str, vocab_size: int) -> tuple:
+  """``ids``; ValueError naming ``what`` unless all lie in the vocab."""
+  bad = [i for i in ids if not 0 <= i < vocab_size]
+  if bad:
+    raise ValueError(f"{what} {bad} outside vocab [0, {vocab_size})")
+  return ids
 
 
 # ------------------------------------------------------------ stop strings
@@ -620,6 +626,22 @@ def _own_copy(new, dtype, sharding):
   array no one else holds: copied unless the cast made a new one."""
   cast = new.astype(dtype)
   return jax.device_put(cast, sharding, may_alias=cast is not new)
+
+
+def _split(model):
+  """(graphdef, params, rest) in fresh Variables: the engine keeps a
+  snapshot, unaffected by later in-place updates of the caller's model."""
+  if isinstance(model, nnx.Module):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  elif isinstance(model, tuple) and len(model) in (2, 3):
+    graphdef, params = model[0], model[1]
+    rest = model[2] if len(model) == 3 else nnx.State({})
+  else:
+    raise ValueError(
+        "model must be an nnx.Module or a (graphdef, params[, rest]) tuple,"
+        f" got {type(model).__name__}"
+    )
+  return graphdef, _snapshot(params), _snapshot(rest)
 
 
 def _snapshot(state):

@@ -656,21 +656,7 @@ class SGLangClient(Engine):
 
   def _adapter_one(self, url, adapter_dir, name, base_dir, retries):
     # The adapter first: a server that refuses it gets no base either.
-    try:
-      answer = self._call(url, "POST", "/load_lora_adapter",
-                          make_adapter_request(name, adapter_dir),
-                          retries=retries)
-    except SGLangRequestError as e:
-      if "already loaded" not in str(e):  # else: a retry after a lost answer
-        raise SGLangAdapterRefused(
-            f"{url} refused LoRA adapter {adapter_dir} ({e}); start the"
-            " servers with --enable-lora --max-lora-rank R"
-            " --lora-target-modules ... or set"
-            " rollout.sglang_lora_sync=merged") from e
-      answer = {"success": True}
-    if not isinstance(answer, dict) or answer.get("success") is not True:
-      raise SGLangAdapterRefused(f"{url}/load_lora_adapter: answered"
-                                 f" {answer!r}")
+    answer = _load_adapter(self._call, url, name, adapter_dir, retries)
     info = self._call(url, "GET", "/model_info", None, retries=retries)
     got = info.get("weight_version") if isinstance(info, dict) else info
     if str(got) != self.base_version:  # first sync, or it restarted
@@ -766,3 +752,23 @@ def _http(url: str, method: str, body, timeout_s: float) -> tuple[int, str]:
       return resp.status, resp.read().decode("utf-8", "replace")
   except urllib.error.HTTPError as e:
     return e.code, e.read().decode("utf-8", "replace")
+
+
+def _load_adapter(call, url, name, adapter_dir, retries) -> dict:
+  """``POST /load_lora_adapter`` through ``call`` (``SGLangClient._call``):
+  the server's answer, or SGLangAdapterRefused."""
+  try:
+    answer = call(url, "POST", "/load_lora_adapter",
+                  make_adapter_request(name, adapter_dir), retries=retries)
+  except SGLangRequestError as e:
+    if "already loaded" not in str(e):  # else: a retry after a lost answer
+      raise SGLangAdapterRefused(
+          f"{url} refused LoRA adapter {adapter_dir} ({e}); start the"
+          " servers with --enable-lora --max-lora-rank R"
+          " --lora-target-modules ... or set"
+          " rollout.sglang_lora_sync=merged") from e
+    answer = {"success": True}
+  if not isinstance(answer, dict) or answer.get("success") is not True:
+    raise SGLangAdapterRefused(f"{url}/load_lora_adapter: answered"
+                               f" {answer!r}")
+  return answer
