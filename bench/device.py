@@ -289,7 +289,8 @@ def paper_train(cfg, mesh, run, peak_flops, out, label):
   def one():
     # F821: pyflakes sees the later `del holder, compiled`; one() runs before.
     holder[0], last["metrics"] = compiled(  # noqa: F821
-        holder[0], batch, key, frozen)  # noqa: F821
+        holder[0], batch, key, frozen  # noqa: F821
+    )
     return last["metrics"]
 
   t = _common.time_calls(one, iters=run["iters"], sync=jax.block_until_ready)

@@ -421,8 +421,9 @@ def test_warm_start_replies_state_the_thought(cache_dir):
     assert len(eps) == 2
     replies = [r for _, r in warm_start.episode_texts(eps, "alfworld", 2)]
     parsed = [re.fullmatch(
-        r"<think>(?:\w+(?: \d+)? (is here|is not here)|(put) .+|(next step))"
-        r"</think><action>(.+)</action>", r) for r in replies]
+        r"<think>(?:\w+(?: \d+)? (is here|is not here)"
+        r"|(put) .+|(next step))</think><action>(.+)</action>", r)
+              for r in replies]
     assert all(parsed), replies
     assert {next(g for g in m.groups() if g) for m in parsed} == thoughts
     assert [m[4] for m in parsed] == [a for e in eps for _, a in e]

@@ -75,7 +75,8 @@ PRODUCT_TYPES = (
        "Antiperspirants › Deodorant",
        "sensitive skin, aluminum free, long lasting, natural ingredients, "
        "cruelty free, baking soda free, travel size",
-       {"scent": "bright citrus, cedarwood, rose, fresh cucumber, unscented",
+       {"scent": "bright citrus, cedarwood, rose, fresh cucumber,"
+                  " unscented",
         "size": "2.65 ounce (pack of 1), 3 ounce (pack of 2)"},
        (5.0, 24.0), ("All Day Protection", "Stick")),
     _t("beauty", "nail polish", "Nail Polish",
