@@ -1,5 +1,7 @@
 """Alfworld x GRPO: RSPO on top of GRPO (`:rspo=0` for the baseline).
 
+At CPU scale, and at the paper's with a paper model preset:
+
   python launch/train.py --config=configs/alfworld_grpo.py
   python launch/train.py --config=configs/alfworld_grpo.py:model=qwen2.5-1.5b
 """

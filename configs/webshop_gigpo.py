@@ -1,5 +1,7 @@
 """Webshop x GIGPO: RSPO on top of GIGPO (`:rspo=0` for the baseline).
 
+At CPU scale, and at the paper's with a paper model preset:
+
   python launch/train.py --config=configs/webshop_gigpo.py
   python launch/train.py --config=configs/webshop_gigpo.py:model=qwen2.5-1.5b
 """

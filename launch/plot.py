@@ -202,6 +202,8 @@ def aggregate_runs(
 ) -> Curve:
   """Mean of several runs on their common x grid, with a band.
 
+  Run i's points are (x_i, ys_i):
+
     grid  = union of the runs' x in [max_i min x_i, min_i max x_i]
     y_i   = interp(grid, x_i, ys_i)
     mean  = mean_i y_i

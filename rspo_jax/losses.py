@@ -465,6 +465,8 @@ def ppo_clip_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """PPO's clipped loss: :func:`shifted_clip_loss` with pi_B = pi_old.
 
+  Per token and over the batch:
+
     r = pi_theta / pi_old,
     loss = -agg(min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)).
   """

@@ -107,7 +107,9 @@ class MetricsWriter:
 
 
 def wandb_settings(cfg) -> dict:
-  """``metrics.wandb_*`` of a config::
+  """The W&B settings of a config.
+
+  Its keys ``metrics.wandb_*``::
 
     metrics.wandb_project  ''  = off
     metrics.wandb_entity   ''  = the account's default entity

@@ -1,5 +1,7 @@
 """LoRA (rspo_jax/models/lora.py, issue 39): adapters on a frozen base.
 
+What holds:
+
   * fresh adapters (B = 0): the LoRA model's logits equal its base's bit for
     bit (float32, and bfloat16 compute with the base stored in bfloat16);
   * merged weights (W + (alpha / r) A B) give the LoRA model's outputs, and

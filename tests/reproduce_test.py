@@ -131,7 +131,7 @@ def test_ablations_cli_is_reproduce_grid_ablations(tmp_path, capsys):
 
 def test_no_experiments_module_imports_one_that_imports_it_back():
   """experiments/'s imports (top level or in functions) form no cycle; a
-package (report/) is one node, its files' imports together."""
+  package (report/) is one node, its files' imports together."""
   folder = os.path.join(ROOT, "experiments")
   files = {f[:-3]: [os.path.join(folder, f)] for f in os.listdir(folder)
            if f.endswith(".py")}

@@ -207,7 +207,8 @@ def base_of(variant: str) -> str:
 
 
 def _versus(cell: dict) -> str:
-  """" vs <label>" after a "− base" number not taken against GiGPO."""
+  """The suffix " vs <label>" after a "− base" number not taken against
+  GiGPO."""
   base = cell["base"]
   return "" if base in (None, "baseline") else f" vs {LABELS[base]}"
 

@@ -1,5 +1,7 @@
 """Every random stream of the RSPO loop, by role and step, in one place.
 
+Each stream, its seed and what it decides:
+
   task draws        numpy generator seeded ``[seed, 1, collection]``: the
                     tasks of collection number ``collection``
   replay choice     numpy generator seeded ``[seed, 4, a_steps]``: which
