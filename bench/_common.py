@@ -37,15 +37,17 @@ def force_host_devices(n: Optional[int]) -> None:
   if "jax" in sys.modules:
     raise ValueError("force_host_devices(n) must run before jax is imported")
   flag = f"--xla_force_host_platform_device_count={int(n)}"
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  flags = [
+      f
+      for f in os.environ.get("XLA_FLAGS", "").split()
+      if not f.startswith("--xla_force_host_platform_device_count")
+  ]
   os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
 
 
 def emit(row: dict, stream=None) -> None:
   """Prints one JSON line (the benchmarks' only output format)."""
-  print(json.dumps(row, sort_keys=False), file=stream or sys.stdout,
-        flush=True)
+  print(json.dumps(row, sort_keys=False), file=stream or sys.stdout, flush=True)
 
 
 def peak_rss_mb() -> float:
@@ -141,16 +143,18 @@ def attention_pairs(seq_len: int, fused: bool) -> float:
   return seq_len * seq_len / 2 if fused else float(seq_len * seq_len)
 
 
-def model_train_flops(shape: dict, rows: int, seq_len: int,
-                      window: int) -> float:
+def model_train_flops(
+    shape: dict, rows: int, seq_len: int, window: int
+) -> float:
   """The useful FLOPs of one train step (above): 3 * (blocks + head +
   attn(S^2 / 2)) per row."""
   blocks, head, attn = _train_terms(shape, seq_len, window)
   return rows * 3.0 * (blocks + head + attn(seq_len * seq_len / 2))
 
 
-def executed_train_flops(shape: dict, rows: int, seq_len: int, window: int,
-                         *, remat, fused: bool) -> float:
+def executed_train_flops(
+    shape: dict, rows: int, seq_len: int, window: int, *, remat, fused: bool
+) -> float:
   """The FLOPs one train step executes (above): remat's second forward of
   each block ('full'; 'dots' recomputes only the attention's dots, the
   weight matmuls' outputs are kept; 'none' nothing; the old bools read as
@@ -168,13 +172,15 @@ def _train_terms(shape: dict, seq_len: int, window: int):
   head_params = shape["vocab_size"] * shape["hidden_size"]
   blocks = 2.0 * (matmul_params(shape) - head_params) * seq_len
   head = 2.0 * head_params * (window or seq_len)
-  per_pair = 4.0 * shape["num_layers"] * shape["num_heads"] * shape[
-      "head_dim"]
+  per_pair = 4.0 * shape["num_layers"] * shape["num_heads"] * shape["head_dim"]
   return blocks, head, lambda pairs: per_pair * pairs
 
 
-def ratio(ours: Optional[float], theirs: Optional[float],
-          higher_is_better: bool = True) -> Optional[float]:
+def ratio(
+    ours: Optional[float],
+    theirs: Optional[float],
+    higher_is_better: bool = True,
+) -> Optional[float]:
   """ours / theirs for rates (>1 = we are better), theirs / ours for costs
   such as memory, so a ratio above 1 always favours us."""
   if not ours or not theirs:
@@ -183,8 +189,16 @@ def ratio(ours: Optional[float], theirs: Optional[float],
   return round(r, 3)
 
 
-def policy_batch(rows: int, prompt_len: int, resp_len: int, vocab: int,
-                 *, n_off: int = 0, n_pad: int = 0, seed: int = 0):
+def policy_batch(
+    rows: int,
+    prompt_len: int,
+    resp_len: int,
+    vocab: int,
+    *,
+    n_off: int = 0,
+    n_pad: int = 0,
+    seed: int = 0,
+):
   """A random ``types.Batch`` of ``rows`` x (prompt + response) tokens.
 
   Every token is real; ``loss_mask`` is 1 on the response; the last
@@ -199,8 +213,10 @@ def policy_batch(rows: int, prompt_len: int, resp_len: int, vocab: int,
   if not 0 <= n_off <= rows:
     raise ValueError(f"policy_batch: n_off={n_off} outside [0, rows={rows}]")
   if not 0 <= n_pad <= rows - n_off:
-    raise ValueError(f"policy_batch: n_pad={n_pad} outside"
-                     f" [0, rows - n_off = {rows - n_off}]")
+    raise ValueError(
+        f"policy_batch: n_pad={n_pad} outside"
+        f" [0, rows - n_off = {rows - n_off}]"
+    )
   rng = np.random.default_rng(seed)
   t = prompt_len + resp_len
   tokens = rng.integers(0, vocab, size=(rows, t)).astype(np.int32)
@@ -212,13 +228,22 @@ def policy_batch(rows: int, prompt_len: int, resp_len: int, vocab: int,
   base = -float(np.log(vocab))
   old = (base + 0.1 * rng.normal(size=(rows, t))).astype(np.float32)
   off = np.zeros(rows, bool)
-  off[rows - n_off:] = True
+  off[rows - n_off :] = True
   beh = old + np.where(off[:, None], 0.05, 0.0).astype(np.float32)
   zeros = np.zeros_like(old)
-  batch = Batch(tokens=tokens, positions=positions, attention_mask=attn,
-                loss_mask=loss_mask, advantages=adv, old_logp=old,
-                ref_logp=old - 0.01, behavior_logp=beh, returns=zeros,
-                old_values=zeros, is_offpolicy=off)
+  batch = Batch(
+      tokens=tokens,
+      positions=positions,
+      attention_mask=attn,
+      loss_mask=loss_mask,
+      advantages=adv,
+      old_logp=old,
+      ref_logp=old - 0.01,
+      behavior_logp=beh,
+      returns=zeros,
+      old_values=zeros,
+      is_offpolicy=off,
+  )
   for x in batch:
     x[:n_pad] = 0
   return batch
@@ -243,15 +268,18 @@ def word_tokenizer(vocab_size: int, out_dir: str):
   tok = Tokenizer(tk_models.WordLevel(vocab, unk_token="<pad>"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   fast = PreTrainedTokenizerFast(
-      tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+      tokenizer_object=tok,
+      pad_token="<pad>",
+      eos_token="<eos>",
       unk_token="<pad>",
   )
   fast.save_pretrained(out_dir)
   return fast
 
 
-def prompt_ids(n: int, length: int, vocab_size: int, *, group: int = 1,
-               seed: int = 0) -> list[list[int]]:
+def prompt_ids(
+    n: int, length: int, vocab_size: int, *, group: int = 1, seed: int = 0
+) -> list[list[int]]:
   """``n`` prompts of ``length`` ids in [2, vocab); each distinct prompt is
   repeated ``group`` times in a row (GRPO groups share a prompt)."""
   import numpy as np

@@ -30,8 +30,9 @@ from rspo_jax.learner import Learner
 from rspo_jax.rollout.engine import SamplingParams
 from rspo_jax.rollout.jax_engine import JaxEngine
 
-LOSS = ts.PolicyLossConfig(alpha=0.125, clip_eps=0.2, kl_coef=0.01,
-                           entropy_coef=0.001)
+LOSS = ts.PolicyLossConfig(
+    alpha=0.125, clip_eps=0.2, kl_coef=0.01, entropy_coef=0.001
+)
 
 
 def model_config(shape: dict):
@@ -42,9 +43,12 @@ def make_engine(module, cfg) -> JaxEngine:
   """The engine as the run builds it (``build.make_engine``: the inference
   copy, unrolled for a scanned model). No stop ids: every row generates
   exactly resp_len tokens, as the peers."""
-  return JaxEngine(build.inference_model(module, cfg),
-                   build.engine_config(cfg), pad_id=_common.PAD_ID,
-                   eos_ids=())
+  return JaxEngine(
+      build.inference_model(module, cfg),
+      build.engine_config(cfg),
+      pad_id=_common.PAD_ID,
+      eos_ids=(),
+  )
 
 
 def with_logps(learner: Learner, batch, ref_params):
@@ -62,11 +66,13 @@ def rollout_batch(prompts, results, base):
   attn = np.zeros(base.tokens.shape, np.int32)
   for i, (pr, res) in enumerate(zip(prompts, results)):
     n = min(len(res.token_ids), r)
-    tokens[i, :p], tokens[i, p:p + n] = pr, res.token_ids[:n]
-    attn[i, :p + n] = 1
+    tokens[i, :p], tokens[i, p : p + n] = pr, res.token_ids[:n]
+    attn[i, : p + n] = 1
   loss_mask = base.loss_mask * attn
   return base._replace(
-      tokens=tokens, attention_mask=attn, loss_mask=loss_mask,
+      tokens=tokens,
+      attention_mask=attn,
+      loss_mask=loss_mask,
       positions=np.maximum(np.cumsum(attn, 1) - 1, 0).astype(np.int32),
       advantages=base.advantages * attn,
   )
@@ -75,20 +81,27 @@ def rollout_batch(prompts, results, base):
 def task_train(args, shape):
   cfg = model_config(shape)
   mesh = sharding.make_mesh((1, 1, 1))
-  learner = Learner(models.create_model(cfg, seed=0), ts.make_optimizer(1e-6),
-                    ts.make_policy_loss(LOSS), mesh=mesh,
-                    rules=sharding.DEFAULT_RULES)
+  learner = Learner(
+      models.create_model(cfg, seed=0),
+      ts.make_optimizer(1e-6),
+      ts.make_policy_loss(LOSS),
+      mesh=mesh,
+      rules=sharding.DEFAULT_RULES,
+  )
   ref_params = learner.frozen_params()
   rows, p, r = args.rows, args.prompt_len, args.resp_len
-  batch = _common.policy_batch(rows, p, r, cfg.vocab_size,
-                               n_off=max(rows // 8, 1))
+  batch = _common.policy_batch(
+      rows, p, r, cfg.vocab_size, n_off=max(rows // 8, 1)
+  )
   key = jax.random.key(0)
-  update = _common.time_calls(lambda: learner.train(batch, key),
-                              iters=args.iters)
+  update = _common.time_calls(
+      lambda: learner.train(batch, key), iters=args.iters
+  )
   logp = _common.time_calls(lambda: learner.apply(batch), iters=args.iters)
   full = _common.time_calls(
       lambda: learner.train(with_logps(learner, batch, ref_params), key),
-      iters=args.iters, warmup=0,
+      iters=args.iters,
+      warmup=0,
   )
   if args.profile_dir:
     with jax.profiler.trace(str(Path(args.profile_dir) / "ours_train")):
@@ -106,9 +119,16 @@ def task_train(args, shape):
     return learner.train(b, key)
 
   rl = _common.time_calls(rl_step, iters=args.iters)
-  peer.report_train(shape, rows=rows, seq_len=p + r, logp=logp,
-                       update=update, train=full, rl=rl,
-                       first_s=update["first_s"])
+  peer.report_train(
+      shape,
+      rows=rows,
+      seq_len=p + r,
+      logp=logp,
+      update=update,
+      train=full,
+      rl=rl,
+      first_s=update["first_s"],
+  )
 
 
 def task_gen(args, shape):
@@ -117,10 +137,10 @@ def task_gen(args, shape):
 
   def make_generate(n):
     engine = make_engine(module, cfg)
-    prompts = _common.prompt_ids(n, args.prompt_len, cfg.vocab_size,
-                                 seed=n)
-    sp = SamplingParams(temperature=1.0, top_p=1.0,
-                        max_new_tokens=args.resp_len, seed=0)
+    prompts = _common.prompt_ids(n, args.prompt_len, cfg.vocab_size, seed=n)
+    sp = SamplingParams(
+        temperature=1.0, top_p=1.0, max_new_tokens=args.resp_len, seed=0
+    )
 
     def generate():
       out = engine.generate(prompts, sp)
@@ -138,9 +158,12 @@ def task_gen(args, shape):
 
 
 def main(argv=None):
-  peer.main(__doc__, {"train": task_train, "gen": task_gen,
-                      "matmul": peer.jax_matmul_task},
-            argv, wall_to_stderr=True)
+  peer.main(
+      __doc__,
+      {"train": task_train, "gen": task_gen, "matmul": peer.jax_matmul_task},
+      argv,
+      wall_to_stderr=True,
+  )
 
 
 if __name__ == "__main__":

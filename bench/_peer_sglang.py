@@ -20,7 +20,8 @@ import _peer_template as peer
 
 def _post(url: str, payload: dict, timeout: float = 600.0):
   req = urllib.request.Request(
-      url, data=json.dumps(payload).encode(),
+      url,
+      data=json.dumps(payload).encode(),
       headers={"Content-Type": "application/json"},
   )
   with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -33,24 +34,34 @@ def task_gen(args, shape):
     info = json.loads(resp.read())
 
   def make_generate(n):
-    prompts = _common.prompt_ids(n, args.prompt_len, shape["vocab_size"],
-                                 seed=n)
+    prompts = _common.prompt_ids(
+        n, args.prompt_len, shape["vocab_size"], seed=n
+    )
 
     def generate():
-      out = _post(url + "/generate", {
-          "input_ids": prompts,
-          "sampling_params": {"temperature": 1.0, "top_p": 1.0,
-                              "max_new_tokens": args.resp_len,
-                              "ignore_eos": True},
-          "return_logprob": True,
-      })
+      out = _post(
+          url + "/generate",
+          {
+              "input_ids": prompts,
+              "sampling_params": {
+                  "temperature": 1.0,
+                  "top_p": 1.0,
+                  "max_new_tokens": args.resp_len,
+                  "ignore_eos": True,
+              },
+              "return_logprob": True,
+          },
+      )
       return sum(len(o["meta_info"]["output_token_logprobs"]) for o in out)
 
     return generate
 
   peer.generation_task(
-      args, make_generate, peak_rss=False,
-      fields=lambda t: {"model_path": info.get("model_path")})
+      args,
+      make_generate,
+      peak_rss=False,
+      fields=lambda t: {"model_path": info.get("model_path")},
+  )
 
 
 def gen_with_url_only(args):

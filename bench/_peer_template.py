@@ -34,19 +34,24 @@ from typing import Callable, Iterable, Optional
 import _common
 
 
-def metric(name: str, value, unit: str, *, better: str = "higher",
-           **extra) -> None:
+def metric(
+    name: str, value, unit: str, *, better: str = "higher", **extra
+) -> None:
   if better not in ("higher", "lower"):
     raise ValueError(f"metric {name!r}: better must be higher/lower")
-  _common.emit({"metric": name, "value": value, "unit": unit,
-                "better": better, **extra})
+  _common.emit(
+      {"metric": name, "value": value, "unit": unit, "better": better, **extra}
+  )
 
 
 def worker_parser(description: str) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=description)
   p.add_argument("--task", required=True, choices=("train", "gen", "matmul"))
-  p.add_argument("--shape", default="{}",
-                 help="JSON dict of the model shape (see compare.py)")
+  p.add_argument(
+      "--shape",
+      default="{}",
+      help="JSON dict of the model shape (see compare.py)",
+  )
   p.add_argument("--rows", type=int, default=16)
   p.add_argument("--group", type=int, default=8)
   p.add_argument("--prompt_len", type=int, default=256)
@@ -56,26 +61,39 @@ def worker_parser(description: str) -> argparse.ArgumentParser:
   p.add_argument("--matmul_n", type=int, default=2048)
   p.add_argument("--url", default="", help="SGLang server URL")
   p.add_argument("--profile_dir", default="")
-  p.add_argument("--torch_threads", type=int, default=0,
-                 help="torch intra-op threads (TRL worker; 0 = torch's)")
+  p.add_argument(
+      "--torch_threads",
+      type=int,
+      default=0,
+      help="torch intra-op threads (TRL worker; 0 = torch's)",
+  )
   return p
 
 
 def parse_shape(text: str) -> dict:
   shape = json.loads(text)
-  need = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-          "num_heads", "num_kv_heads", "head_dim")
+  need = (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+  )
   missing = [k for k in need if k not in shape]
   if missing:
     raise ValueError(f"--shape lacks {missing}")
   return shape
 
 
-def main(doc: str, tasks: dict[str, Callable[[argparse.Namespace, dict],
-                                              None]],
-         argv: Optional[list[str]] = None,
-         setup: Optional[Callable[[argparse.Namespace], None]] = None,
-         wall_to_stderr: bool = False) -> None:
+def main(
+    doc: str,
+    tasks: dict[str, Callable[[argparse.Namespace, dict], None]],
+    argv: Optional[list[str]] = None,
+    setup: Optional[Callable[[argparse.Namespace], None]] = None,
+    wall_to_stderr: bool = False,
+) -> None:
   """Runs one worker: flags described by the first line of its docstring
   ``doc``, ``setup(args)`` (a check, thread counts), ``--shape`` parsed
   unless the task is matmul, then ``tasks[args.task](args, shape)``. With
@@ -88,8 +106,9 @@ def main(doc: str, tasks: dict[str, Callable[[argparse.Namespace, dict],
   shape = parse_shape(args.shape) if args.task != "matmul" else {}
   tasks[args.task](args, shape)
   if wall_to_stderr:
-    _common.emit({"worker_wall_s": round(time.perf_counter() - t0, 1)},
-                 stream=sys.stderr)
+    _common.emit(
+        {"worker_wall_s": round(time.perf_counter() - t0, 1)}, stream=sys.stderr
+    )
 
 
 def batch_sizes(args: argparse.Namespace) -> Iterable[int]:
@@ -126,29 +145,56 @@ def generation_task(
     t = _common.time_calls(run, iters=args.iters)
     if after is not None:
       after(n, generate)
-    metric(f"generate_b{n}", count[0] / t["median_s"], "new tokens/s",
-           seconds=t["median_s"], **fields(t))
+    metric(
+        f"generate_b{n}",
+        count[0] / t["median_s"],
+        "new tokens/s",
+        seconds=t["median_s"],
+        **fields(t),
+    )
     metric(f"first_generate_call_b{n}", t["first_s"], "s", better="lower")
   if peak_rss:
     metric("peak_rss_gen", _common.peak_rss_mb(), "MiB", better="lower")
 
 
-def report_train(shape: dict, *, rows: int, seq_len: int, logp: dict,
-                 update: dict, train: dict, rl: Optional[dict],
-                 first_s: Optional[float]) -> None:
+def report_train(
+    shape: dict,
+    *,
+    rows: int,
+    seq_len: int,
+    logp: dict,
+    update: dict,
+    train: dict,
+    rl: Optional[dict],
+    first_s: Optional[float],
+) -> None:
   """The train-task metrics every peer reports. ``logp``, ``update``,
   ``train`` (pi_old + pi_ref log-probs + update) and ``rl`` (with
   generation) are ``{'median_s': wall s, 'cpu_s': process CPU s}``."""
   tokens = rows * seq_len
-  for name, t in (("train_step", train), ("update", update),
-                  ("logprob_forward", logp), ("rl_step_with_generation", rl)):
+  for name, t in (
+      ("train_step", train),
+      ("update", update),
+      ("logprob_forward", logp),
+      ("rl_step_with_generation", rl),
+  ):
     if t:
-      metric(name, tokens / t["median_s"], "tokens/s",
-             seconds=round(t["median_s"], 4), cpu_s=t.get("cpu_s"))
-  gflops = (_common.train_flops(shape, tokens, seq_len) / update["median_s"]
-            / 1e9)
-  metric("update_gflops", gflops, "GFLOP/s",
-         formula="6*N_mm*tokens + 12*L*H*Dh*S*tokens")
+      metric(
+          name,
+          tokens / t["median_s"],
+          "tokens/s",
+          seconds=round(t["median_s"], 4),
+          cpu_s=t.get("cpu_s"),
+      )
+  gflops = (
+      _common.train_flops(shape, tokens, seq_len) / update["median_s"] / 1e9
+  )
+  metric(
+      "update_gflops",
+      gflops,
+      "GFLOP/s",
+      formula="6*N_mm*tokens + 12*L*H*Dh*S*tokens",
+  )
   if first_s is not None:
     metric("first_update_call", first_s, "s", better="lower")
   metric("peak_rss_train", _common.peak_rss_mb(), "MiB", better="lower")
@@ -160,8 +206,7 @@ def add_times(*timings: dict) -> dict:
 
 
 def median_times(wall: list, cpu: list) -> dict:
-  return {"median_s": statistics.median(wall),
-          "cpu_s": statistics.median(cpu)}
+  return {"median_s": statistics.median(wall), "cpu_s": statistics.median(cpu)}
 
 
 def jax_matmul_task(args: argparse.Namespace, _shape=None) -> None:
@@ -174,7 +219,14 @@ def jax_matmul_task(args: argparse.Namespace, _shape=None) -> None:
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
   dot = jax.jit(jnp.dot)
-  t = _common.time_calls(lambda: dot(a, b), iters=max(args.iters, 5),
-                         sync=jax.block_until_ready)
-  metric("peak_matmul", 2 * n**3 / t["min_s"] / 1e9, "GFLOP/s",
-         n=n, dtype="float32", framework="jax " + jax.__version__)
+  t = _common.time_calls(
+      lambda: dot(a, b), iters=max(args.iters, 5), sync=jax.block_until_ready
+  )
+  metric(
+      "peak_matmul",
+      2 * n**3 / t["min_s"] / 1e9,
+      "GFLOP/s",
+      n=n,
+      dtype="float32",
+      framework="jax " + jax.__version__,
+  )

@@ -38,8 +38,9 @@ def cpu_kwargs() -> dict:
   return dict(scales.CPU["env.kwargs"]["alfworld"])
 
 
-def play(tasks: int, group: int, turns: int, split: str, seed: int,
-         env_factory=None) -> dict:
+def play(
+    tasks: int, group: int, turns: int, split: str, seed: int, env_factory=None
+) -> dict:
   """Resets ``tasks * group`` instances and steps them ``turns`` times."""
   make = env_factory or (lambda: AlfWorldEnv(**cpu_kwargs()))
   envs = [make() for _ in range(tasks * group)]
@@ -68,11 +69,16 @@ def play(tasks: int, group: int, turns: int, split: str, seed: int,
         resets += 1
   for env in envs:
     env.close()
-  return dict(resets=resets, steps=steps, wins=wins,
-              reset_s=round(reset_s, 4), step_s=round(step_s, 4),
-              reset_ms=round(1e3 * reset_s / resets, 3),
-              step_ms=round(1e3 * step_s / steps, 3),
-              turn_ms=round(1e3 * (reset_s + step_s) / steps, 3))
+  return dict(
+      resets=resets,
+      steps=steps,
+      wins=wins,
+      reset_s=round(reset_s, 4),
+      step_s=round(step_s, 4),
+      reset_ms=round(1e3 * reset_s / resets, 3),
+      step_ms=round(1e3 * step_s / steps, 3),
+      turn_ms=round(1e3 * (reset_s + step_s) / steps, 3),
+  )
 
 
 def main(argv=None):
@@ -86,9 +92,19 @@ def main(argv=None):
   args = parser.parse_args(argv)
   for _ in range(args.repeats):
     row = play(args.tasks, args.group, args.turns, args.split, args.seed)
-    print(json.dumps(dict(bench="alfworld_env_profile", split=args.split,
-                          tasks=args.tasks, group=args.group,
-                          turns=args.turns, **row)), flush=True)
+    print(
+        json.dumps(
+            dict(
+                bench="alfworld_env_profile",
+                split=args.split,
+                tasks=args.tasks,
+                group=args.group,
+                turns=args.turns,
+                **row,
+            )
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

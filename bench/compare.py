@@ -49,41 +49,74 @@ import _common
 
 HERE = Path(__file__).resolve().parent
 SHAPE_NAMES = {"tiny": "qwen2-3.5m", "small-25m": "qwen2-25m"}
-PEER_LABELS = {"ours": "rspo_jax", "tunix": "Tunix", "trl": "TRL",
-               "sglang": "SGLang"}
+PEER_LABELS = {
+    "ours": "rspo_jax",
+    "tunix": "Tunix",
+    "trl": "TRL",
+    "sglang": "SGLang",
+}
 
 
 def shape_of(preset: str) -> dict:
   from rspo_jax import models
 
   cfg = models.get_model_config(preset)
-  keys = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-          "num_heads", "num_kv_heads", "head_dim", "rope_theta",
-          "rms_norm_eps", "tie_word_embeddings")
+  keys = (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "rope_theta",
+      "rms_norm_eps",
+      "tie_word_embeddings",
+  )
   shape = {k: getattr(cfg, k) for k in keys}
   shape.update(preset=preset, params=cfg.num_params())
   return shape
 
 
-def run_worker(python: str, peer: str, task: str, args, shape=None,
-               extra=()) -> list[dict]:
+def run_worker(
+    python: str, peer: str, task: str, args, shape=None, extra=()
+) -> list[dict]:
   """Runs one worker; its metric lines, or one {'error'} line."""
-  cmd = [python, str(HERE / f"_peer_{peer}.py"), "--task", task,
-         "--rows", str(args.rows), "--group", str(args.group),
-         "--iters", str(args.iters), "--gen_batches", args.gen_batches,
-         *extra]
+  cmd = [
+      python,
+      str(HERE / f"_peer_{peer}.py"),
+      "--task",
+      task,
+      "--rows",
+      str(args.rows),
+      "--group",
+      str(args.group),
+      "--iters",
+      str(args.iters),
+      "--gen_batches",
+      args.gen_batches,
+      *extra,
+  ]
   if shape is not None:
     cmd += ["--shape", json.dumps(shape)]
   env = dict(os.environ)
   if peer == "trl" and args.torch_threads:
     cmd += ["--torch_threads", str(args.torch_threads)]
-    env.update(OMP_NUM_THREADS=str(args.torch_threads),
-               MKL_NUM_THREADS=str(args.torch_threads))
+    env.update(
+        OMP_NUM_THREADS=str(args.torch_threads),
+        MKL_NUM_THREADS=str(args.torch_threads),
+    )
   load0 = _common.load_average()
   t0 = time.perf_counter()
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=args.worker_timeout, check=False)
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=args.worker_timeout,
+        check=False,
+    )
   except subprocess.TimeoutExpired:
     return [{"error": f"timeout after {args.worker_timeout} s"}]
   wall = round(time.perf_counter() - t0, 1)
@@ -115,8 +148,11 @@ def compare_rows(results: dict, shape_name: str, peak: float) -> list[dict]:
         continue
       up = mine["better"] == "higher"
       row = {
-          "metric": name, "shape": shape_name, "peer": peer,
-          "ours": _round(mine["value"]), "theirs": _round(other["value"]),
+          "metric": name,
+          "shape": shape_name,
+          "peer": peer,
+          "ours": _round(mine["value"]),
+          "theirs": _round(other["value"]),
           "unit": mine["unit"],
           "ratio": _common.ratio(mine["value"], other["value"], up),
       }
@@ -125,12 +161,17 @@ def compare_rows(results: dict, shape_name: str, peak: float) -> list[dict]:
       out.append(row)
     mine, other = ours.get("update_gflops"), theirs.get("update_gflops")
     if mine and other and peak:
-      out.append({
-          "metric": "update_frac_of_peak", "shape": shape_name,
-          "peer": peer, "ours": round(mine["value"] / peak, 3),
-          "theirs": round(other["value"] / peak, 3), "unit": "fraction",
-          "ratio": _common.ratio(mine["value"], other["value"]),
-      })
+      out.append(
+          {
+              "metric": "update_frac_of_peak",
+              "shape": shape_name,
+              "peer": peer,
+              "ours": round(mine["value"] / peak, 3),
+              "theirs": round(other["value"] / peak, 3),
+              "unit": "fraction",
+              "ratio": _common.ratio(mine["value"], other["value"]),
+          }
+      )
   return out
 
 
@@ -140,16 +181,16 @@ def _round(x):
 
 def markdown(rows: list[dict], header: str) -> str:
   """One table per shape: metric | unit | ours | peer | ratio ... ."""
-  peers = [p for p in ("tunix", "trl", "sglang")
-           if any(r["peer"] == p for r in rows)]
+  peers = [
+      p for p in ("tunix", "trl", "sglang") if any(r["peer"] == p for r in rows)
+  ]
   lines = [header, ""]
   for shape in dict.fromkeys(r["shape"] for r in rows):
     lines += [f"### {shape}", ""]
     cols = ["metric", "unit", "rspo_jax"]
     for p in peers:
       cols += [PEER_LABELS[p], f"ratio vs {PEER_LABELS[p]}"]
-    lines += ["| " + " | ".join(cols) + " |",
-              "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     table = {}
     for r in rows:
       if r["shape"] == shape:
@@ -175,31 +216,45 @@ def _fmt(x) -> str:
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--quick", action="store_true",
-                 help="'tiny' shape only, 2 timed iterations")
+  p.add_argument(
+      "--quick",
+      action="store_true",
+      help="'tiny' shape only, 2 timed iterations",
+  )
   p.add_argument("--shapes", default="tiny,small-25m")
   p.add_argument("--peers", default="tunix,trl")
   p.add_argument("--ours_python", default=sys.executable)
   p.add_argument("--tunix_python", default="/work/venv-tunix/bin/python")
   p.add_argument("--torch_python", default="/work/venv-torch/bin/python")
-  p.add_argument("--sglang_url", default="",
-                 help="an SGLang server serving the first shape's model")
+  p.add_argument(
+      "--sglang_url",
+      default="",
+      help="an SGLang server serving the first shape's model",
+  )
   p.add_argument("--rows", type=int, default=16)
   p.add_argument("--group", type=int, default=8)
   p.add_argument("--iters", type=int, default=0, help="0: 2 quick, else 3")
   p.add_argument("--gen_batches", default="16,128")
-  p.add_argument("--torch_threads", type=int, default=1,
-                 help="TRL's torch threads (0 = torch's default); 1 is"
-                 " fastest on the shared 2-core machine")
+  p.add_argument(
+      "--torch_threads",
+      type=int,
+      default=1,
+      help="TRL's torch threads (0 = torch's default); 1 is"
+      " fastest on the shared 2-core machine",
+  )
   p.add_argument("--worker_timeout", type=int, default=1200)
   p.add_argument("--markdown", default="")
   args = p.parse_args(argv)
-  cmdline = " ".join(shlex.quote(a) for a in (
-      sys.argv[1:] if argv is None else argv))
+  cmdline = " ".join(
+      shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+  )
   args.iters = args.iters or (2 if args.quick else 3)
   shapes = ["tiny"] if args.quick else args.shapes.split(",")
-  pythons = {"ours": args.ours_python, "tunix": args.tunix_python,
-             "trl": args.torch_python}
+  pythons = {
+      "ours": args.ours_python,
+      "tunix": args.tunix_python,
+      "trl": args.torch_python,
+  }
   peers = ["ours"] + [x for x in args.peers.split(",") if x]
   for peer in peers:
     if peer not in pythons:
@@ -220,12 +275,17 @@ def main(argv=None):
   all_rows = []
   for peer, row in peaks.items():
     if peer != "ours" and "ours" in peaks:
-      all_rows.append({
-          "metric": "peak_matmul", "shape": "-", "peer": peer,
-          "ours": _round(peaks["ours"]["value"]),
-          "theirs": _round(row["value"]), "unit": row["unit"],
-          "ratio": _common.ratio(peaks["ours"]["value"], row["value"]),
-      })
+      all_rows.append(
+          {
+              "metric": "peak_matmul",
+              "shape": "-",
+              "peer": peer,
+              "ours": _round(peaks["ours"]["value"]),
+              "theirs": _round(row["value"]),
+              "unit": row["unit"],
+              "ratio": _common.ratio(peaks["ours"]["value"], row["value"]),
+          }
+      )
 
   for preset in shapes:
     shape, name = shape_of(preset), SHAPE_NAMES.get(preset, preset)
@@ -233,14 +293,22 @@ def main(argv=None):
     for task in ("train", "gen"):
       for peer in peers:
         for row in run_worker(pythons[peer], peer, task, args, shape):
-          _common.emit({"peer": peer, "shape": name, "task": task, **row},
-                       stream=sys.stderr)
+          _common.emit(
+              {"peer": peer, "shape": name, "task": task, **row},
+              stream=sys.stderr,
+          )
           if "metric" in row:
             results[peer][row["metric"]] = row
     if args.sglang_url and preset == shapes[0]:
       results["sglang"] = {}
-      for row in run_worker(args.ours_python, "sglang", "gen", args, shape,
-                            extra=("--url", args.sglang_url)):
+      for row in run_worker(
+          args.ours_python,
+          "sglang",
+          "gen",
+          args,
+          shape,
+          extra=("--url", args.sglang_url),
+      ):
         if "metric" in row:
           results["sglang"][row["metric"]] = row
     rows = compare_rows(results, name, best_peak)

@@ -83,18 +83,55 @@ import time
 
 import _common
 
-FULL = dict(preset="qwen2.5-1.5b", rows=8, prompt_len=896, resp_len=128,
-            gen_batch=64, gen_prompt_len=512, new_tokens=128, iters=3)
-SMOKE = dict(preset="tiny", rows=2, prompt_len=32, resp_len=16,
-             gen_batch=4, gen_prompt_len=32, new_tokens=8, iters=1)
-PAPER = dict(preset="qwen2.5-1.5b", rows=16, prompt_len=4096, resp_len=512,
-             micro_rows_per_device=1, gen_batch=32, gen_prompt_len=2048,
-             new_tokens=512, iters=3)
-PAPER_SMOKE = dict(preset="tiny", rows=16, prompt_len=112, resp_len=16,
-                   micro_rows_per_device=1, gen_batch=8, gen_prompt_len=32,
-                   new_tokens=8, iters=1)
-PAPER_FLAGS = dict(dtype="bfloat16", param_dtype="float32", remat="full",
-                   scan_layers=True, attention="auto")
+FULL = dict(
+    preset="qwen2.5-1.5b",
+    rows=8,
+    prompt_len=896,
+    resp_len=128,
+    gen_batch=64,
+    gen_prompt_len=512,
+    new_tokens=128,
+    iters=3,
+)
+SMOKE = dict(
+    preset="tiny",
+    rows=2,
+    prompt_len=32,
+    resp_len=16,
+    gen_batch=4,
+    gen_prompt_len=32,
+    new_tokens=8,
+    iters=1,
+)
+PAPER = dict(
+    preset="qwen2.5-1.5b",
+    rows=16,
+    prompt_len=4096,
+    resp_len=512,
+    micro_rows_per_device=1,
+    gen_batch=32,
+    gen_prompt_len=2048,
+    new_tokens=512,
+    iters=3,
+)
+PAPER_SMOKE = dict(
+    preset="tiny",
+    rows=16,
+    prompt_len=112,
+    resp_len=16,
+    micro_rows_per_device=1,
+    gen_batch=8,
+    gen_prompt_len=32,
+    new_tokens=8,
+    iters=1,
+)
+PAPER_FLAGS = dict(
+    dtype="bfloat16",
+    param_dtype="float32",
+    remat="full",
+    scan_layers=True,
+    attention="auto",
+)
 LOSS = dict(alpha=0.125, clip_eps=0.2, kl_coef=0.01, entropy_coef=0.001)
 # Batches start with a padding row (all zero, as records_to_batch's bucket
 # adds): the kernels meet one as in a run -- a fused kernel given a zero
@@ -119,9 +156,18 @@ class Results:
 
 
 def shape_dict(cfg) -> dict:
-  return {k: getattr(cfg, k) for k in (
-      "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-      "num_heads", "num_kv_heads", "head_dim")}
+  return {
+      k: getattr(cfg, k)
+      for k in (
+          "vocab_size",
+          "hidden_size",
+          "intermediate_size",
+          "num_layers",
+          "num_heads",
+          "num_kv_heads",
+          "head_dim",
+      )
+  }
 
 
 def bench_train(cfg, mesh, run, peak_flops, out):
@@ -137,15 +183,25 @@ def bench_train(cfg, mesh, run, peak_flops, out):
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   rows = -(-run["rows"] // shards) * shards
   seq = run["prompt_len"] + run["resp_len"]
-  batch = _common.policy_batch(rows, run["prompt_len"], run["resp_len"],
-                               cfg.vocab_size, n_off=max(rows // 8, 1),
-                               n_pad=PADDING_ROWS)
+  batch = _common.policy_batch(
+      rows,
+      run["prompt_len"],
+      run["resp_len"],
+      cfg.vocab_size,
+      n_off=max(rows // 8, 1),
+      n_pad=PADDING_ROWS,
+  )
   window = ts.response_window(batch.loss_mask)  # as Learner does
   batch_sh = ts.batch_shardings(mesh, batch, rules)
   batch = jax.device_put(batch, batch_sh)
   step = ts.make_train_step(
-      graphdef, frozen, ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)), tx,
-      mesh=mesh, state_shardings=state_sh, batch_sharding_tree=batch_sh,
+      graphdef,
+      frozen,
+      ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)),
+      tx,
+      mesh=mesh,
+      state_shardings=state_sh,
+      batch_sharding_tree=batch_sh,
       window=window,
   )
   holder, key = [state], jax.random.key(0)
@@ -158,29 +214,52 @@ def bench_train(cfg, mesh, run, peak_flops, out):
   tokens = rows * seq
   flops = _common.train_flops(shape_dict(cfg), tokens, seq)
   n_dev = mesh.devices.size
-  out.emit({
-      "bench": "device_train_step", "preset": cfg_name(cfg, run),
-      "params": cfg.num_params(), "rows": rows, "seq_len": seq,
-      "compile_s": t["first_s"], "step_s": t["median_s"],
-      "tokens_per_s": round(tokens / t["median_s"], 1),
-      "tflops_per_s": round(flops / t["median_s"] / 1e12, 2),
-      "mfu": float(f"{flops / t['median_s'] / (n_dev * peak_flops):.4g}"),
-      "mfu_formula": "(6*N_mm*tokens + 12*L*H*Dh*S*tokens) / s / peak",
-      "peak_tflops_per_device": peak_flops / 1e12, "devices": n_dev,
-  })
+  out.emit(
+      {
+          "bench": "device_train_step",
+          "preset": cfg_name(cfg, run),
+          "params": cfg.num_params(),
+          "rows": rows,
+          "seq_len": seq,
+          "compile_s": t["first_s"],
+          "step_s": t["median_s"],
+          "tokens_per_s": round(tokens / t["median_s"], 1),
+          "tflops_per_s": round(flops / t["median_s"] / 1e12, 2),
+          "mfu": float(f"{flops / t['median_s'] / (n_dev * peak_flops):.4g}"),
+          "mfu_formula": "(6*N_mm*tokens + 12*L*H*Dh*S*tokens) / s / peak",
+          "peak_tflops_per_device": peak_flops / 1e12,
+          "devices": n_dev,
+      }
+  )
 
-  logp = ts.make_logprob_fn(graphdef, frozen, mesh=mesh,
-                            param_shardings=state_sh.params, rules=rules,
-                            window=window)
-  inputs = (batch.tokens, batch.positions, batch.attention_mask,
-            batch.loss_mask)
-  t = _common.time_calls(lambda: logp(holder[0].params, *inputs),
-                         iters=run["iters"], sync=jax.block_until_ready)
-  out.emit({
-      "bench": "device_logprob", "preset": cfg_name(cfg, run),
-      "compile_s": t["first_s"], "seconds": t["median_s"],
-      "tokens_per_s": round(tokens / t["median_s"], 1),
-  })
+  logp = ts.make_logprob_fn(
+      graphdef,
+      frozen,
+      mesh=mesh,
+      param_shardings=state_sh.params,
+      rules=rules,
+      window=window,
+  )
+  inputs = (
+      batch.tokens,
+      batch.positions,
+      batch.attention_mask,
+      batch.loss_mask,
+  )
+  t = _common.time_calls(
+      lambda: logp(holder[0].params, *inputs),
+      iters=run["iters"],
+      sync=jax.block_until_ready,
+  )
+  out.emit(
+      {
+          "bench": "device_logprob",
+          "preset": cfg_name(cfg, run),
+          "compile_s": t["first_s"],
+          "seconds": t["median_s"],
+          "tokens_per_s": round(tokens / t["median_s"], 1),
+      }
+  )
   return holder[0].params, graphdef, frozen
 
 
@@ -190,8 +269,13 @@ def make_engine(cfg, graphdef, params, frozen, mesh):
   from rspo_jax import build
   from rspo_jax.rollout.jax_engine import JaxEngine
 
-  return JaxEngine(build.inference_model((graphdef, params, frozen), cfg),
-                   build.engine_config(cfg), mesh=mesh, pad_id=0, eos_ids=())
+  return JaxEngine(
+      build.inference_model((graphdef, params, frozen), cfg),
+      build.engine_config(cfg),
+      mesh=mesh,
+      pad_id=0,
+      eos_ids=(),
+  )
 
 
 def bench_decode(cfg, engine, run, out, name="device_decode", **extra):
@@ -199,8 +283,7 @@ def bench_decode(cfg, engine, run, out, name="device_decode", **extra):
 
   n = run["gen_batch"]
   prompts = _common.prompt_ids(n, run["gen_prompt_len"], cfg.vocab_size)
-  sp = SamplingParams(temperature=1.0, max_new_tokens=run["new_tokens"],
-                      seed=0)
+  sp = SamplingParams(temperature=1.0, max_new_tokens=run["new_tokens"], seed=0)
   count = [0]
 
   def gen():
@@ -209,12 +292,19 @@ def bench_decode(cfg, engine, run, out, name="device_decode", **extra):
     return res
 
   t = _common.time_calls(gen, iters=run["iters"])
-  out.emit({
-      "bench": name, "preset": cfg_name(cfg, run), "batch": n,
-      "prompt_len": run["gen_prompt_len"], "new_tokens": run["new_tokens"],
-      "compile_s": t["first_s"], "seconds": t["median_s"],
-      "new_tokens_per_s": round(count[0] / t["median_s"], 1), **extra,
-  })
+  out.emit(
+      {
+          "bench": name,
+          "preset": cfg_name(cfg, run),
+          "batch": n,
+          "prompt_len": run["gen_prompt_len"],
+          "new_tokens": run["new_tokens"],
+          "compile_s": t["first_s"],
+          "seconds": t["median_s"],
+          "new_tokens_per_s": round(count[0] / t["median_s"], 1),
+          **extra,
+      }
+  )
 
 
 def cfg_name(cfg, run) -> str:
@@ -261,16 +351,27 @@ def paper_train(cfg, mesh, run, peak_flops, out, label):
   state, state_sh = ts.create_train_state(params, tx, mesh, rules)
   rows, seq = run["rows"], run["prompt_len"] + run["resp_len"]
   micro, n_micro = paper_micro(rows, mesh, run["micro_rows_per_device"])
-  batch = _common.policy_batch(rows, run["prompt_len"], run["resp_len"],
-                               cfg.vocab_size, n_off=max(rows // 8, 1),
-                               n_pad=PADDING_ROWS)
+  batch = _common.policy_batch(
+      rows,
+      run["prompt_len"],
+      run["resp_len"],
+      cfg.vocab_size,
+      n_off=max(rows // 8, 1),
+      n_pad=PADDING_ROWS,
+  )
   window = ts.response_window(batch.loss_mask)  # as Learner does
   batch_sh = ts.batch_shardings(mesh, batch, rules)
   batch = jax.device_put(batch, batch_sh)
   step = ts.make_train_step(
-      graphdef, frozen, ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)), tx,
-      mesh=mesh, state_shardings=state_sh, batch_sharding_tree=batch_sh,
-      n_micro=n_micro, window=window,
+      graphdef,
+      frozen,
+      ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)),
+      tx,
+      mesh=mesh,
+      state_shardings=state_sh,
+      batch_sharding_tree=batch_sh,
+      n_micro=n_micro,
+      window=window,
   )
   key = jax.random.key(0)
   t0 = time.perf_counter()
@@ -298,39 +399,59 @@ def paper_train(cfg, mesh, run, peak_flops, out, label):
   fused = plan.attention_fused(cfg, platform)
   shape = shape_dict(cfg)
   model = _common.model_train_flops(shape, rows, seq, window)
-  executed = _common.executed_train_flops(shape, rows, seq, window,
-                                          remat=cfg.remat, fused=fused)
+  executed = _common.executed_train_flops(
+      shape, rows, seq, window, remat=cfg.remat, fused=fused
+  )
   n_dev = mesh.devices.size
   denom = t["median_s"] * n_dev * peak_flops
-  est = plan.train_step_bytes(cfg, mesh_shape, rows, seq, window=window,
-                              n_micro=n_micro, platform=platform)
-  out.emit({
-      "bench": "paper_train_step", "mesh": label, "devices": n_dev,
-      "mesh_shape": list(mesh_shape), "preset": run["preset"],
-      "params": cfg.num_params(), "rows": rows, "seq_len": seq,
-      "window": window, "micro_batch_rows": micro, "micro_batches": n_micro,
-      "padding_rows": PADDING_ROWS,
-      "skipped": float(last["metrics"]["skipped"]),  # 1: a non-finite step
-      "remat": cfg.remat, "scan_layers": cfg.scan_layers,
-      "attention": "fused" if fused else "xla (scores materialised)",
-      "compile_s": round(compile_s, 2), "step_s": t["median_s"],
-      "tokens_per_s": round(rows * seq / t["median_s"], 1),
-      "model_tflop": round(model / 1e12, 3),
-      "executed_tflop": round(executed / 1e12, 3),
-      "mfu": float(f"{model / denom:.4g}"),
-      "hfu": float(f"{executed / denom:.4g}"),
-      "peak_tflops_per_device": peak_flops / 1e12,
-      "compiled_peak_GiB": round(mem["peak"] / 2**30, 3),
-      "compiled_temp_GiB": round(mem["temp"] / 2**30, 3),
-      "plan_peak_GiB": round(est["peak"] / 2**30, 3),
-      "plan_over_compiled": round(est["peak"] / mem["peak"], 3),
-      "allocator_peak_GiB_so_far": _gib(allocator_peak(mesh.devices.flat)),
-      "activation_collectives": len(bad),
-      "activation_bound_elements": bound,
-      "largest_activation_collectives": [
-          [k, list(s), n, list(a)]
-          for k, s, n, a in sorted(bad, key=lambda b: -b[2])[:4]],
-  })
+  est = plan.train_step_bytes(
+      cfg,
+      mesh_shape,
+      rows,
+      seq,
+      window=window,
+      n_micro=n_micro,
+      platform=platform,
+  )
+  out.emit(
+      {
+          "bench": "paper_train_step",
+          "mesh": label,
+          "devices": n_dev,
+          "mesh_shape": list(mesh_shape),
+          "preset": run["preset"],
+          "params": cfg.num_params(),
+          "rows": rows,
+          "seq_len": seq,
+          "window": window,
+          "micro_batch_rows": micro,
+          "micro_batches": n_micro,
+          "padding_rows": PADDING_ROWS,
+          "skipped": float(last["metrics"]["skipped"]),  # 1: a non-finite step
+          "remat": cfg.remat,
+          "scan_layers": cfg.scan_layers,
+          "attention": "fused" if fused else "xla (scores materialised)",
+          "compile_s": round(compile_s, 2),
+          "step_s": t["median_s"],
+          "tokens_per_s": round(rows * seq / t["median_s"], 1),
+          "model_tflop": round(model / 1e12, 3),
+          "executed_tflop": round(executed / 1e12, 3),
+          "mfu": float(f"{model / denom:.4g}"),
+          "hfu": float(f"{executed / denom:.4g}"),
+          "peak_tflops_per_device": peak_flops / 1e12,
+          "compiled_peak_GiB": round(mem["peak"] / 2**30, 3),
+          "compiled_temp_GiB": round(mem["temp"] / 2**30, 3),
+          "plan_peak_GiB": round(est["peak"] / 2**30, 3),
+          "plan_over_compiled": round(est["peak"] / mem["peak"], 3),
+          "allocator_peak_GiB_so_far": _gib(allocator_peak(mesh.devices.flat)),
+          "activation_collectives": len(bad),
+          "activation_bound_elements": bound,
+          "largest_activation_collectives": [
+              [k, list(s), n, list(a)]
+              for k, s, n, a in sorted(bad, key=lambda b: -b[2])[:4]
+          ],
+      }
+  )
   params = holder[0].params
   del holder, compiled
   return graphdef, params, frozen, state_sh, batch, window, n_micro
@@ -344,27 +465,45 @@ def paper_logprob(cfg, mesh, run, out, parts):
 
   graphdef, params, frozen, state_sh, batch, window, _ = parts
   rules = sharding.DEFAULT_RULES
-  fn = ts.make_logprob_fn(graphdef, frozen, mesh=mesh,
-                          param_shardings=state_sh.params, rules=rules,
-                          window=window)
+  fn = ts.make_logprob_fn(
+      graphdef,
+      frozen,
+      mesh=mesh,
+      param_shardings=state_sh.params,
+      rules=rules,
+      window=window,
+  )
   rows = len(batch.tokens)
   ways = mesh.shape["data"] * mesh.shape["fsdp"]
   micro, _ = paper_micro(rows, mesh, run["micro_rows_per_device"])
   n_chunks = apply_chunks(rows, micro, ways)
   if n_chunks > 1:
     fn = chunked(fn, n_chunks, mesh, state_sh.params, rules)
-  inputs = (batch.tokens, batch.positions, batch.attention_mask,
-            batch.loss_mask)
-  t = _common.time_calls(lambda: fn(params, *inputs), iters=run["iters"],
-                         sync=jax.block_until_ready)
+  inputs = (
+      batch.tokens,
+      batch.positions,
+      batch.attention_mask,
+      batch.loss_mask,
+  )
+  t = _common.time_calls(
+      lambda: fn(params, *inputs),
+      iters=run["iters"],
+      sync=jax.block_until_ready,
+  )
   seq = batch.tokens.shape[1]
-  out.emit({
-      "bench": "paper_logprob", "devices": mesh.devices.size,
-      "preset": run["preset"], "rows": rows, "seq_len": seq,
-      "chunks": n_chunks, "compile_s": t["first_s"],
-      "seconds": t["median_s"],
-      "tokens_per_s": round(rows * seq / t["median_s"], 1),
-  })
+  out.emit(
+      {
+          "bench": "paper_logprob",
+          "devices": mesh.devices.size,
+          "preset": run["preset"],
+          "rows": rows,
+          "seq_len": seq,
+          "chunks": n_chunks,
+          "compile_s": t["first_s"],
+          "seconds": t["median_s"],
+          "tokens_per_s": round(rows * seq / t["median_s"], 1),
+      }
+  )
 
 
 def _gib(n):
@@ -375,17 +514,22 @@ def run_paper(args, run, out, summary, start):
   import jax
   from rspo_jax import models, sharding
 
-  cfg = models.get_model_config(run["preset"], **dict(
-      PAPER_FLAGS, dtype=args.dtype, param_dtype=args.param_dtype))
+  cfg = models.get_model_config(
+      run["preset"],
+      **dict(PAPER_FLAGS, dtype=args.dtype, param_dtype=args.param_dtype),
+  )
   devices = jax.devices()
-  summary.update(model_flags={k: getattr(cfg, k) for k in PAPER_FLAGS},
-                 inference_dtype=cfg.inference_dtype)
+  summary.update(
+      model_flags={k: getattr(cfg, k) for k in PAPER_FLAGS},
+      inference_dtype=cfg.inference_dtype,
+  )
   meshes = [("all devices", devices)]
   if len(devices) > 1:
     meshes.append(("one device", devices[:1]))
   else:
-    summary["note"] = ("one visible device: 'all devices' and 'one device'"
-                       " are the same run")
+    summary["note"] = (
+        "one visible device: 'all devices' and 'one device'" " are the same run"
+    )
   skip = set(filter(None, args.skip.split(",")))
   engine = None
 
@@ -405,16 +549,20 @@ def run_paper(args, run, out, summary, start):
       if due("logprob"):
         paper_logprob(cfg, mesh, run, out, parts)
       if "decode" not in skip:  # the engine's copy; the train state goes
-        engine = (mesh, make_engine(cfg, parts[0], parts[1], parts[2],
-                                    mesh))
+        engine = (mesh, make_engine(cfg, parts[0], parts[1], parts[2], mesh))
     del parts
     gc.collect()
   if engine is not None and due("decode"):
     mesh, eng = engine
-    bench_decode(cfg, eng, run, out, name="paper_decode",
-                 devices=mesh.devices.size,
-                 allocator_peak_GiB_so_far=_gib(allocator_peak(
-                     mesh.devices.flat)))
+    bench_decode(
+        cfg,
+        eng,
+        run,
+        out,
+        name="paper_decode",
+        devices=mesh.devices.size,
+        allocator_peak_GiB_so_far=_gib(allocator_peak(mesh.devices.flat)),
+    )
   elif engine is None and "decode" not in summary["skipped"]:
     summary["skipped"].append("decode")
 
@@ -428,10 +576,18 @@ def run_paper(args, run, out, summary, start):
 # github.com/pytorch/pytorch/issues/196678, huggingface/trl#7181). Real
 # tokens 0: a padding row, which the model gives the kernel as length 1
 # (transformer.kernel_lengths).
-KERNEL = dict(heads=12, kv_heads=2, head_dim=128,
-              shapes=((768, (0, 1, 704, 640, 768)), (704, (0, 1, 704, 640))))
-KERNEL_SMOKE = dict(heads=4, kv_heads=2, head_dim=32,
-                    shapes=((128, (0, 1, 96, 128)), (64, (0, 1, 40, 64))))
+KERNEL = dict(
+    heads=12,
+    kv_heads=2,
+    head_dim=128,
+    shapes=((768, (0, 1, 704, 640, 768)), (704, (0, 1, 704, 640))),
+)
+KERNEL_SMOKE = dict(
+    heads=4,
+    kv_heads=2,
+    head_dim=32,
+    shapes=((128, (0, 1, 96, 128)), (64, (0, 1, 40, 64))),
+)
 # Large-activation inputs (Qwen2.5's massive-activation heads, as
 # huggingface/trl#7181 reduced them) on kv head 0 and its query heads: key
 # feature 0 is KERNEL_SHIFT sqrt(Dh) on every key and q[..., 0] = 1 on
@@ -505,8 +661,13 @@ def kernel_fn(impl: str, dtype: str):
     if impl == "splash":
       return splash.attention(q, k, v, lengths, NO_SHARDING)
     return jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, key_value_seq_lengths=lengths,
-        implementation=impl)
+        q,
+        k,
+        v,
+        is_causal=True,
+        key_value_seq_lengths=lengths,
+        implementation=impl,
+    )
 
   def fn(q, k, v, lengths, cot):
     q, k, v = (x.astype(dtype) for x in (q, k, v))
@@ -557,12 +718,15 @@ def kernel_compare(got, ref, b, real, group):
     row[name] = dict(
         nonfinite=int(bad.sum()),
         nonfinite_heads=[int(i) for i in np.nonzero(bad.any(axis=(0, 2)))[0]],
-        max_abs_err=err, ref_max_abs=float(top.max()),
-        rel_err=err / float(top.max()) if err is not None and top.max() > 0
+        max_abs_err=err,
+        ref_max_abs=float(top.max()),
+        rel_err=err / float(top.max())
+        if err is not None and top.max() > 0
         else None,
         max_abs_err_by_head=[clean(float(f"{e:.4g}")) for e in by_head],
         normal_heads_max_abs_err=err_n,
-        normal_heads_ref_max_abs=float(top[first:].max()))
+        normal_heads_ref_max_abs=float(top[first:].max()),
+    )
   return row
 
 
@@ -572,15 +736,21 @@ def _kernel_ok(fused, xla) -> tuple[bool, str]:
   for name in KERNEL_QUANTITIES:
     f, x = fused[name], xla[name]
     if f["nonfinite"]:
-      return False, (f"{f['nonfinite']} non-finite {name} (heads"
-                     f" {f['nonfinite_heads']})")
-    tol = max(KERNEL_TOL_FACTOR * (x["normal_heads_max_abs_err"] or 0.0),
-              KERNEL_TOL_FLOOR * x["normal_heads_ref_max_abs"])
+      return False, (
+          f"{f['nonfinite']} non-finite {name} (heads"
+          f" {f['nonfinite_heads']})"
+      )
+    tol = max(
+        KERNEL_TOL_FACTOR * (x["normal_heads_max_abs_err"] or 0.0),
+        KERNEL_TOL_FLOOR * x["normal_heads_ref_max_abs"],
+    )
     err = f["normal_heads_max_abs_err"]
     if err is None or err > tol:
-      return False, (f"{name} max abs error {err} on the normal heads >"
-                     f" {tol:.3g} ({KERNEL_TOL_FACTOR:g} x the XLA bf16"
-                     f" path's {x['normal_heads_max_abs_err']})")
+      return False, (
+          f"{name} max abs error {err} on the normal heads >"
+          f" {tol:.3g} ({KERNEL_TOL_FACTOR:g} x the XLA bf16"
+          f" path's {x['normal_heads_max_abs_err']})"
+      )
   return True, ""
 
 
@@ -600,26 +770,33 @@ def kernel_check(spec, fused_impl, out, platform, auto_impl):
     # "model": lengths as the model gives them (padding rows: 1); "raw":
     # the real counts, 0 included -- a call the model never makes, to
     # record what the installed kernel does with a zero length.
-    for batch, lengths in (("model", model_lengths),
-                           ("raw", np.asarray(real, np.int32))):
+    for batch, lengths in (
+        ("model", model_lengths),
+        ("raw", np.asarray(real, np.int32)),
+    ):
       ref = kernel_run("xla", "float32", inputs, lengths)
       paths = {"xla_bf16": kernel_run("xla", "bfloat16", inputs, lengths)}
       if fused_impl:
         try:
-          paths["fused"] = kernel_run(fused_impl, "bfloat16", inputs,
-                                      lengths)
+          paths["fused"] = kernel_run(fused_impl, "bfloat16", inputs, lengths)
         except Exception as e:  # pylint: disable=broad-except
-          errors.append(f"{fused_impl} at T={t} ({batch} batch):"
-                        f" {type(e).__name__}: {e}"[:300])
+          errors.append(
+              f"{fused_impl} at T={t} ({batch} batch):"
+              f" {type(e).__name__}: {e}"[:300]
+          )
           if batch == "model":  # the raw call is one a run never makes
             failed.append(errors[-1])
       for b, n in enumerate(real):
         if batch == "raw" and lengths[b] == model_lengths[b]:
           continue  # the same call as the model batch's row
-        row = {"bench": "kernel_check_row", "padded_length": t,
-               "batch": batch, "real_tokens": int(n),
-               "kernel_length": int(lengths[b]),
-               "padding_row": int(n) == 0}
+        row = {
+            "bench": "kernel_check_row",
+            "padded_length": t,
+            "batch": batch,
+            "real_tokens": int(n),
+            "kernel_length": int(lengths[b]),
+            "padding_row": int(n) == 0,
+        }
         for name, got in paths.items():
           row[name] = kernel_compare(got, ref, b, int(n), group)
         if "fused" in paths:
@@ -628,53 +805,74 @@ def kernel_check(spec, fused_impl, out, platform, auto_impl):
           if not ok:
             row["fused_problem"] = why
             if lengths[b] >= 1:  # a length a run can give the kernel
-              fails.append(f"T={t} length {int(lengths[b])}"
-                           f" ({batch} batch): {why}")
+              fails.append(
+                  f"T={t} length {int(lengths[b])}" f" ({batch} batch): {why}"
+              )
         if batch == "raw" and "fused" in paths and lengths[b] == 0:
-          zero.append(not any(row["fused"][q]["nonfinite"]
-                              for q in KERNEL_QUANTITIES))
+          zero.append(
+              not any(row["fused"][q]["nonfinite"] for q in KERNEL_QUANTITIES)
+          )
         if batch == "raw":  # the other rows of the raw call: unchanged?
           row["other_rows_finite"] = {
-              name: bool(all(np.isfinite(got[q][i]).all()
-                             for q in KERNEL_QUANTITIES
-                             for i in range(len(real)) if i != b))
-              for name, got in paths.items()}
+              name: bool(
+                  all(
+                      np.isfinite(got[q][i]).all()
+                      for q in KERNEL_QUANTITIES
+                      for i in range(len(real))
+                      if i != b
+                  )
+              )
+              for name, got in paths.items()
+          }
         out.emit(row)
   auto = f"'auto' picks {auto_impl} on {platform}"
   if not fused_impl:
     recommend, reason = "xla", (
         f"{auto}: no fused kernel here to check; the XLA bf16 path against"
-        " the float32 reference is in the rows")
+        " the float32 reference is in the rows"
+    )
   elif failed:
     recommend, reason = "xla", "the fused kernel failed: " + failed[0]
   elif fails:
     recommend, reason = "xla", (
-        f"{fused_impl} on a length a run gives it (>= 1): " + fails[0]
-        + (f" (and {len(fails) - 1} more rows)" if len(fails) > 1 else ""))
+        f"{fused_impl} on a length a run gives it (>= 1): "
+        + fails[0]
+        + (f" (and {len(fails) - 1} more rows)" if len(fails) > 1 else "")
+    )
   else:
     recommend, reason = "fused", (
         f"{fused_impl} finite on every length a run gives it (>= 1), and"
         f" within {KERNEL_TOL_FACTOR:g} x the XLA bf16 path's error on the"
         " normal heads (the large-activation heads' errors are in the"
-        " rows)")
-  out.emit({
-      "bench": "kernel_check", "recommend": recommend, "reason": reason,
-      "platform": platform, "fused_impl": fused_impl,
-      "shape": {k: spec[k] for k in ("heads", "kv_heads", "head_dim")},
-      "tolerance": {"factor": KERNEL_TOL_FACTOR, "floor": KERNEL_TOL_FLOOR},
-      "errors": errors,
-      # What the kernel does with a raw length 0 (never given it by a run).
-      "fused_finite_at_length_0": all(zero) if zero else None,
-      "config_key": "model.attention",
-      "how_a_run_picks": (
-          "model.attention (configs/base.py, default 'auto'): 'auto' is"
-          " splash on TPU, cudnn on GPU for bf16/fp16 and head_dim % 8 == 0"
-          " <= 128, else xla; 'xla' / 'plain' force XLA's path (scores"
-          " materialised: more memory, plan.train_step_bytes counts it),"
-          " 'cudnn' / 'splash' force a fused one. " + auto + "."),
-      "set": ("keep model.attention='auto'" if recommend == "fused" else
-              "--config.model.attention=xla"),
-  })
+        " rows)"
+    )
+  out.emit(
+      {
+          "bench": "kernel_check",
+          "recommend": recommend,
+          "reason": reason,
+          "platform": platform,
+          "fused_impl": fused_impl,
+          "shape": {k: spec[k] for k in ("heads", "kv_heads", "head_dim")},
+          "tolerance": {"factor": KERNEL_TOL_FACTOR, "floor": KERNEL_TOL_FLOOR},
+          "errors": errors,
+          # What the kernel does with a raw length 0 (never given it by a run).
+          "fused_finite_at_length_0": all(zero) if zero else None,
+          "config_key": "model.attention",
+          "how_a_run_picks": (
+              "model.attention (configs/base.py, default 'auto'): 'auto' is"
+              " splash on TPU, cudnn on GPU for bf16/fp16 and head_dim % 8 == 0"
+              " <= 128, else xla; 'xla' / 'plain' force XLA's path (scores"
+              " materialised: more memory, plan.train_step_bytes counts it),"
+              " 'cudnn' / 'splash' force a fused one. " + auto + "."
+          ),
+          "set": (
+              "keep model.attention='auto'"
+              if recommend == "fused"
+              else "--config.model.attention=xla"
+          ),
+      }
+  )
   return recommend
 
 
@@ -687,44 +885,68 @@ def run_kernel_check(args, out):
   spec = KERNEL_SMOKE if args.smoke else KERNEL
   platform = jax.devices()[0].platform
   # What a run's model.attention='auto' calls here.
-  auto = transformer.attention_implementation(types.SimpleNamespace(
-      attention="auto", dtype="bfloat16", head_dim=spec["head_dim"]))
+  auto = transformer.attention_implementation(
+      types.SimpleNamespace(
+          attention="auto", dtype="bfloat16", head_dim=spec["head_dim"]
+      )
+  )
   impl = auto if args.kernel_impl == "auto" else args.kernel_impl
-  kernel_check(spec, None if impl in ("xla", "none") else impl, out,
-               platform, auto)
+  kernel_check(
+      spec, None if impl in ("xla", "none") else impl, out, platform, auto
+  )
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--smoke", action="store_true",
-                 help="tiny preset and shapes; runs on a CPU")
-  p.add_argument("--paper", action="store_true",
-                 help="the paper's learner shape (module docstring)")
+  p.add_argument(
+      "--smoke",
+      action="store_true",
+      help="tiny preset and shapes; runs on a CPU",
+  )
+  p.add_argument(
+      "--paper",
+      action="store_true",
+      help="the paper's learner shape (module docstring)",
+  )
   for k, v in dict(FULL, **PAPER).items():
-    p.add_argument(f"--{k}", type=type(v), default=None,
-                   help=f"default {FULL.get(k, '-')} (--paper: {PAPER[k]})")
+    p.add_argument(
+        f"--{k}",
+        type=type(v),
+        default=None,
+        help=f"default {FULL.get(k, '-')} (--paper: {PAPER[k]})",
+    )
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--param_dtype", default="float32")
   p.add_argument("--peak_tflops", type=float, default=989.0)
   p.add_argument("--budget_s", type=float, default=420.0)
-  p.add_argument("--skip", default="", help="comma list: train,decode"
-                 " (--paper: train[all],train[one],logprob,decode)")
-  p.add_argument("--out", default="", help="also write every row to this"
-                 " JSON file")
-  p.add_argument("--kernel_check", action="store_true",
-                 help="only the fused attention kernel against XLA's"
-                 " (module docstring)")
-  p.add_argument("--kernel_impl", default="auto",
-                 help="--kernel_check's fused side: auto (what"
-                 " model.attention='auto' picks here; none on CPU), cudnn,"
-                 " splash, none")
+  p.add_argument(
+      "--skip",
+      default="",
+      help="comma list: train,decode"
+      " (--paper: train[all],train[one],logprob,decode)",
+  )
+  p.add_argument(
+      "--out", default="", help="also write every row to this" " JSON file"
+  )
+  p.add_argument(
+      "--kernel_check",
+      action="store_true",
+      help="only the fused attention kernel against XLA's"
+      " (module docstring)",
+  )
+  p.add_argument(
+      "--kernel_impl",
+      default="auto",
+      help="--kernel_check's fused side: auto (what"
+      " model.attention='auto' picks here; none on CPU), cudnn,"
+      " splash, none",
+  )
   args = p.parse_args(argv)
   if args.paper:
     run = dict(PAPER_SMOKE if args.smoke else PAPER)
   else:
     run = dict(SMOKE if args.smoke else FULL)
-  run.update({k: getattr(args, k) for k in run
-              if getattr(args, k) is not None})
+  run.update({k: getattr(args, k) for k in run if getattr(args, k) is not None})
   start = time.perf_counter()
   out = Results(args.out)
   # As a run: launch/xla_flags.py's flags on a GPU / TPU host, set before
@@ -738,39 +960,47 @@ def main(argv=None):
   if args.kernel_check:
     run_kernel_check(args, out)
     return
-  summary = {"bench": "paper_summary" if args.paper else "device_summary",
-             "platform": jax.devices()[0].platform,
-             "device_kind": jax.devices()[0].device_kind,
-             "devices": len(jax.devices()), "preset": run["preset"],
-             "dtype": args.dtype, "param_dtype": args.param_dtype,
-             "run": run, "skipped": [], "xla_flags_set": xla_env}
+  summary = {
+      "bench": "paper_summary" if args.paper else "device_summary",
+      "platform": jax.devices()[0].platform,
+      "device_kind": jax.devices()[0].device_kind,
+      "devices": len(jax.devices()),
+      "preset": run["preset"],
+      "dtype": args.dtype,
+      "param_dtype": args.param_dtype,
+      "run": run,
+      "skipped": [],
+      "xla_flags_set": xla_env,
+  }
   if args.paper:
     run_paper(args, run, out, summary, start)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     out.emit(summary)
     return
 
-  cfg = models.get_model_config(run["preset"], dtype=args.dtype,
-                                param_dtype=args.param_dtype)
+  cfg = models.get_model_config(
+      run["preset"], dtype=args.dtype, param_dtype=args.param_dtype
+  )
   mesh = sharding.make_mesh((1, -1, 1))
   skip = set(filter(None, args.skip.split(",")))
   params = graphdef = frozen = None
   if "train" in skip:
     summary["skipped"].append("train")
   else:
-    params, graphdef, frozen = bench_train(cfg, mesh, run,
-                                           args.peak_tflops * 1e12, out)
+    params, graphdef, frozen = bench_train(
+        cfg, mesh, run, args.peak_tflops * 1e12, out
+    )
   if "decode" in skip or time.perf_counter() - start > args.budget_s:
     summary["skipped"].append("decode")
   else:
     if params is None:
       from rspo_jax.train_step import split_trainable
 
-      module = models.create_sharded_model(cfg, 0, mesh,
-                                           sharding.DEFAULT_RULES)
+      module = models.create_sharded_model(cfg, 0, mesh, sharding.DEFAULT_RULES)
       graphdef, params, frozen = split_trainable(module)
-    bench_decode(cfg, make_engine(cfg, graphdef, params, frozen, mesh), run,
-                 out)
+    bench_decode(
+        cfg, make_engine(cfg, graphdef, params, frozen, mesh), run, out
+    )
   summary["wall_s"] = round(time.perf_counter() - start, 1)
   out.emit(summary)
 

@@ -28,7 +28,8 @@ def main(argv=None):
     if not os.path.exists(script):
       raise SystemExit(f"unknown environment {env!r}: no {script}")
     rc |= subprocess.call(
-        [sys.executable, script, f"--batch_sizes={args.batch_sizes}"])
+        [sys.executable, script, f"--batch_sizes={args.batch_sizes}"]
+    )
   return rc
 
 

@@ -37,8 +37,13 @@ def _policy(env: AlfWorldEnv, step, rng: random.Random) -> str:
   return rng.choice(step.admissible_actions)
 
 
-def bench(batch_size: int, total_steps: int, n_tasks: int, cache_dir: str,
-          seed: int = 0) -> dict:
+def bench(
+    batch_size: int,
+    total_steps: int,
+    n_tasks: int,
+    cache_dir: str,
+    seed: int = 0,
+) -> dict:
   rng = random.Random(seed)
   envs = [AlfWorldEnv(cache_dir=cache_dir) for _ in range(batch_size)]
   next_task = [0]
@@ -63,10 +68,15 @@ def bench(batch_size: int, total_steps: int, n_tasks: int, cache_dir: str,
   seconds = time.perf_counter() - start
   for env in envs:
     env.close()
-  return dict(bench="alfworld_env_step", batch_size=batch_size,
-              steps=done_steps, episodes=episodes, wins=wins,
-              seconds=round(seconds, 4),
-              steps_per_s=round(done_steps / seconds, 1))
+  return dict(
+      bench="alfworld_env_step",
+      batch_size=batch_size,
+      steps=done_steps,
+      episodes=episodes,
+      wins=wins,
+      seconds=round(seconds, 4),
+      steps_per_s=round(done_steps / seconds, 1),
+  )
 
 
 def main(argv=None):
@@ -74,8 +84,11 @@ def main(argv=None):
   parser.add_argument("--batch_sizes", default="1,16,128")
   parser.add_argument("--steps", type=int, default=2000)
   parser.add_argument("--tasks", type=int, default=48)
-  parser.add_argument("--cache_dir", default=None,
-                      help="game cache (default: a fresh temporary dir)")
+  parser.add_argument(
+      "--cache_dir",
+      default=None,
+      help="game cache (default: a fresh temporary dir)",
+  )
   args = parser.parse_args(argv)
   cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="alfworld_bench_")
   env = AlfWorldEnv(cache_dir=cache_dir)

@@ -54,10 +54,14 @@ def bench(batch_size: int, total_steps: int, seed: int = 0) -> dict:
         next_task[0] += 1
         steps[i] = env.reset(new_task(i), "train")
   seconds = time.perf_counter() - start
-  return dict(bench="webshop_env_step", batch_size=batch_size,
-              steps=done_steps, episodes=episodes,
-              seconds=round(seconds, 4),
-              steps_per_s=round(done_steps / seconds, 1))
+  return dict(
+      bench="webshop_env_step",
+      batch_size=batch_size,
+      steps=done_steps,
+      episodes=episodes,
+      seconds=round(seconds, 4),
+      steps_per_s=round(done_steps / seconds, 1),
+  )
 
 
 def main(argv=None):

@@ -57,7 +57,6 @@ import time
 
 import numpy as np
 
-
 GROUP = 8
 
 
@@ -67,48 +66,89 @@ def main(argv=None):
   p.add_argument("--batches", default="16,128")
   p.add_argument("--max_steps", type=int, default=4)
   p.add_argument("--max_new_tokens", type=int, default=32)
-  p.add_argument("--max_prompt_tokens", type=int, default=0,
-                 help="0 = the environment config's (WebShop: 768)")
+  p.add_argument(
+      "--max_prompt_tokens",
+      type=int,
+      default=0,
+      help="0 = the environment config's (WebShop: 768)",
+  )
   p.add_argument("--sglang_url", default="")
   p.add_argument("--export_dir", default="", help="write the bench model here")
-  p.add_argument("--model_path", default="",
-                 help="an HF policy directory (with its tokenizer) instead of"
-                 " random weights, e.g. a run's warm_start")
+  p.add_argument(
+      "--model_path",
+      default="",
+      help="an HF policy directory (with its tokenizer) instead of"
+      " random weights, e.g. a run's warm_start",
+  )
   p.add_argument("--workers", type=int, default=2)
-  p.add_argument("--sync", action="store_true",
-                 help="time weight syncs instead of collections")
+  p.add_argument(
+      "--sync",
+      action="store_true",
+      help="time weight syncs instead of collections",
+  )
   p.add_argument("--presets", default="tiny,small-25m")
-  p.add_argument("--lora_sync", type=int, default=0,
-                 help="a LoRA rank: compare full and LoRA weight syncs")
-  p.add_argument("--repeats", type=int, default=3,
-                 help="timed runs: collections (engines take turns, median"
-                 " reported), syncs and server steps (best of)")
-  p.add_argument("--server_steps", action="store_true",
-                 help="time the --sglang_url server's decode step per batch"
-                 " size instead of collections")
+  p.add_argument(
+      "--lora_sync",
+      type=int,
+      default=0,
+      help="a LoRA rank: compare full and LoRA weight syncs",
+  )
+  p.add_argument(
+      "--repeats",
+      type=int,
+      default=3,
+      help="timed runs: collections (engines take turns, median"
+      " reported), syncs and server steps (best of)",
+  )
+  p.add_argument(
+      "--server_steps",
+      action="store_true",
+      help="time the --sglang_url server's decode step per batch"
+      " size instead of collections",
+  )
   p.add_argument("--prompt_tokens", type=int, default=300)
-  p.add_argument("--prefill_share", action="store_true",
-                 help="also time the in-process engine on the collection's"
-                 " prompts with 1 new token (prefill) against the whole")
-  p.add_argument("--shared_prefix", action="store_true",
-                 help="also run the in-process engine with shared prefix"
-                 " blocks (engine 'jax_shared_prefix'; 'jax' is the"
-                 " default, without), and report the prompt columns each"
-                 " prefilled")
-  p.add_argument("--engine_max_rows", type=int, default=0,
-                 help="also run the in-process engine with"
-                 " rollout.engine_max_rows=N (engine 'jax_max_rowsN')")
-  p.add_argument("--length_group_rows", type=int, default=-1,
-                 help="the in-process engine's length_group_rows (-1: its"
-                 " default, 8 on CPU; 0: one chunk per turn, as on GPUs)")
-  p.add_argument("--shared_heads", default="",
-                 help="comma-separated head lengths: time the in-process"
-                 " engine's prefill (1 new token) of 16 groups x 8 prompts of"
-                 " ~--prompt_tokens random tokens whose group shares its first"
-                 " N, with and without shared prefix blocks (one chunk)")
-  p.add_argument("--server_log", default="",
-                 help="the --sglang_url server's log: count its prefill"
-                 " forwards ('Prefill batch' lines) per collection")
+  p.add_argument(
+      "--prefill_share",
+      action="store_true",
+      help="also time the in-process engine on the collection's"
+      " prompts with 1 new token (prefill) against the whole",
+  )
+  p.add_argument(
+      "--shared_prefix",
+      action="store_true",
+      help="also run the in-process engine with shared prefix"
+      " blocks (engine 'jax_shared_prefix'; 'jax' is the"
+      " default, without), and report the prompt columns each"
+      " prefilled",
+  )
+  p.add_argument(
+      "--engine_max_rows",
+      type=int,
+      default=0,
+      help="also run the in-process engine with"
+      " rollout.engine_max_rows=N (engine 'jax_max_rowsN')",
+  )
+  p.add_argument(
+      "--length_group_rows",
+      type=int,
+      default=-1,
+      help="the in-process engine's length_group_rows (-1: its"
+      " default, 8 on CPU; 0: one chunk per turn, as on GPUs)",
+  )
+  p.add_argument(
+      "--shared_heads",
+      default="",
+      help="comma-separated head lengths: time the in-process"
+      " engine's prefill (1 new token) of 16 groups x 8 prompts of"
+      " ~--prompt_tokens random tokens whose group shares its first"
+      " N, with and without shared prefix blocks (one chunk)",
+  )
+  p.add_argument(
+      "--server_log",
+      default="",
+      help="the --sglang_url server's log: count its prefill"
+      " forwards ('Prefill batch' lines) per collection",
+  )
   args = p.parse_args(argv)
   if args.lora_sync:
     return bench_lora_sync(args)
@@ -146,20 +186,23 @@ def main(argv=None):
       tokenizer, tok_dir = build.make_tokenizer(cfg, work)
       mcfg = build.model_config(cfg, tokenizer)
       module = models.create_model(mcfg, seed=0)
-      models.save_hf_model(module, mcfg, os.path.join(work, "model"),
-                           tokenizer_dir=tok_dir)
+      models.save_hf_model(
+          module, mcfg, os.path.join(work, "model"), tokenizer_dir=tok_dir
+      )
     engines = {"jax": build.make_engine(cfg, mcfg, module, tokenizer, mesh)}
     if args.shared_prefix:
       with cfg.unlocked():
         cfg.rollout.shared_prefix_prefill = True
-      engines["jax_shared_prefix"] = build.make_engine(cfg, mcfg, module,
-                                                       tokenizer, mesh)
+      engines["jax_shared_prefix"] = build.make_engine(
+          cfg, mcfg, module, tokenizer, mesh
+      )
     if args.engine_max_rows:
       with cfg.unlocked():
         cfg.rollout.shared_prefix_prefill = False
         cfg.rollout.engine_max_rows = args.engine_max_rows
       engines[f"jax_max_rows{args.engine_max_rows}"] = build.make_engine(
-          cfg, mcfg, module, tokenizer, mesh)
+          cfg, mcfg, module, tokenizer, mesh
+      )
     if args.length_group_rows >= 0:
       for name in engines:
         engines[name]._group_rows = args.length_group_rows  # bench knob
@@ -169,19 +212,32 @@ def main(argv=None):
       engines["sglang"] = SGLangClient(args.sglang_url)
       engines["sglang_unbarriered"] = engines["sglang"]
     ccfg = build.collect_config(cfg, "train")
-    ccfg = type(ccfg)(**{**ccfg.__dict__, "max_steps": args.max_steps,
-                         "max_prompt_tokens": (args.max_prompt_tokens
-                                               or ccfg.max_prompt_tokens)})
-    sampling = SamplingParams(temperature=1.0,
-                              max_new_tokens=args.max_new_tokens,
-                              stop_strings=("</action>",))
+    ccfg = type(ccfg)(
+        **{
+            **ccfg.__dict__,
+            "max_steps": args.max_steps,
+            "max_prompt_tokens": (
+                args.max_prompt_tokens or ccfg.max_prompt_tokens
+            ),
+        }
+    )
+    sampling = SamplingParams(
+        temperature=1.0,
+        max_new_tokens=args.max_new_tokens,
+        stop_strings=("</action>",),
+    )
     for batch in [int(b) for b in args.batches.split(",")]:
       venv = VectorEnv(env_name, {}, batch, num_workers=args.workers)
       try:
         tasks = list(range(batch // GROUP))
         for name, engine in engines.items():  # warm-up: compiles every bucket
-          _play(name)(engine, venv, tokenizer,
-                      CollectRequest(tasks, GROUP, sampling, seed=1), ccfg)
+          _play(name)(
+              engine,
+              venv,
+              tokenizer,
+              CollectRequest(tasks, GROUP, sampling, seed=1),
+              ccfg,
+          )
         walls = {name: [] for name in engines}
         for rep in range(args.repeats):  # engines take turns: drift is shared
           for name, engine in engines.items():
@@ -189,8 +245,12 @@ def main(argv=None):
             columns = getattr(engine, "prefill_columns", None)
             t0 = time.perf_counter()
             records, stats = _play(name)(
-                engine, venv, tokenizer,
-                CollectRequest(tasks, GROUP, sampling, seed=2 + rep), ccfg)
+                engine,
+                venv,
+                tokenizer,
+                CollectRequest(tasks, GROUP, sampling, seed=2 + rep),
+                ccfg,
+            )
             wall = time.perf_counter() - t0
             walls[name].append(wall)
             paths = {**decode_paths(records), **group_prefixes(records)}
@@ -199,32 +259,55 @@ def main(argv=None):
               paths["prefill_columns"] = int(done)
               paths["prefill_columns_saved"] = round(1 - done / without, 3)
             if args.prefill_share and name == "jax":
-              paths["prefill_share"] = prefill_share(engine, records,
-                                                     sampling)
+              paths["prefill_share"] = prefill_share(engine, records, sampling)
             if prefills is not None:
               time.sleep(0.5)  # the server logs after it answers
               paths["server_prefill_forwards"] = (
-                  _prefill_forwards(args.server_log, name) - prefills)
-            print(json.dumps({
-                "env": env_name, "engine": name, "batch": batch,
-                "repeat": rep, "group": GROUP, "params": mcfg.num_params(),
-                "gen_tokens_per_s": round(stats["gen_tokens_per_s"], 1),
-                "env_steps_per_s": round(stats["env_steps_per_s"], 1),
-                "gen_tokens": stats["gen_tokens"],
-                "env_steps": stats["env_steps"], "wall_s": round(wall, 2),
-                "episodes_per_s": round(batch / wall, 2),
-                "generation_s": round(stats.get("generation_s", 0.0), 2),
-                **paths,
-            }), flush=True)
+                  _prefill_forwards(args.server_log, name) - prefills
+              )
+            print(
+                json.dumps(
+                    {
+                        "env": env_name,
+                        "engine": name,
+                        "batch": batch,
+                        "repeat": rep,
+                        "group": GROUP,
+                        "params": mcfg.num_params(),
+                        "gen_tokens_per_s": round(stats["gen_tokens_per_s"], 1),
+                        "env_steps_per_s": round(stats["env_steps_per_s"], 1),
+                        "gen_tokens": stats["gen_tokens"],
+                        "env_steps": stats["env_steps"],
+                        "wall_s": round(wall, 2),
+                        "episodes_per_s": round(batch / wall, 2),
+                        "generation_s": round(
+                            stats.get("generation_s", 0.0), 2
+                        ),
+                        **paths,
+                    }
+                ),
+                flush=True,
+            )
         for name, w in walls.items():
-          print(json.dumps({
-              "env": env_name, "engine": name, "batch": batch,
-              "summary": True, "walls_s": [round(x, 2) for x in w],
-              "median_wall_s": round(float(np.median(w)), 2),
-              "median_episodes_per_s": round(batch / float(np.median(w)), 2),
-              "compiled_shapes": getattr(engines[name], "num_compilations",
-                                         None),
-          }), flush=True)
+          print(
+              json.dumps(
+                  {
+                      "env": env_name,
+                      "engine": name,
+                      "batch": batch,
+                      "summary": True,
+                      "walls_s": [round(x, 2) for x in w],
+                      "median_wall_s": round(float(np.median(w)), 2),
+                      "median_episodes_per_s": round(
+                          batch / float(np.median(w)), 2
+                      ),
+                      "compiled_shapes": getattr(
+                          engines[name], "num_compilations", None
+                      ),
+                  }
+              ),
+              flush=True,
+          )
       finally:
         venv.close()
 
@@ -233,8 +316,9 @@ def _play(engine_name: str):
   from rspo_jax.rollout.collect import collect
   from rspo_jax.rollout.unbarriered import collect_unbarriered
 
-  return (collect_unbarriered if engine_name.endswith("_unbarriered")
-          else collect)
+  return (
+      collect_unbarriered if engine_name.endswith("_unbarriered") else collect
+  )
 
 
 def _prefill_forwards(server_log: str, engine_name: str):
@@ -268,8 +352,11 @@ def decode_paths(records) -> dict:
     turns[r.step_idx] = max(turns.get(r.step_idx, 0), n)
     episodes[r.traj_id] = episodes.get(r.traj_id, 0) + n
   barriered, free = sum(turns.values()), max(episodes.values(), default=0)
-  return {"barriered_steps": barriered, "free_steps": free,
-          "barrier_bound": round(barriered / free, 3) if free else None}
+  return {
+      "barriered_steps": barriered,
+      "free_steps": free,
+      "barrier_bound": round(barriered / free, 3) if free else None,
+  }
 
 
 def group_prefixes(records) -> dict:
@@ -295,8 +382,10 @@ def group_prefixes(records) -> dict:
     lcp = int(width if same.all() else np.argmin(same))
     lcps.append(lcp)
     saved += lcp * (len(ps) - 1)
-  return {"group_prefix_share": round(saved / total, 3) if total else None,
-          "median_group_lcp": float(np.median(lcps)) if lcps else None}
+  return {
+      "group_prefix_share": round(saved / total, 3) if total else None,
+      "median_group_lcp": float(np.median(lcps)) if lcps else None,
+  }
 
 
 def prefill_share(engine, records, sampling) -> float:
@@ -338,26 +427,39 @@ def bench_shared_heads(args):
     tokenizer, _ = build.make_tokenizer(cfg, tempfile.mkdtemp())
     mcfg = build.model_config(cfg, tokenizer)
     module = models.create_model(mcfg, seed=0)
-  engines = {shared: JaxEngine(
-      build.inference_model(module, mcfg), build.engine_config(mcfg),
-      pad_id=0, eos_ids=[1], length_group_rows=0,
-      shared_prefix_prefill=shared) for shared in (True, False)}
+  engines = {
+      shared: JaxEngine(
+          build.inference_model(module, mcfg),
+          build.engine_config(mcfg),
+          pad_id=0,
+          eos_ids=[1],
+          length_group_rows=0,
+          shared_prefix_prefill=shared,
+      )
+      for shared in (True, False)
+  }
   rng = np.random.default_rng(0)
   one = SamplingParams(temperature=1.0, max_new_tokens=1, seed=0)
   for head in [int(h) for h in args.shared_heads.split(",")]:
     prompts = []
     for _ in range(16):
       shared = rng.integers(5, mcfg.vocab_size, head).tolist()
-      prompts += [shared + rng.integers(
-          5, mcfg.vocab_size,
-          args.prompt_tokens - head + int(rng.integers(-40, 40))).tolist()
-          for _ in range(GROUP)]
+      prompts += [
+          shared
+          + rng.integers(
+              5,
+              mcfg.vocab_size,
+              args.prompt_tokens - head + int(rng.integers(-40, 40)),
+          ).tolist()
+          for _ in range(GROUP)
+      ]
     out = {"shared_head": head, "prompt_tokens": args.prompt_tokens}
     for shared, engine in engines.items():
       engine.generate(prompts, one)  # compile
       before = engine.prefill_columns
-      best = _best_seconds(lambda e=engine: e.generate(prompts, one),
-                           args.repeats)
+      best = _best_seconds(
+          lambda e=engine: e.generate(prompts, one), args.repeats
+      )
       done = (engine.prefill_columns[0] - before[0]) // args.repeats
       key = "shared_prefix" if shared else "plain"
       out |= {f"{key}_s": best, f"{key}_columns": int(done)}
@@ -383,8 +485,11 @@ def bench_server_steps(args):
   import urllib.request
 
   rng = np.random.default_rng(0)
-  info = json.loads(urllib.request.urlopen(
-      args.sglang_url + "/get_model_info", timeout=60).read())
+  info = json.loads(
+      urllib.request.urlopen(
+          args.sglang_url + "/get_model_info", timeout=60
+      ).read()
+  )
   config = os.path.join(info.get("model_path", ""), "config.json")
   vocab = 256  # a model directory this machine cannot read: small ids
   if os.path.isfile(config):
@@ -392,13 +497,24 @@ def bench_server_steps(args):
       vocab = json.load(f)["vocab_size"]
 
   def seconds(rows, new_tokens):
-    body = json.dumps({
-        "input_ids": [rng.integers(3, vocab, args.prompt_tokens).tolist()
-                      for _ in range(rows)],
-        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 1.0,
-                            "ignore_eos": True}}).encode()
-    req = urllib.request.Request(args.sglang_url + "/generate", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "input_ids": [
+                rng.integers(3, vocab, args.prompt_tokens).tolist()
+                for _ in range(rows)
+            ],
+            "sampling_params": {
+                "max_new_tokens": new_tokens,
+                "temperature": 1.0,
+                "ignore_eos": True,
+            },
+        }
+    ).encode()
+    req = urllib.request.Request(
+        args.sglang_url + "/generate",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     t0 = time.perf_counter()
     urllib.request.urlopen(req, timeout=600).read()
     return time.perf_counter() - t0
@@ -408,11 +524,18 @@ def bench_server_steps(args):
     first = min(seconds(rows, 1) for _ in range(args.repeats))
     whole = min(seconds(rows, 65) for _ in range(args.repeats))
     step = max(whole - first, 0.0) / 64
-    print(json.dumps({
-        "server": args.sglang_url, "rows": rows,
-        "prompt_tokens": args.prompt_tokens,
-        "decode_step_ms": round(step * 1e3, 2),
-        "row_step_ms": round(step * 1e3 / rows, 3)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "server": args.sglang_url,
+                "rows": rows,
+                "prompt_tokens": args.prompt_tokens,
+                "decode_step_ms": round(step * 1e3, 2),
+                "row_step_ms": round(step * 1e3 / rows, 3),
+            }
+        ),
+        flush=True,
+    )
 
 
 def bench_sync(args):
@@ -428,48 +551,78 @@ def bench_sync(args):
   from rspo_jax.rollout.sglang_client import SGLangClient
 
   disk = args.export_dir or tempfile.mkdtemp(prefix="bench_sync_")
-  shm = tempfile.mkdtemp(prefix="bench_sync_", dir="/dev/shm") \
-      if os.path.isdir("/dev/shm") else None
+  shm = (
+      tempfile.mkdtemp(prefix="bench_sync_", dir="/dev/shm")
+      if os.path.isdir("/dev/shm")
+      else None
+  )
   for preset in args.presets.split(","):
     mcfg = models.get_model_config(preset)
     module = models.create_model(mcfg, seed=0)
-    base = {"preset": preset, "params": mcfg.num_params(),
-            "dtype": models.export_dtype(mcfg)}
+    base = {
+        "preset": preset,
+        "params": mcfg.num_params(),
+        "dtype": models.export_dtype(mcfg),
+    }
 
     best = lambda fn: _best_seconds(fn, args.repeats)
 
     for where, root in (("disk", disk), ("shm", shm)):
       if root is None:
         continue
-      old = best(lambda: models.save_hf_model(module, mcfg,
-                                              os.path.join(root, "old")))
-      new = best(lambda: weight_sync.export_hf(module, mcfg,
-                                               os.path.join(root, "new")))
-      print(json.dumps({**base, "what": f"export_{where}",
-                        "save_hf_model_s": old, "export_hf_s": new}),
-            flush=True)
-    engine = JaxEngine(models.create_model(mcfg, seed=1), mcfg, pad_id=0,
-                       eos_ids=(0,))
+      old = best(
+          lambda: models.save_hf_model(module, mcfg, os.path.join(root, "old"))
+      )
+      new = best(
+          lambda: weight_sync.export_hf(module, mcfg, os.path.join(root, "new"))
+      )
+      print(
+          json.dumps(
+              {
+                  **base,
+                  "what": f"export_{where}",
+                  "save_hf_model_s": old,
+                  "export_hf_s": new,
+              }
+          ),
+          flush=True,
+      )
+    engine = JaxEngine(
+        models.create_model(mcfg, seed=1), mcfg, pad_id=0, eos_ids=(0,)
+    )
     srv = http_server.make_server(engine, port=0)
-    threading.Thread(target=srv.serve_forever, args=(0.05,),
-                     daemon=True).start()
+    threading.Thread(
+        target=srv.serve_forever, args=(0.05,), daemon=True
+    ).start()
     client = SGLangClient(f"http://127.0.0.1:{srv.server_address[1]}")
-    learner = Learner(module, ts.make_optimizer(1e-3), ts.make_sft_loss(),
-                      mesh=sharding.make_mesh((1, -1, 1)),
-                      rules=sharding.DEFAULT_RULES)
+    learner = Learner(
+        module,
+        ts.make_optimizer(1e-3),
+        ts.make_sft_loss(),
+        mesh=sharding.make_mesh((1, -1, 1)),
+        rules=sharding.DEFAULT_RULES,
+    )
     sync = build.make_sync_engine(mcfg, None, shm or disk)
     sync(client, learner, 1)
     t0 = time.perf_counter()
     sync(client, learner, 2)  # unchanged weights
     skip_s = time.perf_counter() - t0
     first, second = sync.log.history
-    print(json.dumps({
-        **base, "what": "sync", "export_s": round(first["export_s"], 3),
-        "load_s": round(first["load_s"], 3),
-        "total_s": round(first["total_s"], 3),
-        "unchanged_sync_s": round(skip_s, 4),
-        "unchanged_sync_exports": sync.log.exports - 1,
-        "unchanged_sync_skipped": bool(second.get("skipped"))}), flush=True)
+    print(
+        json.dumps(
+            {
+                **base,
+                "what": "sync",
+                "export_s": round(first["export_s"], 3),
+                "load_s": round(first["load_s"], 3),
+                "total_s": round(first["total_s"], 3),
+                "unchanged_sync_s": round(skip_s, 4),
+                "unchanged_sync_exports": sync.log.exports - 1,
+                "unchanged_sync_skipped": bool(second.get("skipped")),
+            }
+        ),
+        flush=True,
+    )
     client.close()
     srv.shutdown()
     srv.server_close()
@@ -498,14 +651,24 @@ def bench_lora_sync(args):
     mcfg = models.get_model_config(preset)
     module = models.create_model(mcfg, seed=0)
     lcfg = dataclasses.replace(mcfg, lora_rank=rank, lora_alpha=2.0 * rank)
-    cases = (("full", mcfg, module),
-             ("lora", lcfg, lora.add_adapters(module, lcfg, seed=1)))
+    cases = (
+        ("full", mcfg, module),
+        ("lora", lcfg, lora.add_adapters(module, lcfg, seed=1)),
+    )
     for name, cfg, mod in cases:
-      learner = Learner(mod, ts.make_optimizer(1e-3), ts.make_sft_loss(),
-                        mesh=sharding.make_mesh((1, -1, 1)),
-                        rules=sharding.DEFAULT_RULES)
-      engine = JaxEngine(build.inference_model(learner.module(), cfg),
-                         build.engine_config(cfg), pad_id=0, eos_ids=(0,))
+      learner = Learner(
+          mod,
+          ts.make_optimizer(1e-3),
+          ts.make_sft_loss(),
+          mesh=sharding.make_mesh((1, -1, 1)),
+          rules=sharding.DEFAULT_RULES,
+      )
+      engine = JaxEngine(
+          build.inference_model(learner.module(), cfg),
+          build.engine_config(cfg),
+          pad_id=0,
+          eos_ids=(0,),
+      )
       sync = build.make_sync_engine(cfg, None, root)
       version = [0]
 
@@ -524,15 +687,29 @@ def bench_lora_sync(args):
         export = lambda: weight_sync.export_hf(learner.module(), cfg, out)
       nbytes = export()
       export_s = _best_seconds(export, args.repeats)
-      moved = (lora.nbytes(learner.params) if name == "lora" else
-               lora.nbytes(build.inference_model(learner.module(), cfg)[1]))
-      print(json.dumps({
-          "preset": preset, "what": name, "rank": rank if name == "lora"
-          else 0, "params": mcfg.num_params(),
-          "trainable": int(sum(x.size for x in jax.tree.leaves(
-              learner.params))),
-          "sync_bytes": moved, "jax_engine_sync_s": seconds,
-          "export_bytes": int(nbytes), "export_s": export_s}), flush=True)
+      moved = (
+          lora.nbytes(learner.params)
+          if name == "lora"
+          else lora.nbytes(build.inference_model(learner.module(), cfg)[1])
+      )
+      print(
+          json.dumps(
+              {
+                  "preset": preset,
+                  "what": name,
+                  "rank": rank if name == "lora" else 0,
+                  "params": mcfg.num_params(),
+                  "trainable": int(
+                      sum(x.size for x in jax.tree.leaves(learner.params))
+                  ),
+                  "sync_bytes": moved,
+                  "jax_engine_sync_s": seconds,
+                  "export_bytes": int(nbytes),
+                  "export_s": export_s,
+              }
+          ),
+          flush=True,
+      )
       getattr(engine, "close", lambda: None)()
   shutil.rmtree(root, ignore_errors=True)
 

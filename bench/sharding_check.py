@@ -41,8 +41,10 @@ import time
 
 # Before jax starts: 8 CPU devices, whatever accelerator the machine has.
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=8"
+)
 
 import device  # noqa: E402  (bench/device.py: the paper shapes and flags)
 
@@ -64,53 +66,77 @@ def check(smoke: bool, out: device.Results, cudnn: bool = False) -> None:
   cfg = models.get_model_config(run["preset"], num_layers=2, **flags)
   mesh = sharding.make_mesh(MESH)
   rows, seq = 2 * run["rows"], run["prompt_len"] + run["resp_len"]
-  micro, n_micro = device.paper_micro(run["rows"], mesh,
-                                      run["micro_rows_per_device"])
+  micro, n_micro = device.paper_micro(
+      run["rows"], mesh, run["micro_rows_per_device"]
+  )
   n_micro = rows // micro  # the paper's micro-batches, twice as many
   window = run["resp_len"]
   over_data = {}
   for n in (n_micro // 2, n_micro):
     t0 = time.perf_counter()
-    c = hlo.compile_train_step(mesh, cfg, rows, seq, n_micro=n,
-                               window=window, partitioned=n == n_micro)
+    c = hlo.compile_train_step(
+        mesh, cfg, rows, seq, n_micro=n, window=window, partitioned=n == n_micro
+    )
     over_data[n] = sum(
         r.times * sum(1 for shape in r.shapes if shape)
-        for r in hlo.reductions(c.hlo, MESH) if "data" in r.axes)
+        for r in hlo.reductions(c.hlo, MESH)
+        if "data" in r.axes
+    )
     if n != n_micro:
       continue
     bound = hlo.activation_bound(c, MESH, cfg.hidden_size)
     bad = hlo.activation_collectives(c.hlo, c.params, MESH, bound)
     skip = hlo.param_shapes(c.params, mesh.size)
-    narrow = [r for r in hlo.reductions(c.partitioned, MESH, loops=False)
-              if r.axes & {"data", "fsdp"} and r.shapes[0]
-              and tuple(d for d in r.shapes[0] if d != 1) in skip
-              and set(r.dtypes) != {"f32"}]
-    out.emit({
-        "bench": "sharding_step", "mesh_shape": list(MESH),
-        "attention": attention + (" (stubbed kernel)" if cudnn else ""),
-        "preset": run["preset"], "layers": cfg.num_layers, "rows": rows,
-        "seq_len": seq, "window": window, "micro_batch_rows": micro,
-        "micro_batches": n, "compile_s": round(time.perf_counter() - t0, 1),
-        "activation_collectives": len(bad),
-        "largest_activation_collectives": [
-            [k, list(s), e, list(a)]
-            for k, s, e, a in sorted(bad, key=lambda b: -b[2])[:4]],
-        "gradient_reductions_not_f32": len(narrow),
-    })
-  out.emit({
-      "bench": "sharding_data", "mesh_shape": list(MESH),
-      "attention": attention,
-      "parameters": len(jax.tree.leaves(c.params)),
-      "data_all_reduces_per_update": {str(k): v for k, v in
-                                      over_data.items()},
-  })
+    narrow = [
+        r
+        for r in hlo.reductions(c.partitioned, MESH, loops=False)
+        if r.axes & {"data", "fsdp"}
+        and r.shapes[0]
+        and tuple(d for d in r.shapes[0] if d != 1) in skip
+        and set(r.dtypes) != {"f32"}
+    ]
+    out.emit(
+        {
+            "bench": "sharding_step",
+            "mesh_shape": list(MESH),
+            "attention": attention + (" (stubbed kernel)" if cudnn else ""),
+            "preset": run["preset"],
+            "layers": cfg.num_layers,
+            "rows": rows,
+            "seq_len": seq,
+            "window": window,
+            "micro_batch_rows": micro,
+            "micro_batches": n,
+            "compile_s": round(time.perf_counter() - t0, 1),
+            "activation_collectives": len(bad),
+            "largest_activation_collectives": [
+                [k, list(s), e, list(a)]
+                for k, s, e, a in sorted(bad, key=lambda b: -b[2])[:4]
+            ],
+            "gradient_reductions_not_f32": len(narrow),
+        }
+    )
+  out.emit(
+      {
+          "bench": "sharding_data",
+          "mesh_shape": list(MESH),
+          "attention": attention,
+          "parameters": len(jax.tree.leaves(c.params)),
+          "data_all_reduces_per_update": {
+              str(k): v for k, v in over_data.items()
+          },
+      }
+  )
 
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--smoke", action="store_true", help="tiny preset")
-  p.add_argument("--cudnn", action="store_true",
-                 help="cuDNN attention, its kernel stubbed on CPU")
+  p.add_argument(
+      "--cudnn",
+      action="store_true",
+      help="cuDNN attention, its kernel stubbed on CPU",
+  )
   p.add_argument("--out", default="", help="also write the rows here")
   args = p.parse_args(argv)
   check(args.smoke, device.Results(args.out), args.cudnn)

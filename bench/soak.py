@@ -34,14 +34,23 @@ import _common
 
 # Same as tests/rspo_e2e_test.py's MICRO (1-layer 64-wide model, 2 groups
 # of 2 toy episodes of <= 4 steps, k = 1).
-MICRO = ("model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
-         "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
-         "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
-         "train.batch_tasks=2,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
-         "steps=1,env.max_steps=4,env.num_eval_tasks=4,env.num_workers=1,"
-         "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256")
-KEYS = ("rss_mb", "open_fds", "os_threads", "children", "live_arrays",
-        "workdir_mb", "loop_s")
+MICRO = (
+    "model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
+    "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
+    "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
+    "train.batch_tasks=2,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
+    "steps=1,env.max_steps=4,env.num_eval_tasks=4,env.num_workers=1,"
+    "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256"
+)
+KEYS = (
+    "rss_mb",
+    "open_fds",
+    "os_threads",
+    "children",
+    "live_arrays",
+    "workdir_mb",
+    "loop_s",
+)
 
 
 def _status(field: str) -> int:
@@ -120,18 +129,24 @@ def main(argv=None) -> None:
         cfg.train.total_steps = first + i + 1  # run() stops after one loop
       t0 = time.perf_counter()
       run.trainer.run()
-      row = {"loop": i, **measure(workdir),
-             "loop_s": round(time.perf_counter() - t0, 2)}
+      row = {
+          "loop": i,
+          **measure(workdir),
+          "loop_s": round(time.perf_counter() - t0, 2),
+      }
       rows.append(row)
       _common.emit(row)
   finally:
     run.close()
-  tail = rows[len(rows) // 2:]
-  _common.emit({
-      "summary": "growth per loop, second half", "loops": len(rows),
-      **{k: round(slope([r[k] for r in tail]), 4) for k in KEYS},
-      "workdir": workdir,
-  })
+  tail = rows[len(rows) // 2 :]
+  _common.emit(
+      {
+          "summary": "growth per loop, second half",
+          "loops": len(rows),
+          **{k: round(slope([r[k] for r in tail]), 4) for k in KEYS},
+          "workdir": workdir,
+      }
+  )
 
 
 if __name__ == "__main__":

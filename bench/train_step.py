@@ -46,8 +46,17 @@ def mesh_layouts(n: int) -> list[tuple[int, int, int]]:
   return uniq
 
 
-def bench_one(preset: str, mesh_shape, *, rows: int, prompt_len: int,
-              resp_len: int, iters: int, dtype: str, profile_dir=None):
+def bench_one(
+    preset: str,
+    mesh_shape,
+    *,
+    rows: int,
+    prompt_len: int,
+    resp_len: int,
+    iters: int,
+    dtype: str,
+    profile_dir=None,
+):
   """Times one (preset, mesh) pair; returns the JSON row."""
   import jax
   from rspo_jax import models, sharding
@@ -62,14 +71,20 @@ def bench_one(preset: str, mesh_shape, *, rows: int, prompt_len: int,
   graphdef, params, frozen = ts.split_trainable(module)
   tx = ts.make_optimizer(1e-6)
   state, state_sh = ts.create_train_state(params, tx, mesh, rules)
-  batch = _common.policy_batch(rows, prompt_len, resp_len, cfg.vocab_size,
-                               n_off=max(rows // 8, 1))
+  batch = _common.policy_batch(
+      rows, prompt_len, resp_len, cfg.vocab_size, n_off=max(rows // 8, 1)
+  )
   window = ts.response_window(batch.loss_mask)  # as Learner does
   batch_sh = ts.batch_shardings(mesh, batch, rules)
   batch = jax.device_put(batch, batch_sh)
   step = ts.make_train_step(
-      graphdef, frozen, ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)), tx,
-      mesh=mesh, state_shardings=state_sh, batch_sharding_tree=batch_sh,
+      graphdef,
+      frozen,
+      ts.make_policy_loss(ts.PolicyLossConfig(**LOSS)),
+      tx,
+      mesh=mesh,
+      state_shardings=state_sh,
+      batch_sharding_tree=batch_sh,
       window=window,
   )
   rng = jax.random.key(0)
@@ -79,15 +94,25 @@ def bench_one(preset: str, mesh_shape, *, rows: int, prompt_len: int,
     holder[0], metrics = step(holder[0], batch, rng)
     return metrics
 
-  timing = _common.time_calls(run, iters=iters, warmup=1,
-                              sync=jax.block_until_ready)
+  timing = _common.time_calls(
+      run, iters=iters, warmup=1, sync=jax.block_until_ready
+  )
   if profile_dir:
     with jax.profiler.trace(str(profile_dir)):
       jax.block_until_ready(run())
   tokens = rows * (prompt_len + resp_len)
-  shape = {k: getattr(cfg, k) for k in (
-      "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-      "num_heads", "num_kv_heads", "head_dim")}
+  shape = {
+      k: getattr(cfg, k)
+      for k in (
+          "vocab_size",
+          "hidden_size",
+          "intermediate_size",
+          "num_layers",
+          "num_heads",
+          "num_kv_heads",
+          "head_dim",
+      )
+  }
   flops = _common.train_flops(shape, tokens, prompt_len + resp_len)
   return {
       "bench": "train_step",
@@ -115,14 +140,21 @@ def main(argv=None):
   p.add_argument("--quick", action="store_true", help="'tiny' preset only")
   p.add_argument("--presets", default="tiny,base-100m")
   p.add_argument("--fake_devices", type=int, default=0)
-  p.add_argument("--rows", type=int, default=0,
-                 help="rows per batch (0 = per-preset default)")
+  p.add_argument(
+      "--rows",
+      type=int,
+      default=0,
+      help="rows per batch (0 = per-preset default)",
+  )
   p.add_argument("--prompt_len", type=int, default=256)
   p.add_argument("--resp_len", type=int, default=32)
   p.add_argument("--iters", type=int, default=3)
   p.add_argument("--dtype", default="float32")
-  p.add_argument("--profile_dir", default="",
-                 help="write a jax.profiler trace of one step per line here")
+  p.add_argument(
+      "--profile_dir",
+      default="",
+      help="write a jax.profiler trace of one step per line here",
+  )
   args = p.parse_args(argv)
   _common.force_host_devices(args.fake_devices)
   import jax
@@ -136,9 +168,14 @@ def main(argv=None):
         mesh_name = "x".join(map(str, mesh_shape))
         prof = Path(args.profile_dir) / f"{preset}_{mesh_name}"
       row = bench_one(
-          preset, mesh_shape, rows=args.rows or DEFAULT_ROWS.get(preset, 4),
-          prompt_len=args.prompt_len, resp_len=args.resp_len,
-          iters=args.iters, dtype=args.dtype, profile_dir=prof,
+          preset,
+          mesh_shape,
+          rows=args.rows or DEFAULT_ROWS.get(preset, 4),
+          prompt_len=args.prompt_len,
+          resp_len=args.resp_len,
+          iters=args.iters,
+          dtype=args.dtype,
+          profile_dir=prof,
       )
       row["wall_s"] = round(time.perf_counter() - t0, 1)
       _common.emit(row)

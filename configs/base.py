@@ -28,8 +28,11 @@ from configs import scales
 from rspo_jax import sharding
 from rspo_jax.errors import ConfigError, did_you_mean
 from third_party_envs import registry
-from rspo_jax.models.config import (ATTENTION, LOCAL_TOKENIZER_PRESETS,
-                                     LORA_SYNCS)
+from rspo_jax.models.config import (
+    ATTENTION,
+    LOCAL_TOKENIZER_PRESETS,
+    LORA_SYNCS,
+)
 
 # The from-scratch presets (a locally trained tokenizer; CPU recipe).
 CPU_PRESETS = LOCAL_TOKENIZER_PRESETS
@@ -101,8 +104,9 @@ def _algo(c: ml_collections.ConfigDict, env: str, algo: str) -> None:
   # norm_adv_by_std_in_grpo (True); GiGPO's gigpo.mode, which verl-agent's
   # examples/gigpo_trainer/run_webshop.sh sets to mean_norm (no std) and
   # run_alfworld.sh to mean_std_norm.
-  c.algo.normalize_std = not (algo == "grpo_nostd"
-                              or (algo == "gigpo" and env == "webshop"))
+  c.algo.normalize_std = not (
+      algo == "grpo_nostd" or (algo == "gigpo" and env == "webshop")
+  )
   c.algo.gamma = 0.95  # GiGPO's step-return discount only
   # Credit (docs/credit.md): 'verl_agent' = penalty on the offending step
   # row, group statistics over step rows, PPO GAE per row; 'trajectory' =
@@ -341,7 +345,8 @@ def _apply_table(c: ml_collections.ConfigDict, table: dict) -> None:
   if set(values) != set(scales.SCALE_KEYS):
     raise AssertionError(  # a table that misses or adds a scale key
         f"scale table keys != SCALE_KEYS:"
-        f" {sorted(set(values) ^ set(scales.SCALE_KEYS))}")
+        f" {sorted(set(values) ^ set(scales.SCALE_KEYS))}"
+    )
   for key, value in values.items():
     section, leaf = key.split(".")
     if isinstance(value, dict):
@@ -362,8 +367,9 @@ def cpu_scale(c: ml_collections.ConfigDict) -> None:
   _apply_table(c, scales.CPU)
 
 
-def last_override(arg: str | None, key: str,
-                  default: str | None = None) -> str | None:
+def last_override(
+    arg: str | None, key: str, default: str | None = None
+) -> str | None:
   """The value of the last `key=value` in a comma-separated override
   string `arg` (the one that wins), else `default`."""
   value = default
@@ -386,15 +392,18 @@ def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> None:
     if not item.strip():
       continue
     if "=" not in item:
-      raise ConfigError(f"config override {item!r} is not key=value"
-                        f" (e.g. rspo.alpha=0.25)")
+      raise ConfigError(
+          f"config override {item!r} is not key=value"
+          f" (e.g. rspo.alpha=0.25)"
+      )
     key, value = (s.strip() for s in item.split("=", 1))
     if key == "model":
       presets = CPU_PRESETS + PAPER_PRESETS
       if value not in presets:
         raise ConfigError(
             f"unknown model preset {value!r}{did_you_mean(value, presets)}"
-            f" in model={value}; known: {', '.join(presets)}")
+            f" in model={value}; known: {', '.join(presets)}"
+        )
       c.model.preset = value  # the scale was chosen by `make_config`
     elif key == "rspo":
       set_by_path(c, "rspo.enabled", value)  # refuses e.g. rspo=maybe
@@ -410,8 +419,10 @@ def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> None:
 
 # Two ways to size a step's mini-batches: an override of one (> 0) clears
 # the other (validate refuses both > 0, e.g. from --config.<key> flags).
-_ONE_OF = {"train.mini_batch_rows": "train.updates_per_step",
-           "train.updates_per_step": "train.mini_batch_rows"}
+_ONE_OF = {
+    "train.mini_batch_rows": "train.updates_per_step",
+    "train.updates_per_step": "train.mini_batch_rows",
+}
 
 
 def leaf_keys(c: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
@@ -425,8 +436,14 @@ def leaf_keys(c: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
   return keys
 
 
-def resolve_key(c: ml_collections.ConfigDict, key: str, value: str, *,
-                what: str = "unknown config key", given: str = ""):
+def resolve_key(
+    c: ml_collections.ConfigDict,
+    key: str,
+    value: str,
+    *,
+    what: str = "unknown config key",
+    given: str = "",
+):
   """(section, leaf name) of the dotted `key`; a ConfigError naming `key`,
   `value` (as `given` on the command line), the closest existing keys and
   the keys of the deepest section reached when `key` names no field."""
@@ -443,12 +460,19 @@ def resolve_key(c: ml_collections.ConfigDict, key: str, value: str, *,
     raise ConfigError(
         f"{what} {key!r}{did_you_mean(key, leaf_keys(c))} in"
         f" {given or f'{key}={value}'}"
-        f"; {where}: {', '.join(sorted(node.keys()))}")
+        f"; {where}: {', '.join(sorted(node.keys()))}"
+    )
   raise ConfigError(f"{what} {key!r}: empty key")
 
 
-def check_override(c: ml_collections.ConfigDict, key: str, value: str, *,
-                   what: str = "unknown config key", given: str = "") -> None:
+def check_override(
+    c: ml_collections.ConfigDict,
+    key: str,
+    value: str,
+    *,
+    what: str = "unknown config key",
+    given: str = "",
+) -> None:
   """ConfigError when `key=value` names no field of `c` or a scalar field
   `value` does not convert to (what `set_by_path` would set); `c` is left
   as it was."""
@@ -459,8 +483,9 @@ def check_override(c: ml_collections.ConfigDict, key: str, value: str, *,
     set_by_path(scratch, leaf, value, name=key)
 
 
-def set_by_path(c: ml_collections.ConfigDict, key: str, value: str, *,
-                name: str = "") -> None:
+def set_by_path(
+    c: ml_collections.ConfigDict, key: str, value: str, *, name: str = ""
+) -> None:
   """Sets `a.b.c` from a string, keeping the existing field's type.
   ConfigError names the key (`name`, when given), the value and what the
   field accepts."""
@@ -469,8 +494,10 @@ def set_by_path(c: ml_collections.ConfigDict, key: str, value: str, *,
   old = node[leaf]
   if isinstance(old, bool):
     if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
-      raise ConfigError(f"config key {key!r} wants a bool, got {value!r}"
-                        " (true/false, 1/0, yes/no)")
+      raise ConfigError(
+          f"config key {key!r} wants a bool, got {value!r}"
+          " (true/false, 1/0, yes/no)"
+      )
     node[leaf] = value.lower() in ("1", "true", "yes")
     return
   try:
@@ -489,11 +516,15 @@ def set_by_path(c: ml_collections.ConfigDict, key: str, value: str, *,
 
 def make_config(env: str, algo: str, arg: str | None = None):
   if env not in ENVS:
-    raise ConfigError(f"unknown env {env!r}{did_you_mean(env, ENVS)};"
-                      f" known: {', '.join(ENVS)}")
+    raise ConfigError(
+        f"unknown env {env!r}{did_you_mean(env, ENVS)};"
+        f" known: {', '.join(ENVS)}"
+    )
   if algo not in ALGOS:
-    raise ConfigError(f"unknown algo {algo!r}{did_you_mean(algo, ALGOS)};"
-                      f" known: {', '.join(ALGOS)}")
+    raise ConfigError(
+        f"unknown algo {algo!r}{did_you_mean(algo, ALGOS)};"
+        f" known: {', '.join(ALGOS)}"
+    )
   c = _base(env, algo)
   if scale_of(arg) == "paper":
     paper_scale(c)
@@ -504,23 +535,35 @@ def make_config(env: str, algo: str, arg: str | None = None):
   return c
 
 
-def _one_of(value, choices: tuple, key: str, other_ok: bool = False,
-            other: str = ""):
+def _one_of(
+    value, choices: tuple, key: str, other_ok: bool = False, other: str = ""
+):
   """A `validate` check: `value` is one of `choices` (or `other_ok`)."""
   accepts = "one of " + ", ".join(choices) + (f" or {other}" if other else "")
-  return (value in choices or other_ok, key, value, accepts,
-          did_you_mean(value, choices))
+  return (
+      value in choices or other_ok,
+      key,
+      value,
+      accepts,
+      did_you_mean(value, choices),
+  )
 
 
-def _prefill_chunk_ok(c, key="prefill_chunk",
-                      accepts="None (the plan chooses), 0 (one pass) or a"
-                      " block width > 0"):
+def _prefill_chunk_ok(
+    c,
+    key="prefill_chunk",
+    accepts="None (the plan chooses), 0 (one pass) or a" " block width > 0",
+):
   """A `validate` check of rollout.prefill_chunk (or another rollout
   ``key`` of the same kind: None or an int >= 0; a command line gives a
   float: made an int)."""
   v = c.rollout[key]
-  ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                     and v >= 0 and float(v).is_integer())
+  ok = v is None or (
+      isinstance(v, (int, float))
+      and not isinstance(v, bool)
+      and v >= 0
+      and float(v).is_integer()
+  )
   if ok and v is not None:
     c.rollout[key] = int(v)
   return (ok, f"rollout.{key}", v, accepts)
@@ -539,9 +582,14 @@ def _remat_ok(value):
       ok = True
     except ValueError:
       pass
-  return (ok, "model.remat", value,
-          "auto (the plan picks) or one of " + ", ".join(REMAT_POLICIES)
-          + " (True / False: full / none)")
+  return (
+      ok,
+      "model.remat",
+      value,
+      "auto (the plan picks) or one of "
+      + ", ".join(REMAT_POLICIES)
+      + " (True / False: full / none)",
+  )
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -556,96 +604,179 @@ def validate(c: ml_collections.ConfigDict) -> None:
   any_path = "an import path pkg.module:name"
   checks = [  # (ok, key, value, what the key accepts[, did you mean])
       _one_of(c.algo.name, ("grpo", "ppo", "gigpo"), "algo.name"),
-      _one_of(c.rspo.sampling, ("reward", "variance", "random"),
-              "rspo.sampling"),
+      _one_of(
+          c.rspo.sampling, ("reward", "variance", "random"), "rspo.sampling"
+      ),
       _one_of(c.rspo.replay_reuse, ("wins", "pass"), "rspo.replay_reuse"),
       _one_of(c.rspo.b_lift_tasks, ("first", "fresh"), "rspo.b_lift_tasks"),
-      _one_of(c.rspo.data_source, ("rspo", "history", "outcome"),
-              "rspo.data_source"),
-      _one_of(c.rspo.dense_reward, ("oracle", "prm"), "rspo.dense_reward",
-              registry.is_import_path(c.rspo.dense_reward), any_path),
-      _one_of(c.env.name, ENVS, "env.name",
-              registry.is_import_path(c.env.name), any_path),
+      _one_of(
+          c.rspo.data_source, ("rspo", "history", "outcome"), "rspo.data_source"
+      ),
+      _one_of(
+          c.rspo.dense_reward,
+          ("oracle", "prm"),
+          "rspo.dense_reward",
+          registry.is_import_path(c.rspo.dense_reward),
+          any_path,
+      ),
+      _one_of(
+          c.env.name,
+          ENVS,
+          "env.name",
+          registry.is_import_path(c.env.name),
+          any_path,
+      ),
       (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha, "0 <= x < 1"),
       (c.rspo.k >= 1, "rspo.k", c.rspo.k, ">= 1"),
       (c.rspo.b_lr >= 0, "rspo.b_lr", c.rspo.b_lr, ">= 0 (0 = train.lr)"),
-      (c.train.lora_lr_multiplier > 0, "train.lora_lr_multiplier",
-       c.train.lora_lr_multiplier, "> 0 (1 = adapters at train.lr)"),
-      (c.rspo.b_warmup_steps >= 0, "rspo.b_warmup_steps",
-       c.rspo.b_warmup_steps, ">= 0"),
+      (
+          c.train.lora_lr_multiplier > 0,
+          "train.lora_lr_multiplier",
+          c.train.lora_lr_multiplier,
+          "> 0 (1 = adapters at train.lr)",
+      ),
+      (
+          c.rspo.b_warmup_steps >= 0,
+          "rspo.b_warmup_steps",
+          c.rspo.b_warmup_steps,
+          ">= 0",
+      ),
       (c.rspo.dense_scale > 0, "rspo.dense_scale", c.rspo.dense_scale, "> 0"),
-      (c.rspo.dense_noise_sigma >= 0, "rspo.dense_noise_sigma",
-       c.rspo.dense_noise_sigma, ">= 0"),
+      (
+          c.rspo.dense_noise_sigma >= 0,
+          "rspo.dense_noise_sigma",
+          c.rspo.dense_noise_sigma,
+          ">= 0",
+      ),
       # c = 1 where A and B agree: a cap below 1 would cut those (AReaL
       # also documents its behav_imp_weight_cap as > 1).
-      (c.rspo.centre_cap == 0 or c.rspo.centre_cap >= 1, "rspo.centre_cap",
-       c.rspo.centre_cap, "0 (off) or >= 1"),
-      _one_of(c.rspo.centre_cap_mode, ("truncate", "mask"),
-              "rspo.centre_cap_mode"),
-      _one_of(c.algo.clip_window, ("additive", "multiplicative"),
-              "algo.clip_window"),
+      (
+          c.rspo.centre_cap == 0 or c.rspo.centre_cap >= 1,
+          "rspo.centre_cap",
+          c.rspo.centre_cap,
+          "0 (off) or >= 1",
+      ),
+      _one_of(
+          c.rspo.centre_cap_mode, ("truncate", "mask"), "rspo.centre_cap_mode"
+      ),
+      _one_of(
+          c.algo.clip_window, ("additive", "multiplicative"), "algo.clip_window"
+      ),
       _one_of(c.algo.kl_kind, ("k1", "k2", "k3"), "algo.kl_kind"),
-      (c.algo.clip_ratio_c == 0 or c.algo.clip_ratio_c > 1,
-       "algo.clip_ratio_c", c.algo.clip_ratio_c, "0 (off) or > 1"),
-      _one_of(c.algo.credit_mode, ("verl_agent", "trajectory"),
-              "algo.credit_mode"),
-      _one_of(c.algo.loss_agg, ("token_mean", "seq_mean_token_mean"),
-              "algo.loss_agg"),
+      (
+          c.algo.clip_ratio_c == 0 or c.algo.clip_ratio_c > 1,
+          "algo.clip_ratio_c",
+          c.algo.clip_ratio_c,
+          "0 (off) or > 1",
+      ),
+      _one_of(
+          c.algo.credit_mode, ("verl_agent", "trajectory"), "algo.credit_mode"
+      ),
+      _one_of(
+          c.algo.loss_agg,
+          ("token_mean", "seq_mean_token_mean"),
+          "algo.loss_agg",
+      ),
       _one_of(c.rollout.engine, ("jax", "sglang"), "rollout.engine"),
-      _one_of(c.rollout.sglang_lora_sync, LORA_SYNCS,
-              "rollout.sglang_lora_sync"),
-      _one_of(c.rollout.placement, ("colocated", "decoupled"),
-              "rollout.placement"),
-      (c.rollout.overlap in (0, 1), "rollout.overlap", c.rollout.overlap,
-       "0 (off) or 1 (A's next collection during the update)"),
-      (c.rollout.turn_barriers or c.rollout.engine == "sglang",
-       "rollout.turn_barriers", c.rollout.turn_barriers,
-       "True with rollout.engine='jax' (one batched decode a turn; False"
-       " is for SGLang servers)"),
+      _one_of(
+          c.rollout.sglang_lora_sync, LORA_SYNCS, "rollout.sglang_lora_sync"
+      ),
+      _one_of(
+          c.rollout.placement, ("colocated", "decoupled"), "rollout.placement"
+      ),
+      (
+          c.rollout.overlap in (0, 1),
+          "rollout.overlap",
+          c.rollout.overlap,
+          "0 (off) or 1 (A's next collection during the update)",
+      ),
+      (
+          c.rollout.turn_barriers or c.rollout.engine == "sglang",
+          "rollout.turn_barriers",
+          c.rollout.turn_barriers,
+          "True with rollout.engine='jax' (one batched decode a turn; False"
+          " is for SGLang servers)",
+      ),
       _prefill_chunk_ok(c),
-      _prefill_chunk_ok(c, "engine_max_rows",
-                        "None (the plan chooses), 0 (no cap) or a row"
-                        " count > 0"),
+      _prefill_chunk_ok(
+          c,
+          "engine_max_rows",
+          "None (the plan chooses), 0 (no cap) or a row" " count > 0",
+      ),
       _remat_ok(c.model.remat),
-      (c.rollout.engine_tensor >= 0, "rollout.engine_tensor",
-       c.rollout.engine_tensor, ">= 0 (0: the learner mesh's tensor axis)"),
-      (0 <= c.rollout.max_failed_episode_frac <= 1,
-       "rollout.max_failed_episode_frac", c.rollout.max_failed_episode_frac,
-       "in [0, 1] (1: never stop)"),
+      (
+          c.rollout.engine_tensor >= 0,
+          "rollout.engine_tensor",
+          c.rollout.engine_tensor,
+          ">= 0 (0: the learner mesh's tensor axis)",
+      ),
+      (
+          0 <= c.rollout.max_failed_episode_frac <= 1,
+          "rollout.max_failed_episode_frac",
+          c.rollout.max_failed_episode_frac,
+          "in [0, 1] (1: never stop)",
+      ),
       # PPO has no groups (the paper's PPO: 128 tasks x 1 episode).
-      (c.train.group_size >= (1 if c.algo.name == "ppo" else 2),
-       "train.group_size", c.train.group_size,
-       ">= 1" if c.algo.name == "ppo" else ">= 2 (a group)"),
-      (c.train.batch_tasks >= 1, "train.batch_tasks", c.train.batch_tasks,
-       ">= 1"),
-      (c.env.train_tasks == 0 or c.env.train_tasks >= c.train.batch_tasks,
-       "env.train_tasks", c.env.train_tasks,
-       f"0 (all) or >= train.batch_tasks = {c.train.batch_tasks} (a step's"
-       " tasks are distinct)"),
-      (c.train.total_steps >= 1, "train.total_steps", c.train.total_steps,
-       ">= 1"),
-      (c.train.mini_batch_rows >= 0, "train.mini_batch_rows",
-       c.train.mini_batch_rows, ">= 0"),
-      (c.train.updates_per_step >= 0, "train.updates_per_step",
-       c.train.updates_per_step, ">= 0"),
-      (c.train.ppo_epochs >= 1, "train.ppo_epochs", c.train.ppo_epochs,
-       ">= 1"),
-      (len(tuple(c.mesh.shape)) == 3, "mesh.shape", c.mesh.shape,
-       "(data, fsdp, tensor)"),
+      (
+          c.train.group_size >= (1 if c.algo.name == "ppo" else 2),
+          "train.group_size",
+          c.train.group_size,
+          ">= 1" if c.algo.name == "ppo" else ">= 2 (a group)",
+      ),
+      (
+          c.train.batch_tasks >= 1,
+          "train.batch_tasks",
+          c.train.batch_tasks,
+          ">= 1",
+      ),
+      (
+          c.env.train_tasks == 0 or c.env.train_tasks >= c.train.batch_tasks,
+          "env.train_tasks",
+          c.env.train_tasks,
+          f"0 (all) or >= train.batch_tasks = {c.train.batch_tasks} (a step's"
+          " tasks are distinct)",
+      ),
+      (
+          c.train.total_steps >= 1,
+          "train.total_steps",
+          c.train.total_steps,
+          ">= 1",
+      ),
+      (
+          c.train.mini_batch_rows >= 0,
+          "train.mini_batch_rows",
+          c.train.mini_batch_rows,
+          ">= 0",
+      ),
+      (
+          c.train.updates_per_step >= 0,
+          "train.updates_per_step",
+          c.train.updates_per_step,
+          ">= 0",
+      ),
+      (c.train.ppo_epochs >= 1, "train.ppo_epochs", c.train.ppo_epochs, ">= 1"),
+      (
+          len(tuple(c.mesh.shape)) == 3,
+          "mesh.shape",
+          c.mesh.shape,
+          "(data, fsdp, tensor)",
+      ),
       _one_of(c.model.preset, CPU_PRESETS + PAPER_PRESETS, "model.preset"),
       _one_of(c.model.attention, ATTENTION, "model.attention"),
   ]
   for ok, key, value, *accepts in checks:  # accepts: [what[, did you mean]]
     if not ok:
       wants = f"; wants {accepts[0]}" if accepts else ""
-      raise ConfigError(f"bad config value {key}={value!r}"
-                        f"{''.join(accepts[1:])}{wants}")
+      raise ConfigError(
+          f"bad config value {key}={value!r}" f"{''.join(accepts[1:])}{wants}"
+      )
   sharding.check_rules(c.logical_axis_rules)
   if c.train.updates_per_step and c.train.mini_batch_rows:
     raise ConfigError(
         f"train.updates_per_step={c.train.updates_per_step} and"
         f" train.mini_batch_rows={c.train.mini_batch_rows} both set the"
-        " mini-batches of a step; set one of them to 0")
+        " mini-batches of a step; set one of them to 0"
+    )
   # alpha is a share of training samples (replay/selection.replay_counts).
   samples = c.train.batch_tasks * c.train.group_size
   if c.rspo.enabled and c.rspo.alpha and samples * c.rspo.alpha < 0.5:

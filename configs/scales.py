@@ -27,8 +27,9 @@ import os
 # The committed warm start of CPU WebShop (its MAKE.txt: the command that
 # made it and its measured start), found beside this file: a checkout, the
 # wheel and any working directory see the same path.
-WEBSHOP_WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                  "warm_starts", "webshop_nano")
+WEBSHOP_WARM_START = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "warm_starts", "webshop_nano"
+)
 # The model a committed warm start holds (base.validate: another preset
 # behaviour-clones its own).
 WARM_START_PRESET = {WEBSHOP_WARM_START: "nano"}
@@ -46,21 +47,47 @@ class ByAlgo(dict):
 # Every key whose value depends on the scale. `cpu_scale` and `paper_scale`
 # each set all of these and nothing else; `_base` sets none of them.
 SCALE_KEYS = (
-    "model.preset", "model.checkpoint_dir", "model.dtype",
-    "model.param_dtype", "model.remat", "model.scan_layers",
-    "env.max_steps", "env.history_length", "env.num_eval_tasks",
-    "env.num_workers", "env.kwargs",
-    "algo.clip_eps", "algo.kl_coef", "algo.kl_kind", "algo.entropy_coef",
-    "algo.invalid_action_penalty", "algo.critic_lr",
-    "rspo.alpha", "rspo.k", "rspo.dense_reward",
-    "rollout.temperature", "rollout.eval_temperature",
-    "rollout.max_new_tokens", "rollout.max_prompt_tokens",
-    "train.total_steps", "train.batch_tasks", "train.group_size",
-    "train.lr", "train.weight_decay", "train.micro_batch_rows",
-    "train.max_train_rows", "train.mini_batch_rows",
-    "train.updates_per_step", "train.ppo_epochs", "train.eval_every",
-    "sft.enabled", "sft.num_episodes", "sft.steps", "sft.lr",
-    "sft.batch_rows", "sft.prompt_loss_weight",
+    "model.preset",
+    "model.checkpoint_dir",
+    "model.dtype",
+    "model.param_dtype",
+    "model.remat",
+    "model.scan_layers",
+    "env.max_steps",
+    "env.history_length",
+    "env.num_eval_tasks",
+    "env.num_workers",
+    "env.kwargs",
+    "algo.clip_eps",
+    "algo.kl_coef",
+    "algo.kl_kind",
+    "algo.entropy_coef",
+    "algo.invalid_action_penalty",
+    "algo.critic_lr",
+    "rspo.alpha",
+    "rspo.k",
+    "rspo.dense_reward",
+    "rollout.temperature",
+    "rollout.eval_temperature",
+    "rollout.max_new_tokens",
+    "rollout.max_prompt_tokens",
+    "train.total_steps",
+    "train.batch_tasks",
+    "train.group_size",
+    "train.lr",
+    "train.weight_decay",
+    "train.micro_batch_rows",
+    "train.max_train_rows",
+    "train.mini_batch_rows",
+    "train.updates_per_step",
+    "train.ppo_epochs",
+    "train.eval_every",
+    "sft.enabled",
+    "sft.num_episodes",
+    "sft.steps",
+    "sft.lr",
+    "sft.batch_rows",
+    "sft.prompt_loss_weight",
     "mesh.shape",
 )
 
@@ -69,9 +96,15 @@ SCALE_KEYS = (
 # temperature are the method's, not a budget choice.
 CPU_KEEPS_PAPER = (
     "model.param_dtype",
-    "algo.clip_eps", "algo.kl_coef", "algo.kl_kind", "algo.entropy_coef",
-    "algo.invalid_action_penalty", "algo.critic_lr",
-    "rspo.k", "rollout.temperature", "train.ppo_epochs",
+    "algo.clip_eps",
+    "algo.kl_coef",
+    "algo.kl_kind",
+    "algo.entropy_coef",
+    "algo.invalid_action_penalty",
+    "algo.critic_lr",
+    "rspo.k",
+    "rollout.temperature",
+    "train.ppo_epochs",
 )
 
 # The keys in which a config's CPU preset (no `model=`) and its paper preset
@@ -84,33 +117,63 @@ SCALE_DIFF = {
     # training, evaluation temperature and no behaviour cloning (it starts
     # from a committed warm start instead).
     "webshop": (
-        "model.preset", "model.checkpoint_dir", "model.dtype", "model.remat",
+        "model.preset",
+        "model.checkpoint_dir",
+        "model.dtype",
+        "model.remat",
         "model.scan_layers",
-        "env.max_steps", "env.history_length", "env.num_eval_tasks",
-        "env.num_workers", "env.kwargs",
+        "env.max_steps",
+        "env.history_length",
+        "env.num_eval_tasks",
+        "env.num_workers",
+        "env.kwargs",
         "rspo.dense_reward",
-        "rollout.max_new_tokens", "rollout.max_prompt_tokens",
+        "rollout.max_new_tokens",
+        "rollout.max_prompt_tokens",
         "train.total_steps",
-        "train.lr", "train.weight_decay", "train.micro_batch_rows",
+        "train.lr",
+        "train.weight_decay",
+        "train.micro_batch_rows",
         "train.mini_batch_rows",
-        "train.updates_per_step", "train.eval_every",
-        "sft.num_episodes", "sft.steps", "sft.lr",
-        "sft.batch_rows", "sft.prompt_loss_weight",
+        "train.updates_per_step",
+        "train.eval_every",
+        "sft.num_episodes",
+        "sft.steps",
+        "sft.lr",
+        "sft.batch_rows",
+        "sft.prompt_loss_weight",
         "mesh.shape",
     ),
     "alfworld": (
-        "model.preset", "model.dtype", "model.remat", "model.scan_layers",
-        "env.max_steps", "env.num_eval_tasks",
-        "env.num_workers", "env.kwargs",
-        "rspo.alpha", "rspo.dense_reward",
-        "rollout.eval_temperature", "rollout.max_new_tokens",
+        "model.preset",
+        "model.dtype",
+        "model.remat",
+        "model.scan_layers",
+        "env.max_steps",
+        "env.num_eval_tasks",
+        "env.num_workers",
+        "env.kwargs",
+        "rspo.alpha",
+        "rspo.dense_reward",
+        "rollout.eval_temperature",
+        "rollout.max_new_tokens",
         "rollout.max_prompt_tokens",
-        "train.total_steps", "train.batch_tasks", "train.group_size",
-        "train.lr", "train.weight_decay", "train.micro_batch_rows",
-        "train.max_train_rows", "train.mini_batch_rows",
-        "train.updates_per_step", "train.eval_every",
-        "sft.enabled", "sft.num_episodes", "sft.steps", "sft.lr",
-        "sft.batch_rows", "sft.prompt_loss_weight",
+        "train.total_steps",
+        "train.batch_tasks",
+        "train.group_size",
+        "train.lr",
+        "train.weight_decay",
+        "train.micro_batch_rows",
+        "train.max_train_rows",
+        "train.mini_batch_rows",
+        "train.updates_per_step",
+        "train.eval_every",
+        "sft.enabled",
+        "sft.num_episodes",
+        "sft.steps",
+        "sft.lr",
+        "sft.batch_rows",
+        "sft.prompt_loss_weight",
         "mesh.shape",
     ),
 }
@@ -151,12 +214,23 @@ PAPER = {
     # The upstream-sized worlds (each environment's constructor defaults).
     # The spell task's knobs listed, so `env.kwargs.word_length=6` finds
     # them (its constructor's defaults).
-    "env.kwargs": ByEnv(alfworld={}, webshop={}, toy={},
-                        spell=dict(word_length=4, alphabet_size=5,
-                                   dense="aligned", expert_digits=10,
-                                   slack=0, expert_unknown="abstain",
-                                   show_digit=False, cipher_digits=10,
-                                   decoy_positions=0, decoy_weight=1.0)),
+    "env.kwargs": ByEnv(
+        alfworld={},
+        webshop={},
+        toy={},
+        spell=dict(
+            word_length=4,
+            alphabet_size=5,
+            dense="aligned",
+            expert_digits=10,
+            slack=0,
+            expert_unknown="abstain",
+            show_digit=False,
+            cipher_digits=10,
+            decoy_positions=0,
+            decoy_weight=1.0,
+        ),
+    ),
     # [paper] clip 0.2 ([verl] clip_ratio: 0.2); KL 0.01 with the low-
     # variance k3 estimator ([va:*] use_kl_loss=True, kl_loss_coef=0.01,
     # kl_loss_type=low_var_kl); entropy 0.001 ([verl] entropy_coeff: 0.001).
@@ -180,8 +254,9 @@ PAPER = {
     # [va:*] data.max_response_length=512; data.max_prompt_length=2048
     # (ALFWorld), 4096 (WebShop); the toy as ALFWorld.
     "rollout.max_new_tokens": 512,
-    "rollout.max_prompt_tokens": ByEnv(alfworld=2048, webshop=4096,
-                                       toy=2048, spell=2048),
+    "rollout.max_prompt_tokens": ByEnv(
+        alfworld=2048, webshop=4096, toy=2048, spell=2048
+    ),
     # [paper] 150 steps; [va:*] trainer.total_epochs=150 over a train set
     # of one batch (train_data_size = data.train_batch_size).
     "train.total_steps": 150,
@@ -212,8 +287,9 @@ PAPER = {
     # ceil(rows / mini_batch_rows) updates (an ALFWorld step of 128
     # episodes x 20-50 turns: 10-25 updates; WebShop 128 x 5-15: 10-30).
     # The toy as ALFWorld.
-    "train.mini_batch_rows": ByEnv(alfworld=256, webshop=64, toy=256,
-                                   spell=256),
+    "train.mini_batch_rows": ByEnv(
+        alfworld=256, webshop=64, toy=256, spell=256
+    ),
     "train.updates_per_step": 0,  # 0: mini_batch_rows decides
     # [verl] actor.ppo_epochs: 1 (the scripts leave it).
     "train.ppo_epochs": 1,
@@ -241,15 +317,17 @@ PAPER = {
 CPU = {
     # From-scratch policies (a locally trained tokenizer): 0.6 M 'nano' on
     # the small worlds below; the toy's 3.5 M 'tiny'.
-    "model.preset": ByEnv(webshop="nano", alfworld="nano", toy="tiny",
-                          spell="tiny"),
+    "model.preset": ByEnv(
+        webshop="nano", alfworld="nano", toy="tiny", spell="tiny"
+    ),
     # WebShop starts RL from the committed warm start (WEBSHOP_WARM_START,
     # nano behaviour-cloned on the world below; greedy success 24.6 % of
     # the 256 held-out goals) instead of ~20 minutes of behaviour cloning
     # on 2 cores; `sft.enabled=True,model.checkpoint_dir=` clones again.
     # The others clone at start (sft.*).
-    "model.checkpoint_dir": ByEnv(webshop=WEBSHOP_WARM_START, alfworld="",
-                                  toy="", spell=""),
+    "model.checkpoint_dir": ByEnv(
+        webshop=WEBSHOP_WARM_START, alfworld="", toy="", spell=""
+    ),
     "model.dtype": "float32",
     "model.param_dtype": "float32",
     "model.remat": "none",
@@ -276,8 +354,12 @@ CPU = {
         # cores, not the copying of a whole instruction that a pretrained
         # model brings. See docs/results.md for what the 3.5 M 'tiny'
         # policy did on the full world.
-        webshop=dict(num_products=30, goals_per_product=20,
-                     num_test_goals=256, expert_query="type"),
+        webshop=dict(
+            num_products=30,
+            goals_per_product=20,
+            num_test_goals=256,
+            expert_query="type",
+        ),
         # Two of the six task types (find an object, then place it / look
         # at it under a lamp): the shortest plans. expert: 'search' visits
         # receptacles until it sees the object (search.py; no hidden
@@ -288,16 +370,25 @@ CPU = {
         # steps: 3 %; runs/alfworld_search has the sweeps). num_tasks:
         # ALFWorld's split sizes (AlfWorldEnv's defaults, here to be
         # overridden: they count all six types, the two kept get a third).
-        alfworld=dict(task_types=("pick_and_place_simple",
-                                  "look_at_obj_in_light"), expert="search",
-                      num_tasks=dict(train=3553, valid_seen=140,
-                                     valid_unseen=134)),
+        alfworld=dict(
+            task_types=("pick_and_place_simple", "look_at_obj_in_light"),
+            expert="search",
+            num_tasks=dict(train=3553, valid_seen=140, valid_unseen=134),
+        ),
         toy={},
         # A 4-letter word over a..e: a random policy wins 1 / 625.
-        spell=dict(word_length=4, alphabet_size=5, dense="aligned",
-                   expert_digits=10, slack=0, expert_unknown="abstain",
-                   show_digit=False, cipher_digits=10, decoy_positions=0,
-                   decoy_weight=1.0),
+        spell=dict(
+            word_length=4,
+            alphabet_size=5,
+            dense="aligned",
+            expert_digits=10,
+            slack=0,
+            expert_unknown="abstain",
+            show_digit=False,
+            cipher_digits=10,
+            decoy_positions=0,
+            decoy_weight=1.0,
+        ),
     ),
     "algo.clip_eps": 0.2,  # the paper's objective (CPU_KEEPS_PAPER)
     "algo.kl_coef": 0.01,
@@ -310,8 +401,7 @@ CPU = {
     # would be half a group) = 4 of 16 trajectories when replay selects
     # trajectories (alpha is a share of training samples), so at least one
     # replayed trajectory.
-    "rspo.alpha": ByEnv(webshop=1 / 8, alfworld=1 / 4, toy=1 / 4,
-                        spell=1 / 4),
+    "rspo.alpha": ByEnv(webshop=1 / 8, alfworld=1 / 4, toy=1 / 4, spell=1 / 4),
     "rspo.k": 3,
     # The environment's progress signal: a privileged oracle (it encodes
     # the expert's plan), named as such; every CPU result says it used it.
@@ -323,13 +413,14 @@ CPU = {
     # 21.9 -> 24.2 % (same run, docs/results/default_run). Greedy else:
     # 32-64 tasks, one sample. The studies evaluate greedy in training
     # (experiments/runner.py) and at T = 0.4 and 1 after (launch/eval.py).
-    "rollout.eval_temperature": ByEnv(webshop=0.4, alfworld=0.0, toy=0.0,
-                                      spell=0.0),
+    "rollout.eval_temperature": ByEnv(
+        webshop=0.4, alfworld=0.0, toy=0.0, spell=0.0
+    ),
     # '<think>..</think><action>search[..]</action>' fits 64 tokens.
-    "rollout.max_new_tokens": ByEnv(webshop=64, alfworld=64, toy=16,
-                                    spell=16),
-    "rollout.max_prompt_tokens": ByEnv(webshop=768, alfworld=768, toy=256,
-                                       spell=256),
+    "rollout.max_new_tokens": ByEnv(webshop=64, alfworld=64, toy=16, spell=16),
+    "rollout.max_prompt_tokens": ByEnv(
+        webshop=768, alfworld=768, toy=256, spell=256
+    ),
     # WebShop: 1 RSPO loop of k = 3 at 16 x 8, every row. Measured alone
     # on 2 cores (docs/results/default_run): an A step ~78 s, a B step
     # ~90 s, B's stored collection ~20 s, ~9 min a loop with its
@@ -343,10 +434,12 @@ CPU = {
     # steps, every row trained; 4 x 4 with 64 rows: +0.0 [-5.5, +5.3];
     # docs/results/study_allrows). Else 4 groups: 3 fresh + 1 replayed at
     # alpha=1/4, of 4, the smallest group with a usable GRPO baseline.
-    "train.batch_tasks": ByEnv(webshop=ByAlgo({"ppo": 128, "*": 16}),
-                               alfworld=4, toy=4, spell=4),
-    "train.group_size": ByEnv(webshop=ByAlgo({"ppo": 1, "*": 8}),
-                              alfworld=4, toy=4, spell=4),
+    "train.batch_tasks": ByEnv(
+        webshop=ByAlgo({"ppo": 128, "*": 16}), alfworld=4, toy=4, spell=4
+    ),
+    "train.group_size": ByEnv(
+        webshop=ByAlgo({"ppo": 1, "*": 8}), alfworld=4, toy=4, spell=4
+    ),
     # A 0.6-3.5 M model needs a larger step than 1e-6. WebShop/ALFWorld:
     # 3e-4 with 4 updates a step is the smallest tried at which A's clip
     # window binds (README "Results": at 1e-4 and 2 updates it never did).
@@ -382,8 +475,9 @@ CPU = {
     # replies degenerate, 1e-3.
     "sft.lr": ByEnv(webshop=3e-3, alfworld=3e-3, toy=1e-3, spell=1e-3),
     "sft.batch_rows": 16,
-    "sft.prompt_loss_weight": ByEnv(webshop=1.0, alfworld=1.0, toy=0.0,
-                                    spell=0.0),
+    "sft.prompt_loss_weight": ByEnv(
+        webshop=1.0, alfworld=1.0, toy=0.0, spell=0.0
+    ),
     "mesh.shape": (-1, 1, 1),  # data parallel over the local CPU devices
 }
 

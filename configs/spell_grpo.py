@@ -35,15 +35,20 @@ def check_dense(c) -> None:
   or decoy_weight is out of range (third_party_envs/spell.py's checks)."""
   kw = c.env.kwargs
   if kw.dense not in spell.DENSE:
-    raise ConfigError(f"bad config value env.kwargs.dense={kw.dense!r};"
-                      f" wants one of {', '.join(spell.DENSE)}")
+    raise ConfigError(
+        f"bad config value env.kwargs.dense={kw.dense!r};"
+        f" wants one of {', '.join(spell.DENSE)}"
+    )
   try:
-    spell.check_partial(kw.dense, kw.decoy_positions, kw.word_length,
-                        kw.decoy_weight)
+    spell.check_partial(
+        kw.dense, kw.decoy_positions, kw.word_length, kw.decoy_weight
+    )
   except ValueError as e:
-    raise ConfigError(f"bad config value in env.kwargs (dense="
-                      f"{kw.dense!r}, decoy_positions={kw.decoy_positions},"
-                      f" decoy_weight={kw.decoy_weight}): {e}") from None
+    raise ConfigError(
+        f"bad config value in env.kwargs (dense="
+        f"{kw.dense!r}, decoy_positions={kw.decoy_positions},"
+        f" decoy_weight={kw.decoy_weight}): {e}"
+    ) from None
 
 
 def get_config(arg=None):

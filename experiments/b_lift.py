@@ -36,14 +36,20 @@ sys.path.insert(0, ROOT)
 
 from rspo_jax import build, intervals  # noqa: E402
 
-KEYS = ("b_first_success", "b_stored_success", "b_lift_success",
-        "b_first_dense_return", "b_stored_dense_return",
-        "b_lift_dense_return")
+KEYS = (
+    "b_first_success",
+    "b_stored_success",
+    "b_lift_success",
+    "b_first_dense_return",
+    "b_stored_dense_return",
+    "b_lift_dense_return",
+)
 
 
 def load_config(spec: str, extra: str):
   """``file.py:overrides`` + ``extra`` overrides -> a config."""
   import importlib.util  # noqa: PLC0415
+
   path, _, arg = spec.partition(":")
   module_spec = importlib.util.spec_from_file_location("cfg", path)
   module = importlib.util.module_from_spec(module_spec)
@@ -89,7 +95,8 @@ def run(args) -> None:
     with cfg.unlocked():
       cfg.rspo.b_lift_tasks = "first"
     runs[name] = build.build_run(
-        cfg, os.path.join(args.workdir, name), progress=False)
+        cfg, os.path.join(args.workdir, name), progress=False
+    )
   try:
     for loop in range(args.loops):
       for name, r in runs.items():
@@ -99,13 +106,19 @@ def run(args) -> None:
           continue
         t.state.loop, t.state.collections = loop, collections
         row = one_loop(t)
-        line = {"variant": name, "loop": loop, "overrides": variants[name],
-                **{k: row[k] for k in KEYS if k in row},
-                "task_ids": row.get("rollout_task_ids")}
+        line = {
+            "variant": name,
+            "loop": loop,
+            "overrides": variants[name],
+            **{k: row[k] for k in KEYS if k in row},
+            "task_ids": row.get("rollout_task_ids"),
+        }
         with open(args.out, "a") as f:
           f.write(json.dumps(line) + "\n")
-        print(json.dumps({k: line[k] for k in line if k != "task_ids"}),
-              flush=True)
+        print(
+            json.dumps({k: line[k] for k in line if k != "task_ids"}),
+            flush=True,
+        )
   finally:
     for r in runs.values():
       r.close()
@@ -128,8 +141,12 @@ def report(out: str) -> dict:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--config", required=True)
-  p.add_argument("--variant", action="append", default=[],
-                 help="name=overrides (comma-separated key=value)")
+  p.add_argument(
+      "--variant",
+      action="append",
+      default=[],
+      help="name=overrides (comma-separated key=value)",
+  )
   p.add_argument("--loops", type=int, default=6)
   p.add_argument("--out", required=True)
   p.add_argument("--workdir", default="runs/b_lift")

@@ -32,7 +32,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 
-
 def ending(actions: list[str], won: bool, invalid: bool) -> str:
   if won:
     return "won"
@@ -41,15 +40,19 @@ def ending(actions: list[str], won: bool, invalid: bool) -> str:
   return "invalid" if invalid else "no_buy"
 
 
-def alfworld_ending(actions: list[str], won: bool, rejected: list[bool],
-                    repeats: int = 3) -> str:
+def alfworld_ending(
+    actions: list[str], won: bool, rejected: list[bool], repeats: int = 3
+) -> str:
   """``rejected[t]``: the game answered step t with ``Nothing happens.``
   (known for every step but the last, whose answer the record lacks)."""
   if won:
     return "won"
   tail = actions[-repeats:]
-  if (len(tail) == repeats and len(set(tail)) == 1
-      and all(rejected[-repeats:-1])):
+  if (
+      len(tail) == repeats
+      and len(set(tail)) == 1
+      and all(rejected[-repeats:-1])
+  ):
     return "repeats_invalid"
   return "step_limit"
 
@@ -72,23 +75,31 @@ def main(argv):
 
   tokenizer = models.load_tokenizer(_POLICY.value)
   mcfg, module = models.load_hf_model(_POLICY.value)
-  engine = build.make_engine(cfg, mcfg, module, tokenizer,
-                             sharding.make_mesh((-1, 1, 1)))
+  engine = build.make_engine(
+      cfg, mcfg, module, tokenizer, sharding.make_mesh((-1, 1, 1))
+  )
   n_tasks = _TASKS.value or cfg.env.num_eval_tasks
-  venv = VectorEnv(env_name, build.env_kwargs(cfg), min(16, n_tasks),
-                   num_workers=1)
+  venv = VectorEnv(
+      env_name, build.env_kwargs(cfg), min(16, n_tasks), num_workers=1
+  )
   sampling = SamplingParams(
       temperature=cfg.rollout.eval_temperature,
-      max_new_tokens=cfg.rollout.max_new_tokens, stop_strings=("</action>",))
+      max_new_tokens=cfg.rollout.max_new_tokens,
+      stop_strings=("</action>",),
+  )
   episodes = collections.defaultdict(list)
   try:
     for start in range(0, n_tasks, venv.num_envs):
       tasks = list(range(start, min(start + venv.num_envs, n_tasks)))
-      records, _ = collect(engine, venv, tokenizer,
-                           CollectRequest(tasks, 1, sampling,
-                                          traj_id_start=start,
-                                          group_id_start=start),
-                           build.collect_config(cfg, cfg.env.eval_split))
+      records, _ = collect(
+          engine,
+          venv,
+          tokenizer,
+          CollectRequest(
+              tasks, 1, sampling, traj_id_start=start, group_id_start=start
+          ),
+          build.collect_config(cfg, cfg.env.eval_split),
+      )
       for r in records:
         episodes[r.task_id].append(r)
   finally:
@@ -102,21 +113,38 @@ def main(argv):
     if env_name == "webshop":
       kind = ending(actions, steps[-1].won, steps[-1].invalid)
     else:
-      rejected = [nxt.anchor_obs == alfworld_env.INVALID_FEEDBACK
-                  for nxt in steps[1:]] + [False]
+      rejected = [
+          nxt.anchor_obs == alfworld_env.INVALID_FEEDBACK for nxt in steps[1:]
+      ] + [False]
       kind = alfworld_ending(actions, steps[-1].won, rejected)
     counts[kind] += 1
     scores.append(steps[-1].score)
     if kind != "won" and len(shown) < _SHOW.value:
       first = env.reset(task_id, cfg.env.eval_split)
-      goal = (reward.goal_option_values(env.goal) if env_name == "webshop"
-              else first.task)
-      shown.append({"task": task_id, "kind": kind,
-                    "score": round(steps[-1].score, 3),
-                    "goal": goal, "actions": actions})
-  print(json.dumps({"episodes": len(episodes), **dict(counts),
-                    "score": sum(scores) / max(len(scores), 1),
-                    "failures": shown}))
+      goal = (
+          reward.goal_option_values(env.goal)
+          if env_name == "webshop"
+          else first.task
+      )
+      shown.append(
+          {
+              "task": task_id,
+              "kind": kind,
+              "score": round(steps[-1].score, 3),
+              "goal": goal,
+              "actions": actions,
+          }
+      )
+  print(
+      json.dumps(
+          {
+              "episodes": len(episodes),
+              **dict(counts),
+              "score": sum(scores) / max(len(scores), 1),
+              "failures": shown,
+          }
+      )
+  )
 
 
 if __name__ == "__main__":  # flags here: tests import ending() alone
@@ -124,7 +152,8 @@ if __name__ == "__main__":  # flags here: tests import ending() alone
       "config", None, "Experiment config file.", lock_config=True
   )
   _POLICY = flags.DEFINE_string("policy_dir", None, "HF dir of the policy.")
-  _TASKS = flags.DEFINE_integer("num_tasks", None,
-                                "Tasks (default: env.num_eval_tasks).")
+  _TASKS = flags.DEFINE_integer(
+      "num_tasks", None, "Tasks (default: env.num_eval_tasks)."
+  )
   _SHOW = flags.DEFINE_integer("show", 5, "Failures to list with actions.")
   app.run(main)

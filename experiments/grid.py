@@ -87,8 +87,13 @@ class RunSpec:
     else:
       path = os.path.join(ROOT, "configs", f"{self.env}_{self.algo}.py")
       algo = ""
-    parts = [self.overrides, f"seed={self.seed}", algo, extra.strip(" ,"),
-             self.late_overrides]
+    parts = [
+        self.overrides,
+        f"seed={self.seed}",
+        algo,
+        extra.strip(" ,"),
+        self.late_overrides,
+    ]
     return f"{path}:" + ",".join(p for p in parts if p)
 
 
@@ -105,15 +110,19 @@ def config_key(config: str) -> str:
   done.json)."""
   path, _, overrides = config.partition(":")
   i = path.rfind(f"{os.sep}configs{os.sep}")
-  repo = path[:i + 1] if i > 0 else ""
-  kept = [p for p in overrides.split(",")
-          if not p.startswith("model.checkpoint_dir=")]
+  repo = path[: i + 1] if i > 0 else ""
+  kept = [
+      p
+      for p in overrides.split(",")
+      if not p.startswith("model.checkpoint_dir=")
+  ]
   key = f"{path}:{','.join(kept)}"
   return key.replace(repo, "") if repo else key
 
 
-def _pick(kind: str, wanted: Optional[Sequence], known: Sequence,
-          default: Sequence) -> list:
+def _pick(
+    kind: str, wanted: Optional[Sequence], known: Sequence, default: Sequence
+) -> list:
   if not wanted:
     return list(default)
   bad = [w for w in wanted if w not in known]
@@ -136,8 +145,10 @@ def make_grid(
   algos = _pick("algo", algos, ALGOS, default_algos)
   names = _pick("variant", names, tuple(variants), tuple(variants))
   seeds = list(dict.fromkeys(int(s) for s in seeds)) if seeds else SEEDS
-  return [RunSpec(e, a, v, s, variants[v])
-          for e, a, v, s in itertools.product(envs, algos, names, seeds)]
+  return [
+      RunSpec(e, a, v, s, variants[v])
+      for e, a, v, s in itertools.product(envs, algos, names, seeds)
+  ]
 
 
 def main_grid(envs=None, algos=None, seeds=None, variants=None):
@@ -145,12 +156,14 @@ def main_grid(envs=None, algos=None, seeds=None, variants=None):
   return make_grid(MAIN_VARIANTS, envs, algos, seeds, variants)
 
 
-def from_warm_start(spec: RunSpec, policy: str,
-                    start_eval: str = "") -> RunSpec:
+def from_warm_start(
+    spec: RunSpec, policy: str, start_eval: str = ""
+) -> RunSpec:
   """The run, starting from ``policy`` instead of its own SFT (and, given
   ``start_eval``, from that policy's evaluation)."""
   overrides = ",".join(
-      p for p in (spec.overrides, f"model.checkpoint_dir={policy}") if p)
+      p for p in (spec.overrides, f"model.checkpoint_dir={policy}") if p
+  )
   return dataclasses.replace(spec, overrides=overrides, start_eval=start_eval)
 
 
@@ -191,8 +204,15 @@ ABLATION_PAPER_CELL = ("webshop", "grpo")  # the cell of the paper's numbers
 def ablation_grid(envs=None, algos=None, seeds=None, variants=None):
   """WebShop GRPO x ABLATION_VARIANTS x seeds (``envs``/``algos`` may
   retarget)."""
-  return make_grid(ABLATION_VARIANTS, envs, algos, seeds, variants,
-                   default_envs=("webshop",), default_algos=("grpo",))
+  return make_grid(
+      ABLATION_VARIANTS,
+      envs,
+      algos,
+      seeds,
+      variants,
+      default_envs=("webshop",),
+      default_algos=("grpo",),
+  )
 
 
 def paper_success(env: str, algo: str, variant: str) -> Optional[float]:
@@ -223,12 +243,16 @@ STUDY_ALGOS = ("grpo", "gigpo")
 # the two CPU task types (num_tasks counts all six types: 420 -> 140 of
 # two; the default 140 leaves 46).
 STUDY_OVERRIDES = {
-    "webshop": ("train.batch_tasks=16,train.group_size=8,steps=30,"
-                "env.kwargs.goals_per_product=20,env.kwargs.num_test_goals="
-                "256,env.num_eval_tasks=256"),
-    "alfworld": ("train.batch_tasks=16,train.group_size=8,steps=30,"
-                 "env.kwargs.num_tasks.valid_seen=420,"
-                 "env.num_eval_tasks=140"),
+    "webshop": (
+        "train.batch_tasks=16,train.group_size=8,steps=30,"
+        "env.kwargs.goals_per_product=20,env.kwargs.num_test_goals="
+        "256,env.num_eval_tasks=256"
+    ),
+    "alfworld": (
+        "train.batch_tasks=16,train.group_size=8,steps=30,"
+        "env.kwargs.num_tasks.valid_seen=420,"
+        "env.num_eval_tasks=140"
+    ),
     "toy": "",  # tests and smoke runs give their own --extra
 }
 DENSE = "rspo.dense_reward=oracle"  # named in every cell, used by RSPO's B
@@ -244,8 +268,10 @@ STUDY_ENV_CELLS = {"alfworld": {"grpo": ("baseline", "rspo")}}
 # Sampled evaluations beside greedy, 3 sampling seeds each: the paper's
 # T = 0.4, and the training temperature T = 1.0 (the distribution the RL
 # objective improves; greedy and T = 0.4 read its mode). (label, tag, T)
-SAMPLED = (("T = 0.4, 3 seeds", "t04", 0.4),
-           ("T = 1.0 (training), 3 seeds", "t10", 1.0))
+SAMPLED = (
+    ("T = 0.4, 3 seeds", "t04", 0.4),
+    ("T = 1.0 (training), 3 seeds", "t10", 1.0),
+)
 
 
 def sampled_flags(temperature: float) -> tuple[str, ...]:
@@ -267,19 +293,28 @@ def study_grid(envs=None, algos=None, seeds=None, variants=None):
   replay-sampling ablation in each; ALFWorld: GRPO x {baseline, rspo}) x
   seeds, filtered; ValueError for an env without a study recipe
   (STUDY_OVERRIDES)."""
-  specs = make_grid(STUDY_VARIANTS, envs, algos, seeds, variants,
-                    default_envs=STUDY_ENVS, default_algos=STUDY_ALGOS)
+  specs = make_grid(
+      STUDY_VARIANTS,
+      envs,
+      algos,
+      seeds,
+      variants,
+      default_envs=STUDY_ENVS,
+      default_algos=STUDY_ALGOS,
+  )
   for env in dict.fromkeys(s.env for s in specs):
     if env not in STUDY_OVERRIDES:
-      raise ValueError(f"env {env!r} has no study recipe; known:"
-                       f" {', '.join(STUDY_OVERRIDES)}")
-  return [s for s in specs
-          if s.variant in study_cells(s.env).get(s.algo, ())]
+      raise ValueError(
+          f"env {env!r} has no study recipe; known:"
+          f" {', '.join(STUDY_OVERRIDES)}"
+      )
+  return [s for s in specs if s.variant in study_cells(s.env).get(s.algo, ())]
 
 
 def study_extra(env: str, extra: str = "") -> str:
-  return ",".join(p for p in (STUDY_OVERRIDES.get(env, ""),
-                              extra.strip(" ,")) if p)
+  return ",".join(
+      p for p in (STUDY_OVERRIDES.get(env, ""), extra.strip(" ,")) if p
+  )
 
 
 # --------------------------------------------------------------------------
@@ -316,7 +351,8 @@ SPELL_OVERRIDES = (
     "env.kwargs.show_digit=True,"
     "sft.num_episodes=1024,sft.steps=300,sft.lr=2e-3,sft.batch_rows=16,"
     "train.batch_tasks=8,train.group_size=8,rspo.alpha=0.125,steps=30,"
-    "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256")
+    "train.max_train_rows=0,train.lr=3e-4,env.num_eval_tasks=256"
+)
 K10 = "rspo.k=10"
 # Two misleading dense rewards for B: 'misaligned' pays a letter of the
 # word typed anywhere, which in the one-letter world is the answer (so it
@@ -334,8 +370,9 @@ def rspo_cell(k: int) -> str:
 
 
 RSPO_K10 = rspo_cell(10)
-RSPO_O = (f"rspo=1,rspo.sampling=reward,rspo.data_source=outcome,{K10},"
-          f"{DENSE}")
+RSPO_O = (
+    f"rspo=1,rspo.sampling=reward,rspo.data_source=outcome,{K10}," f"{DENSE}"
+)
 DENSE_ONLY = f"rspo=0,rspo.dense_only=1,{DENSE}"
 SPELL_VARIANTS = {
     "baseline": f"rspo=0,{DENSE}",
@@ -418,20 +455,34 @@ def partial_study(penalty: bool = False) -> tuple[str, ...]:
   alone and RSPO+GiGPO on it; without the invalid-action penalty (the
   main setting), or with it (the check)."""
   pen = "" if penalty else "_nopen"
-  return (f"baseline{pen}", f"baseline_long{pen}", f"rspo_o{pen}",
-          *(f"{cell}_partial{m}{pen}" for m in PARTIAL_M
-            for cell in ("dense_only", "rspo")))
+  return (
+      f"baseline{pen}",
+      f"baseline_long{pen}",
+      f"rspo_o{pen}",
+      *(
+          f"{cell}_partial{m}{pen}"
+          for m in PARTIAL_M
+          for cell in ("dense_only", "rspo")
+      ),
+  )
 
 
-SPELL_DEFAULT_VARIANTS = ("baseline", "rspo", "rspo_o", "dense_only",
-                         "rspo_k3")
+SPELL_DEFAULT_VARIANTS = ("baseline", "rspo", "rspo_o", "dense_only", "rspo_k3")
 # Sampled evaluations beside greedy: the training temperature, 3 seeds.
 SPELL_SAMPLED = (("T = 1.0 (training), 3 seeds", "t10", 1.0),)
 
 
-def _sparse_grid(env: str, table: dict, default_seeds: Sequence[int],
-                 envs, algos, seeds, variants, run_overrides: str = "",
-                 late: Optional[dict] = None) -> list[RunSpec]:
+def _sparse_grid(
+    env: str,
+    table: dict,
+    default_seeds: Sequence[int],
+    envs,
+    algos,
+    seeds,
+    variants,
+    run_overrides: str = "",
+    late: Optional[dict] = None,
+) -> list[RunSpec]:
   """env x GiGPO x variants (default SPELL_DEFAULT_VARIANTS, any of
   ``table``'s; each run's overrides its variant's, then ``run_overrides``;
   after --extra ``late``'s of its variant) x seeds, seed-major (a
@@ -440,20 +491,39 @@ def _sparse_grid(env: str, table: dict, default_seeds: Sequence[int],
   _pick("env", envs, (env,), (env,))
   _pick("algo", algos, (SPELL_ALGO,), (SPELL_ALGO,))
   names = _pick("variant", variants, tuple(table), SPELL_DEFAULT_VARIANTS)
-  seeds = (list(dict.fromkeys(int(s) for s in seeds)) if seeds
-           else list(default_seeds))
+  seeds = (
+      list(dict.fromkeys(int(s) for s in seeds))
+      if seeds
+      else list(default_seeds)
+  )
   late = late or {}
-  return [RunSpec(env, SPELL_ALGO, v, s, ",".join(
-      p for p in (table[v], run_overrides) if p),
-                  late_overrides=late.get(v, ""))
-          for s in seeds for v in names]
+  return [
+      RunSpec(
+          env,
+          SPELL_ALGO,
+          v,
+          s,
+          ",".join(p for p in (table[v], run_overrides) if p),
+          late_overrides=late.get(v, ""),
+      )
+      for s in seeds
+      for v in names
+  ]
 
 
 def spell_grid(envs=None, algos=None, seeds=None, variants=None):
   """spell x GiGPO x variants (default SPELL_DEFAULT_VARIANTS, any of
   SPELL_VARIANTS) x seeds (default SPELL_SEEDS)."""
-  return _sparse_grid(SPELL_ENV, SPELL_VARIANTS, SPELL_SEEDS, envs,
-                      algos, seeds, variants, late=SPELL_LATE)
+  return _sparse_grid(
+      SPELL_ENV,
+      SPELL_VARIANTS,
+      SPELL_SEEDS,
+      envs,
+      algos,
+      seeds,
+      variants,
+      late=SPELL_LATE,
+  )
 
 
 def _int_in(value: str, key: str, lo: int, hi: Optional[int] = None) -> int:
@@ -476,8 +546,12 @@ def spell_name(extra: str = "") -> str:
   and then ``extra`` (the last wins) set env.kwargs.cipher_digits=D below
   the full cipher's 10; ValueError when D is not in [1, 10]."""
   key = "env.kwargs.cipher_digits"
-  digits = _int_in(last_override(f"{SPELL_OVERRIDES},{extra}", key,
-                                  str(spell.DIGITS)), key, 1, spell.DIGITS)
+  digits = _int_in(
+      last_override(f"{SPELL_OVERRIDES},{extra}", key, str(spell.DIGITS)),
+      key,
+      1,
+      spell.DIGITS,
+  )
   tag = "" if digits == spell.DIGITS else f"_D{digits}"
   return f"L{spell_length(extra)}{tag}"
 
@@ -514,11 +588,13 @@ def spell_extra(extra: str = "") -> str:
 SPARSE_ENV = "webshop"
 SPARSE_ROOT = os.path.join(ROOT, "runs", "webshop_sparse")
 SPARSE_STEPS = "steps=30"
-SPARSE_OVERRIDES = ("train.batch_tasks=16,train.group_size=8,"
-                    "env.kwargs.goals_per_product=20,"
-                    "env.kwargs.num_test_goals=256,env.num_eval_tasks=256,"
-                    "sft.steps=300,rspo.alpha=0.125,train.max_train_rows=0,"
-                    "train.micro_batch_rows=32")
+SPARSE_OVERRIDES = (
+    "train.batch_tasks=16,train.group_size=8,"
+    "env.kwargs.goals_per_product=20,"
+    "env.kwargs.num_test_goals=256,env.num_eval_tasks=256,"
+    "sft.steps=300,rspo.alpha=0.125,train.max_train_rows=0,"
+    "train.micro_batch_rows=32"
+)
 # LoRA instead of full fine-tuning (docs/results.md "LoRA against full
 # fine-tuning, WebShop"): rank 16 on every attention
 # and MLP projection, alpha 32, the base frozen. lr 1e-3 against full
@@ -530,33 +606,50 @@ SPARSE_OVERRIDES = ("train.batch_tasks=16,train.group_size=8,"
 # of full fine-tuning's (median 0.00014 vs 0.00045). By name only, on
 # WebShop only: the spell recipe sets its own lr after the variant's.
 # These lrs are the adapters' own (train.lora_lr_multiplier=1), as run.
-LORA = ("model.lora_rank=16,model.lora_alpha=32,train.lr=1e-3,"
-        "train.lora_lr_multiplier=1")
-SPARSE_TABLE = {v: o for v, o in SPELL_VARIANTS.items()
-                if "env.kwargs.dense=" not in o  # not spell's own rewards
-                and v not in SPELL_LATE}  # nor spell's step counts
-SPARSE_TABLE.update(baseline_lora=f"rspo=0,{DENSE},{LORA}",
-                    rspo_lora=f"{RSPO_K10},{LORA}",
-                    # LoRA at 3x the lr: are its steps too small at 1e-3?
-                    baseline_lora3e3=f"rspo=0,{DENSE},{LORA},train.lr=3e-3")
+LORA = (
+    "model.lora_rank=16,model.lora_alpha=32,train.lr=1e-3,"
+    "train.lora_lr_multiplier=1"
+)
+SPARSE_TABLE = {
+    v: o
+    for v, o in SPELL_VARIANTS.items()
+    if "env.kwargs.dense=" not in o  # not spell's own rewards
+    and v not in SPELL_LATE
+}  # nor spell's step counts
+SPARSE_TABLE.update(
+    baseline_lora=f"rspo=0,{DENSE},{LORA}",
+    rspo_lora=f"{RSPO_K10},{LORA}",
+    # LoRA at 3x the lr: are its steps too small at 1e-3?
+    baseline_lora3e3=f"rspo=0,{DENSE},{LORA},train.lr=3e-3",
+)
 # GRPO instead of GiGPO (LoRA vs full fine-tuning on GRPO and RSPO+GRPO
 # too): these two keys turn the GiGPO config into
 # configs/webshop_grpo.py's (configs/base.py: GiGPO on WebShop differs only
 # in algo.name and mean_norm). The run names keep the grid's algo, gigpo:
 # the variant names the algorithm.
 GRPO = "algo.name=grpo,algo.normalize_std=True"
-SPARSE_TABLE.update(grpo=f"rspo=0,{DENSE},{GRPO}",
-                    grpo_lora=f"rspo=0,{DENSE},{GRPO},{LORA}",
-                    rspo_grpo=f"{RSPO_K10},{GRPO}",
-                    rspo_grpo_lora=f"{RSPO_K10},{GRPO},{LORA}")
+SPARSE_TABLE.update(
+    grpo=f"rspo=0,{DENSE},{GRPO}",
+    grpo_lora=f"rspo=0,{DENSE},{GRPO},{LORA}",
+    rspo_grpo=f"{RSPO_K10},{GRPO}",
+    rspo_grpo_lora=f"{RSPO_K10},{GRPO},{LORA}",
+)
 SPARSE_VARIANTS = tuple(SPARSE_TABLE)
 
 
 def sparse_grid(envs=None, algos=None, seeds=None, variants=None):
   """webshop x GiGPO x variants (default SPELL_DEFAULT_VARIANTS, any of
   SPARSE_VARIANTS) x seeds (default SEEDS)."""
-  return _sparse_grid(SPARSE_ENV, SPARSE_TABLE, SEEDS, envs, algos,
-                      seeds, variants, SPARSE_STEPS)
+  return _sparse_grid(
+      SPARSE_ENV,
+      SPARSE_TABLE,
+      SEEDS,
+      envs,
+      algos,
+      seeds,
+      variants,
+      SPARSE_STEPS,
+  )
 
 
 def sparse_extra(extra: str = "") -> str:

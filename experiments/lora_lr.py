@@ -50,16 +50,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (rank, train.lr), rank 0 = full fine-tuning; LoRA at train.lr x the
 # default multiplier on the adapters. In the order run: the issue's pair
 # (full and rank 4 at 1e-4) first, then the lr sweep around it.
-SETTINGS = ((0, 1e-4), (4, 1e-4), (0, 3e-5), (4, 1e-5), (0, 3e-4),
-            (4, 3e-5), (1, 1e-4), (16, 1e-4), (0, 1e-3), (4, 3e-6))
+SETTINGS = (
+    (0, 1e-4),
+    (4, 1e-4),
+    (0, 3e-5),
+    (4, 1e-5),
+    (0, 3e-4),
+    (4, 3e-5),
+    (1, 1e-4),
+    (16, 1e-4),
+    (0, 1e-3),
+    (4, 3e-6),
+)
 DEFAULTS = SETTINGS[:2]  # every seed of these before the others' 2nd seed
 # The learning guard's recipe (tests/learning_guard_test.py).
-COMMON = ("model=nano,rspo=0,env.max_steps=12,env.history_length=0,"
-          "env.num_eval_tasks=64,env.num_workers=2")
+COMMON = (
+    "model=nano,rspo=0,env.max_steps=12,env.history_length=0,"
+    "env.num_eval_tasks=64,env.num_workers=2"
+)
 ENV_KWARGS = {"min_distance": 4}
 WARM_START = "seed=0,sft.steps=60"
-GRPO = ("train.batch_tasks=4,train.group_size=8,train.updates_per_step=2,"
-        "train.max_train_rows=0,train.eval_every=0")
+GRPO = (
+    "train.batch_tasks=4,train.group_size=8,train.updates_per_step=2,"
+    "train.max_train_rows=0,train.eval_every=0"
+)
 
 
 def config(overrides: str, direction: str = ""):
@@ -67,8 +81,9 @@ def config(overrides: str, direction: str = ""):
 
   cfg = base.make_config("toy", "grpo", f"{COMMON},{overrides}")
   with cfg.unlocked():
-    cfg.env.kwargs = dict(ENV_KWARGS, **(
-        {"direction": direction} if direction else {}))
+    cfg.env.kwargs = dict(
+        ENV_KWARGS, **({"direction": direction} if direction else {})
+    )
     cfg.mesh.shape = (1, 1, 1)
   base.validate(cfg)
   return cfg
@@ -80,23 +95,28 @@ def cells(seeds) -> list:
   the defaults at the other seeds, then the rest (a cut sweep has what
   matters most)."""
   first, rest = seeds[:1], seeds[1:]
-  others = [(r, lr, s) for s in first for r, lr in SETTINGS
-            if (r, lr) not in DEFAULTS]
+  others = [
+      (r, lr, s) for s in first for r, lr in SETTINGS if (r, lr) not in DEFAULTS
+  ]
   extra = [(r, lr, s) for s in rest for r, lr in DEFAULTS]
   order = [(r, lr, s) for s in first for r, lr in DEFAULTS]
   while others or extra:
     order += others[:2] + extra[:2]
     others, extra = others[2:], extra[2:]
-  order += [(r, lr, s) for s in rest for r, lr in SETTINGS
-            if (r, lr) not in DEFAULTS]
+  order += [
+      (r, lr, s) for s in rest for r, lr in SETTINGS if (r, lr) not in DEFAULTS
+  ]
   return [(f"r{r}_lr{lr:g}_s{s}", r, lr, s) for r, lr, s in order]
 
 
-def cell_overrides(rank: int, lr: float, seed: int, steps: int,
-                   checkpoint: str) -> str:
-  return (f"{GRPO},seed={seed},steps={steps},train.lr={lr:g},"
-          f"model.lora_rank={rank},train.checkpoint_every=1000,"
-          f"model.checkpoint_dir={checkpoint}")
+def cell_overrides(
+    rank: int, lr: float, seed: int, steps: int, checkpoint: str
+) -> str:
+  return (
+      f"{GRPO},seed={seed},steps={steps},train.lr={lr:g},"
+      f"model.lora_rank={rank},train.checkpoint_every=1000,"
+      f"model.checkpoint_dir={checkpoint}"
+  )
 
 
 def greedy(run, step: int) -> dict:
@@ -118,8 +138,13 @@ def warm_start(root: str) -> tuple:
     for direction in ("up", "down"):
       probe = os.path.join(root, f"probe_{direction}")
       run = build.build_run(
-          config(f"{WARM_START},steps=1,model.checkpoint_dir={checkpoint}",
-                 direction), probe, progress=False)
+          config(
+              f"{WARM_START},steps=1,model.checkpoint_dir={checkpoint}",
+              direction,
+          ),
+          probe,
+          progress=False,
+      )
       try:
         start = greedy(run, 0)["success_rate"]
       finally:
@@ -141,8 +166,11 @@ def run_cell(rank, lr, seed, args, checkpoint, direction, cache_dir) -> dict:
 
   workdir = os.path.join(args.root, f"r{rank}_lr{lr:g}_s{seed}")
   shutil.rmtree(workdir, ignore_errors=True)  # a cell restarts whole
-  cfg = config(cell_overrides(rank, lr, seed, args.steps, checkpoint)
-               + f",train.compile_cache_dir={cache_dir}", direction)
+  cfg = config(
+      cell_overrides(rank, lr, seed, args.steps, checkpoint)
+      + f",train.compile_cache_dir={cache_dir}",
+      direction,
+  )
   t0 = time.perf_counter()
   run = build.build_run(cfg, workdir, progress=False)
   try:
@@ -151,19 +179,26 @@ def run_cell(rank, lr, seed, args, checkpoint, direction, cache_dir) -> dict:
     final = greedy(run, args.steps)
   finally:
     run.close()
-  rows = [json.loads(line) for line in open(
-      os.path.join(workdir, "metrics.jsonl"))]
+  rows = [
+      json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
+  ]
   a_rows = [r for r in rows if r["phase"] == "A"]
   shutil.rmtree(workdir, ignore_errors=True)
-  return {"rank": rank, "train_lr": lr, "multiplier": lora.lr_multiplier(cfg),
-          "adapter_lr": lr * lora.lr_multiplier(cfg), "seed": seed,
-          "direction": direction,
-          "start": start["success_rate"], "final": final["success_rate"],
-          "start_won": [e["won"] for e in start["per_task"]],
-          "final_won": [e["won"] for e in final["per_task"]],
-          "rollout_success": [r["rollout_success_rate"] for r in a_rows],
-          "approx_kl": [r["approx_kl"] for r in a_rows],
-          "wall_s": round(time.perf_counter() - t0, 1)}
+  return {
+      "rank": rank,
+      "train_lr": lr,
+      "multiplier": lora.lr_multiplier(cfg),
+      "adapter_lr": lr * lora.lr_multiplier(cfg),
+      "seed": seed,
+      "direction": direction,
+      "start": start["success_rate"],
+      "final": final["success_rate"],
+      "start_won": [e["won"] for e in start["per_task"]],
+      "final_won": [e["won"] for e in final["per_task"]],
+      "rollout_success": [r["rollout_success_rate"] for r in a_rows],
+      "approx_kl": [r["approx_kl"] for r in a_rows],
+      "wall_s": round(time.perf_counter() - t0, 1),
+  }
 
 
 # ------------------------------------------------------------------ report
@@ -172,8 +207,7 @@ def settings_of(data: dict) -> dict:
   out = {}
   for c in data["cells"].values():
     out.setdefault((c["rank"], c["train_lr"]), []).append(c)
-  return {k: sorted(v, key=lambda c: c["seed"]) for k, v in
-          sorted(out.items())}
+  return {k: sorted(v, key=lambda c: c["seed"]) for k, v in sorted(out.items())}
 
 
 def gain(cells: list) -> dict:
@@ -187,34 +221,40 @@ def gain(cells: list) -> dict:
   return intervals.t_interval(g)
 
 
-def matching_ratio(data: dict, rank: int = 4, seed: int = 0,
-                   full_lr: float = 1e-4):
+def matching_ratio(
+    data: dict, rank: int = 4, seed: int = 0, full_lr: float = 1e-4
+):
   """The adapters' lr at which LoRA rank ``rank`` learns as fast as full
   fine-tuning at ``full_lr`` (mean sampled success over the steps, seed
   ``seed``), over ``full_lr``: log-linear interpolation between the two
   LoRA lrs whose speeds bracket full fine-tuning's. None if none do."""
   cells = [c for c in data["cells"].values() if c["seed"] == seed]
   full = [c for c in cells if not c["rank"] and c["train_lr"] == full_lr]
-  lora = sorted((c["adapter_lr"], float(np.mean(c["rollout_success"])))
-                for c in cells if c["rank"] == rank)
+  lora = sorted(
+      (c["adapter_lr"], float(np.mean(c["rollout_success"])))
+      for c in cells
+      if c["rank"] == rank
+  )
   if not full or len(lora) < 2:
     return None
   target = float(np.mean(full[0]["rollout_success"]))
   for (x0, y0), (x1, y1) in zip(lora, lora[1:]):
     if y0 <= target <= y1 and y1 > y0:
       t = (target - y0) / (y1 - y0)
-      return float(np.exp(np.log(x0) + t * (np.log(x1) - np.log(x0)))
-                   / full_lr)
+      return float(np.exp(np.log(x0) + t * (np.log(x1) - np.log(x0))) / full_lr)
   return None
 
 
 def report(data: dict) -> str:
-  pts = lambda d: (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f},"
-                   f" {100 * d['hi']:+.1f}]")
-  lines = ["| policy | train.lr | adapters' lr | seeds | greedy start ->"
-           " final, % | gain, points [95 %] | sampled success over the"
-           " steps, % | approx_kl a step, median |",
-           "|---|---:|---:|---:|---|---|---:|---:|"]
+  pts = lambda d: (
+      f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}," f" {100 * d['hi']:+.1f}]"
+  )
+  lines = [
+      "| policy | train.lr | adapters' lr | seeds | greedy start ->"
+      " final, % | gain, points [95 %] | sampled success over the"
+      " steps, % | approx_kl a step, median |",
+      "|---|---:|---:|---:|---|---|---:|---:|",
+  ]
   best = {}
   for (rank, lr), cs in settings_of(data).items():
     g = gain(cs)
@@ -226,23 +266,34 @@ def report(data: dict) -> str:
         f"| {name} | {lr:g} | {eff} | {len(cs)} |"
         f" {100 * np.mean([c['start'] for c in cs]):.1f} ->"
         f" {100 * np.mean([c['final'] for c in cs]):.1f} | {pts(g)} |"
-        f" {100 * speed:.1f} | {kl:.2g} |")
+        f" {100 * speed:.1f} | {kl:.2g} |"
+    )
     score = (g["mean"], speed)  # the gain, then how fast it came
     if score > best.get(rank, (None, (-9, -9)))[1]:
       best[rank] = ((cs[0]["adapter_lr"] if rank else lr), score)
   lines.append("")
   for rank, (lr, _) in sorted(best.items()):
-    top = max(c["adapter_lr"] for c in data["cells"].values()
-              if c["rank"] == rank)
+    top = max(
+        c["adapter_lr"] for c in data["cells"].values() if c["rank"] == rank
+    )
     name = f"LoRA r = {rank}" if rank else "full fine-tuning"
-    edge = (" (the grid's largest: success still rising, no peak found)"
-            if lr == top else "")
+    edge = (
+        " (the grid's largest: success still rising, no peak found)"
+        if lr == top
+        else ""
+    )
     lines.append(f"best lr, {name}: {lr:g}{edge}")
   for seed in sorted({c["seed"] for c in data["cells"].values()}):
-    lora = [c for c in data["cells"].values()
-            if c["seed"] == seed and c["rank"] == 4]
-    full = [c for c in data["cells"].values() if c["seed"] == seed
-            and not c["rank"] and c["train_lr"] == 1e-4]
+    lora = [
+        c
+        for c in data["cells"].values()
+        if c["seed"] == seed and c["rank"] == 4
+    ]
+    full = [
+        c
+        for c in data["cells"].values()
+        if c["seed"] == seed and not c["rank"] and c["train_lr"] == 1e-4
+    ]
     if len(lora) < 2 or not full:
       continue
     ratio = matching_ratio(data, seed=seed)
@@ -250,62 +301,97 @@ def report(data: dict) -> str:
     lines.append(
         f"equal speed (seed {seed}): LoRA r = 4 matches full fine-tuning at"
         f" lr 1e-4 ({100 * np.mean(full[0]['rollout_success']):.1f} %"
-        " sampled) " + (f"at {ratio:.2g}x its lr" if ratio else
-                        "at no lr of the grid (its fastest:"
-                        f" {100 * fastest:.1f} %)"))
+        " sampled) "
+        + (
+            f"at {ratio:.2g}x its lr"
+            if ratio
+            else "at no lr of the grid (its fastest:" f" {100 * fastest:.1f} %)"
+        )
+    )
   crit = settings_of(data)
   full, r4 = crit.get((0, 1e-4)), crit.get((4, 1e-4))
   if full and r4 and len(full) >= 2:
     lo = gain(full)["lo"]
-    lines.append(f"criterion: LoRA r = 4 at lr 1e-4 gains"
-                 f" {100 * gain(r4)['mean']:+.1f} points, full fine-tuning's"
-                 f" lower bound {100 * lo:+.1f}:"
-                 f" {'met' if gain(r4)['mean'] >= lo else 'not met'}"
-                 f" ({len(r4)} and {len(full)} seeds)")
+    lines.append(
+        f"criterion: LoRA r = 4 at lr 1e-4 gains"
+        f" {100 * gain(r4)['mean']:+.1f} points, full fine-tuning's"
+        f" lower bound {100 * lo:+.1f}:"
+        f" {'met' if gain(r4)['mean'] >= lo else 'not met'}"
+        f" ({len(r4)} and {len(full)} seeds)"
+    )
   return "\n".join(lines)
 
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--root", default=os.path.join(ROOT, "runs", "lora_lr"))
-  p.add_argument("--out", default=os.path.join(
-      ROOT, "docs", "results", "lora_lr.json"))
+  p.add_argument(
+      "--out", default=os.path.join(ROOT, "docs", "results", "lora_lr.json")
+  )
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--steps", type=int, default=20)
-  p.add_argument("--only", default="",
-                 help="comma-separated cell keys (r4_lr0.0001_s0, ...)")
-  p.add_argument("--budget_s", type=float, default=0,
-                 help="start no cell after this many seconds (0: all)")
+  p.add_argument(
+      "--only",
+      default="",
+      help="comma-separated cell keys (r4_lr0.0001_s0, ...)",
+  )
+  p.add_argument(
+      "--budget_s",
+      type=float,
+      default=0,
+      help="start no cell after this many seconds (0: all)",
+  )
   p.add_argument("--report_only", action="store_true")
   args = p.parse_args(argv)
   data = load(args.out)
   settings = {"steps": args.steps, "task": "learning guard"}
   if data.get("settings", settings) != settings:
-    raise SystemExit(f"{args.out} holds cells of {data['settings']}, not"
-                     f" {settings}: use another --out")
+    raise SystemExit(
+        f"{args.out} holds cells of {data['settings']}, not"
+        f" {settings}: use another --out"
+    )
   data["settings"] = settings
   if not args.report_only:
     checkpoint, direction, _ = warm_start(args.root)
     t0 = time.perf_counter()  # the budget counts cells, not the warm start
     cache_dir = os.path.join(args.root, "compile_cache")
     only = set(filter(None, args.only.split(",")))
-    for key, rank, lr, seed in cells([int(s) for s in
-                                      args.seeds.split(",")]):
+    for key, rank, lr, seed in cells([int(s) for s in args.seeds.split(",")]):
       if key in data["cells"] or (only and key not in only):
         continue
       if args.budget_s and time.perf_counter() - t0 > args.budget_s:
-        print(json.dumps({"stopped": "budget", "left": sum(
-            k not in data["cells"] for k, *_ in cells(
-                [int(s) for s in args.seeds.split(",")]))}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "stopped": "budget",
+                    "left": sum(
+                        k not in data["cells"]
+                        for k, *_ in cells(
+                            [int(s) for s in args.seeds.split(",")]
+                        )
+                    ),
+                }
+            ),
+            flush=True,
+        )
         break
-      data["cells"][key] = run_cell(rank, lr, seed, args, checkpoint,
-                                    direction, cache_dir)
+      data["cells"][key] = run_cell(
+          rank, lr, seed, args, checkpoint, direction, cache_dir
+      )
       save(args.out, data)
       c = data["cells"][key]
-      print(json.dumps({"cell": key, "wall_s": c["wall_s"],
-                        "start": c["start"], "final": c["final"],
-                        "approx_kl_median": statistics.median(
-                            c["approx_kl"])}), flush=True)
+      print(
+          json.dumps(
+              {
+                  "cell": key,
+                  "wall_s": c["wall_s"],
+                  "start": c["start"],
+                  "final": c["final"],
+                  "approx_kl_median": statistics.median(c["approx_kl"]),
+              }
+          ),
+          flush=True,
+      )
   print(report(data))
 
 

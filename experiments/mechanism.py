@@ -37,11 +37,16 @@ def b_lift(workdirs: Sequence[str], seed: int = 0) -> Optional[dict]:
 
   out = {}
   for key in LIFT_KEYS:
-    x = [r[key] for w in workdirs for r in _rows(w, "B_collect")
-         if r.get(key) is not None]
+    x = [
+        r[key]
+        for w in workdirs
+        for r in _rows(w, "B_collect")
+        if r.get(key) is not None
+    ]
     if x:
       out[key] = intervals.success_interval(
-          np.asarray(x, np.float64)[:, None], seed=seed)
+          np.asarray(x, np.float64)[:, None], seed=seed
+      )
       out["samples"] = len(x)
   return out or None
 
@@ -53,8 +58,7 @@ def replay_by_position(workdirs: Sequence[str]) -> Optional[list]:
   for w in workdirs:
     for r in _rows(w, "A"):
       if "loop_step" in r and r.get("replay_trajectories"):
-        by.setdefault(int(r["loop_step"]), []).append(
-            r["replay_success_frac"])
+        by.setdefault(int(r["loop_step"]), []).append(r["replay_success_frac"])
   if not by:
     return None
   return [float(np.mean(by.get(p, [np.nan]))) for p in range(max(by) + 1)]

@@ -66,9 +66,15 @@ sys.path.insert(0, ROOT)
 from rspo_jax.types import group_trajectories  # noqa: E402
 
 STARTS = {
-    "sparse": os.path.join(ROOT, "docs", "results", "archive",
-                           "webshop_sparse_gate", "warm_start_webshop",
-                           "warm_start"),
+    "sparse": os.path.join(
+        ROOT,
+        "docs",
+        "results",
+        "archive",
+        "webshop_sparse_gate",
+        "warm_start_webshop",
+        "warm_start",
+    ),
     "default": os.path.join(ROOT, "configs", "warm_starts", "webshop_nano"),
 }
 GATE = os.path.join(ROOT, "docs", "results", "archive", "webshop_sparse_gate")
@@ -84,8 +90,9 @@ def config(algo: str, start: str, extra: str):
   from configs import base  # noqa: PLC0415
 
   arg = f"model.checkpoint_dir={STARTS[start]},seed={SEED}"
-  return base.make_config("webshop", algo, ",".join(p for p in (arg, extra)
-                                                    if p))
+  return base.make_config(
+      "webshop", algo, ",".join(p for p in (arg, extra) if p)
+  )
 
 
 def _write(path: str, obj) -> None:
@@ -114,14 +121,16 @@ def _traj_file(root: str, c: int) -> str:
 def collect(root: str, start: str, collections: int) -> None:
   from rspo_jax import build, prm  # noqa: PLC0415
 
-  todo = [c for c in range(1, collections + 1)
-          if not os.path.exists(_traj_file(root, c))]
+  todo = [
+      c
+      for c in range(1, collections + 1)
+      if not os.path.exists(_traj_file(root, c))
+  ]
   if not todo:
     print("collect: every collection is there")
     return
   cfg = config("grpo", start, f"rspo=0,seed={COLLECT_SEED}")
-  run = build.build_run(cfg, os.path.join(root, "collect_work"),
-                        progress=False)
+  run = build.build_run(cfg, os.path.join(root, "collect_work"), progress=False)
   try:
     t = run.trainer
     for c in range(1, collections + 1):
@@ -137,8 +146,10 @@ def collect(root: str, start: str, collections: int) -> None:
         for r in records:
           f.write(json.dumps(prm.record_to_json(r)) + "\n")
       os.replace(path + ".tmp", path)
-      print(f"collection {c}: {len(records)} steps, success"
-            f" {stats['success_rate']:.3f}")
+      print(
+          f"collection {c}: {len(records)} steps, success"
+          f" {stats['success_rate']:.3f}"
+      )
   finally:
     run.close()
 
@@ -159,14 +170,17 @@ def _per_traj(records, r_hat):
   """(r_hat per trajectory, oracle d_t per trajectory, won, task ids)."""
   value = {id(r): float(v) for r, v in zip(records, r_hat)}
   trajs = group_trajectories(list(records))
-  return ([np.array([value[id(s)] for s in t.steps]) for t in trajs],
-          [np.array([s.dense_reward for s in t.steps]) for t in trajs],
-          np.array([bool(t.steps[-1].won) for t in trajs]),
-          [t.task_id for t in trajs])
+  return (
+      [np.array([value[id(s)] for s in t.steps]) for t in trajs],
+      [np.array([s.dense_reward for s in t.steps]) for t in trajs],
+      np.array([bool(t.steps[-1].won) for t in trajs]),
+      [t.task_id for t in trajs],
+  )
 
 
-def quality(root: str, start: str, collections: int,
-            train_collections: int = 1) -> None:
+def quality(
+    root: str, start: str, collections: int, train_collections: int = 1
+) -> None:
   """(a); ``train_collections`` > 1 trains a PRM on more of the start's
   groups than the loop does (``quality_train<N>.json``, ``prm_train<N>``)
   and holds out the rest."""
@@ -184,14 +198,24 @@ def quality(root: str, start: str, collections: int,
   if not os.path.exists(os.path.join(prm_dir, prm.CONFIG_FILE)):
     # As build.make_prm_refresh: backbone and tokenizer = the start.
     prm.train_prm(
-        STARTS[start], train, prm_dir, policy_tokenizer_dir=STARTS[start],
+        STARTS[start],
+        train,
+        prm_dir,
+        policy_tokenizer_dir=STARTS[start],
         max_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens,
-        steps=cfg.rspo.prm_steps, seed=cfg.seed)
+        steps=cfg.rspo.prm_steps,
+        seed=cfg.seed,
+    )
   scorer = prm.PRMScorer.load(prm_dir)
-  result = {"start": start, "warm_start": STARTS[start],
-            "prm_dir": prm_dir, "prm_train_metrics": scorer.metrics,
-            "collect_seed": COLLECT_SEED, "groups_per_collection": GROUPS,
-            "train_collections": train_collections}
+  result = {
+      "start": start,
+      "warm_start": STARTS[start],
+      "prm_dir": prm_dir,
+      "prm_train_metrics": scorer.metrics,
+      "collect_seed": COLLECT_SEED,
+      "groups_per_collection": GROUPS,
+      "train_collections": train_collections,
+  }
   for name, records in (("heldout", held), ("train", train)):
     r_hat, oracle, won, tasks = _per_traj(records, scorer.score(records))
     q = prm.quality(r_hat, oracle, won, max_t=cfg.env.max_steps)
@@ -199,12 +223,15 @@ def quality(root: str, start: str, collections: int,
     result[name] = q
   train_tasks = {r.task_id for r in train}
   result["heldout"]["tasks_also_in_train"] = len(
-      {r.task_id for r in held} & train_tasks)
+      {r.task_id for r in held} & train_tasks
+  )
   _write(out_path, result)
   h = result["heldout"]
-  print(f"held out: {h['num_traj']} trajectories, {h['num_wins']} won;"
-        f" R^2 {h['r2_traj']}, AUC by t {h['auc_prefix']},"
-        f" step MAE {h['step_mae']:.3f}, step r {h['step_pearson']}")
+  print(
+      f"held out: {h['num_traj']} trajectories, {h['num_wins']} won;"
+      f" R^2 {h['r2_traj']}, AUC by t {h['auc_prefix']},"
+      f" step MAE {h['step_mae']:.3f}, step r {h['step_pearson']}"
+  )
 
 
 # ------------------------------------------------------------------ runs
@@ -229,8 +256,12 @@ def _train(cfg, workdir: str, steps_eval: bool) -> None:
 def loop(root: str, start: str, b_reward: str) -> None:
   workdir = os.path.join(root, f"loop_{b_reward}")
   source = ",rspo.data_source=outcome" if b_reward == "outcome" else ""
-  cfg = config("grpo", start, "rspo=1,rspo.k=3,steps=1,rspo.dense_reward="
-               f"prm,rspo.prm_dir={os.path.join(root, 'prm')}{source}")
+  cfg = config(
+      "grpo",
+      start,
+      "rspo=1,rspo.k=3,steps=1,rspo.dense_reward="
+      f"prm,rspo.prm_dir={os.path.join(root, 'prm')}{source}",
+  )
   _train(cfg, workdir, False)
   _write(os.path.join(root, f"loop_{b_reward}.json"), loop_summary(workdir))
 
@@ -242,26 +273,45 @@ def loop_summary(workdir: str) -> dict:
   b = read_metrics(path, "B")
   (lift,) = read_metrics(path, "B_collect")
   a = read_metrics(path, "A")[0]
-  keep = ("replay_logp_b_minus_old", "replay_logp_b_minus_old_max",
-          "replay_logp_b_minus_old_median", "replay_kl_b_old_k3",
-          "replay_log_c_big_frac", "ratio_mean_off", "rows_off",
-          "n_tokens_off", "rollout_success_rate")
+  keep = (
+      "replay_logp_b_minus_old",
+      "replay_logp_b_minus_old_max",
+      "replay_logp_b_minus_old_median",
+      "replay_kl_b_old_k3",
+      "replay_log_c_big_frac",
+      "ratio_mean_off",
+      "rows_off",
+      "n_tokens_off",
+      "rollout_success_rate",
+  )
   return {
-      "b_steps": [{k: m.get(k) for k in ("rollout_success_rate",
-                                         "dense_reward_mean",
-                                         "outcome_reward_mean")}
-                  for m in b],
-      "b_collect": {k: v for k, v in lift.items()
-                    if k.startswith("b_") or k == "loop"},
+      "b_steps": [
+          {
+              k: m.get(k)
+              for k in (
+                  "rollout_success_rate",
+                  "dense_reward_mean",
+                  "outcome_reward_mean",
+              )
+          }
+          for m in b
+      ],
+      "b_collect": {
+          k: v for k, v in lift.items() if k.startswith("b_") or k == "loop"
+      },
       "a_step_1": {k: a.get(k) for k in keep},
   }
 
 
 def dense_only(root: str, start: str, steps: int, evaluate: bool) -> None:
   workdir = os.path.join(root, "dense_only")
-  cfg = config("gigpo", start, "rspo=0,rspo.dense_only=1,"
-               f"rspo.dense_reward=prm,rspo.prm_dir={os.path.join(root, 'prm')}"
-               f",steps={steps},rollout.eval_temperature=0")
+  cfg = config(
+      "gigpo",
+      start,
+      "rspo=0,rspo.dense_only=1,"
+      f"rspo.dense_reward=prm,rspo.prm_dir={os.path.join(root, 'prm')}"
+      f",steps={steps},rollout.eval_temperature=0",
+  )
   _train(cfg, workdir, evaluate)
   _write(os.path.join(root, "dense_only.json"), curve(workdir))
 
@@ -272,15 +322,22 @@ def curve(workdir: str) -> dict:
   from rspo_jax.metrics import read_metrics  # noqa: PLC0415
 
   rows = read_metrics(os.path.join(workdir, "metrics.jsonl"), "A")
-  out = {"steps": [{"step": m["step"],
-                    "success": m.get("rollout_success_rate"),
-                    "dense_reward_mean": m.get("dense_reward_mean"),
-                    "outcome_reward_mean": m.get("outcome_reward_mean")}
-                   for m in rows]}
+  out = {
+      "steps": [
+          {
+              "step": m["step"],
+              "success": m.get("rollout_success_rate"),
+              "dense_reward_mean": m.get("dense_reward_mean"),
+              "outcome_reward_mean": m.get("outcome_reward_mean"),
+          }
+          for m in rows
+      ]
+  }
   final = _read(os.path.join(workdir, "eval_final_greedy.json"))
   if final is not None:
-    out["eval_final_greedy"] = {k: final[k] for k in
-                                ("success_rate", "score", "num_tasks")}
+    out["eval_final_greedy"] = {
+        k: final[k] for k in ("success_rate", "score", "num_tasks")
+    }
   return out
 
 
@@ -290,9 +347,15 @@ def curve(workdir: str) -> dict:
 def _archived_curve(cell: str) -> list:
   path = os.path.join(GATE, cell, "metrics.jsonl")
   rows = [json.loads(line) for line in open(path) if line.strip()]
-  return [{"step": m["step"], "success": m.get("rollout_success_rate"),
-           "dense_reward_mean": m.get("dense_reward_mean")}
-          for m in rows if m.get("phase") == "A"]
+  return [
+      {
+          "step": m["step"],
+          "success": m.get("rollout_success_rate"),
+          "dense_reward_mean": m.get("dense_reward_mean"),
+      }
+      for m in rows
+      if m.get("phase") == "A"
+  ]
 
 
 def gate(lift_prm: dict, lift_outcome: dict) -> dict:
@@ -302,21 +365,35 @@ def gate(lift_prm: dict, lift_outcome: dict) -> dict:
   lp = lift_prm["b_collect"]["b_lift_success"]
   lo = lift_outcome["b_collect"]["b_lift_success"]
   a = lift_prm["a_step_1"]
-  div = max(a.get("replay_logp_b_minus_old") or 0.0,
-            a.get("replay_kl_b_old_k3") or 0.0)
-  return {"b_lift_success_prm": lp, "b_lift_success_outcome": lo,
-          "lifts_more": bool(lp > lo), "divergence_nats": div,
-          "diverges": bool(div > GATE_NATS), "threshold_nats": GATE_NATS,
-          "run_study": bool(lp > lo or div > GATE_NATS)}
+  div = max(
+      a.get("replay_logp_b_minus_old") or 0.0,
+      a.get("replay_kl_b_old_k3") or 0.0,
+  )
+  return {
+      "b_lift_success_prm": lp,
+      "b_lift_success_outcome": lo,
+      "lifts_more": bool(lp > lo),
+      "divergence_nats": div,
+      "diverges": bool(div > GATE_NATS),
+      "threshold_nats": GATE_NATS,
+      "run_study": bool(lp > lo or div > GATE_NATS),
+  }
 
 
 def report(base: str, out: str) -> None:
   result = {}
   for start in STARTS:
     root = os.path.join(base, start)
-    r = {k: _read(os.path.join(root, f"{k}.json")) for k in
-         ("quality", "quality_train3", "loop_prm", "loop_outcome",
-          "dense_only")}
+    r = {
+        k: _read(os.path.join(root, f"{k}.json"))
+        for k in (
+            "quality",
+            "quality_train3",
+            "loop_prm",
+            "loop_outcome",
+            "dense_only",
+        )
+    }
     r = {k: v for k, v in r.items() if v is not None}
     if "loop_prm" in r and "loop_outcome" in r:
       r["gate"] = gate(r["loop_prm"], r["loop_outcome"])
@@ -325,27 +402,37 @@ def report(base: str, out: str) -> None:
   if "sparse" in result:
     result["sparse"]["archived_seed0"] = {
         cell: _archived_curve(f"webshop_gigpo_{cell}_s0")
-        for cell in ("baseline", "dense_only", "grpo")}
+        for cell in ("baseline", "dense_only", "grpo")
+    }
   _write(out, result)
   print(json.dumps({s: r.get("gate") for s, r in result.items()}, indent=1))
 
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("piece", choices=("collect", "quality", "loop",
-                                   "dense_only", "report"))
+  p.add_argument(
+      "piece", choices=("collect", "quality", "loop", "dense_only", "report")
+  )
   p.add_argument("--start", choices=tuple(STARTS), default="sparse")
-  p.add_argument("--root", default=os.path.join(ROOT, "runs",
-                                                "prm_webshop"))
-  p.add_argument("--collections", type=int, default=4,
-                 help="collections of 16 groups: the first trains the PRM")
-  p.add_argument("--train_collections", type=int, default=1,
-                 help="quality: collections the PRM trains on (the loop: 1)")
+  p.add_argument("--root", default=os.path.join(ROOT, "runs", "prm_webshop"))
+  p.add_argument(
+      "--collections",
+      type=int,
+      default=4,
+      help="collections of 16 groups: the first trains the PRM",
+  )
+  p.add_argument(
+      "--train_collections",
+      type=int,
+      default=1,
+      help="quality: collections the PRM trains on (the loop: 1)",
+  )
   p.add_argument("--b_reward", choices=("prm", "outcome"), default="prm")
   p.add_argument("--steps", type=int, default=12)
   p.add_argument("--eval", action="store_true")
-  p.add_argument("--out", default=os.path.join(ROOT, "docs", "results",
-                                               "prm_webshop.json"))
+  p.add_argument(
+      "--out", default=os.path.join(ROOT, "docs", "results", "prm_webshop.json")
+  )
   a = p.parse_args(argv)
   root = os.path.join(a.root, a.start)
   if a.piece == "collect":

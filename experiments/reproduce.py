@@ -137,21 +137,44 @@ import sys
 from typing import Optional, Sequence
 
 import run_archive as ra
-from grid import (ROOT, SAMPLED, SPARSE_ENV, SPARSE_ROOT, SPELL_ENV,
-                  SPELL_SAMPLED, STUDY_ROOT, RunSpec, ablation_grid,
-                  from_warm_start, main_grid, sampled_flags, sampled_names,
-                  sparse_extra, sparse_grid, spell_extra, spell_grid,
-                  spell_root, study_extra, study_grid, with_rl_extra)
-from report import (ablation_report, env_report, spell_report,
-                    study_report)
+from grid import (
+    ROOT,
+    SAMPLED,
+    SPARSE_ENV,
+    SPARSE_ROOT,
+    SPELL_ENV,
+    SPELL_SAMPLED,
+    STUDY_ROOT,
+    RunSpec,
+    ablation_grid,
+    from_warm_start,
+    main_grid,
+    sampled_flags,
+    sampled_names,
+    sparse_extra,
+    sparse_grid,
+    spell_extra,
+    spell_grid,
+    spell_root,
+    study_extra,
+    study_grid,
+    with_rl_extra,
+)
+from report import (ablation_report, env_report, spell_report, study_report)
 from run_files import START, is_finished, warm_start_workdir
-from runner import (command, run_grid, sft_command, shared_start_eval,
-                    shared_warm_start)
+from runner import (
+    command,
+    run_grid,
+    sft_command,
+    shared_start_eval,
+    shared_warm_start,
+)
 from sampled_eval import sampled_final_eval
 
 
-def _run_study(specs: list[RunSpec], args, failed: list,
-               sampled=SAMPLED) -> None:
+def _run_study(
+    specs: list[RunSpec], args, failed: list, sampled=SAMPLED
+) -> None:
   """The study's extra evaluations: the warm start and every finished run
   at each ``sampled`` temperature, 3 seeds (each skipped once written,
   under root or in --archive)."""
@@ -159,19 +182,34 @@ def _run_study(specs: list[RunSpec], args, failed: list,
   results = []
   for _, tag, temperature in sampled:
     for env in envs:
-      if os.path.isdir(os.path.join(warm_start_workdir(args.root, env),
-                                    "warm_start")):
-        results.append(shared_start_eval(
-            env, args.root, args.extra, args.python,
-            out_name=sampled_names(tag)[0],
-            eval_flags=sampled_flags(temperature), archive=args.archive))
+      if os.path.isdir(
+          os.path.join(warm_start_workdir(args.root, env), "warm_start")
+      ):
+        results.append(
+            shared_start_eval(
+                env,
+                args.root,
+                args.extra,
+                args.python,
+                out_name=sampled_names(tag)[0],
+                eval_flags=sampled_flags(temperature),
+                archive=args.archive,
+            )
+        )
         print(json.dumps(results[-1]), flush=True)
     for s in specs:
       if is_finished(ra.run_dir(args.root, args.archive, s.name)):
-        results.append(sampled_final_eval(s, args.root, args.extra,
-                                          args.python, tag=tag,
-                                          temperature=temperature,
-                                          archive=args.archive))
+        results.append(
+            sampled_final_eval(
+                s,
+                args.root,
+                args.extra,
+                args.python,
+                tag=tag,
+                temperature=temperature,
+                archive=args.archive,
+            )
+        )
         print(json.dumps(results[-1]), flush=True)
   failed += [r for r in results if r["status"] == "failed"]
 
@@ -189,41 +227,70 @@ def _csv(s: Optional[str]) -> Optional[list[str]]:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(
-      description="Run the results grid (resumable) and write its reports.")
-  p.add_argument("--grid", default="main",
-                 choices=("main", "ablations", "study", "spell", "sparse"))
+      description="Run the results grid (resumable) and write its reports."
+  )
+  p.add_argument(
+      "--grid",
+      default="main",
+      choices=("main", "ablations", "study", "spell", "sparse"),
+  )
   p.add_argument("--envs", default=None, help="e.g. webshop,alfworld (toy)")
   p.add_argument("--algos", default=None, help="e.g. grpo,ppo,gigpo")
-  p.add_argument("--variants", default=None,
-                 help="main: baseline,rspo; ablations: see "
-                 "experiments/ablations.py")
+  p.add_argument(
+      "--variants",
+      default=None,
+      help="main: baseline,rspo; ablations: see " "experiments/ablations.py",
+  )
   p.add_argument("--seeds", default=None, help="e.g. 0,200,400")
-  p.add_argument("--extra", default="",
-                 help="'key=val,...' appended to every run's overrides")
-  p.add_argument("--rl_extra", default="",
-                 help="'key=val,...' for the RL runs only, not the shared"
-                 " warm start (e.g. train.max_train_rows=0: another RL"
-                 " recipe from the same warm start; use its own --root)")
-  p.add_argument("--root", default=None,
-                 help="runs directory (one workdir per run; default"
-                 " runs/reproduce, --grid study: runs/study)")
-  p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"),
-                 help="report directory")
-  p.add_argument("--archive", default="",
-                 help="keep finished runs' small files here (e.g."
-                 " docs/results/archive/<study>, committed) and read runs"
-                 " from it too (experiments/run_archive.py)")
-  p.add_argument("--mesh", default="",
-                 help="mesh config for every run (configs/mesh/*.py)")
+  p.add_argument(
+      "--extra",
+      default="",
+      help="'key=val,...' appended to every run's overrides",
+  )
+  p.add_argument(
+      "--rl_extra",
+      default="",
+      help="'key=val,...' for the RL runs only, not the shared"
+      " warm start (e.g. train.max_train_rows=0: another RL"
+      " recipe from the same warm start; use its own --root)",
+  )
+  p.add_argument(
+      "--root",
+      default=None,
+      help="runs directory (one workdir per run; default"
+      " runs/reproduce, --grid study: runs/study)",
+  )
+  p.add_argument(
+      "--out",
+      default=os.path.join(ROOT, "docs", "results"),
+      help="report directory",
+  )
+  p.add_argument(
+      "--archive",
+      default="",
+      help="keep finished runs' small files here (e.g."
+      " docs/results/archive/<study>, committed) and read runs"
+      " from it too (experiments/run_archive.py)",
+  )
+  p.add_argument(
+      "--mesh", default="", help="mesh config for every run (configs/mesh/*.py)"
+  )
   p.add_argument("--parallel", type=int, default=1)
   p.add_argument("--report_only", action="store_true")
-  p.add_argument("--dry_run", action="store_true",
-                 help="print the commands of the unfinished runs and exit")
-  p.add_argument("--python", default=sys.executable,
-                 help="interpreter for launch/train.py")
-  p.add_argument("--own_warm_start", action="store_true",
-                 help="every run behaviour-clones its own starting policy"
-                 " (default: one per env, <root>/warm_start_<env>, shared)")
+  p.add_argument(
+      "--dry_run",
+      action="store_true",
+      help="print the commands of the unfinished runs and exit",
+  )
+  p.add_argument(
+      "--python", default=sys.executable, help="interpreter for launch/train.py"
+  )
+  p.add_argument(
+      "--own_warm_start",
+      action="store_true",
+      help="every run behaviour-clones its own starting policy"
+      " (default: one per env, <root>/warm_start_<env>, shared)",
+  )
   return p.parse_args(argv)
 
 
@@ -231,35 +298,57 @@ def _start_from_shared_warm_starts(specs, args):
   """Makes (or, with --dry_run, names) each env's shared warm start for its
   unfinished runs. Returns the specs, now starting from it, and the runs
   not started because their env's warm start failed."""
-  todo = [s for s in specs
-          if not is_finished(ra.run_dir(args.root, args.archive, s.name))]
+  todo = [
+      s
+      for s in specs
+      if not is_finished(ra.run_dir(args.root, args.archive, s.name))
+  ]
   policies, failed = {}, []
   for env in dict.fromkeys(s.env for s in todo):
     if args.dry_run:
-      policies[env] = os.path.join(warm_start_workdir(args.root, env),
-                                   "warm_start")
-      print(" ".join(sft_command(env, args.root, args.extra, args.python,
-                                 args.mesh)))
+      policies[env] = os.path.join(
+          warm_start_workdir(args.root, env), "warm_start"
+      )
+      print(
+          " ".join(
+              sft_command(env, args.root, args.extra, args.python, args.mesh)
+          )
+      )
       continue
-    r = shared_warm_start(env, args.root, args.extra, args.python, args.mesh,
-                          archive=args.archive)
+    r = shared_warm_start(
+        env, args.root, args.extra, args.python, args.mesh, archive=args.archive
+    )
     print(json.dumps(r), flush=True)
     if r["status"] != "failed":
-      r = shared_start_eval(env, args.root, args.extra, args.python,
-                            archive=args.archive)
+      r = shared_start_eval(
+          env, args.root, args.extra, args.python, archive=args.archive
+      )
       print(json.dumps(r), flush=True)
     if r["status"] == "failed":
-      failed += [{"run": s.name, "status": "failed",
-                  "error": f"{r['run']}: {r['error']}"}
-                 for s in todo if s.env == env]
-    policies[env] = os.path.join(warm_start_workdir(args.root, env),
-                                 "warm_start")
+      failed += [
+          {
+              "run": s.name,
+              "status": "failed",
+              "error": f"{r['run']}: {r['error']}",
+          }
+          for s in todo
+          if s.env == env
+      ]
+    policies[env] = os.path.join(
+        warm_start_workdir(args.root, env), "warm_start"
+    )
   bad = {f["run"] for f in failed}
-  evals = {env: os.path.join(os.path.dirname(p), START)
-           for env, p in policies.items()}
-  return [from_warm_start(s, policies[s.env], evals[s.env])
-          if s.env in policies else s
-          for s in specs if s.name not in bad], failed
+  evals = {
+      env: os.path.join(os.path.dirname(p), START)
+      for env, p in policies.items()
+  }
+  return [
+      from_warm_start(s, policies[s.env], evals[s.env])
+      if s.env in policies
+      else s
+      for s in specs
+      if s.name not in bad
+  ], failed
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -274,89 +363,135 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 2
   if args.root is None:
     args.root = {"study": STUDY_ROOT, "sparse": SPARSE_ROOT}.get(
-        args.grid, os.path.join(ROOT, "runs", "reproduce"))
+        args.grid, os.path.join(ROOT, "runs", "reproduce")
+    )
   args.root = os.path.abspath(args.root)
   args.archive = os.path.abspath(args.archive) if args.archive else ""
   if args.parallel < 1:
-    print(f"reproduce.py: error: --parallel must be >= 1, got"
-          f" {args.parallel}", file=sys.stderr)
+    print(
+        f"reproduce.py: error: --parallel must be >= 1, got"
+        f" {args.parallel}",
+        file=sys.stderr,
+    )
     return 2
   try:
     seeds = [int(s) for s in _csv(args.seeds) or []]
   except ValueError:
-    print(f"reproduce.py: error: --seeds wants integers, got {args.seeds!r}",
-          file=sys.stderr)
+    print(
+        f"reproduce.py: error: --seeds wants integers, got {args.seeds!r}",
+        file=sys.stderr,
+    )
     return 2
   try:
     if args.grid == "main":
-      specs = main_grid(_csv(args.envs), _csv(args.algos), seeds,
-                        _csv(args.variants))
+      specs = main_grid(
+          _csv(args.envs), _csv(args.algos), seeds, _csv(args.variants)
+      )
     elif args.grid == "study":
-      specs = study_grid(_csv(args.envs), _csv(args.algos), seeds,
-                         _csv(args.variants))
+      specs = study_grid(
+          _csv(args.envs), _csv(args.algos), seeds, _csv(args.variants)
+      )
       envs = list(dict.fromkeys(s.env for s in specs))
       if len(envs) != 1:
         raise ValueError(f"--grid study runs one env at a time, got {envs}")
       args.extra = study_extra(envs[0], args.extra)
     elif args.grid == "spell":
-      specs = spell_grid(_csv(args.envs), _csv(args.algos), seeds,
-                         _csv(args.variants))
+      specs = spell_grid(
+          _csv(args.envs), _csv(args.algos), seeds, _csv(args.variants)
+      )
       args.extra = spell_extra(args.extra)
     elif args.grid == "sparse":
-      specs = sparse_grid(_csv(args.envs), _csv(args.algos), seeds,
-                          _csv(args.variants))
+      specs = sparse_grid(
+          _csv(args.envs), _csv(args.algos), seeds, _csv(args.variants)
+      )
       args.extra = sparse_extra(args.extra)
     else:
-      specs = ablation_grid(_csv(args.envs), _csv(args.algos), seeds,
-                            _csv(args.variants))
+      specs = ablation_grid(
+          _csv(args.envs), _csv(args.algos), seeds, _csv(args.variants)
+      )
   except ValueError as e:
     print(f"reproduce.py: error: {e}", file=sys.stderr)
     return 2
   specs = [with_rl_extra(s, args.rl_extra) for s in specs]
   failed, pairs = [], list(dict.fromkeys((s.env, s.algo) for s in specs))
-  if (not args.own_warm_start and not args.report_only
-      and "model.checkpoint_dir=" not in args.extra):
+  if (
+      not args.own_warm_start
+      and not args.report_only
+      and "model.checkpoint_dir=" not in args.extra
+  ):
     specs, failed = _start_from_shared_warm_starts(specs, args)
   if args.dry_run:
     for s in specs:
       if not is_finished(ra.run_dir(args.root, args.archive, s.name)):
-        print(" ".join(command(s, args.root, args.extra, args.python,
-                               args.mesh)))
+        print(
+            " ".join(command(s, args.root, args.extra, args.python, args.mesh))
+        )
     return 0
   if not args.report_only:
-    results = run_grid(specs, args.root, args.extra, args.parallel,
-                       args.python, mesh=args.mesh, archive=args.archive)
+    results = run_grid(
+        specs,
+        args.root,
+        args.extra,
+        args.parallel,
+        args.python,
+        mesh=args.mesh,
+        archive=args.archive,
+    )
     failed += [r for r in results if r["status"] == "failed"]
     if args.grid in ("study", "sparse"):
       _run_study(specs, args, failed)
     elif args.grid == "spell":
       _run_study(specs, args, failed, SPELL_SAMPLED)
   if args.archive:
-    print(json.dumps({"archive": args.archive, "written": ra.archive_root(
-        args.root, args.archive, args.python)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "archive": args.archive,
+                "written": ra.archive_root(
+                    args.root, args.archive, args.python
+                ),
+            }
+        ),
+        flush=True,
+    )
   if args.grid in ("spell", "sparse"):
     env = SPELL_ENV if args.grid == "spell" else SPARSE_ENV
-    report = spell_report(args.root, args.out, env=env, extra=args.extra,
-                          rl_extra=args.rl_extra, archive=args.archive)
+    report = spell_report(
+        args.root,
+        args.out,
+        env=env,
+        extra=args.extra,
+        rl_extra=args.rl_extra,
+        archive=args.archive,
+    )
     print(json.dumps({"report": report["markdown"]}))
   elif args.grid == "study":
     for env in dict.fromkeys(e for e, _ in pairs):
-      study_report(args.root, env, args.out, rl_extra=args.rl_extra,
-                   archive=args.archive, extra=args.extra)
-      print(json.dumps({"report": os.path.join(args.out,
-                                               f"study_{env}.md")}))
+      study_report(
+          args.root,
+          env,
+          args.out,
+          rl_extra=args.rl_extra,
+          archive=args.archive,
+          extra=args.extra,
+      )
+      print(json.dumps({"report": os.path.join(args.out, f"study_{env}.md")}))
   elif args.grid == "main":
     for env in dict.fromkeys(e for e, _ in pairs):
       env_report(args.root, env, args.out, archive=args.archive)
       print(json.dumps({"report": os.path.join(args.out, f"{env}.md")}))
   else:
     for env, algo in pairs:
-      path = ablation_report(args.root, env, algo, args.out,
-                             archive=args.archive)
+      path = ablation_report(
+          args.root, env, algo, args.out, archive=args.archive
+      )
       print(json.dumps({"report": path}))
   if failed:
-    print(f"reproduce.py: {len(failed)} run(s) failed: "
-          f"{[r['run'] for r in failed]}", file=sys.stderr)
+    print(
+        f"reproduce.py: {len(failed)} run(s) failed: "
+        f"{[r['run'] for r in failed]}",
+        file=sys.stderr,
+    )
     return 1
   return 0
 

@@ -116,9 +116,11 @@ def kept_files(workdir: str) -> list[str]:
   """The names of the small files of ``workdir`` the archive keeps (the
   metrics file apart)."""
   return sorted(
-      n for n in os.listdir(workdir)
+      n
+      for n in os.listdir(workdir)
       if os.path.isfile(os.path.join(workdir, n))
-      and (n in KEPT_FILES or fnmatch.fnmatch(n, KEPT_PATTERN)))
+      and (n in KEPT_FILES or fnmatch.fnmatch(n, KEPT_PATTERN))
+  )
 
 
 def kept_metrics(path: str) -> bytes:
@@ -146,19 +148,26 @@ def same_run(workdir: str, archive: Optional[str]) -> bool:
   if not archive:
     return False
   dst = archived_dir(workdir, archive)
-  return (is_finished(workdir) and is_finished(dst) and _read(
-      os.path.join(workdir, FINAL)) == _read(os.path.join(dst, FINAL)))
+  return (
+      is_finished(workdir)
+      and is_finished(dst)
+      and _read(os.path.join(workdir, FINAL)) == _read(os.path.join(dst, FINAL))
+  )
 
 
-def archive_run(workdir: str, archive: str,
-                python: str = sys.executable) -> list[str]:
+def archive_run(
+    workdir: str, archive: str, python: str = sys.executable
+) -> list[str]:
   """Copies a run's (or warm start's) small files into ``<archive>/<its
   name>``, with its policy's policy.json (``archive_final_policy``,
   exported with ``python``; ``record_warm_start``); returns the names
   written (none when all were up to date)."""
   dst = archived_dir(workdir, archive)
-  if (is_finished(workdir) and os.path.isdir(dst)
-      and not same_run(workdir, archive)):
+  if (
+      is_finished(workdir)
+      and os.path.isdir(dst)
+      and not same_run(workdir, archive)
+  ):
     # Another training's files or a copy cut short: the finished mark first,
     # then the rest.
     if os.path.isfile(os.path.join(dst, FINAL)):
@@ -173,23 +182,34 @@ def archive_run(workdir: str, archive: str,
   if files:
     os.makedirs(dst, exist_ok=True)
   written = record_warm_start(workdir, dst) + archive_final_policy(
-      workdir, dst, python)
+      workdir, dst, python
+  )
   # The finished mark last: a copy cut short is not taken as finished.
-  return written + [n for n in sorted(files, key=lambda n: n == FINAL)
-                    if _write_atomic(os.path.join(dst, n), files[n])]
+  return written + [
+      n
+      for n in sorted(files, key=lambda n: n == FINAL)
+      if _write_atomic(os.path.join(dst, n), files[n])
+  ]
 
 
 def _policy_files(policy: str) -> list[str]:
   """The files of a policy directory, its weights last."""
-  return sorted((n for n in os.listdir(policy)
-                 if os.path.isfile(os.path.join(policy, n))),
-                key=lambda n: n == POLICY_WEIGHTS)
+  return sorted(
+      (
+          n
+          for n in os.listdir(policy)
+          if os.path.isfile(os.path.join(policy, n))
+      ),
+      key=lambda n: n == POLICY_WEIGHTS,
+  )
 
 
 def sha256_files(policy: str) -> dict[str, str]:
   """{file name: sha256 hex digest} of a policy directory's files."""
-  return {n: hashlib.sha256(_read(os.path.join(policy, n))).hexdigest()
-          for n in sorted(_policy_files(policy))}
+  return {
+      n: hashlib.sha256(_read(os.path.join(policy, n))).hexdigest()
+      for n in sorted(_policy_files(policy))
+  }
 
 
 def relative(text: str, clone: str = ROOT) -> str:
@@ -202,48 +222,58 @@ def train_command(config: str, workdir: str, clone: str = ROOT) -> str:
   """The one line that regenerates a run's final policy into
   ``<workdir>/final_policy``: train it, then export its latest policy A."""
   c, w = relative(config, clone), relative(workdir, clone)
-  return (f"python launch/train.py --config={c} --workdir={w} && python"
-          f" launch/export.py --config={c} --workdir={w}"
-          f" --out={os.path.join(w, FINAL_POLICY)}")
+  return (
+      f"python launch/train.py --config={c} --workdir={w} && python"
+      f" launch/export.py --config={c} --workdir={w}"
+      f" --out={os.path.join(w, FINAL_POLICY)}"
+  )
 
 
 def sft_command(config: str, workdir: str, clone: str = ROOT) -> str:
   """The one line that regenerates a warm start into ``<workdir>/
   warm_start``."""
-  return (f"python launch/sft.py --config={relative(config, clone)}"
-          f" --workdir={relative(workdir, clone)}")
+  return (
+      f"python launch/sft.py --config={relative(config, clone)}"
+      f" --workdir={relative(workdir, clone)}"
+  )
 
 
 def code_commit(clone: str = ROOT) -> Optional[str]:
   """The commit checked out in ``clone`` (None outside a git checkout)."""
   try:
-    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True
+    )
   except OSError:
     return None
   return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def policy_record(policy: str, command: str,
-                  code: Optional[str]) -> dict:
+def policy_record(policy: str, command: str, code: Optional[str]) -> dict:
   """What policy.json says of the policy directory ``policy``: its name,
   each file's sha256, its bytes, its export.json (checkpoint step, A's
   steps; None for a warm start), the command that regenerates it and the
   commit whose code it was made with."""
   export = os.path.join(policy, "export.json")
-  return {"policy": os.path.basename(os.path.normpath(policy)),
-          "sha256": sha256_files(policy), "bytes": _policy_bytes(policy),
-          "export": (json.loads(_read(export)) if os.path.isfile(export)
-                     else None),
-          "command": command, "code": code}
+  return {
+      "policy": os.path.basename(os.path.normpath(policy)),
+      "sha256": sha256_files(policy),
+      "bytes": _policy_bytes(policy),
+      "export": (json.loads(_read(export)) if os.path.isfile(export) else None),
+      "command": command,
+      "code": code,
+  }
 
 
 def write_policy_json(dst: str, record: dict) -> list[str]:
   """``<dst>/policy.json``; [its name] when its bytes changed."""
   os.makedirs(dst, exist_ok=True)
   data = (json.dumps(record, indent=1) + "\n").encode()
-  return [POLICY_JSON] if _write_atomic(os.path.join(dst, POLICY_JSON),
-                                        data) else []
+  return (
+      [POLICY_JSON]
+      if _write_atomic(os.path.join(dst, POLICY_JSON), data)
+      else []
+  )
 
 
 def record_warm_start(workdir: str, dst: str) -> list[str]:
@@ -252,8 +282,7 @@ def record_warm_start(workdir: str, dst: str) -> list[str]:
   records the same files; the names written."""
   if not os.path.basename(os.path.normpath(workdir)).startswith(WARM_START):
     return []
-  src, done = os.path.join(workdir, POLICY), os.path.join(workdir,
-                                                          "done.json")
+  src, done = os.path.join(workdir, POLICY), os.path.join(workdir, "done.json")
   if not (complete(src) and os.path.isfile(done)):
     return []
   recorded = read_policy_json(dst)
@@ -286,22 +315,26 @@ def matches_archive(policy: str, run: str) -> Optional[bool]:
   ``<run>/policy.json`` records (None when it records none or ``policy``
   is incomplete)."""
   record = read_policy_json(run)
-  if not (complete(policy) and record
-          and POLICY_WEIGHTS in record["sha256"]):
+  if not (complete(policy) and record and POLICY_WEIGHTS in record["sha256"]):
     return None
   return sha256_files(policy).get(POLICY_WEIGHTS) == (
-      record["sha256"][POLICY_WEIGHTS])
+      record["sha256"][POLICY_WEIGHTS]
+  )
 
 
 def regenerate_hint(run: str, local: str) -> str:
   """One line: how to get the archived run ``run``'s policy at ``local``."""
   record = read_policy_json(run)
   if not record:
-    return (f"{run} has no {POLICY_JSON} (a policy over MAX_POLICY_BYTES,"
-            f" or archived before policies were recorded) and {local} no"
-            " policy")
-  return (f"no policy at {local}; regenerate it (code of commit"
-          f" {record.get('code')}): {record['command']}")
+    return (
+        f"{run} has no {POLICY_JSON} (a policy over MAX_POLICY_BYTES,"
+        f" or archived before policies were recorded) and {local} no"
+        " policy"
+    )
+  return (
+      f"no policy at {local}; regenerate it (code of commit"
+      f" {record.get('code')}): {record['command']}"
+  )
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -309,16 +342,26 @@ def has_checkpoint(workdir: str) -> bool:
   return os.path.isdir(ckpts) and any(n.isdigit() for n in os.listdir(ckpts))
 
 
-def export_policy(workdir: str, config: str, out: str,
-                  python: str = sys.executable) -> dict:
+def export_policy(
+    workdir: str, config: str, out: str, python: str = sys.executable
+) -> dict:
   """``python launch/export.py`` of ``workdir``'s latest policy A into
   ``out`` (rspo_jax/policy_export.py; params over MAX_POLICY_BYTES are not
   exported); its JSON line, or {'exported': False, 'reason': <its output's
   tail>} when it failed."""
   proc = subprocess.run(
-      [python, EXPORT_PY, f"--config={config}", f"--workdir={workdir}",
-       f"--out={out}", f"--max_bytes={MAX_POLICY_BYTES}"],
-      cwd=ROOT, capture_output=True, text=True)
+      [
+          python,
+          EXPORT_PY,
+          f"--config={config}",
+          f"--workdir={workdir}",
+          f"--out={out}",
+          f"--max_bytes={MAX_POLICY_BYTES}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+  )
   lines = proc.stdout.strip().splitlines()
   if proc.returncode == 0 and lines:
     try:
@@ -326,12 +369,12 @@ def export_policy(workdir: str, config: str, out: str,
     except ValueError:
       pass
   tail = (proc.stdout + proc.stderr).strip()[-2000:]
-  return {"exported": False,
-          "reason": f"exit code {proc.returncode}: {tail}"}
+  return {"exported": False, "reason": f"exit code {proc.returncode}: {tail}"}
 
 
-def archive_final_policy(workdir: str, dst: str,
-                         python: str = sys.executable) -> list[str]:
+def archive_final_policy(
+    workdir: str, dst: str, python: str = sys.executable
+) -> list[str]:
   """A finished run's final policy A described in ``<dst>/policy.json``:
   exported from the run's latest checkpoint (``export_policy``, the run's
   run.json config) into ``<workdir>/final_policy/`` (via ``final_policy.
@@ -341,9 +384,15 @@ def archive_final_policy(workdir: str, dst: str,
   checkpoint or run.json. A failed export is reported on stderr; the
   names written."""
   meta = os.path.join(workdir, "run.json")
-  if not (is_finished(workdir) and has_checkpoint(workdir)
-          and os.path.isfile(meta)) or read_policy_json(dst) or too_large(
-              dst):
+  if (
+      not (
+          is_finished(workdir)
+          and has_checkpoint(workdir)
+          and os.path.isfile(meta)
+      )
+      or read_policy_json(dst)
+      or too_large(dst)
+  ):
     return []
   config = json.loads(_read(meta)).get("config")
   if not config:
@@ -355,8 +404,13 @@ def archive_final_policy(workdir: str, dst: str,
   info = export_policy(workdir, config, tmp, python)
   if not info.get("exported"):
     if "bytes" not in info:  # a failure, not a policy over the limit
-      print(json.dumps({"final_policy": workdir, "not_archived":
-                        info.get("reason")}), file=sys.stderr, flush=True)
+      print(
+          json.dumps(
+              {"final_policy": workdir, "not_archived": info.get("reason")}
+          ),
+          file=sys.stderr,
+          flush=True,
+      )
       return []
     return _mark_too_large(dst, info["bytes"])
   size = _policy_bytes(tmp)
@@ -366,8 +420,9 @@ def archive_final_policy(workdir: str, dst: str,
   if os.path.isdir(local):
     shutil.rmtree(local)
   os.replace(tmp, local)
-  written = write_policy_json(dst, policy_record(
-      local, train_command(config, workdir), code_commit()))
+  written = write_policy_json(
+      dst, policy_record(local, train_command(config, workdir), code_commit())
+  )
   if os.path.exists(os.path.join(dst, TOO_LARGE)):  # the limit grew
     os.remove(os.path.join(dst, TOO_LARGE))
   return written
@@ -378,21 +433,27 @@ def too_large(dst: str) -> bool:
   MAX_POLICY_BYTES allows now: not exported again on every archive pass
   (a subprocess loading a checkpoint; paper scale) unless the limit grew."""
   path = os.path.join(dst, TOO_LARGE)
-  return (os.path.isfile(path)
-          and json.loads(_read(path))["bytes"] > MAX_POLICY_BYTES)
+  return (
+      os.path.isfile(path)
+      and json.loads(_read(path))["bytes"] > MAX_POLICY_BYTES
+  )
 
 
 def _mark_too_large(dst: str, size: int) -> list[str]:
   os.makedirs(dst, exist_ok=True)
   data = json.dumps({"bytes": int(size), "max_bytes": MAX_POLICY_BYTES})
-  return [TOO_LARGE] if _write_atomic(os.path.join(dst, TOO_LARGE),
-                                      data.encode()) else []
+  return (
+      [TOO_LARGE]
+      if _write_atomic(os.path.join(dst, TOO_LARGE), data.encode())
+      else []
+  )
 
 
 def _policy_bytes(policy: str) -> int:
   """The bytes of a policy directory's files."""
-  return sum(os.path.getsize(os.path.join(policy, n))
-             for n in _policy_files(policy))
+  return sum(
+      os.path.getsize(os.path.join(policy, n)) for n in _policy_files(policy)
+  )
 
 
 def archive_file(src: str, run: str) -> bool:
@@ -401,8 +462,9 @@ def archive_file(src: str, run: str) -> bool:
   return _write_atomic(os.path.join(run, os.path.basename(src)), _read(src))
 
 
-def archive_root(root: str, archive: str,
-                 python: str = sys.executable) -> dict[str, list[str]]:
+def archive_root(
+    root: str, archive: str, python: str = sys.executable
+) -> dict[str, list[str]]:
   """Archives every finished run and every warm start under ``root``
   (final policies exported with ``python``, described by policy.json);
   {directory name: names written} of those that changed."""

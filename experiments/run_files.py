@@ -17,7 +17,11 @@ from typing import Optional
 import run_archive as ra
 
 FINAL, START, RUN_JSON, LOG = (
-    "eval_final.json", "eval_start.json", "run.json", "train.log")
+    "eval_final.json",
+    "eval_start.json",
+    "run.json",
+    "train.log",
+)
 
 
 def is_finished(workdir: str) -> bool:
@@ -34,13 +38,19 @@ def warm_start_workdir(root: str, env: str) -> str:
   return os.path.join(root, f"warm_start_{env}")
 
 
-def finished_runs(root: str, env: str, algo: str, variant: str,
-                  archive: str = "") -> list[tuple[int, str]]:
+def finished_runs(
+    root: str, env: str, algo: str, variant: str, archive: str = ""
+) -> list[tuple[int, str]]:
   """(seed, workdir) of the finished runs of a cell, any seed, by seed:
   under root, else in ``archive`` (experiments/run_archive.py; root wins)."""
   pat = re.compile(re.escape(f"{env}_{algo}_{variant}_s") + r"(\d+)$")
-  names = {d for top in (root, archive) if top and os.path.isdir(top)
-           for d in os.listdir(top) if pat.match(d)}
+  names = {
+      d
+      for top in (root, archive)
+      if top and os.path.isdir(top)
+      for d in os.listdir(top)
+      if pat.match(d)
+  }
   found = []
   for d in names:
     wd = ra.run_dir(root, archive, d)

@@ -28,16 +28,24 @@ from typing import Iterable, Optional, Sequence
 
 import run_archive as ra
 from grid import ROOT, RunSpec, config_key
-from run_files import (LOG, RUN_JSON, START, is_finished, run_config,
-                       warm_start_workdir, write_json)
+from run_files import (
+    LOG,
+    RUN_JSON,
+    START,
+    is_finished,
+    run_config,
+    warm_start_workdir,
+    write_json,
+)
 
 TRAIN_PY = os.path.join(ROOT, "launch", "train.py")
 SFT_PY = os.path.join(ROOT, "launch", "sft.py")
 EVAL_PY = os.path.join(ROOT, "launch", "eval.py")
 
 
-def run_logged(cmd: list[str], workdir: str,
-               env: Optional[dict]) -> tuple[int, float]:
+def run_logged(
+    cmd: list[str], workdir: str, env: Optional[dict]
+) -> tuple[int, float]:
   """Runs ``cmd`` from the repo root, appending its output to
   ``<workdir>/train.log`` after a timestamped command line; (rc, wall s).
 
@@ -47,13 +55,15 @@ def run_logged(cmd: list[str], workdir: str,
   would run that checkout's code."""
   env = dict(os.environ if env is None else env)
   env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+      p for p in (ROOT, env.get("PYTHONPATH", "")) if p
+  )
   t0 = time.time()
   with open(os.path.join(workdir, LOG), "a") as log:
     log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")
     log.flush()
-    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                        cwd=ROOT, env=env).returncode
+    rc = subprocess.run(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+    ).returncode
   return rc, round(time.time() - t0, 1)
 
 
@@ -63,17 +73,31 @@ def sft_config_arg(env: str, extra: str = "") -> str:
   return f"{path}:" + ",".join(p for p in ("seed=0", extra.strip(" ,")) if p)
 
 
-def sft_command(env: str, root: str, extra: str = "",
-                python: str = sys.executable, mesh: str = "") -> list[str]:
-  cmd = [python, SFT_PY, f"--config={sft_config_arg(env, extra)}",
-         f"--workdir={warm_start_workdir(root, env)}"]
+def sft_command(
+    env: str,
+    root: str,
+    extra: str = "",
+    python: str = sys.executable,
+    mesh: str = "",
+) -> list[str]:
+  cmd = [
+      python,
+      SFT_PY,
+      f"--config={sft_config_arg(env, extra)}",
+      f"--workdir={warm_start_workdir(root, env)}",
+  ]
   return cmd + ([f"--mesh={os.path.abspath(mesh)}"] if mesh else [])
 
 
-def shared_warm_start(env: str, root: str, extra: str = "",
-                      python: str = sys.executable, mesh: str = "",
-                      env_vars: Optional[dict] = None,
-                      archive: str = "") -> dict:
+def shared_warm_start(
+    env: str,
+    root: str,
+    extra: str = "",
+    python: str = sys.executable,
+    mesh: str = "",
+    env_vars: Optional[dict] = None,
+    archive: str = "",
+) -> dict:
   """Behaviour-clones the env's starting policy once (launch/sft.py).
 
   Every run of the env then starts from ``<root>/warm_start_<env>/
@@ -91,36 +115,57 @@ def shared_warm_start(env: str, root: str, extra: str = "",
   policy = os.path.join(workdir, "warm_start")
   done, config = os.path.join(workdir, "done.json"), sft_config_arg(env, extra)
   out = {"run": f"warm_start_{env}", "workdir": workdir, "policy": policy}
-  archived = os.path.join(archive, os.path.basename(workdir),
-                          "done.json") if archive else ""
+  archived = (
+      os.path.join(archive, os.path.basename(workdir), "done.json")
+      if archive
+      else ""
+  )
   for path, flag in ((done, "--root"), (archived, "--archive")):
-    made = (json.load(open(path)).get("config")
-            if path and os.path.exists(path) else config)
+    made = (
+        json.load(open(path)).get("config")
+        if path and os.path.exists(path)
+        else config
+    )
     if config_key(made) != config_key(config):
-      return {**out, "status": "failed", "error": (
-          f"{os.path.dirname(path)} was made with --config={made!r}, not"
-          f" {config!r}; use another {flag}")}
+      return {
+          **out,
+          "status": "failed",
+          "error": (
+              f"{os.path.dirname(path)} was made with --config={made!r}, not"
+              f" {config!r}; use another {flag}"
+          ),
+      }
   if os.path.exists(done):
     return {**out, "status": "skipped"}
   os.makedirs(workdir, exist_ok=True)
-  rc, wall_s = run_logged(sft_command(env, root, extra, python, mesh),
-                          workdir, env_vars)
+  rc, wall_s = run_logged(
+      sft_command(env, root, extra, python, mesh), workdir, env_vars
+  )
   out.update(wall_s=wall_s, rc=rc)
   if rc != 0:
-    return {**out, "status": "failed",
-            "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
+    return {
+        **out,
+        "status": "failed",
+        "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}",
+    }
   write_json(done, {"config": config})
   if archived:
     out["matches_archive"] = ra.matches_archive(
-        policy, os.path.dirname(archived))
+        policy, os.path.dirname(archived)
+    )
   return {**out, "status": "done"}
 
 
-def shared_start_eval(env: str, root: str, extra: str = "",
-                      python: str = sys.executable,
-                      env_vars: Optional[dict] = None, out_name: str = START,
-                      eval_flags: Sequence[str] = (),
-                      archive: str = "") -> dict:
+def shared_start_eval(
+    env: str,
+    root: str,
+    extra: str = "",
+    python: str = sys.executable,
+    env_vars: Optional[dict] = None,
+    out_name: str = START,
+    eval_flags: Sequence[str] = (),
+    archive: str = "",
+) -> dict:
   """Evaluates the shared warm start once (launch/eval.py, the runs' eval
   split and tasks, greedy unless ``eval_flags`` say otherwise, seed 0)
   into ``<root>/warm_start_<env>/eval_start.json``. Every run of the env
@@ -133,25 +178,42 @@ def shared_start_eval(env: str, root: str, extra: str = "",
   a new one is archived."""
   workdir = warm_start_workdir(root, env)
   path = os.path.join(workdir, out_name)
-  tag = "" if out_name == START else (
-      out_name.replace(START.split(".")[0], "").split(".")[0])
+  tag = (
+      ""
+      if out_name == START
+      else (out_name.replace(START.split(".")[0], "").split(".")[0])
+  )
   out = {"run": f"start_eval{tag}_{env}", "workdir": workdir, "eval": path}
   if os.path.exists(path):
     return {**out, "status": "skipped"}
   policy = os.path.join(workdir, "warm_start")
-  if (archive and ra.matches_archive(policy, ra.archived_dir(
-      workdir, archive)) is not False
-      and ra.restore(workdir, archive, out_name)):
+  if (
+      archive
+      and ra.matches_archive(policy, ra.archived_dir(workdir, archive))
+      is not False
+      and ra.restore(workdir, archive, out_name)
+  ):
     return {**out, "status": "skipped", "from_archive": archive}
   config = f"{sft_config_arg(env, extra)},model.checkpoint_dir={policy}"
   tmp = path + ".tmp"
   rc, wall_s = run_logged(
-      [python, EVAL_PY, f"--config={config}", f"--out={tmp}",
-       *(eval_flags or (GREEDY_EVAL,))], workdir, env_vars)
+      [
+          python,
+          EVAL_PY,
+          f"--config={config}",
+          f"--out={tmp}",
+          *(eval_flags or (GREEDY_EVAL,)),
+      ],
+      workdir,
+      env_vars,
+  )
   out.update(wall_s=wall_s, rc=rc)
   if rc != 0 or not os.path.exists(tmp):
-    return {**out, "status": "failed",
-            "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
+    return {
+        **out,
+        "status": "failed",
+        "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}",
+    }
   os.replace(tmp, path)
   if archive:
     ra.archive_run(workdir, archive)
@@ -167,16 +229,33 @@ GREEDY_TRAIN = "--config.rollout.eval_temperature=0.0"
 GREEDY_EVAL = "--temperature=0"
 
 
-def command(spec: RunSpec, root: str, extra: str = "",
-            python: str = sys.executable, mesh: str = "") -> list[str]:
-  cmd = [python, TRAIN_PY, f"--config={spec.config_arg(extra)}",
-         GREEDY_TRAIN, f"--workdir={os.path.join(root, spec.name)}",
-         "--no_progress"]
+def command(
+    spec: RunSpec,
+    root: str,
+    extra: str = "",
+    python: str = sys.executable,
+    mesh: str = "",
+) -> list[str]:
+  cmd = [
+      python,
+      TRAIN_PY,
+      f"--config={spec.config_arg(extra)}",
+      GREEDY_TRAIN,
+      f"--workdir={os.path.join(root, spec.name)}",
+      "--no_progress",
+  ]
   return cmd + ([f"--mesh={os.path.abspath(mesh)}"] if mesh else [])
 
 
-def _run_one(spec: RunSpec, root: str, extra: str, python: str,
-             mesh: str, env: dict, archive: str = "") -> dict:
+def _run_one(
+    spec: RunSpec,
+    root: str,
+    extra: str,
+    python: str,
+    mesh: str,
+    env: dict,
+    archive: str = "",
+) -> dict:
   workdir = os.path.join(root, spec.name)
   out = {"run": spec.name, "workdir": workdir}
   config = spec.config_arg(extra)
@@ -185,40 +264,64 @@ def _run_one(spec: RunSpec, root: str, extra: str, python: str,
     where = {} if found == workdir else {"archived": found}
     trained = run_config(found)
     if trained is not None and config_key(trained) != config_key(config):
-      return {**out, **where, "status": "failed", "error": (
-          f"{found} was trained with --config={trained!r}, not {config!r};"
-          f" use another {'--archive' if where else '--root'}")}
+      return {
+          **out,
+          **where,
+          "status": "failed",
+          "error": (
+              f"{found} was trained with --config={trained!r}, not {config!r};"
+              f" use another {'--archive' if where else '--root'}"
+          ),
+      }
     return {**out, **where, "status": "skipped"}
   os.makedirs(workdir, exist_ok=True)
   meta_path = os.path.join(workdir, RUN_JSON)
   if os.path.exists(meta_path):
     started = json.load(open(meta_path)).get("config")
     if started != config:
-      return {**out, "status": "failed", "error": (
-          f"{workdir} was started with --config={started!r}, not"
-          f" {config!r}; use another --root")}
+      return {
+          **out,
+          "status": "failed",
+          "error": (
+              f"{workdir} was started with --config={started!r}, not"
+              f" {config!r}; use another --root"
+          ),
+      }
   else:
     write_json(meta_path, {"config": config, "name": spec.name})
   own_eval = os.path.join(workdir, START)
-  if (spec.start_eval and os.path.exists(spec.start_eval)
-      and not os.path.exists(own_eval)):
+  if (
+      spec.start_eval
+      and os.path.exists(spec.start_eval)
+      and not os.path.exists(own_eval)
+  ):
     shutil.copyfile(spec.start_eval, own_eval + ".tmp")
     os.replace(own_eval + ".tmp", own_eval)
-  rc, wall_s = run_logged(command(spec, root, extra, python, mesh),
-                          workdir, env)
+  rc, wall_s = run_logged(
+      command(spec, root, extra, python, mesh), workdir, env
+  )
   out.update(wall_s=wall_s, rc=rc)
   if rc == 0 and is_finished(workdir):
     if archive:
       ra.archive_run(workdir, archive, python)
     return {**out, "status": "done"}
-  return {**out, "status": "failed",
-          "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
+  return {
+      **out,
+      "status": "failed",
+      "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}",
+  }
 
 
-def run_grid(specs: Iterable[RunSpec], root: str, extra: str = "",
-             parallel: int = 1, python: str = sys.executable,
-             echo: bool = True, mesh: str = "",
-             archive: str = "") -> list[dict]:
+def run_grid(
+    specs: Iterable[RunSpec],
+    root: str,
+    extra: str = "",
+    parallel: int = 1,
+    python: str = sys.executable,
+    echo: bool = True,
+    mesh: str = "",
+    archive: str = "",
+) -> list[dict]:
   """Runs the unfinished specs, ``parallel`` at a time; one dict per spec.
 
   Status is 'skipped' (already finished, under root or in ``archive``),
@@ -234,8 +337,9 @@ def run_grid(specs: Iterable[RunSpec], root: str, extra: str = "",
   results = {}
   with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
     futures = {
-        pool.submit(_run_one, s, root, extra, python, mesh, env,
-                    archive): s.name
+        pool.submit(
+            _run_one, s, root, extra, python, mesh, env, archive
+        ): s.name
         for s in specs
     }
     for f in concurrent.futures.as_completed(futures):
@@ -243,8 +347,11 @@ def run_grid(specs: Iterable[RunSpec], root: str, extra: str = "",
       try:
         r = f.result()
       except OSError as e:  # e.g. a bad --python, an unwritable --root
-        r = {"run": name, "status": "failed",
-             "error": f"{type(e).__name__}: {e}"}
+        r = {
+            "run": name,
+            "status": "failed",
+            "error": f"{type(e).__name__}: {e}",
+        }
       results[name] = r
       if echo:
         print(json.dumps(r), flush=True)

@@ -44,15 +44,25 @@ def with_policy(config: str, policy: str) -> str:
   i = path.rfind(f"{os.sep}configs{os.sep}")
   if i >= 0 and not os.path.isfile(path):
     path = ROOT + path[i:]
-  kept = [p for p in overrides.split(",") if p and not p.startswith(
-      ("model.checkpoint_dir=", "model.tokenizer_dir="))]
+  kept = [
+      p
+      for p in overrides.split(",")
+      if p
+      and not p.startswith(("model.checkpoint_dir=", "model.tokenizer_dir="))
+  ]
   return f"{path}:" + ",".join(kept + [f"model.checkpoint_dir={policy}"])
 
 
-def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
-                       python: str = sys.executable,
-                       env_vars: Optional[dict] = None, tag: str = "t04",
-                       temperature: float = 0.4, archive: str = "") -> dict:
+def sampled_final_eval(
+    spec: RunSpec,
+    root: str,
+    extra: str = "",
+    python: str = sys.executable,
+    env_vars: Optional[dict] = None,
+    tag: str = "t04",
+    temperature: float = 0.4,
+    archive: str = "",
+) -> dict:
   """A finished run's final policy at ``temperature``, 3 seeds
   (launch/eval.py on its workdir's latest checkpoint) into
   ``eval_final_<tag>.json``, then archived; skipped when that exists, or
@@ -76,37 +86,66 @@ def sampled_final_eval(spec: RunSpec, root: str, extra: str = "",
       return {**out, "status": "skipped", "archived": found}
     policy = ra.local_policy(root, spec.name)
     if not policy:
-      return {**out, "status": "unavailable", "error": ra.regenerate_hint(
-          found, os.path.join(workdir, ra.FINAL_POLICY))}
+      return {
+          **out,
+          "status": "unavailable",
+          "error": ra.regenerate_hint(
+              found, os.path.join(workdir, ra.FINAL_POLICY)
+          ),
+      }
     if ra.matches_archive(policy, found) is False:
-      return {**out, "status": "failed", "error": (
-          f"{policy} is not the archived policy: its {ra.POLICY_WEIGHTS}"
-          f" sha256 differs from {os.path.join(found, ra.POLICY_JSON)}'s")}
-    return archived_policy_eval(spec, root, found, policy, extra, python,
-                                env_vars, tag, temperature)
+      return {
+          **out,
+          "status": "failed",
+          "error": (
+              f"{policy} is not the archived policy: its {ra.POLICY_WEIGHTS}"
+              f" sha256 differs from {os.path.join(found, ra.POLICY_JSON)}'s"
+          ),
+      }
+    return archived_policy_eval(
+        spec, root, found, policy, extra, python, env_vars, tag, temperature
+    )
   if not is_finished(workdir):
     return {**out, "status": "failed", "error": "the run is unfinished"}
   if ra.same_run(workdir, archive) and ra.restore(workdir, archive, name):
     return {**out, "status": "skipped", "from_archive": archive}
   tmp = path + ".tmp"
   rc, wall_s = run_logged(
-      [python, EVAL_PY, f"--config={trained_config(spec, root, extra)}",
-       f"--workdir={workdir}", f"--out={tmp}", *sampled_flags(temperature)],
-      workdir, env_vars)
+      [
+          python,
+          EVAL_PY,
+          f"--config={trained_config(spec, root, extra)}",
+          f"--workdir={workdir}",
+          f"--out={tmp}",
+          *sampled_flags(temperature),
+      ],
+      workdir,
+      env_vars,
+  )
   out.update(wall_s=wall_s, rc=rc)
   if rc != 0 or not os.path.exists(tmp):
-    return {**out, "status": "failed",
-            "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}"}
+    return {
+        **out,
+        "status": "failed",
+        "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}",
+    }
   os.replace(tmp, path)
   if archive:
     ra.archive_run(workdir, archive, python)
   return {**out, "status": "done"}
 
 
-def archived_policy_eval(spec: RunSpec, root: str, found: str, policy: str,
-                         extra: str = "", python: str = sys.executable,
-                         env_vars: Optional[dict] = None, tag: str = "t04",
-                         temperature: float = 0.4) -> dict:
+def archived_policy_eval(
+    spec: RunSpec,
+    root: str,
+    found: str,
+    policy: str,
+    extra: str = "",
+    python: str = sys.executable,
+    env_vars: Optional[dict] = None,
+    tag: str = "t04",
+    temperature: float = 0.4,
+) -> dict:
   """``sampled_final_eval`` of a run finished in the archive only (``found``
   = ``<archive>/<name>``) from the policy directory ``policy`` (its local
   copy): launch/eval.py with ``--config=<its trained
@@ -118,21 +157,37 @@ def archived_policy_eval(spec: RunSpec, root: str, found: str, policy: str,
   from the export's export.json and ``policy``: 'final_policy'."""
   name = sampled_names(tag)[1]
   scratch = os.path.join(root, f"{spec.name}.final_policy_eval_{tag}")
-  out = {"run": f"{spec.name}_{tag}", "workdir": scratch,
-         "eval": os.path.join(found, name), "archived": found,
-         "evaluated": f"the archived run's final policy {policy}"}
+  out = {
+      "run": f"{spec.name}_{tag}",
+      "workdir": scratch,
+      "eval": os.path.join(found, name),
+      "archived": found,
+      "evaluated": f"the archived run's final policy {policy}",
+  }
   if os.path.isdir(scratch):  # an earlier attempt's: start empty
     shutil.rmtree(scratch)
   os.makedirs(scratch)
   config = with_policy(run_config(found) or spec.config_arg(extra), policy)
   tmp = os.path.join(scratch, name)
   rc, wall_s = run_logged(
-      [python, EVAL_PY, f"--config={config}", f"--workdir={scratch}",
-       f"--out={tmp}", *sampled_flags(temperature)], scratch, env_vars)
+      [
+          python,
+          EVAL_PY,
+          f"--config={config}",
+          f"--workdir={scratch}",
+          f"--out={tmp}",
+          *sampled_flags(temperature),
+      ],
+      scratch,
+      env_vars,
+  )
   out.update(wall_s=wall_s, rc=rc)
   if rc != 0 or not os.path.exists(tmp):
-    return {**out, "status": "failed",
-            "error": f"exit code {rc}; see {os.path.join(scratch, LOG)}"}
+    return {
+        **out,
+        "status": "failed",
+        "error": f"exit code {rc}; see {os.path.join(scratch, LOG)}",
+    }
   result = json.load(open(tmp))
   export = os.path.join(policy, "export.json")
   if os.path.isfile(export):  # launch/eval.py saw no checkpoint: 0 steps

@@ -78,11 +78,14 @@ def summarize(workdir: str) -> dict:
       "kl_first": float(kl[0]) if len(a) else np.nan,
       "kl_later": float(np.nanmean(kl[1:])) if len(a) > 1 else np.nan,
       "entropy": (float(get("entropy")[0]), float(get("entropy")[-1]))
-                 if len(a) else (np.nan, np.nan),
+      if len(a)
+      else (np.nan, np.nan),
       "signal": float(np.nanmean(signal))
-                if np.isfinite(signal).any() else None,
+      if np.isfinite(signal).any()
+      else None,
       "rollouts": (float(np.mean(success[:5])), float(np.mean(success[-5:])))
-                  if len(a) else (np.nan, np.nan),
+      if len(a)
+      else (np.nan, np.nan),
   }
   start = _eval(os.path.join(workdir, "eval_start.json"))
   final = _eval(os.path.join(workdir, "eval_final.json"))
@@ -113,8 +116,10 @@ def markdown(summaries: list[dict]) -> str:
     if "diff" in s:
       d = s["diff"]
       ends = f"{s['start']:.1f} -> {s['final']:.1f}"
-      diff = (f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f},"
-              f" {100 * d['hi']:+.1f}]")
+      diff = (
+          f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f},"
+          f" {100 * d['hi']:+.1f}]"
+      )
       moved = f"{s['won']} / {s['lost']}"
     else:
       ends, diff, moved = "stopped", "-", "-"
@@ -122,7 +127,8 @@ def markdown(summaries: list[dict]) -> str:
         f"| {s['run']} | {s['steps']} | {_cell(s['kl_first'])} |"
         f" {_cell(s['kl_later'], '{:.4f}')} | {e0:.3f} -> {e1:.3f} |"
         f" {_cell(s['signal'], '{:.2f}')} | {r0:.2f} -> {r1:.2f} |"
-        f" {ends} | {diff} | {moved} |")
+        f" {ends} | {diff} | {moved} |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -148,8 +154,9 @@ def _finals(dirs: list[str], tag: str) -> np.ndarray | None:
   paths = [os.path.join(d, f"eval_final{tag}.json") for d in dirs]
   if not all(os.path.exists(p) for p in paths):
     return None
-  return np.stack([intervals.outcome_matrix(_eval(p)["per_task"])
-                   for p in paths])
+  return np.stack(
+      [intervals.outcome_matrix(_eval(p)["per_task"]) for p in paths]
+  )
 
 
 def pooled(workdirs: list[str]) -> list[dict]:
@@ -163,10 +170,16 @@ def pooled(workdirs: list[str]) -> list[dict]:
       if x1 is None or not os.path.exists(start):
         continue
       x0 = intervals.outcome_matrix(_eval(start)["per_task"])
-      out.append({"setting": name, "seeds": len(dirs), "decoding": decoding,
-                  "start": intervals.success_interval(x0),
-                  "final": intervals.success_interval(x1),
-                  "diff": intervals.paired_difference(x1, x0)})
+      out.append(
+          {
+              "setting": name,
+              "seeds": len(dirs),
+              "decoding": decoding,
+              "start": intervals.success_interval(x0),
+              "final": intervals.success_interval(x1),
+              "diff": intervals.paired_difference(x1, x0),
+          }
+      )
   return out
 
 
@@ -181,33 +194,50 @@ def versus_first(workdirs: list[str]) -> list[dict]:
     for name, dirs in others:
       x = _finals(dirs, tag)
       if ref is not None and x is not None:
-        out.append({"setting": name, "versus": first, "decoding": decoding,
-                    "diff": intervals.method_difference(x, ref)})
+        out.append(
+            {
+                "setting": name,
+                "versus": first,
+                "decoding": decoding,
+                "diff": intervals.method_difference(x, ref),
+            }
+        )
   return out
 
 
 def versus_markdown(rows: list[dict]) -> str:
-  lines = ["| setting | minus | decoding | final - final [95 %] |",
-           "|---|---|---|---|"]
+  lines = [
+      "| setting | minus | decoding | final - final [95 %] |",
+      "|---|---|---|---|",
+  ]
   for r in rows:
-    lines.append(f"| {r['setting']} | {r['versus']} | {r['decoding']} |"
-                 f" {_pct(r['diff'], '+')} |")
+    lines.append(
+        f"| {r['setting']} | {r['versus']} | {r['decoding']} |"
+        f" {_pct(r['diff'], '+')} |"
+    )
   return "\n".join(lines) + "\n"
 
 
 def _pct(i: dict, sign: str = "") -> str:
   f = f"{{:{sign}.1f}}"
-  return (f"{f.format(100 * i['mean'])} [{f.format(100 * i['lo'])},"
-          f" {f.format(100 * i['hi'])}]")
+  return (
+      f"{f.format(100 * i['mean'])} [{f.format(100 * i['lo'])},"
+      f" {f.format(100 * i['hi'])}]"
+  )
 
 
 def pooled_markdown(rows: list[dict]) -> str:
-  lines = ["| setting | seeds | decoding | start | final |"
-           " final - start [95 %] |", "|---|---:|---|---|---|---|"]
+  lines = [
+      "| setting | seeds | decoding | start | final |"
+      " final - start [95 %] |",
+      "|---|---:|---|---|---|---|",
+  ]
   for r in rows:
-    lines.append(f"| {r['setting']} | {r['seeds']} | {r['decoding']} |"
-                 f" {_pct(r['start'])} | {_pct(r['final'])} |"
-                 f" {_pct(r['diff'], '+')} |")
+    lines.append(
+        f"| {r['setting']} | {r['seeds']} | {r['decoding']} |"
+        f" {_pct(r['start'])} | {_pct(r['final'])} |"
+        f" {_pct(r['diff'], '+')} |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -219,8 +249,11 @@ def rspo_summary(workdir: str) -> dict | None:
     return None
   a = read_metrics(path, "A")
   replaying = [r for r in a if r.get("n_rows_off", 0) > 0]
-  mean = lambda rows, key: float(np.nanmean(
-      [r.get(key, np.nan) for r in rows])) if rows else np.nan
+  mean = (
+      lambda rows, key: float(np.nanmean([r.get(key, np.nan) for r in rows]))
+      if rows
+      else np.nan
+  )
   ratio = [r["ratio_mean_off"] for r in replaying if "ratio_mean_off" in r]
   return {
       "run": "/".join(os.path.normpath(workdir).split(os.sep)[-2:]),
@@ -235,9 +268,11 @@ def rspo_summary(workdir: str) -> dict | None:
 
 
 def rspo_markdown(rows: list[dict]) -> str:
-  lines = ["| run | B collect | A own | replaying A steps | replayed won |"
-           " replayed signal | ratio off min / max | clip off |",
-           "|---|---:|---:|---:|---:|---:|---|---:|"]
+  lines = [
+      "| run | B collect | A own | replaying A steps | replayed won |"
+      " replayed signal | ratio off min / max | clip off |",
+      "|---|---:|---:|---:|---:|---:|---|---:|",
+  ]
   for r in rows:
     lines.append(
         f"| {r['run']} | {_cell(r['b_collect'], '{:.3f}')} |"
@@ -245,7 +280,8 @@ def rspo_markdown(rows: list[dict]) -> str:
         f" {_cell(r['replay_success'], '{:.2f}')} |"
         f" {_cell(r['replay_signal'], '{:.2f}')} |"
         f" {_cell(r['ratio'][0])} / {_cell(r['ratio'][1])} |"
-        f" {_cell(r['clip_off'], '{:.4f}')} |")
+        f" {_cell(r['clip_off'], '{:.4f}')} |"
+    )
   return "\n".join(lines) + "\n"
 
 

@@ -76,15 +76,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RSPO = "rspo=1,rspo.k=3,rspo.alpha=0.25"
 DENSE_ONLY = "rspo=0,rspo.dense_only=1"
-ARMS = {"grpo": "rspo=0", "rspo": RSPO, "dense_only": DENSE_ONLY,
-        "dense_only_misaligned": DENSE_ONLY, "rspo_misaligned": RSPO}
+ARMS = {
+    "grpo": "rspo=0",
+    "rspo": RSPO,
+    "dense_only": DENSE_ONLY,
+    "dense_only_misaligned": DENSE_ONLY,
+    "rspo_misaligned": RSPO,
+}
 DISTANT = {"min_distance": 4}
 DECOY = {"dense_target_offset": -24}  # out of reach: progress sign-flipped
 MISALIGNED = ("dense_only_misaligned", "rspo_misaligned")
 DIFFERENCES = [(arm, "grpo") for arm in ARMS if arm != "grpo"] + [
-    ("rspo_misaligned", "rspo")]  # (arm, reference) in the report
-COMMON = ("model=nano,env.max_steps=12,env.history_length=0,"
-          "env.num_eval_tasks=64,rspo.dense_reward=oracle")
+    ("rspo_misaligned", "rspo")
+]  # (arm, reference) in the report
+COMMON = (
+    "model=nano,env.max_steps=12,env.history_length=0,"
+    "env.num_eval_tasks=64,rspo.dense_reward=oracle"
+)
 WARM_START = "seed=0,sft.steps=60"
 SAMPLING_SEEDS = (0, 1)  # the T = 1 evaluation's
 
@@ -101,21 +109,23 @@ def config(env_kwargs: dict, overrides: str):
 
 
 def cell_overrides(arm: str, seed: int, args, checkpoint: str) -> str:
-  return (f"{ARMS[arm]},seed={seed},steps={args.steps},train.lr={args.lr},"
-          "train.batch_tasks=4,train.group_size=8,train.updates_per_step=2,"
-          f"train.max_train_rows=0,train.eval_every={args.eval_every},"
-          f"model.checkpoint_dir={checkpoint}")
+  return (
+      f"{ARMS[arm]},seed={seed},steps={args.steps},train.lr={args.lr},"
+      "train.batch_tasks=4,train.group_size=8,train.updates_per_step=2,"
+      f"train.max_train_rows=0,train.eval_every={args.eval_every},"
+      f"model.checkpoint_dir={checkpoint}"
+  )
 
 
 def arm_env_kwargs(arm: str) -> dict:
   """The toy's kwargs of an arm's run (the warm start's: ``DISTANT``)."""
-  return dict(DISTANT, direction="up",
-              **(DECOY if arm in MISALIGNED else {}))
+  return dict(DISTANT, direction="up", **(DECOY if arm in MISALIGNED else {}))
 
 
 def cell_config(arm: str, seed: int, args, checkpoint: str):
-  return config(arm_env_kwargs(arm),
-                cell_overrides(arm, seed, args, checkpoint))
+  return config(
+      arm_env_kwargs(arm), cell_overrides(arm, seed, args, checkpoint)
+  )
 
 
 def warm_start(root: str) -> str:
@@ -141,18 +151,32 @@ def run_cell(arm: str, seed: int, args, checkpoint: str) -> dict:
   def evaluate(learner, step):
     out = run.evaluate(learner, step)  # greedy; leaves A's weights synced
     sampled = evaluate_lib.evaluate(
-        run.engine, run.venv, run.tokenizer,
+        run.engine,
+        run.venv,
+        run.tokenizer,
         build.collect_config(cfg, cfg.env.eval_split),
-        list(range(cfg.env.num_eval_tasks)), temperature=1.0,
-        max_new_tokens=cfg.rollout.max_new_tokens, seeds=SAMPLING_SEEDS)
-    evals.append({"a_step": step, "env_steps": run.trainer.state.env_steps,
-                  "success_rate": out["success_rate"],
-                  "won": [e["won"] for e in out["per_task"]],
-                  "t1_success_rate": sampled["success_rate"],
-                  "t1_won": [[e["won"] for e in sampled["per_task"]
-                              if e["seed"] == s] for s in SAMPLING_SEEDS]})
-    return {"success_rate": out["success_rate"],
-            "t1_success_rate": sampled["success_rate"]}
+        list(range(cfg.env.num_eval_tasks)),
+        temperature=1.0,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        seeds=SAMPLING_SEEDS,
+    )
+    evals.append(
+        {
+            "a_step": step,
+            "env_steps": run.trainer.state.env_steps,
+            "success_rate": out["success_rate"],
+            "won": [e["won"] for e in out["per_task"]],
+            "t1_success_rate": sampled["success_rate"],
+            "t1_won": [
+                [e["won"] for e in sampled["per_task"] if e["seed"] == s]
+                for s in SAMPLING_SEEDS
+            ],
+        }
+    )
+    return {
+        "success_rate": out["success_rate"],
+        "t1_success_rate": sampled["success_rate"],
+    }
 
   try:
     evaluate(run.trainer.a, 0)
@@ -161,22 +185,39 @@ def run_cell(arm: str, seed: int, args, checkpoint: str) -> dict:
       evaluate(run.trainer.a, args.steps)
   finally:
     run.close()
-  rows = [json.loads(line) for line in open(
-      os.path.join(workdir, "metrics.jsonl"))]
-  rollouts = [{"a_step": r["step"], "env_steps": r["env_steps"],
-               "success_rate": r["rollout_success_rate"],
-               "dense_return": dense_return(r)}
-              for r in rows if r["phase"] == "A"]
-  b_rollouts = [{"loop_a_step": r["step"],
-                 "success_rate": r["rollout_success_rate"],
-                 "dense_reward_mean": r.get("dense_reward_mean"),
-                 "dense_return": dense_return(r)}
-                for r in rows if r["phase"] == "B"]
-  return {"arm": arm, "seed": seed, "overrides": cfg_string(cfg, arm, seed,
-                                                             args),
-          "env_kwargs": arm_env_kwargs(arm),
-          "evals": evals, "rollouts": rollouts, "b_rollouts": b_rollouts,
-          "wall_s": round(time.perf_counter() - t0, 1)}
+  rows = [
+      json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
+  ]
+  rollouts = [
+      {
+          "a_step": r["step"],
+          "env_steps": r["env_steps"],
+          "success_rate": r["rollout_success_rate"],
+          "dense_return": dense_return(r),
+      }
+      for r in rows
+      if r["phase"] == "A"
+  ]
+  b_rollouts = [
+      {
+          "loop_a_step": r["step"],
+          "success_rate": r["rollout_success_rate"],
+          "dense_reward_mean": r.get("dense_reward_mean"),
+          "dense_return": dense_return(r),
+      }
+      for r in rows
+      if r["phase"] == "B"
+  ]
+  return {
+      "arm": arm,
+      "seed": seed,
+      "overrides": cfg_string(cfg, arm, seed, args),
+      "env_kwargs": arm_env_kwargs(arm),
+      "evals": evals,
+      "rollouts": rollouts,
+      "b_rollouts": b_rollouts,
+      "wall_s": round(time.perf_counter() - t0, 1),
+  }
 
 
 def dense_return(row: dict) -> float:
@@ -207,24 +248,31 @@ def save(path: str, data: dict) -> None:
 
 # ------------------------------------------------------------------ report
 def arm_cells(data: dict, arm: str) -> list:
-  return sorted((c for c in data["cells"].values() if c["arm"] == arm),
-                key=lambda c: c["seed"])
+  return sorted(
+      (c for c in data["cells"].values() if c["arm"] == arm),
+      key=lambda c: c["seed"],
+  )
 
 
 def outcomes(cells: list, key: str) -> np.ndarray:
   """x[r, e, g, s] of evaluation ``e``: greedy (``won``, s = 1) or T = 1
   (``t1_won``, s = sampling seeds)."""
   if key == "won":
-    return np.array([[np.asarray(e["won"])[:, None] for e in c["evals"]]
-                     for c in cells], float)
-  return np.array([[np.asarray(e["t1_won"]).T for e in c["evals"]]
-                   for c in cells], float)
+    return np.array(
+        [[np.asarray(e["won"])[:, None] for e in c["evals"]] for c in cells],
+        float,
+    )
+  return np.array(
+      [[np.asarray(e["t1_won"]).T for e in c["evals"]] for c in cells], float
+  )
 
 
 def command_of(settings: dict, arms=None, seeds=None) -> str:
   """The command that makes (or resumes) ``arms`` x ``seeds``."""
-  out = (f"python experiments/toy_mechanism.py --steps {settings['steps']}"
-         f" --eval_every {settings['eval_every']} --lr {settings['lr']:g}")
+  out = (
+      f"python experiments/toy_mechanism.py --steps {settings['steps']}"
+      f" --eval_every {settings['eval_every']} --lr {settings['lr']:g}"
+  )
   if arms is not None:
     out += f" --arms {','.join(arms)}"
   if seeds is not None:
@@ -239,8 +287,10 @@ def seed_blocks(cells: list, key: str, field: str, every: int) -> list:
   n = min(len(c[key]) for c in cells)
   out = []
   for lo in range(0, n - every + 1, every):
-    x = np.array([np.mean([r[field] for r in c[key][lo:lo + every]])
-                  for c in cells], float)[:, None, None]
+    x = np.array(
+        [np.mean([r[field] for r in c[key][lo : lo + every]]) for c in cells],
+        float,
+    )[:, None, None]
     out.append((lo, lo + every, x))
   return out
 
@@ -249,59 +299,84 @@ def report(data: dict) -> str:
   from rspo_jax import intervals
 
   settings = data["settings"]
-  pct = lambda d: (f"{100 * d['mean']:.1f} [{100 * d['lo']:.1f},"
-                   f" {100 * d['hi']:.1f}]")
+  pct = lambda d: (
+      f"{100 * d['mean']:.1f} [{100 * d['lo']:.1f}," f" {100 * d['hi']:.1f}]"
+  )
   num = lambda d: f"{d['mean']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
-  doc = __doc__[__doc__.index("Task ("):__doc__.index("Per cell")].rstrip()
+  doc = __doc__[__doc__.index("Task (") : __doc__.index("Per cell")].rstrip()
   found = {arm: arm_cells(data, arm) for arm in ARMS}
   found = {arm: cells for arm, cells in found.items() if cells}
-  lines = [f"Command: `{command_of(settings)}` (all arms x seeds 0-4;"
-           " resumable; `--max_cells N` a call); each arm's own below.", "",
-           "```", doc, "```", "",
-           "Success of A on the 64 held-out tasks, % with a 95 % bootstrap"
-           " interval over training seeds x tasks (x sampling seeds for"
-           " T = 1); env steps: A's and B's collections so far, mean over"
-           " seeds. Rollouts: A's training collections (4 tasks x 8"
-           " episodes a step, T = 1) in blocks of A steps; dense return ="
-           " mean over episodes of sum_t dense_t under the arm's dense"
-           " reward (the decoy's in the misaligned arms), both with a 95 %"
-           " bootstrap interval over training seeds only (3-5 values:"
-           " rough).", ""]
+  lines = [
+      f"Command: `{command_of(settings)}` (all arms x seeds 0-4;"
+      " resumable; `--max_cells N` a call); each arm's own below.",
+      "",
+      "```",
+      doc,
+      "```",
+      "",
+      "Success of A on the 64 held-out tasks, % with a 95 % bootstrap"
+      " interval over training seeds x tasks (x sampling seeds for"
+      " T = 1); env steps: A's and B's collections so far, mean over"
+      " seeds. Rollouts: A's training collections (4 tasks x 8"
+      " episodes a step, T = 1) in blocks of A steps; dense return ="
+      " mean over episodes of sum_t dense_t under the arm's dense"
+      " reward (the decoy's in the misaligned arms), both with a 95 %"
+      " bootstrap interval over training seeds only (3-5 values:"
+      " rough).",
+      "",
+  ]
   for arm, cells in found.items():
     seeds = [c["seed"] for c in cells]
     greedy, sampled = outcomes(cells, "won"), outcomes(cells, "t1_won")
-    lines += [f"## {arm} (seeds {seeds})", "",
-              f"`{command_of(settings, [arm], seeds)}`", "",
-              "| A step | env steps | greedy % | T = 1 % |",
-              "|---:|---:|---|---|"]
+    lines += [
+        f"## {arm} (seeds {seeds})",
+        "",
+        f"`{command_of(settings, [arm], seeds)}`",
+        "",
+        "| A step | env steps | greedy % | T = 1 % |",
+        "|---:|---:|---|---|",
+    ]
     for i, e in enumerate(cells[0]["evals"]):
       env_steps = np.mean([c["evals"][i]["env_steps"] for c in cells])
       lines.append(
           f"| {e['a_step']} | {env_steps:.0f} |"
           f" {pct(intervals.success_interval(greedy[:, i]))} |"
-          f" {pct(intervals.success_interval(sampled[:, i]))} |")
+          f" {pct(intervals.success_interval(sampled[:, i]))} |"
+      )
     lines.append("")
     if all("dense_return" in r for c in cells for r in c["rollouts"]):
-      lines += ["| A's rollouts, A steps | dense return | success % |",
-                "|---|---|---|"]
+      lines += [
+          "| A's rollouts, A steps | dense return | success % |",
+          "|---|---|---|",
+      ]
       every = settings["eval_every"]
       for (lo, hi, dense), (_, _, won) in zip(
           seed_blocks(cells, "rollouts", "dense_return", every),
-          seed_blocks(cells, "rollouts", "success_rate", every)):
-        lines.append(f"| {lo + 1}-{hi} |"
-                     f" {num(intervals.success_interval(dense))} |"
-                     f" {pct(intervals.success_interval(won))} |")
+          seed_blocks(cells, "rollouts", "success_rate", every),
+      ):
+        lines.append(
+            f"| {lo + 1}-{hi} |"
+            f" {num(intervals.success_interval(dense))} |"
+            f" {pct(intervals.success_interval(won))} |"
+        )
       lines.append("")
   for arm, ref in DIFFERENCES:
     if arm not in found or ref not in found:
       continue
     cells, base = found[arm], found[ref]
-    lines += [f"## {arm} - {ref} at equal A steps (points)", "",
-              "| A step | greedy | T = 1 |", "|---:|---|---|"]
+    lines += [
+        f"## {arm} - {ref} at equal A steps (points)",
+        "",
+        "| A step | greedy | T = 1 |",
+        "|---:|---|---|",
+    ]
     for i, e in enumerate(cells[0]["evals"]):
-      d = [intervals.method_difference(outcomes(cells, k)[:, i],
-                                       outcomes(base, k)[:, i])
-           for k in ("won", "t1_won")]
+      d = [
+          intervals.method_difference(
+              outcomes(cells, k)[:, i], outcomes(base, k)[:, i]
+          )
+          for k in ("won", "t1_won")
+      ]
       lines.append(f"| {e['a_step']} | {pct(d[0])} | {pct(d[1])} |")
     lines.append("")
   for arm, cells in found.items():
@@ -316,15 +391,20 @@ def b_table(arm: str, cells: list) -> list:
   dense = all("dense_return" in r for c in cells for r in c["b_rollouts"])
   loops = sorted({r["loop_a_step"] for r in cells[0]["b_rollouts"]})
   k = len(cells[0]["b_rollouts"]) // len(loops)
-  lines = [f"## B's own rollouts ({arm}): success %"
-           + (" / dense return" if dense else "")
-           + f" of B's k = {k} training steps of each loop, mean over seeds",
-           "", "| loop (A steps before it) | "
-           + " | ".join(f"B step {i + 1}" for i in range(k)) + " |",
-           "|---:|" + "---|" * k]
+  lines = [
+      f"## B's own rollouts ({arm}): success %"
+      + (" / dense return" if dense else "")
+      + f" of B's k = {k} training steps of each loop, mean over seeds",
+      "",
+      "| loop (A steps before it) | "
+      + " | ".join(f"B step {i + 1}" for i in range(k))
+      + " |",
+      "|---:|" + "---|" * k,
+  ]
   for start in loops:
-    per = [[r for r in c["b_rollouts"] if r["loop_a_step"] == start]
-           for c in cells]
+    per = [
+        [r for r in c["b_rollouts"] if r["loop_a_step"] == start] for c in cells
+    ]
     won = np.mean([[r["success_rate"] for r in p] for p in per], axis=0)
     row = [f"{100 * w:.1f}" for w in won]
     if dense:
@@ -336,26 +416,34 @@ def b_table(arm: str, cells: list) -> list:
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--root", default=os.path.join(ROOT, "runs",
-                                                "toy_mechanism"))
-  p.add_argument("--out", default=os.path.join(
-      ROOT, "docs", "results", "toy_mechanism.json"))
-  p.add_argument("--md", default=os.path.join(
-      ROOT, "docs", "results", "toy_mechanism.md"))
+  p.add_argument("--root", default=os.path.join(ROOT, "runs", "toy_mechanism"))
+  p.add_argument(
+      "--out",
+      default=os.path.join(ROOT, "docs", "results", "toy_mechanism.json"),
+  )
+  p.add_argument(
+      "--md", default=os.path.join(ROOT, "docs", "results", "toy_mechanism.md")
+  )
   p.add_argument("--arms", default=",".join(ARMS))
   p.add_argument("--seeds", default="0,1,2,3,4")
   p.add_argument("--steps", type=int, default=12)
   p.add_argument("--eval_every", type=int, default=3)
   p.add_argument("--lr", type=float, default=1e-4)
-  p.add_argument("--max_cells", type=int, default=0,
-                 help="stop after this many new cells (0: all)")
+  p.add_argument(
+      "--max_cells",
+      type=int,
+      default=0,
+      help="stop after this many new cells (0: all)",
+  )
   p.add_argument("--report_only", action="store_true")
   args = p.parse_args(argv)
   data = load(args.out)
   settings = {k: getattr(args, k) for k in ("steps", "eval_every", "lr")}
   if data.get("settings", settings) != settings:
-    raise SystemExit(f"{args.out} holds cells of {data['settings']}, not"
-                     f" {settings}: use another --out")
+    raise SystemExit(
+        f"{args.out} holds cells of {data['settings']}, not"
+        f" {settings}: use another --out"
+    )
   data["settings"] = settings
   if not args.report_only:
     checkpoint = warm_start(args.root)
@@ -375,8 +463,16 @@ def main(argv=None) -> None:
         save(args.out, data)
         done += 1
         cell = data["cells"][key]
-        print(json.dumps({"cell": key, "wall_s": cell["wall_s"], "greedy": [
-            e["success_rate"] for e in cell["evals"]]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "cell": key,
+                    "wall_s": cell["wall_s"],
+                    "greedy": [e["success_rate"] for e in cell["evals"]],
+                }
+            ),
+            flush=True,
+        )
   write_report(args.md, report(data))
 
 
@@ -391,7 +487,7 @@ def write_report(path: str, tables: str) -> None:
     with open(path) as f:
       text = f.read()
     if MARK in text:
-      head = text[:text.index(MARK)]
+      head = text[: text.index(MARK)]
   with open(path + ".tmp", "w") as f:
     f.write(f"{head}{MARK}\n\n{tables}\n")
   os.replace(path + ".tmp", path)

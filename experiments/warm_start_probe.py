@@ -26,6 +26,7 @@ import re
 from absl import app, flags
 from ml_collections import config_flags
 
+
 def decision_kind(action: str) -> str:
   if action.startswith("search["):
     return "search"
@@ -47,28 +48,42 @@ def main(argv):
 
   tokenizer = models.load_tokenizer(_POLICY.value)
   mcfg, module = models.load_hf_model(_POLICY.value)
-  engine = build.make_engine(cfg, mcfg, module, tokenizer,
-                             sharding.make_mesh((-1, 1, 1)))
+  engine = build.make_engine(
+      cfg, mcfg, module, tokenizer, sharding.make_mesh((-1, 1, 1))
+  )
   episodes = warm_start.expert_episodes(
-      cfg.env.name, build.env_kwargs(cfg), range(_TASKS.value),
-      split=cfg.env.eval_split, max_steps=cfg.env.max_steps,
+      cfg.env.name,
+      build.env_kwargs(cfg),
+      range(_TASKS.value),
+      split=cfg.env.eval_split,
+      max_steps=cfg.env.max_steps,
   )
   prompt_ids, expert = [], []
   for steps in episodes:
     history = []
     for t, (obs, action) in enumerate(steps):
       ids, _, _ = prompts.build_prompt_ids(
-          tokenizer, cfg.env.name, obs.task, obs.observation,
-          obs.admissible_actions, history, t,
+          tokenizer,
+          cfg.env.name,
+          obs.task,
+          obs.observation,
+          obs.admissible_actions,
+          history,
+          t,
           max_prompt_tokens=cfg.rollout.max_prompt_tokens,
           history_length=cfg.env.history_length,
       )
       prompt_ids.append(ids)
       expert.append(action)
       history.append((obs.observation, action))
-  results = engine.generate(prompt_ids, SamplingParams(
-      temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
-      stop_strings=("</action>",)))
+  results = engine.generate(
+      prompt_ids,
+      SamplingParams(
+          temperature=0.0,
+          max_new_tokens=cfg.rollout.max_new_tokens,
+          stop_strings=("</action>",),
+      ),
+  )
   score = collections.defaultdict(lambda: [0, 0])
   for result, want in zip(results, expert):
     reply = tokenizer.decode(result.token_ids, skip_special_tokens=True)

@@ -96,11 +96,15 @@ def parse_flags(argv):
   for name in _config_flag_names():
     value = flags.FLAGS[name].value
     if type(value).__name__ == "_ErrorConfig":  # ml_collections defers it
-      given = next((a.split("=", 1)[1] for a in argv
-                    if a.startswith(f"--{name}=")), "")
-      raise SystemExit(_line(
-          f"--{name}={given}: no such config file (pass --{name}=<a file"
-          f" of configs/, e.g. configs/webshop_grpo.py>)"))
+      given = next(
+          (a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")), ""
+      )
+      raise SystemExit(
+          _line(
+              f"--{name}={given}: no such config file (pass --{name}=<a file"
+              f" of configs/, e.g. configs/webshop_grpo.py>)"
+          )
+      )
   return remaining
 
 
@@ -137,32 +141,40 @@ def _check_paths(cfg, workdir) -> None:
 
   ckpt, tok = cfg.model.checkpoint_dir, cfg.model.tokenizer_dir
   if ckpt and not os.path.isfile(os.path.join(ckpt, "config.json")):
-    what = ("no config.json in that directory" if os.path.isdir(ckpt)
-            else "no such directory")
+    what = (
+        "no config.json in that directory"
+        if os.path.isdir(ckpt)
+        else "no such directory"
+    )
     raise ConfigError(
         f"model.checkpoint_dir={ckpt!r}: {what}; pass"
         " model.checkpoint_dir=<a Hugging Face model directory (config.json,"
         " *.safetensors)>, or model.checkpoint_dir='' to start from the"
-        f" preset {cfg.model.preset!r}")
+        f" preset {cfg.model.preset!r}"
+    )
   if (tok or ckpt) and not any(
       os.path.isfile(os.path.join(tok or ckpt, f))
-      for f in ("tokenizer.json", "tokenizer_config.json")):
+      for f in ("tokenizer.json", "tokenizer_config.json")
+  ):
     key = "model.tokenizer_dir" if tok else "model.checkpoint_dir"
     raise ConfigError(
         f"{key}={tok or ckpt!r} holds no tokenizer (tokenizer.json or"
         " tokenizer_config.json); pass model.tokenizer_dir=<a directory"
-        " with the model's tokenizer.json>")
+        " with the model's tokenizer.json>"
+    )
   backbone = cfg.rspo.prm_backbone_dir
   if backbone and not os.path.isfile(os.path.join(backbone, "config.json")):
     raise ConfigError(
         f"rspo.prm_backbone_dir={backbone!r}: no Hugging Face model there;"
         " pass rspo.prm_backbone_dir=<a directory with config.json and"
-        " *.safetensors>, or '' for the starting policy")
+        " *.safetensors>, or '' for the starting policy"
+    )
   if workdir is not None and not os.path.isdir(workdir):
     raise ConfigError(
         f"--workdir={workdir!r}: no such directory; pass --workdir=<a run"
         " directory of rspo-train>, or leave it out and pass"
-        " model.checkpoint_dir=<a Hugging Face model directory>")
+        " model.checkpoint_dir=<a Hugging Face model directory>"
+    )
 
 
 # ------------------------------------------------------------------ helpers
@@ -195,8 +207,11 @@ def _config_error(e):
 def _config_flag_names() -> list:
   from absl import flags
 
-  return [name for name, flag in flags.FLAGS._flags().items()  # pylint: disable=protected-access
-          if type(flag).__name__ == "_ConfigFlag" and name == flag.name]
+  return [
+      name
+      for name, flag in flags.FLAGS._flags().items()  # pylint: disable=protected-access
+      if type(flag).__name__ == "_ConfigFlag" and name == flag.name
+  ]
 
 
 def _field_error(argv):
@@ -209,23 +224,33 @@ def _field_error(argv):
   from rspo_jax.errors import ConfigError
 
   for name in _config_flag_names():
-    overrides = [a[len(name) + 3:].split("=", 1) for a in argv[1:]
-                 if a.startswith(f"--{name}.") and "=" in a]
+    overrides = [
+        a[len(name) + 3 :].split("=", 1)
+        for a in argv[1:]
+        if a.startswith(f"--{name}.") and "=" in a
+    ]
     if not overrides:
       continue
-    given = [a.split("=", 1)[1] for a in argv[1:]
-             if a.startswith(f"--{name}=")]
+    given = [a.split("=", 1)[1] for a in argv[1:] if a.startswith(f"--{name}=")]
     try:
-      cfg = (config_flags.ConfigFileFlagParser(name).parse(given[-1])
-             if given else flags.FLAGS[name].value)
+      cfg = (
+          config_flags.ConfigFileFlagParser(name).parse(given[-1])
+          if given
+          else flags.FLAGS[name].value
+      )
     except Exception:  # pylint: disable=broad-except
       return None  # the file's own error says more
     if not isinstance(cfg, ml_collections.ConfigDict):
       return None
     for key, value in overrides:
       try:
-        base.check_override(cfg, key, value, what="no config field",
-                            given=f"--{name}.{key}={value}")
+        base.check_override(
+            cfg,
+            key,
+            value,
+            what="no config field",
+            given=f"--{name}.{key}={value}",
+        )
       except ConfigError as e:
         return e
   return None

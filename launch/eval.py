@@ -59,11 +59,13 @@ def main(argv):
   try:
     resumed = run.trainer.try_resume()
     seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
-    result = run.evaluate(run.trainer.a, run.trainer.state.a_steps,
-                          seeds=seeds)
-    result.update(split=cfg.env.eval_split, a_steps=run.trainer.state.a_steps,
-                  from_checkpoint=resumed,
-                  temperature=float(cfg.rollout.eval_temperature))
+    result = run.evaluate(run.trainer.a, run.trainer.state.a_steps, seeds=seeds)
+    result.update(
+        split=cfg.env.eval_split,
+        a_steps=run.trainer.state.a_steps,
+        from_checkpoint=resumed,
+        temperature=float(cfg.rollout.eval_temperature),
+    )
   finally:
     run.close()
   text = json.dumps(result, indent=1)

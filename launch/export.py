@@ -20,12 +20,16 @@ from ml_collections import config_flags
 from configs import base as config_base
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "The run's config (its run.json --config).",
-    lock_config=True)
+    "config",
+    None,
+    "The run's config (its run.json --config).",
+    lock_config=True,
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _OUT = flags.DEFINE_string("out", None, "HF directory to write.")
 _MAX_BYTES = flags.DEFINE_integer(
-    "max_bytes", None, "Do not export params larger than this (bytes).")
+    "max_bytes", None, "Do not export params larger than this (bytes)."
+)
 
 
 def main(argv):
@@ -38,8 +42,11 @@ def main(argv):
   from rspo_jax import policy_export
 
   info = policy_export.export_latest_policy(
-      cfg, os.path.abspath(_WORKDIR.value), os.path.abspath(_OUT.value),
-      max_bytes=_MAX_BYTES.value)
+      cfg,
+      os.path.abspath(_WORKDIR.value),
+      os.path.abspath(_OUT.value),
+      max_bytes=_MAX_BYTES.value,
+  )
   print(json.dumps(info), flush=True)
 
 

@@ -148,9 +148,12 @@ def load_series(
   if x == "step" and not any("b_step" in r for r in rows):
     steps = {r["step"] for r in rows}
     if len(rows) > 1 and len(steps) == 1:
-      print(f"plot.py: warning: run {run!r}: all {len(rows)} rows of phase"
-            f" {phase!r} carry step {steps.pop()} and no b_step (a run from"
-            " before b_step was logged): one point is drawn", file=sys.stderr)
+      print(
+          f"plot.py: warning: run {run!r}: all {len(rows)} rows of phase"
+          f" {phase!r} carry step {steps.pop()} and no b_step (a run from"
+          " before b_step was logged): one point is drawn",
+          file=sys.stderr,
+      )
   # eval rows carry no env_steps: take it from A's row of the same step.
   env_at_step = {
       int(r["step"]): r["env_steps"]
@@ -299,13 +302,16 @@ def plot_curves(
   fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
   for label, c in curves.items():
     name = f"{label} (n={c.n_runs})" if c.n_runs > 1 else label
-    (line,) = ax.plot(c.x, c.mean, label=name, lw=1.6,
-                      marker="o" if len(c.x) == 1 else None)
+    (line,) = ax.plot(
+        c.x, c.mean, label=name, lw=1.6, marker="o" if len(c.x) == 1 else None
+    )
     if band != "none" and c.n_runs > 1:
-      ax.fill_between(c.x, c.lo, c.hi, color=line.get_color(), alpha=0.2,
-                      lw=0)
-  ax.set_xlabel(f"{'B' if phase == 'B' else 'A'} step" if x == "step"
-                else "environment steps")
+      ax.fill_between(c.x, c.lo, c.hi, color=line.get_color(), alpha=0.2, lw=0)
+  ax.set_xlabel(
+      f"{'B' if phase == 'B' else 'A'} step"
+      if x == "step"
+      else "environment steps"
+  )
   ax.set_ylabel(metric)
   ax.set_title(title or f"{metric} ({phase})")
   ax.grid(alpha=0.3)
@@ -336,8 +342,11 @@ def b_lift_points(run: str):
   for row in read_metrics(os.path.join(run, "metrics.jsonl")):
     if row.get("phase") == "B" and "b_step" in row:
       steps.append(row["b_step"])
-    elif row.get("phase") == "B_collect" and steps and (
-        row.get("b_first_success") is not None):
+    elif (
+        row.get("phase") == "B_collect"
+        and steps
+        and (row.get("b_first_success") is not None)
+    ):
       xs += [min(steps), max(steps), math.nan]
       ys += [row["b_first_success"], row["b_stored_success"], math.nan]
       steps = []
@@ -363,7 +372,8 @@ def plot_run(run: str, out_path: str) -> dict:
       ("A success", "rollout_success_rate", "A"),
       ("eval success", "success_rate", "eval"),
       ("B success", "rollout_success_rate", "B"),
-      ("B dense reward", "dense_reward_mean", "B")):
+      ("B dense reward", "dense_reward_mean", "B"),
+  ):
     series = _series_or_none(run, metric, phase)
     if series is not None:
       drawn[name] = series
@@ -377,20 +387,40 @@ def plot_run(run: str, out_path: str) -> dict:
   from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
   has_b = "B success" in drawn or "B dense reward" in drawn
-  fig, axes = plt.subplots(1, 2 if has_b else 1, dpi=120,
-                           figsize=(10.0 if has_b else 5.6, 3.8),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+      1,
+      2 if has_b else 1,
+      dpi=120,
+      figsize=(10.0 if has_b else 5.6, 3.8),
+      squeeze=False,
+  )
   ax = axes[0, 0]
   if "A success" in drawn:
-    ax.plot(*drawn["A success"], marker="o", lw=1.6,
-            label="A's training batches (T = 1)")
+    ax.plot(
+        *drawn["A success"],
+        marker="o",
+        lw=1.6,
+        label="A's training batches (T = 1)",
+    )
   if "eval success" in drawn:
     xs, ys = drawn["eval success"]
-    ax.plot(xs, ys, ls="none", marker="s", ms=7, color="black",
-            label="evaluation (held-out goals)")
+    ax.plot(
+        xs,
+        ys,
+        ls="none",
+        marker="s",
+        ms=7,
+        color="black",
+        label="evaluation (held-out goals)",
+    )
     for x, y in zip(xs, ys):
-      ax.annotate(f"{100 * y:.1f} %", (x, y), textcoords="offset points",
-                  xytext=(6, -12), fontsize="small")
+      ax.annotate(
+          f"{100 * y:.1f} %",
+          (x, y),
+          textcoords="offset points",
+          xytext=(6, -12),
+          fontsize="small",
+      )
   ax.set_xlabel("A step")
   ax.set_ylabel("success rate")
   ax.set_title("agent A (outcome reward)")
@@ -401,27 +431,44 @@ def plot_run(run: str, out_path: str) -> dict:
     ax = axes[0, 1]
     lines = []
     if "B success" in drawn:
-      lines += ax.plot(*drawn["B success"], marker="o", lw=1.6,
-                       color="tab:orange", label="B's batches: success")
+      lines += ax.plot(
+          *drawn["B success"],
+          marker="o",
+          lw=1.6,
+          color="tab:orange",
+          label="B's batches: success",
+      )
     lift = b_lift_points(run)
     if lift is not None:
       drawn["B lift"] = lift
-      lines += ax.plot(*lift, marker="s", ms=6, lw=1.2, ls=":",
-                       color="black",
-                       label="B's lift: its first batch's tasks, replayed")
+      lines += ax.plot(
+          *lift,
+          marker="s",
+          ms=6,
+          lw=1.2,
+          ls=":",
+          color="black",
+          label="B's lift: its first batch's tasks, replayed",
+      )
     ax.set_xlabel("B step")
     ax.set_ylabel("success rate")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if "B dense reward" in drawn:
       twin = ax.twinx()
-      lines += twin.plot(*drawn["B dense reward"], marker="^", lw=1.2,
-                         ls="--", color="tab:green",
-                         label="B's batches: dense reward")
+      lines += twin.plot(
+          *drawn["B dense reward"],
+          marker="^",
+          lw=1.2,
+          ls="--",
+          color="tab:green",
+          label="B's batches: dense reward",
+      )
       twin.set_ylabel("dense reward (mean return)")
     ax.set_title("agent B (dense reward), re-made from A each loop")
     ax.grid(alpha=0.3)
-    ax.legend(lines, [ln.get_label() for ln in lines], loc="best",
-              fontsize="small")
+    ax.legend(
+        lines, [ln.get_label() for ln in lines], loc="best", fontsize="small"
+    )
   fig.suptitle(os.path.basename(os.path.normpath(run)), fontsize="medium")
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
@@ -446,8 +493,11 @@ def parse_groups(
   if not runs:
     raise ValueError("--runs is empty")
   if ";" in runs:
-    groups = [[r.strip() for r in g.split(",") if r.strip()]
-              for g in runs.split(";") if g.strip()]
+    groups = [
+        [r.strip() for r in g.split(",") if r.strip()]
+        for g in runs.split(";")
+        if g.strip()
+    ]
   else:
     groups = [[r.strip()] for r in runs.split(",") if r.strip()]
   if labels:
@@ -467,24 +517,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p = argparse.ArgumentParser(
       description="Plot learning curves from runs' metrics.jsonl files."
   )
-  p.add_argument("--runs", required=True,
-                 help="run dirs: ',' between seeds, ';' between groups")
+  p.add_argument(
+      "--runs",
+      required=True,
+      help="run dirs: ',' between seeds, ';' between groups",
+  )
   p.add_argument("--labels", default=None, help="one label per group, ','")
   p.add_argument("--metric", default="rollout_success_rate")
   p.add_argument("--x", default="step", choices=X_AXES)
-  p.add_argument("--phase", default="A",
-                 help="'A' (training), 'B' (B's training) or 'eval'")
+  p.add_argument(
+      "--phase",
+      default="A",
+      help="'A' (training), 'B' (B's training) or 'eval'",
+  )
   p.add_argument("--band", default="minmax", choices=BANDS)
-  p.add_argument("--smooth", type=int, default=0,
-                 help="moving-average window per run (0 = none)")
+  p.add_argument(
+      "--smooth",
+      type=int,
+      default=0,
+      help="moving-average window per run (0 = none)",
+  )
   p.add_argument("--title", default=None)
   p.add_argument("--out", required=True, help="output PNG path")
   args = p.parse_args(argv)
   try:
     groups = parse_groups(args.runs, args.labels)
     curves = plot_curves(
-        groups, args.metric, args.x, args.out, args.phase,
-        band=args.band, smooth_window=args.smooth, title=args.title,
+        groups,
+        args.metric,
+        args.x,
+        args.out,
+        args.phase,
+        band=args.band,
+        smooth_window=args.smooth,
+        title=args.title,
     )
   except ValueError as e:
     print(f"plot.py: error: {e}", file=sys.stderr)

@@ -36,18 +36,27 @@ def parse_args(argv):
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--model_path", help="HF safetensors directory")
   src.add_argument("--preset", help="model preset, random init (e.g. tiny)")
-  p.add_argument("--seed", type=int, default=0,
-                 help="init seed for --preset; draws of unseeded requests")
+  p.add_argument(
+      "--seed",
+      type=int,
+      default=0,
+      help="init seed for --preset; draws of unseeded requests",
+  )
   p.add_argument("--host", default="127.0.0.1")
   p.add_argument("--port", type=int, default=30000)
   p.add_argument("--dtype", default=None, help="param/compute dtype override")
-  p.add_argument("--batch_buckets", type=_ints,
-                 default=jax_engine.BATCH_BUCKETS)
-  p.add_argument("--prompt_buckets", type=_ints,
-                 default=jax_engine.PROMPT_BUCKETS)
+  p.add_argument(
+      "--batch_buckets", type=_ints, default=jax_engine.BATCH_BUCKETS
+  )
+  p.add_argument(
+      "--prompt_buckets", type=_ints, default=jax_engine.PROMPT_BUCKETS
+  )
   p.add_argument("--new_token_multiple", type=int, default=16)
-  p.add_argument("--no_warmup", action="store_true",
-                 help="skip compiling the smallest shapes before serving")
+  p.add_argument(
+      "--no_warmup",
+      action="store_true",
+      help="skip compiling the smallest shapes before serving",
+  )
   p.add_argument("--verbose", action="store_true", help="log every request")
   return p.parse_args(argv)
 
@@ -62,13 +71,18 @@ def build_engine(args):
     except ValueError:
       tokenizer = None  # ids only; stop strings unavailable
   else:
-    overrides = {} if args.dtype is None else dict(dtype=args.dtype,
-                                                   param_dtype=args.dtype)
+    overrides = (
+        {}
+        if args.dtype is None
+        else dict(dtype=args.dtype, param_dtype=args.dtype)
+    )
     cfg = get_model_config(args.preset, **overrides)
     model = hf_io.create_model(cfg, seed=args.seed)
   eos = cfg.eos_token_id
-  eos_ids = () if eos is None else (
-      (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
+  eos_ids = (
+      ()
+      if eos is None
+      else ((int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos))
   )
   pad_id = None
   if tokenizer is not None and tokenizer.pad_token_id is not None:
@@ -77,13 +91,19 @@ def build_engine(args):
     pad_id = eos_ids[0] if eos_ids else 0
   if tokenizer is not None:
     tok_lib.check_tokenizer_matches(tokenizer, cfg)
-  decode_fn = (None if tokenizer is None
-               else lambda ids: tokenizer.decode(list(ids)))
+  decode_fn = (
+      None if tokenizer is None else lambda ids: tokenizer.decode(list(ids))
+  )
 
   engine = jax_engine.JaxEngine(
-      model, cfg, pad_id=pad_id, eos_ids=eos_ids,
-      batch_buckets=args.batch_buckets, prompt_buckets=args.prompt_buckets,
-      new_token_multiple=args.new_token_multiple, decode_fn=decode_fn,
+      model,
+      cfg,
+      pad_id=pad_id,
+      eos_ids=eos_ids,
+      batch_buckets=args.batch_buckets,
+      prompt_buckets=args.prompt_buckets,
+      new_token_multiple=args.new_token_multiple,
+      decode_fn=decode_fn,
       seed=args.seed,
   )
   return engine, cfg, decode_fn
@@ -95,16 +115,19 @@ def check_args(args) -> None:
   from rspo_jax.errors import did_you_mean
 
   if args.model_path and not os.path.isfile(
-      os.path.join(args.model_path, "config.json")):
+      os.path.join(args.model_path, "config.json")
+  ):
     raise SystemExit(
         f"error: --model_path={args.model_path!r}: no Hugging Face model"
         " there; pass --model_path=<a directory with config.json and"
-        " *.safetensors>, or --preset=<name> for a random init")
+        " *.safetensors>, or --preset=<name> for a random init"
+    )
   if args.preset and args.preset not in PRESETS:
     raise SystemExit(
         f"error: --preset={args.preset!r} is no model preset"
         f"{did_you_mean(args.preset, PRESETS)}; known:"
-        f" {', '.join(sorted(PRESETS))}")
+        f" {', '.join(sorted(PRESETS))}"
+    )
 
 
 def main(argv=None) -> None:
@@ -114,11 +137,15 @@ def main(argv=None) -> None:
   if not args.no_warmup:
     engine.generate([[0]], SamplingParams(max_new_tokens=1, seed=0))
   server = http_server.make_server(
-      engine, host=args.host, port=args.port, model_path=args.model_path,
-      vocab_size=cfg.vocab_size, decode_fn=decode_fn, verbose=args.verbose,
+      engine,
+      host=args.host,
+      port=args.port,
+      model_path=args.model_path,
+      vocab_size=cfg.vocab_size,
+      decode_fn=decode_fn,
+      verbose=args.verbose,
   )
-  print(f"serving {args.model_path or args.preset} on {server.url}",
-        flush=True)
+  print(f"serving {args.model_path or args.preset} on {server.url}", flush=True)
   try:
     server.serve_forever()
   except KeyboardInterrupt:

@@ -43,8 +43,10 @@ def main(argv):
       cfg.model.checkpoint_dir, cfg.sft.enabled = "", True
   check_inputs(cfg)
   if _JSONL.value and not os.path.isfile(_JSONL.value):
-    raise ConfigError(f"--jsonl={_JSONL.value!r}: no such file; pass"
-                      " --jsonl=<a JSONL file of {prompt, response} lines>")
+    raise ConfigError(
+        f"--jsonl={_JSONL.value!r}: no such file; pass"
+        " --jsonl=<a JSONL file of {prompt, response} lines>"
+    )
   from rspo_jax import build, models, sharding, warm_start
   from rspo_jax.metrics import MetricsWriter
 
@@ -53,24 +55,36 @@ def main(argv):
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   tokenizer, tok_dir = build.make_tokenizer(cfg, workdir)
   if not _JSONL.value:
-    build.warm_started_policy(cfg, tokenizer, tok_dir, mesh, workdir,
-                              MetricsWriter(workdir))
+    build.warm_started_policy(
+        cfg, tokenizer, tok_dir, mesh, workdir, MetricsWriter(workdir)
+    )
   else:
     records = warm_start.jsonl_records(_JSONL.value, tokenizer)
     mcfg = build.model_config(cfg, tokenizer)
     module = models.create_model(mcfg, seed=cfg.seed)
     from rspo_jax import train_step as ts
 
-    learner = build.make_policy_learner(cfg, module, mesh, lr=cfg.sft.lr,
-                                        loss_fn=ts.make_sft_loss(
-                                            cfg.sft.prompt_loss_weight))
-    curve = warm_start.train_sft(
-        learner, records, steps=cfg.sft.steps, batch_rows=cfg.sft.batch_rows,
-        seed=cfg.seed, metrics_writer=MetricsWriter(workdir),
+    learner = build.make_policy_learner(
+        cfg,
+        module,
+        mesh,
+        lr=cfg.sft.lr,
+        loss_fn=ts.make_sft_loss(cfg.sft.prompt_loss_weight),
     )
-    models.save_hf_model(learner.module(), mcfg,
-                         os.path.join(workdir, "warm_start"),
-                         tokenizer_dir=tok_dir)
+    curve = warm_start.train_sft(
+        learner,
+        records,
+        steps=cfg.sft.steps,
+        batch_rows=cfg.sft.batch_rows,
+        seed=cfg.seed,
+        metrics_writer=MetricsWriter(workdir),
+    )
+    models.save_hf_model(
+        learner.module(),
+        mcfg,
+        os.path.join(workdir, "warm_start"),
+        tokenizer_dir=tok_dir,
+    )
     print(json.dumps({"final_nll": curve[-1], "rows": len(records)}))
   print(f"warm start written to {os.path.join(workdir, 'warm_start')}")
 

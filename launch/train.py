@@ -51,10 +51,13 @@ from rspo_launch import check_inputs
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "configs", "webshop_grpo.py",
+    "configs",
+    "webshop_grpo.py",
 )
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Experiment config file (file.py:overrides).",
+    "config",
+    _DEFAULT_CONFIG,
+    "Experiment config file (file.py:overrides).",
     lock_config=True,
 )
 _MESH = config_flags.DEFINE_config_file(
@@ -62,24 +65,35 @@ _MESH = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _DRY_RUN = flags.DEFINE_bool(
-    "dry_run", False, "Print the resolved plan (with the remat policy and"
+    "dry_run",
+    False,
+    "Print the resolved plan (with the remat policy and"
     " prefill blocks it chose) and exit without training; a plan that does"
     " not fit the devices exits 1 with one line naming the key to change"
-    " (as a run without --dry_run does, unless --allow_plan_overflow)."
+    " (as a run without --dry_run does, unless --allow_plan_overflow).",
 )
 _ALLOW_OVERFLOW = flags.DEFINE_bool(
-    "allow_plan_overflow", False, "Run (or dry-run with exit 0) although"
+    "allow_plan_overflow",
+    False,
+    "Run (or dry-run with exit 0) although"
     " the memory plan does not fit the devices; without it such a run"
-    " stops at start with exit 1 and one line naming the key to change.")
+    " stops at start with exit 1 and one line naming the key to change.",
+)
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide progress bars.")
 _DEBUG = flags.DEFINE_bool(
-    "debug", False, "An error that ends the run with one line (a config"
+    "debug",
+    False,
+    "An error that ends the run with one line (a config"
     " value, the workdir, a missing package, the environment's contract)"
-    " also shows its full traceback; so does RSPO_DEBUG=1.")
+    " also shows its full traceback; so does RSPO_DEBUG=1.",
+)
 _LOG_LEVEL = flags.DEFINE_enum(
-    "log_level", "warning", ["debug", "info", "warning", "error"],
+    "log_level",
+    "warning",
+    ["debug", "info", "warning", "error"],
     "Level of library logs (JAX, orbax, absl, rspo_jax); this script's own"
-    " lines are always shown. info: every library's progress lines.")
+    " lines are always shown. info: every library's progress lines.",
+)
 
 log = logging.getLogger("rspo_launch.train")
 CURVES = "curves.png"
@@ -111,11 +125,20 @@ def main(argv):
       from rspo_jax.errors import ConfigError
 
       if p["stop_by"] == "memory" and plan.overflow_allowed(os.environ):
-        log.warning("the memory plan does not fit (%s given): %s",
-                    plan.ALLOW_FLAG, p["stop"])
+        log.warning(
+            "the memory plan does not fit (%s given): %s",
+            plan.ALLOW_FLAG,
+            p["stop"],
+        )
         return
-      raise ConfigError(p["stop"] + ("" if p["stop_by"] != "memory" else
-                                     f" ({plan.ALLOW_FLAG} runs it anyway)"))
+      raise ConfigError(
+          p["stop"]
+          + (
+              ""
+              if p["stop_by"] != "memory"
+              else f" ({plan.ALLOW_FLAG} runs it anyway)"
+          )
+      )
     return
   check_inputs(cfg)  # paths and servers exist
   from rspo_jax import preflight
@@ -131,8 +154,11 @@ def main(argv):
   if not leader:  # one log for the job
     logging.getLogger().setLevel(logging.WARNING)
     log.setLevel(logging.WARNING)
-  log.info("run directory %s; starting from %s", workdir,
-           cfg.model.checkpoint_dir or "behaviour cloning")
+  log.info(
+      "run directory %s; starting from %s",
+      workdir,
+      cfg.model.checkpoint_dir or "behaviour cloning",
+  )
   if cfg.model.lora_rank > 0:
     from rspo_jax.models import lora
 
@@ -143,11 +169,9 @@ def main(argv):
     resumed = run.trainer.try_resume()
     start_eval_path = os.path.join(workdir, "eval_start.json")
     # Every process evaluates (its share) or none does.
-    missing = distributed.global_max(
-        int(not os.path.exists(start_eval_path)))
+    missing = distributed.global_max(int(not os.path.exists(start_eval_path)))
     if missing:
-      log.info("evaluating the starting policy (%s split)",
-               cfg.env.eval_split)
+      log.info("evaluating the starting policy (%s split)", cfg.env.eval_split)
       start = run.evaluate(run.trainer.a, 0)
       if leader:
         _write_json(start_eval_path, start)
@@ -158,9 +182,12 @@ def main(argv):
       # given (experiments/reproduce.py's shared evaluation); a restart before
       # the first checkpoint finds its own row already written
       run.trainer.metrics.write(0, "eval", start)
-    log.info("start of RL: success %.3f, score %.3f%s",
-             start["success_rate"], start["score"],
-             " (resumed)" if resumed else "")
+    log.info(
+        "start of RL: success %.3f, score %.3f%s",
+        start["success_rate"],
+        start["score"],
+        " (resumed)" if resumed else "",
+    )
     try:
       run.trainer.run(evaluate=run.evaluate)
     except preemption.Preempted as e:
@@ -172,8 +199,15 @@ def main(argv):
     if leader:
       _write_json(os.path.join(workdir, "eval_final.json"), final)
       curves = _plot(workdir)
-      text = summary(cfg, workdir, start, final, run.trainer.state,
-                     time.monotonic() - began, curves)
+      text = summary(
+          cfg,
+          workdir,
+          start,
+          final,
+          run.trainer.state,
+          time.monotonic() - began,
+          curves,
+      )
       with open(os.path.join(workdir, SUMMARY), "w") as f:
         f.write(text + "\n")
       print(text)
@@ -210,8 +244,9 @@ def _quiet_libraries(level: str) -> None:
     handler.addFilter(lambda record: record.levelno >= numeric)
   if not log.handlers:
     own = logging.StreamHandler(sys.stderr)
-    own.setFormatter(logging.Formatter("%(asctime)s %(message)s",
-                                       datefmt="%H:%M:%S"))
+    own.setFormatter(
+        logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    )
     log.addHandler(own)
   log.propagate = False
   log.setLevel(logging.INFO)
@@ -233,8 +268,15 @@ def _plot(workdir: str) -> str:
   return path
 
 
-def summary(cfg, workdir: str, start: dict, final: dict, state,
-            wall_s: float, curves: str = "") -> str:
+def summary(
+    cfg,
+    workdir: str,
+    start: dict,
+    final: dict,
+    state,
+    wall_s: float,
+    curves: str = "",
+) -> str:
   """What a person reads at the end: start -> end success and score with a
   paired 95 % interval over the same goals (rspo_jax/intervals.py), RSPO's
   mechanism from ``<workdir>/metrics.jsonl`` (:func:`_mechanism`), the
@@ -243,33 +285,44 @@ def summary(cfg, workdir: str, start: dict, final: dict, state,
   name = f"RSPO+{algo}" if cfg.rspo.enabled else algo
   k, steps = cfg.rspo.k, state.a_steps
   loops = -(-steps // k)
-  loops = (f" ({loops} loop{'s' * (loops != 1)} of k = {k})"
-           if cfg.rspo.enabled else "")
+  loops = (
+      f" ({loops} loop{'s' * (loops != 1)} of k = {k})"
+      if cfg.rspo.enabled
+      else ""
+  )
   temperature = cfg.rollout.eval_temperature
-  lines = [f"{name} on {cfg.env.name}: {steps} A step{'s' * (steps != 1)}"
-           f"{loops}, {wall_s / 60:.1f} min",
-           f"held-out {cfg.env.eval_split} goals: {final['num_tasks']},"
-           f" {f'temperature {temperature:g}' if temperature else 'greedy'}"]
+  lines = [
+      f"{name} on {cfg.env.name}: {steps} A step{'s' * (steps != 1)}"
+      f"{loops}, {wall_s / 60:.1f} min",
+      f"held-out {cfg.env.eval_split} goals: {final['num_tasks']},"
+      f" {f'temperature {temperature:g}' if temperature else 'greedy'}",
+  ]
   paired = False
   for key, mean, scale in (("won", "success_rate", 100), ("score", "score", 1)):
     d = _paired(start, final, key)
     pct, digits = (" %", 1) if scale == 100 else ("", 3)
-    row = (f"  {'success' if scale == 100 else 'score':<9}"
-           f"{start[mean] * scale:.{digits}f}{pct} ->"
-           f" {final[mean] * scale:.{digits}f}{pct}")
+    row = (
+        f"  {'success' if scale == 100 else 'score':<9}"
+        f"{start[mean] * scale:.{digits}f}{pct} ->"
+        f" {final[mean] * scale:.{digits}f}{pct}"
+    )
     if d is not None:
       paired = True
-      row = (f"{row:<32}{d['mean'] * scale:+.{digits}f}"
-             f"{' points' if scale == 100 else ''}"
-             f" [{d['lo'] * scale:+.{digits}f}, {d['hi'] * scale:+.{digits}f}]")
+      row = (
+          f"{row:<32}{d['mean'] * scale:+.{digits}f}"
+          f"{' points' if scale == 100 else ''}"
+          f" [{d['lo'] * scale:+.{digits}f}, {d['hi'] * scale:+.{digits}f}]"
+      )
     lines.append(row)
   if paired:
     lines.append("  (end - start on the same goals, paired 95 % interval)")
   lines += _mechanism(workdir)
-  files = [("eval_start.json, eval_final.json", "per-goal results"),
-           ("metrics.jsonl, tb/", "every step's metrics; TensorBoard logs"),
-           ("checkpoints/", "orbax checkpoints; the same command resumes"),
-           (SUMMARY, "this summary")]
+  files = [
+      ("eval_start.json, eval_final.json", "per-goal results"),
+      ("metrics.jsonl, tb/", "every step's metrics; TensorBoard logs"),
+      ("checkpoints/", "orbax checkpoints; the same command resumes"),
+      (SUMMARY, "this summary"),
+  ]
   if curves:
     files.insert(0, (CURVES, "learning curves of A and B"))
   lines.append(f"files in {workdir}/")
@@ -288,25 +341,36 @@ def _mechanism(workdir: str) -> list:
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
-  lifts = [(r["b_first_success"], r["b_stored_success"])
-           for r in read_metrics(path, "B_collect")
-           if r.get("b_first_success") is not None]
+  lifts = [
+      (r["b_first_success"], r["b_stored_success"])
+      for r in read_metrics(path, "B_collect")
+      if r.get("b_first_success") is not None
+  ]
   # (trajectories, wins) of the A steps that replayed any: a step with
   # nothing replayed logs replay_success_frac 0 (replayed.metrics).
-  wins = [(r["replay_trajectories"],
-           r["replay_trajectories"] * r["replay_success_frac"])
-          for r in read_metrics(path, "A") if r.get("replay_trajectories")]
+  wins = [
+      (
+          r["replay_trajectories"],
+          r["replay_trajectories"] * r["replay_success_frac"],
+      )
+      for r in read_metrics(path, "A")
+      if r.get("replay_trajectories")
+  ]
   lines = []
   if lifts:
     first, stored = (100 * sum(x) / len(lifts) for x in zip(*lifts))
     row = f"  {'B lift':<9}{first:.1f} % -> {stored:.1f} %"
-    lines.append(f"{row:<32}{stored - first:+.1f} points on B's first"
-                 f" batch's tasks, {len(lifts)} loop{'s' * (len(lifts) != 1)}")
+    lines.append(
+        f"{row:<32}{stored - first:+.1f} points on B's first"
+        f" batch's tasks, {len(lifts)} loop{'s' * (len(lifts) != 1)}"
+    )
   if wins:
     trajectories, won = (sum(x) for x in zip(*wins))
-    lines.append(f"  {'replay':<9}{100 * won / trajectories:.0f} % of"
-                 f" A's replayed trajectories were B's wins,"
-                 f" {len(wins)} A step{'s' * (len(wins) != 1)}")
+    lines.append(
+        f"  {'replay':<9}{100 * won / trajectories:.0f} % of"
+        f" A's replayed trajectories were B's wins,"
+        f" {len(wins)} A step{'s' * (len(wins) != 1)}"
+    )
   return lines
 
 
@@ -330,7 +394,8 @@ def _has_start_row(workdir) -> bool:
 
   path = os.path.join(workdir, "metrics.jsonl")
   return os.path.exists(path) and any(
-      r["step"] == 0 for r in read_metrics(path, "eval"))
+      r["step"] == 0 for r in read_metrics(path, "eval")
+  )
 
 
 def _write_json(path, obj):

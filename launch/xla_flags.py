@@ -39,41 +39,64 @@ from typing import Optional
 # and reduce-scatters its gradient inside the scanned layer loop; the data
 # axis reduces the gradients once per update.
 GPU = (
-    ("--xla_gpu_enable_latency_hiding_scheduler=true",
-     "schedule the collectives early and the compute around them, so the "
-     "FSDP all-gathers and reduce-scatters overlap the layers' matmuls"),
-    ("--xla_gpu_enable_highest_priority_async_stream=true",
-     "run the asynchronous collectives' stream at the highest priority: "
-     "compute kernels do not starve them"),
-    ("--xla_gpu_enable_pipelined_all_gather=true",
-     "in the scanned layer loop, gather the next layer's weights during "
-     "this layer's compute"),
-    ("--xla_gpu_enable_pipelined_reduce_scatter=true",
-     "and reduce-scatter this layer's gradient during the next one's"),
-    ("--xla_gpu_enable_while_loop_double_buffering=true",
-     "double-buffer the scanned loop's carried buffers, which the two "
-     "above need to overlap (one more layer's gathered weights: 0.5 GB "
-     "bf16 for 7B)"),
-    ("--xla_gpu_enable_command_buffer=",
-     "no CUDA graphs: their capture has hung multi-GPU JAX jobs and is "
-     "incompatible with profile-guided scheduling; MaxText's GPU runs "
-     "turn them off (its --xla_gpu_graph_level=0, this flag's old name)"),
+    (
+        "--xla_gpu_enable_latency_hiding_scheduler=true",
+        "schedule the collectives early and the compute around them, so the "
+        "FSDP all-gathers and reduce-scatters overlap the layers' matmuls",
+    ),
+    (
+        "--xla_gpu_enable_highest_priority_async_stream=true",
+        "run the asynchronous collectives' stream at the highest priority: "
+        "compute kernels do not starve them",
+    ),
+    (
+        "--xla_gpu_enable_pipelined_all_gather=true",
+        "in the scanned layer loop, gather the next layer's weights during "
+        "this layer's compute",
+    ),
+    (
+        "--xla_gpu_enable_pipelined_reduce_scatter=true",
+        "and reduce-scatter this layer's gradient during the next one's",
+    ),
+    (
+        "--xla_gpu_enable_while_loop_double_buffering=true",
+        "double-buffer the scanned loop's carried buffers, which the two "
+        "above need to overlap (one more layer's gathered weights: 0.5 GB "
+        "bf16 for 7B)",
+    ),
+    (
+        "--xla_gpu_enable_command_buffer=",
+        "no CUDA graphs: their capture has hung multi-GPU JAX jobs and is "
+        "incompatible with profile-guided scheduling; MaxText's GPU runs "
+        "turn them off (its --xla_gpu_graph_level=0, this flag's old name)",
+    ),
 )
 TPU = (
-    ("--xla_tpu_enable_data_parallel_all_reduce_opt=true",
-     "optimise the data-parallel gradient all-reduce"),
-    ("--xla_tpu_data_parallel_opt_different_sized_ops=true",
-     "also across gradients of different sizes"),
-    ("--xla_tpu_enable_async_collective_fusion=true",
-     "run the collectives asynchronously, overlapped with compute"),
-    ("--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
-     "including FSDP's weight all-gathers"),
-    ("--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
-     "spread over several steps of the schedule"),
-    ("--xla_tpu_overlap_compute_collective_tc=true",
-     "overlap the collectives with the TensorCore's compute"),
-    ("--xla_enable_async_all_gather=true",
-     "asynchronous all-gathers"),
+    (
+        "--xla_tpu_enable_data_parallel_all_reduce_opt=true",
+        "optimise the data-parallel gradient all-reduce",
+    ),
+    (
+        "--xla_tpu_data_parallel_opt_different_sized_ops=true",
+        "also across gradients of different sizes",
+    ),
+    (
+        "--xla_tpu_enable_async_collective_fusion=true",
+        "run the collectives asynchronously, overlapped with compute",
+    ),
+    (
+        "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+        "including FSDP's weight all-gathers",
+    ),
+    (
+        "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+        "spread over several steps of the schedule",
+    ),
+    (
+        "--xla_tpu_overlap_compute_collective_tc=true",
+        "overlap the collectives with the TensorCore's compute",
+    ),
+    ("--xla_enable_async_all_gather=true", "asynchronous all-gathers"),
 )
 VARIABLE = {"gpu": "XLA_FLAGS", "tpu": "LIBTPU_INIT_ARGS"}
 FLAGS = {"gpu": GPU, "tpu": TPU}
@@ -124,16 +147,26 @@ def check(environ) -> Optional[str]:
   (about a second; no accelerator is touched)."""
   env = dict(environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
-      capture_output=True, text=True, timeout=300)
+      [sys.executable, "-c", "import jax; jax.devices('cpu')"],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   flag = unknown_flag(proc.stderr) if proc.returncode else None
   if flag is None:
     return None
   ours = flag.split("=")[0] in {f.split("=")[0] for f, _ in GPU}
-  source = ("one of launch/xla_flags.py's GPU defaults; RSPO_XLA_PLATFORM="
-            "none drops them" if ours else "set in your XLA_FLAGS")
-  return (f"this jaxlib's XLA does not know the flag {flag} in XLA_FLAGS"
-          f" ({source})")
+  source = (
+      "one of launch/xla_flags.py's GPU defaults; RSPO_XLA_PLATFORM="
+      "none drops them"
+      if ours
+      else "set in your XLA_FLAGS"
+  )
+  return (
+      f"this jaxlib's XLA does not know the flag {flag} in XLA_FLAGS"
+      f" ({source})"
+  )
 
 
 def libtpu_path(environ) -> Optional[str]:
@@ -196,17 +229,24 @@ def check_tpu(environ, knows=None) -> list:
   if knows is None:
     path = libtpu_path(environ)
     if path is None:
-      return ["no libtpu found (TPU_LIBRARY_PATH, the libtpu package):"
-              " LIBTPU_INIT_ARGS left unchecked"]
+      return [
+          "no libtpu found (TPU_LIBRARY_PATH, the libtpu package):"
+          " LIBTPU_INIT_ARGS left unchecked"
+      ]
     knows = library_knows(path)
   value, dropped = drop_unknown(value, knows)
   environ["LIBTPU_INIT_ARGS"] = value
   ours = {flag_name(f) for f, _ in TPU}
-  source = lambda flag: ("one of launch/xla_flags.py's TPU defaults"
-                         if flag_name(flag) in ours
-                         else "set in your LIBTPU_INIT_ARGS")
-  return [f"this libtpu does not know {flag}: dropped from LIBTPU_INIT_ARGS"
-          f" ({source(flag)})" for flag in dropped]
+  source = lambda flag: (
+      "one of launch/xla_flags.py's TPU defaults"
+      if flag_name(flag) in ours
+      else "set in your LIBTPU_INIT_ARGS"
+  )
+  return [
+      f"this libtpu does not know {flag}: dropped from LIBTPU_INIT_ARGS"
+      f" ({source(flag)})"
+      for flag in dropped
+  ]
 
 
 if __name__ == "__main__":

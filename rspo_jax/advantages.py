@@ -274,9 +274,9 @@ def gigpo_advantages(
   _, tg_dense = np.unique(tg, return_inverse=True)
   tg_dense = tg_dense.ravel()
   if episode_stats == "trajectories":
-    a_e = _group_normalize(
-        tr, tg_dense, normalize_std=normalize_std, eps=eps
-    )[st]
+    a_e = _group_normalize(tr, tg_dense, normalize_std=normalize_std, eps=eps)[
+        st
+    ]
   else:
     a_e = _group_normalize(
         tr[st], tg_dense[st], normalize_std=normalize_std, eps=eps
@@ -374,8 +374,9 @@ def episode_row_scores(step_rewards, step_penalty, step_traj) -> np.ndarray:
   return episode[ti] + p
 
 
-def penalty_on_row_returns(step_rewards, step_penalty, step_traj, step_idx,
-                           *, gamma: float) -> np.ndarray:
+def penalty_on_row_returns(
+    step_rewards, step_penalty, step_traj, step_idx, *, gamma: float
+) -> np.ndarray:
   """GiGPO step returns as verl-agent forms them:
 
     R_t = sum_{k >= t} gamma^(k - t) (r_k - p_k) + p_t
@@ -433,15 +434,15 @@ def gigpo_row_advantages(
   s = _as_1d(row_scores, "row_scores", np.float64)
   g = _as_1d(row_group_ids, "row_group_ids")
   ret = _as_1d(step_returns, "step_returns", np.float64)
-  _check_len(len(s), row_group_ids=g, step_returns=ret,
-             step_anchor=step_anchor)
+  _check_len(len(s), row_group_ids=g, step_returns=ret, step_anchor=step_anchor)
   if len(s) == 0:
     return np.zeros(0, np.float32)
   _, gi = np.unique(g, return_inverse=True)
   gi = gi.ravel()
   a_e = _group_normalize(s, gi, normalize_std=normalize_std, eps=eps)
-  groups = step_groups(gi, step_anchor,
-                       similarity_threshold=similarity_threshold)
+  groups = step_groups(
+      gi, step_anchor, similarity_threshold=similarity_threshold
+  )
   a_s = _group_normalize(ret, groups, normalize_std=normalize_std, eps=eps)
   return (a_e + omega * a_s).astype(np.float32)
 
@@ -470,10 +471,11 @@ def row_token_gae_advantages(row_rewards, token_values):
   """
   r = _as_1d(row_rewards, "row_rewards", np.float64)
   if len(token_values) != len(r):
-    raise ValueError(
-        f"{len(token_values)} value rows for {len(r)} row rewards")
-  adv = [(r_s - np.asarray(v, np.float64)).astype(np.float32)
-         for r_s, v in zip(r, token_values)]
+    raise ValueError(f"{len(token_values)} value rows for {len(r)} row rewards")
+  adv = [
+      (r_s - np.asarray(v, np.float64)).astype(np.float32)
+      for r_s, v in zip(r, token_values)
+  ]
   return adv, r.astype(np.float32)
 
 
@@ -482,15 +484,21 @@ def whiten_token_rows(rows, *, sum_fn=None) -> list:
   per-token values, each token counted once: :func:`whiten` of their
   concatenation, ``sum_fn`` as there), split back into the rows."""
   sizes = [np.size(x) for x in rows]
-  flat = (np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in rows])
-          if rows else np.zeros(0))
+  flat = (
+      np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in rows])
+      if rows
+      else np.zeros(0)
+  )
   y = whiten(flat, sum_fn=sum_fn)
-  return [part.reshape(np.shape(x)) for part, x in
-          zip(np.split(y, np.cumsum(sizes)[:-1]), rows)]
+  return [
+      part.reshape(np.shape(x))
+      for part, x in zip(np.split(y, np.cumsum(sizes)[:-1]), rows)
+  ]
 
 
-def whiten(values, token_counts=None, *, eps: float = 1e-8,
-           sum_fn=None) -> np.ndarray:
+def whiten(
+    values, token_counts=None, *, eps: float = 1e-8, sum_fn=None
+) -> np.ndarray:
   """verl's ``masked_whiten`` of per-row values broadcast to their tokens.
 
     N    = sum_s n_s
@@ -518,13 +526,19 @@ def whiten(values, token_counts=None, *, eps: float = 1e-8,
     [S] float32.
   """
   x = _as_1d(values, "values", np.float64)
-  n = (np.ones(len(x)) if token_counts is None
-       else _as_1d(token_counts, "token_counts", np.float64))
+  n = (
+      np.ones(len(x))
+      if token_counts is None
+      else _as_1d(token_counts, "token_counts", np.float64)
+  )
   _check_len(len(x), token_counts=n)
   if (n < 0).any():
     raise ValueError("token_counts must be >= 0")
-  sums = (lambda v: v) if sum_fn is None else (
-      lambda v: np.asarray(sum_fn(v), np.float64))
+  sums = (
+      (lambda v: v)
+      if sum_fn is None
+      else (lambda v: np.asarray(sum_fn(v), np.float64))
+  )
   total, weighted = sums(np.array([n.sum(), (n * x).sum()]))
   mean = weighted / (total + 1e-8)
   squares = sums(np.array([(n * (x - mean) ** 2).sum()]))[0]

@@ -60,9 +60,7 @@ def records_to_batch(
   if n == 0:
     raise ValueError("records_to_batch: no records")
   if len(step_advantages) != n:
-    raise ValueError(
-        f"{len(step_advantages)} advantages for {n} step records"
-    )
+    raise ValueError(f"{len(step_advantages)} advantages for {n} step records")
   lengths = [len(r.prompt_ids) + len(r.response_ids) for r in records]
   longest = max(lengths)
   if max_len is not None:
@@ -78,7 +76,7 @@ def records_to_batch(
   beh = np.zeros((b, t), np.float32)
   off = np.zeros((b,), bool)
   for i, r in enumerate(records):
-    resp = np.asarray(r.response_ids, np.int32)[:t - 1]
+    resp = np.asarray(r.response_ids, np.int32)[: t - 1]
     prompt = np.asarray(r.prompt_ids, np.int32)
     keep = t - len(resp)
     prompt = prompt[-keep:] if len(prompt) > keep else prompt
@@ -108,9 +106,7 @@ def records_to_batch(
 
 
 def count_truncated(records: Sequence[StepRecord], max_len: int) -> int:
-  return sum(
-      len(r.prompt_ids) + len(r.response_ids) > max_len for r in records
-  )
+  return sum(len(r.prompt_ids) + len(r.response_ids) > max_len for r in records)
 
 
 def before_response_positions(batch: Batch, row: int) -> np.ndarray:

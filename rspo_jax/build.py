@@ -26,13 +26,20 @@ import numpy as np
 from flax import nnx
 
 from rspo_jax import compile_cache, distributed, losses, models, plan, sharding
+
 # The engine's weights and their sync, re-exported as build's API.
 from rspo_jax.engine_weights import (  # pylint: disable=unused-import
-    WEIGHT_SYNCS as WEIGHT_SYNCS, base_model as base_model,
-    cast_floating as cast_floating, engine_config as engine_config,
-    engine_params as engine_params, inference_model as inference_model,
-    inference_params as inference_params, make_sync_engine as make_sync_engine,
-    make_weight_push as make_weight_push, merged as merged)
+    WEIGHT_SYNCS as WEIGHT_SYNCS,
+    base_model as base_model,
+    cast_floating as cast_floating,
+    engine_config as engine_config,
+    engine_params as engine_params,
+    inference_model as inference_model,
+    inference_params as inference_params,
+    make_sync_engine as make_sync_engine,
+    make_weight_push as make_weight_push,
+    merged as merged,
+)
 from rspo_jax import train_step as ts
 from rspo_jax.errors import ConfigError
 from rspo_jax.learner import Learner
@@ -67,8 +74,10 @@ def num_train_tasks(cfg) -> int:
   n = num_tasks(cfg, cfg.env.train_split)
   want = cfg.env.train_tasks
   if want > n:
-    raise ConfigError(f"env.train_tasks={want} but split"
-                      f" {cfg.env.train_split!r} has {n} tasks")
+    raise ConfigError(
+        f"env.train_tasks={want} but split"
+        f" {cfg.env.train_split!r} has {n} tasks"
+    )
   return want or n
 
 
@@ -88,21 +97,32 @@ def make_tokenizer(cfg, workdir: str):
 
 def _train_tokenizer(cfg, path: str) -> None:
   if not os.path.exists(os.path.join(path, "tokenizer.json")):
-    log.info("training a %d-token tokenizer on expert episodes",
-             cfg.model.tokenizer_vocab)
-    eps = warm_start.expert_episodes(
-        cfg.env.name, env_kwargs(cfg), range(min(64, num_tasks(cfg, "train"))),
-        split=cfg.env.train_split, max_steps=cfg.env.max_steps,
+    log.info(
+        "training a %d-token tokenizer on expert episodes",
+        cfg.model.tokenizer_vocab,
     )
-    texts = [t for pair in warm_start.episode_texts(
-        eps, cfg.env.name, cfg.env.history_length) for t in pair]
+    eps = warm_start.expert_episodes(
+        cfg.env.name,
+        env_kwargs(cfg),
+        range(min(64, num_tasks(cfg, "train"))),
+        split=cfg.env.train_split,
+        max_steps=cfg.env.max_steps,
+    )
+    texts = [
+        t
+        for pair in warm_start.episode_texts(
+            eps, cfg.env.name, cfg.env.history_length
+        )
+        for t in pair
+    ]
     env = registry.make_env(cfg.env.name, **env_kwargs(cfg))
     try:
       words = env.tokenizer_words()
     finally:
       env.close()
-    models.train_tokenizer(texts, cfg.model.tokenizer_vocab, path,
-                           whole_words=words)
+    models.train_tokenizer(
+        texts, cfg.model.tokenizer_vocab, path, whole_words=words
+    )
 
 
 # ------------------------------------------------------------------ models
@@ -120,11 +140,14 @@ def model_numerics(cfg) -> dict:
   """ModelConfig fields a run sets whatever the checkpoint says: dtypes,
   remat, scanned layers, attention implementation, activation sharding
   rules."""
-  return {"dtype": cfg.model.dtype, "param_dtype": param_dtype(cfg),
-          "remat": plan.remat_of(cfg),
-          "scan_layers": bool(cfg.model.scan_layers),
-          "attention": cfg.model.attention,
-          "logical_axis_rules": cfg.logical_axis_rules}
+  return {
+      "dtype": cfg.model.dtype,
+      "param_dtype": param_dtype(cfg),
+      "remat": plan.remat_of(cfg),
+      "scan_layers": bool(cfg.model.scan_layers),
+      "attention": cfg.model.attention,
+      "logical_axis_rules": cfg.logical_axis_rules,
+  }
 
 
 def model_config(cfg, tokenizer):
@@ -144,9 +167,13 @@ def policy_loss_config(cfg, *, rspo: bool) -> losses.LossConfig:
   a = cfg.algo
   return losses.LossConfig(
       alpha=cfg.rspo.alpha if rspo else 0.0,
-      clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
-      clip_window=a.clip_window, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
-      entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
+      clip_eps=a.clip_eps,
+      clip_eps_high=a.clip_eps_high,
+      clip_window=a.clip_window,
+      kl_coef=a.kl_coef,
+      kl_kind=a.kl_kind,
+      entropy_coef=a.entropy_coef,
+      loss_agg=a.loss_agg,
       centre_cap=cfg.rspo.centre_cap if rspo else 0.0,
       centre_cap_mode=cfg.rspo.centre_cap_mode,
       clip_ratio_c=a.clip_ratio_c,
@@ -159,20 +186,32 @@ def critic_optimizer(cfg):
   weight decay (verl's critic.optim: weight_decay 0.01, grad_clip 1.0);
   its LoRA adapters at critic_lr x ``lora.lr_multiplier``, its value head
   at critic_lr."""
-  return ts.make_optimizer(cfg.algo.critic_lr, grad_clip=cfg.train.grad_clip,
-                           weight_decay=cfg.train.weight_decay,
-                           adapter_lr_multiplier=lora.lr_multiplier(cfg))
+  return ts.make_optimizer(
+      cfg.algo.critic_lr,
+      grad_clip=cfg.train.grad_clip,
+      weight_decay=cfg.train.weight_decay,
+      adapter_lr_multiplier=lora.lr_multiplier(cfg),
+  )
 
 
 def make_policy_learner(cfg, module, mesh, *, lr: float, loss_fn) -> Learner:
   """A policy Learner: AdamW at ``lr``, LoRA adapters at lr x
   ``lora.lr_multiplier`` (the warm start's module has none)."""
-  tx = ts.make_optimizer(lr, grad_clip=cfg.train.grad_clip,
-                         weight_decay=cfg.train.weight_decay,
-                         warmup_steps=cfg.train.warmup_steps,
-                         adapter_lr_multiplier=lora.lr_multiplier(cfg))
-  return Learner(module, tx, loss_fn, mesh=mesh, rules=cfg.logical_axis_rules,
-                 micro_batch_rows=cfg.train.micro_batch_rows)
+  tx = ts.make_optimizer(
+      lr,
+      grad_clip=cfg.train.grad_clip,
+      weight_decay=cfg.train.weight_decay,
+      warmup_steps=cfg.train.warmup_steps,
+      adapter_lr_multiplier=lora.lr_multiplier(cfg),
+  )
+  return Learner(
+      module,
+      tx,
+      loss_fn,
+      mesh=mesh,
+      rules=cfg.logical_axis_rules,
+      micro_batch_rows=cfg.train.micro_batch_rows,
+  )
 
 
 def load_policy(cfg, path: str, mesh):
@@ -180,7 +219,8 @@ def load_policy(cfg, path: str, mesh):
   numerics: compute in ``model.dtype``, ``param_dtype(cfg)`` masters
   whatever the files store, ``model.remat``."""
   return models.load_hf_model(
-      path, mesh=mesh, rules=cfg.logical_axis_rules, **model_numerics(cfg))
+      path, mesh=mesh, rules=cfg.logical_axis_rules, **model_numerics(cfg)
+  )
 
 
 def lora_config(cfg, mcfg):
@@ -191,9 +231,11 @@ def lora_config(cfg, mcfg):
     return mcfg
   try:
     out = dataclasses.replace(
-        mcfg, lora_rank=rank,
+        mcfg,
+        lora_rank=rank,
         lora_alpha=float(cfg.model.lora_alpha),
-        lora_targets=lora.parse_targets(cfg.model.lora_targets))
+        lora_targets=lora.parse_targets(cfg.model.lora_targets),
+    )
     lora.check(out)
   except ValueError as e:
     raise ConfigError(str(e)) from e
@@ -207,8 +249,9 @@ def with_lora(cfg, mcfg, module, mesh):
   lcfg = lora_config(cfg, mcfg)
   if not lora.enabled(lcfg):
     return mcfg, module
-  return lcfg, lora.add_adapters(module, lcfg, seed=cfg.seed, mesh=mesh,
-                                 rules=cfg.logical_axis_rules)
+  return lcfg, lora.add_adapters(
+      module, lcfg, seed=cfg.seed, mesh=mesh, rules=cfg.logical_axis_rules
+  )
 
 
 def reference_params(policy: Learner, mcfg):
@@ -220,9 +263,15 @@ def reference_params(policy: Learner, mcfg):
   return inference_params(policy.params, mcfg, policy.state_sh.params)
 
 
-def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
-                        metrics: Optional[MetricsWriter] = None,
-                        progress: bool = True):
+def warm_started_policy(
+    cfg,
+    tokenizer,
+    tokenizer_dir,
+    mesh,
+    workdir,
+    metrics: Optional[MetricsWriter] = None,
+    progress: bool = True,
+):
   """(ModelConfig, module): a checkpoint, the cached warm start, or a fresh
   tiny model behaviour-cloned on expert episodes (then cached)."""
   if cfg.model.checkpoint_dir:
@@ -234,16 +283,19 @@ def warm_started_policy(cfg, tokenizer, tokenizer_dir, mesh, workdir,
     # loads the result onto the global mesh.
     if distributed.is_leader():
       one = sharding.make_mesh((1, 1, 1), devices=jax.local_devices()[:1])
-      _warm_start_here(cfg, tokenizer, tokenizer_dir, one, ws_dir, metrics,
-                       progress)
+      _warm_start_here(
+          cfg, tokenizer, tokenizer_dir, one, ws_dir, metrics, progress
+      )
     distributed.barrier("rspo_warm_start")
     return load_policy(cfg, ws_dir, mesh)
-  return _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir,
-                          metrics, progress)
+  return _warm_start_here(
+      cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics, progress
+  )
 
 
-def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics,
-                     progress):
+def _warm_start_here(
+    cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics, progress
+):
   if os.path.exists(os.path.join(ws_dir, "config.json")):
     return load_policy(cfg, ws_dir, mesh)
   mcfg = model_config(cfg, tokenizer)
@@ -251,28 +303,45 @@ def _warm_start_here(cfg, tokenizer, tokenizer_dir, mesh, ws_dir, metrics,
   if cfg.sft.enabled:
     n_train = num_tasks(cfg, cfg.env.train_split)
     tasks = np.random.default_rng(cfg.seed).choice(
-        n_train, size=min(cfg.sft.num_episodes, n_train), replace=False)
+        n_train, size=min(cfg.sft.num_episodes, n_train), replace=False
+    )
     eps = warm_start.expert_episodes(
-        cfg.env.name, env_kwargs(cfg), tasks, split=cfg.env.train_split,
+        cfg.env.name,
+        env_kwargs(cfg),
+        tasks,
+        split=cfg.env.train_split,
         max_steps=cfg.env.max_steps,
     )
     records = warm_start.sft_records(
-        eps, tokenizer, cfg.env.name, history_length=cfg.env.history_length,
+        eps,
+        tokenizer,
+        cfg.env.name,
+        history_length=cfg.env.history_length,
         max_prompt_tokens=cfg.rollout.max_prompt_tokens,
     )
-    learner = make_policy_learner(cfg, module, mesh, lr=cfg.sft.lr,
-                                  loss_fn=ts.make_sft_loss(
-                                      cfg.sft.prompt_loss_weight))
+    learner = make_policy_learner(
+        cfg,
+        module,
+        mesh,
+        lr=cfg.sft.lr,
+        loss_fn=ts.make_sft_loss(cfg.sft.prompt_loss_weight),
+    )
     warm_start.train_sft(
-        learner, records, steps=cfg.sft.steps, batch_rows=cfg.sft.batch_rows,
-        seed=cfg.seed, metrics_writer=metrics, progress=progress,
+        learner,
+        records,
+        steps=cfg.sft.steps,
+        batch_rows=cfg.sft.batch_rows,
+        seed=cfg.seed,
+        metrics_writer=metrics,
+        progress=progress,
         max_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens,
     )
     module = learner.module()
   tmp = ws_dir + ".tmp"
   # The master weights exactly: a later run starts from the same values.
-  models.save_hf_model(module, mcfg, tmp, tokenizer_dir=tokenizer_dir,
-                       dtype=mcfg.param_dtype)
+  models.save_hf_model(
+      module, mcfg, tmp, tokenizer_dir=tokenizer_dir, dtype=mcfg.param_dtype
+  )
   os.replace(tmp, ws_dir) if not os.path.exists(ws_dir) else None
   return mcfg, module
 
@@ -289,14 +358,19 @@ def make_sglang_client(cfg, key: str = "rollout.server_urls"):
   text = cfg.rollout[key.split(".")[-1]]
   urls = [u for u in re.split(r"[,;\s]+", text) if u]
   if not urls:
-    raise ConfigError(f"rollout.engine=sglang needs {key}=http://HOST:PORT"
-                      "[,...] (the SGLang servers), got none")
+    raise ConfigError(
+        f"rollout.engine=sglang needs {key}=http://HOST:PORT"
+        "[,...] (the SGLang servers), got none"
+    )
   if any(not u.startswith(("http://", "https://")) for u in urls):
-    raise ConfigError(f"{key}={text!r}: each URL must look like"
-                      " http://HOST:PORT")
+    raise ConfigError(
+        f"{key}={text!r}: each URL must look like" " http://HOST:PORT"
+    )
   client = SGLangClient(
-      urls, timeout_s=float(cfg.rollout.server_timeout_s),
-      original_logprobs=bool(cfg.rollout.server_original_logprobs))
+      urls,
+      timeout_s=float(cfg.rollout.server_timeout_s),
+      original_logprobs=bool(cfg.rollout.server_original_logprobs),
+  )
   down = client.unreachable_urls()
   if down:
     client.close()
@@ -305,7 +379,8 @@ def make_sglang_client(cfg, key: str = "rollout.server_urls"):
         " start one (SGLANG_RETURN_ORIGINAL_LOGPROB=1 python -m"
         " sglang.launch_server --model-path DIR --port PORT, or"
         " rspo-serve-rollout) and pass its URL in"
-        f" {key}=http://HOST:PORT[,...]")
+        f" {key}=http://HOST:PORT[,...]"
+    )
   return client
 
 
@@ -316,12 +391,19 @@ def make_engine(cfg, mcfg, module, tokenizer, mesh):
   eos += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
   return JaxEngine(
-      inference_model(module, mcfg), engine_config(mcfg), mesh=mesh,
-      rules=cfg.logical_axis_rules, pad_id=pad, eos_ids=sorted(set(eos)),
+      inference_model(module, mcfg),
+      engine_config(mcfg),
+      mesh=mesh,
+      rules=cfg.logical_axis_rules,
+      pad_id=pad,
+      eos_ids=sorted(set(eos)),
       decode_fn=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
       shared_prefix_prefill=bool(cfg.rollout.shared_prefix_prefill),
-      prefill_chunk=(None if cfg.rollout.prefill_chunk is None
-                     else int(cfg.rollout.prefill_chunk)),
+      prefill_chunk=(
+          None
+          if cfg.rollout.prefill_chunk is None
+          else int(cfg.rollout.prefill_chunk)
+      ),
       max_rows=int(cfg.rollout.engine_max_rows or 0),
       seed=cfg.seed,
   )
@@ -339,10 +421,15 @@ def engine_module(module, mcfg, mesh, engine_mesh, rules):
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params = cast_floating(params, mcfg.inference_dtype)
   rules = sharding.inference_rules(rules)
-  return (graphdef, *(
-      distributed.to_host_mesh(
-          x, mesh, sharding.state_shardings(engine_mesh, x, rules))
-      for x in (params, rest)))
+  return (
+      graphdef,
+      *(
+          distributed.to_host_mesh(
+              x, mesh, sharding.state_shardings(engine_mesh, x, rules)
+          )
+          for x in (params, rest)
+      ),
+  )
 
 
 def make_engine_mesh(cfg, mesh):
@@ -355,8 +442,10 @@ def make_engine_mesh(cfg, mesh):
   tensor = int(cfg.rollout.engine_tensor)
   n = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
   if tensor and n % tensor:
-    raise ConfigError(f"rollout.engine_tensor={tensor} does not divide the"
-                      f" {n} devices of this process")
+    raise ConfigError(
+        f"rollout.engine_tensor={tensor} does not divide the"
+        f" {n} devices of this process"
+    )
   if distributed.is_multihost():
     return distributed.host_mesh(mesh, tensor)
   if tensor in (0, mesh.shape["tensor"]):
@@ -366,10 +455,12 @@ def make_engine_mesh(cfg, mesh):
 
 def collect_config(cfg, split: str) -> CollectConfig:
   return CollectConfig(
-      env_name=cfg.env.name, max_steps=cfg.env.max_steps,
+      env_name=cfg.env.name,
+      max_steps=cfg.env.max_steps,
       history_length=cfg.env.history_length,
       max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-      invalid_action_penalty=cfg.algo.invalid_action_penalty, split=split,
+      invalid_action_penalty=cfg.algo.invalid_action_penalty,
+      split=split,
   )
 
 
@@ -383,18 +474,21 @@ class Run:
   mcfg: object
   mesh: object
 
-  def evaluate(self, learner: Learner, step: int = 0,
-               seeds=(0,)) -> dict:
+  def evaluate(self, learner: Learner, step: int = 0, seeds=(0,)) -> dict:
     from rspo_jax.evaluate import evaluate
 
     c = self.cfg
     self.trainer.sync_engine(self.engine, learner, 10**6 + step)
     n = min(c.env.num_eval_tasks, num_tasks(c, c.env.eval_split))
     return evaluate(
-        self.engine, self.venv, self.tokenizer,
-        collect_config(c, c.env.eval_split), list(range(n)),
+        self.engine,
+        self.venv,
+        self.tokenizer,
+        collect_config(c, c.env.eval_split),
+        list(range(n)),
         temperature=c.rollout.eval_temperature,
-        max_new_tokens=c.rollout.max_new_tokens, seeds=seeds,
+        max_new_tokens=c.rollout.max_new_tokens,
+        seeds=seeds,
         max_failed_frac=c.rollout.max_failed_episode_frac,
     )
 
@@ -421,12 +515,18 @@ def check_multihost(cfg) -> None:
     return
   n = jax.process_count()
   if cfg.rollout.placement == "decoupled":
-    raise ValueError(f"rollout.placement='decoupled' with {n} processes:"
-                     " multi-host runs use 'colocated'")
-  if (cfg.rollout.engine == "sglang"
-      and cfg.rollout.weight_sync == "distributed"):
-    raise ValueError(f"rollout.weight_sync='distributed' with {n} processes:"
-                     " the broadcast runs from one process only; use 'disk'")
+    raise ValueError(
+        f"rollout.placement='decoupled' with {n} processes:"
+        " multi-host runs use 'colocated'"
+    )
+  if (
+      cfg.rollout.engine == "sglang"
+      and cfg.rollout.weight_sync == "distributed"
+  ):
+    raise ValueError(
+        f"rollout.weight_sync='distributed' with {n} processes:"
+        " the broadcast runs from one process only; use 'disk'"
+    )
 
 
 def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
@@ -435,93 +535,131 @@ def build_run(cfg, workdir: str, *, progress: bool = True) -> Run:
   # rollout.engine_max_rows=None: the plan's choices
   # (the ones --dry_run shows), written into cfg before anything is built.
   chosen = plan.resolve_run(cfg)
-  log.info("plan: %s", ", ".join(f"{k}={v['value']} ({v['by']})" for k, v
-                                 in chosen.items() if k != "warning"))
+  log.info(
+      "plan: %s",
+      ", ".join(
+          f"{k}={v['value']} ({v['by']})"
+          for k, v in chosen.items()
+          if k != "warning"
+      ),
+  )
   if chosen.get("warning"):
     log.warning("the memory plan does not fit: %s", chosen["warning"])
   push = make_weight_push(cfg)  # before any work: needs torch if distributed
   compile_log = compile_cache.CompileLog()  # from the warm start on
   # rspo.dense_reward=package.module:function, resolved before any work.
-  user_dense_fn = (registry.import_function(cfg.rspo.dense_reward,
-                                            "rspo.dense_reward")
-                   if registry.is_import_path(cfg.rspo.dense_reward) else None)
+  user_dense_fn = (
+      registry.import_function(cfg.rspo.dense_reward, "rspo.dense_reward")
+      if registry.is_import_path(cfg.rspo.dense_reward)
+      else None
+  )
   os.makedirs(workdir, exist_ok=True)
   if distributed.is_leader():  # W&B for this workdir's metrics writers
     setup_wandb_from_config(workdir, cfg)
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   tokenizer, tok_dir = make_tokenizer(cfg, workdir)
   metrics = MetricsWriter(workdir) if distributed.is_leader() else None
-  mcfg, module = warm_started_policy(cfg, tokenizer, tok_dir, mesh, workdir,
-                                     metrics, progress=progress)
+  mcfg, module = warm_started_policy(
+      cfg, tokenizer, tok_dir, mesh, workdir, metrics, progress=progress
+  )
   if metrics is not None:
     metrics.close()
   models.check_tokenizer_matches(tokenizer, mcfg)
   mcfg, module = with_lora(cfg, mcfg, module, mesh)  # model.lora_rank > 0
   policy = make_policy_learner(
-      cfg, module, mesh, lr=cfg.train.lr,
-      loss_fn=ts.make_policy_loss(policy_loss_config(cfg,
-                                                     rspo=cfg.rspo.enabled)),
+      cfg,
+      module,
+      mesh,
+      lr=cfg.train.lr,
+      loss_fn=ts.make_policy_loss(
+          policy_loss_config(cfg, rspo=cfg.rspo.enabled)
+      ),
   )
   # pi_ref is only run forward: kept in the inference dtype (bf16 under
   # bf16 compute), sharded like the policy; with LoRA the base itself.
   ref_params = reference_params(policy, mcfg)
   critic = None
   if cfg.algo.name == "ppo":
-    backbone = nnx.merge(policy.graphdef, policy.frozen_params(),
-                         policy.frozen)  # own buffers: A's are donated
-    value_module = models.ValueModel(mcfg, rngs=nnx.Rngs(cfg.seed + 1),
-                                     backbone=backbone)
-    critic = Learner(value_module, critic_optimizer(cfg),
-                     ts.make_value_loss(cfg.algo.value_clip_eps), mesh=mesh,
-                     rules=cfg.logical_axis_rules, kind="value",
-                     micro_batch_rows=cfg.train.micro_batch_rows)
+    backbone = nnx.merge(
+        policy.graphdef, policy.frozen_params(), policy.frozen
+    )  # own buffers: A's are donated
+    value_module = models.ValueModel(
+        mcfg, rngs=nnx.Rngs(cfg.seed + 1), backbone=backbone
+    )
+    critic = Learner(
+        value_module,
+        critic_optimizer(cfg),
+        ts.make_value_loss(cfg.algo.value_clip_eps),
+        mesh=mesh,
+        rules=cfg.logical_axis_rules,
+        kind="value",
+        micro_batch_rows=cfg.train.micro_batch_rows,
+    )
   # Multi-host: each host generates on its own devices.
   engine_mesh = module = None
   if cfg.rollout.engine == "jax":  # SGLang servers hold their own weights
     engine_mesh = make_engine_mesh(cfg, mesh)
-    module = engine_module(policy.module(), mcfg, mesh, engine_mesh,
-                           cfg.logical_axis_rules)
+    module = engine_module(
+        policy.module(), mcfg, mesh, engine_mesh, cfg.logical_axis_rules
+    )
   engine = make_engine(cfg, mcfg, module, tokenizer, engine_mesh)
   n_envs = cfg.train.batch_tasks * cfg.train.group_size
   n_envs = max(n_envs, min(cfg.env.num_eval_tasks, 32))
-  venv = VectorEnv(cfg.env.name, env_kwargs(cfg), n_envs,
-                   num_workers=cfg.env.num_workers,
-                   error_log=os.path.join(workdir, "env_errors.log"))
+  venv = VectorEnv(
+      cfg.env.name,
+      env_kwargs(cfg),
+      n_envs,
+      num_workers=cfg.env.num_workers,
+      error_log=os.path.join(workdir, "env_errors.log"),
+  )
   trainer = RSPOTrainer(
-      cfg, policy=policy, ref_params=ref_params, critic=critic, engine=engine,
-      venv=venv, tokenizer=tokenizer, workdir=workdir,
+      cfg,
+      policy=policy,
+      ref_params=ref_params,
+      critic=critic,
+      engine=engine,
+      venv=venv,
+      tokenizer=tokenizer,
+      workdir=workdir,
       sync_engine=make_sync_engine(
-          mcfg, tok_dir, weight_sync.export_dir(
-              cfg, workdir, multihost=distributed.is_multihost()),
+          mcfg,
+          tok_dir,
+          weight_sync.export_dir(
+              cfg, workdir, multihost=distributed.is_multihost()
+          ),
           threads=cfg.rollout.export_threads,
           push=push,
-          lora_sync=cfg.rollout.sglang_lora_sync),
+          lora_sync=cfg.rollout.sglang_lora_sync,
+      ),
       num_train_tasks=num_train_tasks(cfg),
       progress=progress,
   )
   # A 'compile' row (seconds per jitted function) after rows that followed
   # compilations.
-  trainer.metrics = compile_cache.CompileMetrics(trainer.metrics,
-                                                 compile_log)
+  trainer.metrics = compile_cache.CompileMetrics(trainer.metrics, compile_log)
   if cfg.rollout.placement == "decoupled":
     trainer.b_rollout = make_b_rollout(cfg, mcfg, policy, tok_dir)
   if cfg.rspo.dense_reward == "prm":
     attach_prm(trainer, cfg, policy, workdir, tok_dir, mesh)
   if user_dense_fn is not None:  # fills r.dense_reward of B's records
-    trainer.dense_fn = contract.checked_dense_fn(user_dense_fn,
-                                                 cfg.rspo.dense_reward)
+    trainer.dense_fn = contract.checked_dense_fn(
+        user_dense_fn, cfg.rspo.dense_reward
+    )
   return Run(cfg, trainer, engine, venv, tokenizer, mcfg, mesh)
 
 
-def attach_prm(trainer: RSPOTrainer, cfg, policy: Learner, workdir: str,
-               tok_dir: str, mesh) -> None:
+def attach_prm(
+    trainer: RSPOTrainer, cfg, policy: Learner, workdir: str, tok_dir: str, mesh
+) -> None:
   """``rspo.dense_reward=prm``: the trainer's PRM refit and its dense
   reward, the PRM of ``rspo.prm_dir`` or one trained now on ``policy``'s
   own trajectories."""
-  backbone = (cfg.rspo.prm_backbone_dir or cfg.model.checkpoint_dir
-              or os.path.join(workdir, "warm_start"))
-  trainer.prm_refresh = make_prm_refresh(cfg, workdir, backbone, tok_dir,
-                                         mesh)
+  backbone = (
+      cfg.rspo.prm_backbone_dir
+      or cfg.model.checkpoint_dir
+      or os.path.join(workdir, "warm_start")
+  )
+  trainer.prm_refresh = make_prm_refresh(cfg, workdir, backbone, tok_dir, mesh)
   prm_dir = cfg.rspo.prm_dir or os.path.join(workdir, "prm")
   have_prm = os.path.exists(os.path.join(prm_dir, "prm_config.json"))
   if distributed.is_multihost():  # the leader's view: every host the same
@@ -529,14 +667,14 @@ def attach_prm(trainer: RSPOTrainer, cfg, policy: Learner, workdir: str,
   if not have_prm:
     # The PRM learns from the starting policy's own trajectories (every
     # host's groups).
-    records, _ = trainer.collect_groups(policy, cfg.rspo.prm_train_groups,
-                                        "A")
+    records, _ = trainer.collect_groups(policy, cfg.rspo.prm_train_groups, "A")
     trainer.dense_fn = trainer.prm_refresh(gather_records(records))
   else:
     from rspo_jax.prm import make_prm_dense_fn
 
-    trainer.dense_fn = make_prm_dense_fn(prm_dir, mesh=prm_mesh(cfg, mesh),
-                                         rules=cfg.logical_axis_rules)
+    trainer.dense_fn = make_prm_dense_fn(
+        prm_dir, mesh=prm_mesh(cfg, mesh), rules=cfg.logical_axis_rules
+    )
 
 
 def make_b_rollout(cfg, mcfg, policy: Learner, tok_dir: str):
@@ -548,12 +686,15 @@ def make_b_rollout(cfg, mcfg, policy: Learner, tok_dir: str):
     engine = make_sglang_client(cfg, "rollout.b_server_urls")
   else:
     devices = jax.devices()
-    b_devices = devices[len(devices) // 2:] if len(devices) > 1 else devices
+    b_devices = devices[len(devices) // 2 :] if len(devices) > 1 else devices
     mesh = sharding.make_mesh((-1, 1, 1), devices=b_devices)
     engine = make_engine(cfg, mcfg, policy.module(), tokenizer, mesh)
-  venv = VectorEnv(cfg.env.name, env_kwargs(cfg),
-                   cfg.train.batch_tasks * cfg.train.group_size,
-                   num_workers=cfg.env.num_workers)
+  venv = VectorEnv(
+      cfg.env.name,
+      env_kwargs(cfg),
+      cfg.train.batch_tasks * cfg.train.group_size,
+      num_workers=cfg.env.num_workers,
+  )
   return engine, venv, tokenizer
 
 
@@ -576,15 +717,19 @@ def make_prm_refresh(cfg, workdir, backbone_dir, tok_dir, mesh):
   def refresh(records):
     if distributed.is_leader():
       metrics = prm.train_prm(
-          backbone_dir, records, out, policy_tokenizer_dir=tok_dir,
+          backbone_dir,
+          records,
+          out,
+          policy_tokenizer_dir=tok_dir,
           max_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens,
-          mesh=local, rules=cfg.logical_axis_rules,
-          steps=cfg.rspo.prm_steps, seed=cfg.seed,
+          mesh=local,
+          rules=cfg.logical_axis_rules,
+          steps=cfg.rspo.prm_steps,
+          seed=cfg.seed,
       )
       log.info("PRM trained on %d steps: %s", len(records), metrics)
     distributed.barrier("rspo_prm_trained")
-    return prm.make_prm_dense_fn(out, mesh=local,
-                                 rules=cfg.logical_axis_rules)
+    return prm.make_prm_dense_fn(out, mesh=local, rules=cfg.logical_axis_rules)
 
   return refresh
 
@@ -605,5 +750,6 @@ def gather_records(records: list) -> list:
   from rspo_jax import prm
 
   hosts = distributed.allgather_objects(
-      [prm.record_to_json(r) for r in records])
+      [prm.record_to_json(r) for r in records]
+  )
   return [prm.record_from_json(d) for host in hosts for d in host]

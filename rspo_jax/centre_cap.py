@@ -16,7 +16,10 @@ CENTRE_CAP_MODES = ("truncate", "mask")
 
 
 def apply_centre_cap(
-    objective: jax.Array, centre: jax.Array, rows: jax.Array, cap: float,
+    objective: jax.Array,
+    centre: jax.Array,
+    rows: jax.Array,
+    cap: float,
     mode: str,
 ) -> tuple[jax.Array, jax.Array]:
   """The clip objective of ``rows`` times :func:`centre_cap_factor`'s f.
@@ -84,7 +87,8 @@ def centre_cap_factor(
 def check_centre_cap(cap: float, mode: str) -> None:
   """ValueError for a cap < 0 or a mode not in ``CENTRE_CAP_MODES``."""
   if mode not in CENTRE_CAP_MODES:
-    raise ValueError(f"centre cap: unknown mode {mode!r};"
-                     f" expected {CENTRE_CAP_MODES}")
+    raise ValueError(
+        f"centre cap: unknown mode {mode!r};" f" expected {CENTRE_CAP_MODES}"
+    )
   if not cap >= 0:
     raise ValueError(f"centre cap: cap {cap!r} must be >= 0 (0 = off)")

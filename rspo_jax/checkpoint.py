@@ -53,12 +53,14 @@ def _abstract(tree):
 
 
 class RunCheckpointer:
+
   def __init__(self, directory: str, *, max_to_keep: int = 2):
     self.directory = os.path.abspath(directory)
     self._mgr = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True,
+            max_to_keep=max_to_keep,
+            create=True,
             enable_async_checkpointing=True,
         ),
     )
@@ -85,7 +87,10 @@ class RunCheckpointer:
     self._mgr.wait_until_finished()
 
   def restore(
-      self, like: dict[str, Any], *, fingerprint: Optional[dict] = None,
+      self,
+      like: dict[str, Any],
+      *,
+      fingerprint: Optional[dict] = None,
       step: Optional[int] = None,
   ) -> tuple[dict[str, Any], dict]:
     """Restores the states shaped and sharded like ``like``."""
@@ -106,7 +111,8 @@ class RunCheckpointer:
     if fingerprint is not None:
       saved = meta.get("fingerprint", {})
       diff = {
-          k: (saved.get(k), v) for k, v in fingerprint.items()
+          k: (saved.get(k), v)
+          for k, v in fingerprint.items()
           if saved.get(k) != v
       }
       if diff:  # the launchers' one line (a ValueError too)

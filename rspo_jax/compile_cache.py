@@ -100,9 +100,11 @@ class CompileLog:
       self._seconds, self._counts, self._hits = {}, {}, 0
     if not counts and not hits:
       return {}
-    out = {"compiles": float(sum(counts.values())),
-           "compile_s": float(sum(seconds.values())),
-           "cache_hits": float(hits)}
+    out = {
+        "compiles": float(sum(counts.values())),
+        "compile_s": float(sum(seconds.values())),
+        "cache_hits": float(hits),
+    }
     out.update({f"{k}_s": v for k, v in sorted(seconds.items())})
     return out
 

@@ -66,16 +66,17 @@ def step_rewards(
   if noise_sigma > 0:
     rng = rng if rng is not None else np.random.default_rng(0)
     dense = dense + rng.normal(0.0, noise_sigma, size=dense.shape)
-  return dense_scale * dense + step_penalties(records,
-                                              invalid_action_penalty)
+  return dense_scale * dense + step_penalties(records, invalid_action_penalty)
 
 
-def step_penalties(records: Sequence[StepRecord],
-                   invalid_action_penalty: float) -> np.ndarray:
+def step_penalties(
+    records: Sequence[StepRecord], invalid_action_penalty: float
+) -> np.ndarray:
   """[S] p_t = penalty on invalid steps, 0 elsewhere."""
   return np.array(
       [invalid_action_penalty if r.invalid else 0.0 for r in records],
-      np.float64)
+      np.float64,
+  )
 
 
 def _traj_index(records: Sequence[StepRecord]):
@@ -122,49 +123,81 @@ def compute_advantages(
   """
   mode = algo_cfg.credit_mode
   if mode not in CREDIT_MODES:
-    raise ValueError(
-        f"unknown credit_mode {mode!r}; known: {CREDIT_MODES}")
+    raise ValueError(f"unknown credit_mode {mode!r}; known: {CREDIT_MODES}")
   rewards = np.asarray(rewards, np.float64)
   step_traj, traj_group = _traj_index(records)
   step_idx = np.array([r.step_idx for r in records])
-  penalty = step_penalties(
-      records, algo_cfg.invalid_action_penalty)
+  penalty = step_penalties(records, algo_cfg.invalid_action_penalty)
   name = algo_cfg.name
   if name == "ppo":
-    return _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg,
-                mode, values, token_counts, sum_fn)
+    return _ppo(
+        records,
+        rewards,
+        penalty,
+        step_traj,
+        step_idx,
+        algo_cfg,
+        mode,
+        values,
+        token_counts,
+        sum_fn,
+    )
   if name not in ("grpo", "gigpo"):
     raise ValueError(f"unknown algorithm {name!r}")
   if mode == "trajectory":
-    return _trajectory_credit(records, rewards, step_traj, traj_group,
-                              step_idx, algo_cfg), None
+    return (
+        _trajectory_credit(
+            records, rewards, step_traj, traj_group, step_idx, algo_cfg
+        ),
+        None,
+    )
   scores = adv_lib.episode_row_scores(rewards, penalty, step_traj)
   row_group = traj_group[step_traj]
   if name == "grpo":
-    return adv_lib.grpo_advantages(
-        scores, row_group, normalize_std=algo_cfg.normalize_std), None
+    return (
+        adv_lib.grpo_advantages(
+            scores, row_group, normalize_std=algo_cfg.normalize_std
+        ),
+        None,
+    )
   returns = adv_lib.penalty_on_row_returns(
-      rewards, penalty, step_traj, step_idx, gamma=algo_cfg.gamma)
-  return adv_lib.gigpo_row_advantages(
-      scores, row_group, returns, [r.anchor_obs for r in records],
-      omega=algo_cfg.omega, normalize_std=algo_cfg.normalize_std,
-      similarity_threshold=algo_cfg.anchor_similarity,
-  ), None
+      rewards, penalty, step_traj, step_idx, gamma=algo_cfg.gamma
+  )
+  return (
+      adv_lib.gigpo_row_advantages(
+          scores,
+          row_group,
+          returns,
+          [r.anchor_obs for r in records],
+          omega=algo_cfg.omega,
+          normalize_std=algo_cfg.normalize_std,
+          similarity_threshold=algo_cfg.anchor_similarity,
+      ),
+      None,
+  )
 
 
-def _trajectory_credit(records, rewards, step_traj, traj_group, step_idx,
-                       algo_cfg) -> np.ndarray:
+def _trajectory_credit(
+    records, rewards, step_traj, traj_group, step_idx, algo_cfg
+) -> np.ndarray:
   """GRPO/GiGPO on R(tau) = sum_t r_t, statistics over trajectories."""
-  traj_rewards = np.bincount(step_traj, weights=rewards,
-                             minlength=len(traj_group))
+  traj_rewards = np.bincount(
+      step_traj, weights=rewards, minlength=len(traj_group)
+  )
   if algo_cfg.name == "grpo":
     per_traj = adv_lib.grpo_advantages(
-        traj_rewards, traj_group, normalize_std=algo_cfg.normalize_std)
+        traj_rewards, traj_group, normalize_std=algo_cfg.normalize_std
+    )
     return per_traj[step_traj].astype(np.float32)
   return adv_lib.gigpo_advantages(
-      traj_rewards, traj_group, step_traj, step_idx, rewards,
+      traj_rewards,
+      traj_group,
+      step_traj,
+      step_idx,
+      rewards,
       [r.anchor_obs for r in records],
-      gamma=algo_cfg.gamma, omega=algo_cfg.omega,
+      gamma=algo_cfg.gamma,
+      omega=algo_cfg.omega,
       normalize_std=algo_cfg.normalize_std,
       similarity_threshold=algo_cfg.anchor_similarity,
   )
@@ -174,13 +207,22 @@ def join_ppo_whitening(algo_cfg, sum_fn) -> None:
   """What a process with no rows calls instead of ``compute_advantages``
   under PPO when its peers whiten through ``sum_fn`` (a collective): the
   same two sums, of nothing."""
-  if (sum_fn is not None and algo_cfg.name == "ppo"
-      and algo_cfg.gae_whiten):
+  if sum_fn is not None and algo_cfg.name == "ppo" and algo_cfg.gae_whiten:
     adv_lib.whiten(np.zeros(0), sum_fn=sum_fn)
 
 
-def _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg, mode,
-         values, token_counts, sum_fn=None):
+def _ppo(
+    records,
+    rewards,
+    penalty,
+    step_traj,
+    step_idx,
+    algo_cfg,
+    mode,
+    values,
+    token_counts,
+    sum_fn=None,
+):
   """PPO credit; returns are never whitened (the critic's targets).
 
   verl_agent: A_{t,j} = s_t - V_{t,j} on each response token j, ret_t =
@@ -208,18 +250,25 @@ def _ppo(records, rewards, penalty, step_traj, step_idx, algo_cfg, mode,
           "credit_mode='verl_agent' credits each step row as a one-step"
           " episode, where gae_gamma and gae_lambda act along its tokens"
           f" and must be 1 (got {gamma}, {lam}), as verl-agent's; use"
-          " credit_mode='trajectory' for GAE across an episode's steps")
+          " credit_mode='trajectory' for GAE across an episode's steps"
+      )
     scores = adv_lib.episode_row_scores(rewards, penalty, step_traj)
-    token_values = [np.full(int(n), v, np.float64) if np.ndim(v) == 0
-                    else np.asarray(v, np.float64)
-                    for v, n in zip(values, token_counts)]
+    token_values = [
+        np.full(int(n), v, np.float64)
+        if np.ndim(v) == 0
+        else np.asarray(v, np.float64)
+        for v, n in zip(values, token_counts)
+    ]
     adv, returns = adv_lib.row_token_gae_advantages(scores, token_values)
-    return (adv_lib.whiten_token_rows(adv, sum_fn=sum_fn) if whiten
-            else adv), returns
-  first = np.array([np.ravel(v)[0] if np.size(v) else 0.0 for v in values],
-                   np.float64)  # V(s_t): before the row's first token
+    return (
+        adv_lib.whiten_token_rows(adv, sum_fn=sum_fn) if whiten else adv
+    ), returns
+  first = np.array(
+      [np.ravel(v)[0] if np.size(v) else 0.0 for v in values], np.float64
+  )  # V(s_t): before the row's first token
   adv, returns = adv_lib.gae_step_advantages(
-      rewards, first, step_traj, step_idx, gamma=gamma, lam=lam)
+      rewards, first, step_traj, step_idx, gamma=gamma, lam=lam
+  )
   if whiten:
     adv = adv_lib.whiten(adv, token_counts, sum_fn=sum_fn)
   return adv, returns

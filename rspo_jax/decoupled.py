@@ -100,9 +100,11 @@ def clear(buffer_dir: str) -> None:
   if not os.path.isdir(buffer_dir):
     return
   for name in os.listdir(buffer_dir):
-    if (name.endswith((SHARD_SUFFIX, TMP_SUFFIX))
+    if (
+        name.endswith((SHARD_SUFFIX, TMP_SUFFIX))
         or _MANIFEST_RE.match(name)
-        or name in (replay.COMPLETE_MARKER, ERROR_FILE)):
+        or name in (replay.COMPLETE_MARKER, ERROR_FILE)
+    ):
       os.remove(os.path.join(buffer_dir, name))
 
 
@@ -115,7 +117,8 @@ def list_groups(buffer_dir: str) -> list[GroupManifest]:
   if not os.path.isdir(buffer_dir):
     return []
   found = sorted(
-      (int(m[1]), name) for name in os.listdir(buffer_dir)
+      (int(m[1]), name)
+      for name in os.listdir(buffer_dir)
       if (m := _MANIFEST_RE.match(name))
   )
   out = []
@@ -124,21 +127,26 @@ def list_groups(buffer_dir: str) -> list[GroupManifest]:
     try:
       with open(path) as f:
         d = json.load(f)
-      out.append(GroupManifest(
-          seq=int(d["seq"]), group_id=int(d["group_id"]),
-          task_id=int(d["task_id"]),
-          traj_ids=tuple(int(t) for t in d["traj_ids"]),
-          num_records=int(d["num_records"]),
-          shards=tuple(str(s) for s in d["shards"]),
-      ))
+      out.append(
+          GroupManifest(
+              seq=int(d["seq"]),
+              group_id=int(d["group_id"]),
+              task_id=int(d["task_id"]),
+              traj_ids=tuple(int(t) for t in d["traj_ids"]),
+              num_records=int(d["num_records"]),
+              shards=tuple(str(s) for s in d["shards"]),
+          )
+      )
     except (OSError, ValueError, KeyError, TypeError) as e:
-      raise replay.ReplayFormatError(f"{path}: bad group manifest ({e})") \
-          from None
+      raise replay.ReplayFormatError(
+          f"{path}: bad group manifest ({e})"
+      ) from None
   return out
 
 
-def read_group(buffer_dir: str, manifest: GroupManifest,
-               cache: Optional[dict] = None) -> list[StepRecord]:
+def read_group(
+    buffer_dir: str, manifest: GroupManifest, cache: Optional[dict] = None
+) -> list[StepRecord]:
   """The records of one complete group, in write order (``cache``: shard
   path -> records, filled and reused when given)."""
   records = []
@@ -159,8 +167,9 @@ def read_group(buffer_dir: str, manifest: GroupManifest,
   return records
 
 
-def read_groups(buffer_dir: str,
-                cache: Optional[dict] = None) -> list[list[Trajectory]]:
+def read_groups(
+    buffer_dir: str, cache: Optional[dict] = None
+) -> list[list[Trajectory]]:
   """Every complete group's trajectories (by traj_id), groups by seq."""
   return [
       group_trajectories(read_group(buffer_dir, m, cache))
@@ -168,8 +177,9 @@ def read_groups(buffer_dir: str,
   ]
 
 
-def read_trajectories(buffer_dir: str,
-                      cache: Optional[dict] = None) -> list[Trajectory]:
+def read_trajectories(
+    buffer_dir: str, cache: Optional[dict] = None
+) -> list[Trajectory]:
   """Every trajectory of the groups complete now: the D that A's replay
   selection (``replay.selection.select``, as with colocated placement)
   ranks while B is still writing."""
@@ -179,8 +189,9 @@ def read_trajectories(buffer_dir: str,
 # ------------------------------------------------------------ producer
 
 
-def _write_group(writer: replay.ShardWriter, seq: int,
-                 records: Sequence[StepRecord]) -> GroupManifest:
+def _write_group(
+    writer: replay.ShardWriter, seq: int, records: Sequence[StepRecord]
+) -> GroupManifest:
   if not records:
     raise ValueError(f"group seq {seq} has no records")
   gids = {r.group_id for r in records}
@@ -196,14 +207,17 @@ def _write_group(writer: replay.ShardWriter, seq: int,
     writer.write_encoded(data)
   writer.rotate()
   manifest = GroupManifest(
-      seq=seq, group_id=records[0].group_id, task_id=records[0].task_id,
+      seq=seq,
+      group_id=records[0].group_id,
+      task_id=records[0].task_id,
       traj_ids=tuple(sorted({r.traj_id for r in records})),
       num_records=len(records),
-      shards=tuple(os.path.basename(p)
-                   for p in writer.shards_written[first:]),
+      shards=tuple(os.path.basename(p) for p in writer.shards_written[first:]),
   )
-  _write_atomic(_manifest_path(writer.directory, seq),
-                json.dumps(dataclasses.asdict(manifest)))
+  _write_atomic(
+      _manifest_path(writer.directory, seq),
+      json.dumps(dataclasses.asdict(manifest)),
+  )
   return manifest
 
 
@@ -225,14 +239,18 @@ def produce(
   the error text, publishes what was written and re-raises.
   """
   os.makedirs(buffer_dir, exist_ok=True)
-  if (list_groups(buffer_dir) or replay.is_complete(buffer_dir)
-      or _read_error(buffer_dir) is not None):
+  if (
+      list_groups(buffer_dir)
+      or replay.is_complete(buffer_dir)
+      or _read_error(buffer_dir) is not None
+  ):
     raise ValueError(
         f"{buffer_dir} holds another collection's groups: decoupled.clear()"
         " it first"
     )
-  writer = replay.ShardWriter(buffer_dir, prefix=prefix,
-                              records_per_shard=records_per_shard)
+  writer = replay.ShardWriter(
+      buffer_dir, prefix=prefix, records_per_shard=records_per_shard
+  )
   manifests = []
   items = iter(groups)
   try:
@@ -247,10 +265,15 @@ def produce(
       manifests.append(_write_group(writer, len(manifests), list(records)))
     writer.close()
   except BaseException as e:
-    text = "cancelled" if isinstance(e, _Cancelled) else (
-        "".join(traceback.format_exception(e, limit=8)))
-    _write_atomic(os.path.join(buffer_dir, ERROR_FILE),
-                  f"after {len(manifests)} groups: {text}")
+    text = (
+        "cancelled"
+        if isinstance(e, _Cancelled)
+        else ("".join(traceback.format_exception(e, limit=8)))
+    )
+    _write_atomic(
+        os.path.join(buffer_dir, ERROR_FILE),
+        f"after {len(manifests)} groups: {text}",
+    )
     writer.close()
     raise
   replay.mark_complete(buffer_dir)
@@ -285,24 +308,34 @@ def collect_b_groups(
   if groups_per_call < 1:
     raise ValueError(f"groups_per_call={groups_per_call} must be >= 1")
   group_size = request.group_size
-  if group_size * min(groups_per_call, len(request.task_ids)) > (
-      venv.num_envs):
+  if group_size * min(groups_per_call, len(request.task_ids)) > (venv.num_envs):
     raise ValueError(
         f"groups_per_call={groups_per_call} x group_size={group_size}"
         f" episodes need more than the {venv.num_envs} environments of venv"
     )
   request = dataclasses.replace(
-      request, task_ids=[int(t) for t in request.task_ids])
-  return _collect_b_groups(engine, venv, tokenizer, request, cfg,
-                           groups_per_call, swap_rewards, stats)
+      request, task_ids=[int(t) for t in request.task_ids]
+  )
+  return _collect_b_groups(
+      engine,
+      venv,
+      tokenizer,
+      request,
+      cfg,
+      groups_per_call,
+      swap_rewards,
+      stats,
+  )
 
 
-def _collect_b_groups(engine, venv, tokenizer, request, cfg,
-                      groups_per_call, swap_rewards, stats):
+def _collect_b_groups(
+    engine, venv, tokenizer, request, cfg, groups_per_call, swap_rewards, stats
+):
   task_ids = request.task_ids
   for c, start in enumerate(range(0, len(task_ids), groups_per_call)):
     chunk = dataclasses.replace(
-        request, task_ids=task_ids[start:start + groups_per_call],
+        request,
+        task_ids=task_ids[start : start + groups_per_call],
         traj_id_start=request.traj_id_start + start * request.group_size,
         group_id_start=request.group_id_start + start,
         seed=request.seed * 10007 + c,
@@ -387,8 +420,12 @@ def stream_groups(
   ``wait_for_groups``."""
   done = 0
   while True:
-    if wait_for_groups(buffer_dir, done + 1, timeout_s, poll_s=poll_s,
-                       alive=alive) <= done:
+    if (
+        wait_for_groups(
+            buffer_dir, done + 1, timeout_s, poll_s=poll_s, alive=alive
+        )
+        <= done
+    ):
       return  # complete, nothing new
     for m in list_groups(buffer_dir)[done:]:
       yield m, read_group(buffer_dir, m)
@@ -399,14 +436,22 @@ class BackgroundCollection:
   """A thread running ``produce(groups, buffer_dir, ...)``; see
   ``start_collection``."""
 
-  def __init__(self, groups, buffer_dir: str, *, records_per_shard: int,
-               prefix: str, name: str):
+  def __init__(
+      self,
+      groups,
+      buffer_dir: str,
+      *,
+      records_per_shard: int,
+      prefix: str,
+      name: str,
+  ):
     self.buffer_dir = buffer_dir
     self.manifests: Optional[list[GroupManifest]] = None
     self.error: Optional[BaseException] = None
     self._cancel = threading.Event()
-    self._kwargs = dict(records_per_shard=records_per_shard, prefix=prefix,
-                        cancel=self._cancel)
+    self._kwargs = dict(
+        records_per_shard=records_per_shard, prefix=prefix, cancel=self._cancel
+    )
     self._groups = groups
     self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -421,8 +466,9 @@ class BackgroundCollection:
 
   def wait_for_groups(self, n_groups: int, timeout_s: float) -> int:
     """``wait_for_groups`` that also fails when this thread has ended."""
-    return wait_for_groups(self.buffer_dir, n_groups, timeout_s,
-                           alive=self.is_alive)
+    return wait_for_groups(
+        self.buffer_dir, n_groups, timeout_s, alive=self.is_alive
+    )
 
   def cancel(self) -> None:
     """Stops before the next group (the running ``collect`` call ends
@@ -467,8 +513,12 @@ def start_collection(
   environments it uses, and before clearing ``buffer_dir``."""
   if clear_dir:
     clear(buffer_dir)
-  job = BackgroundCollection(groups, buffer_dir,
-                             records_per_shard=records_per_shard,
-                             prefix=prefix, name=name)
+  job = BackgroundCollection(
+      groups,
+      buffer_dir,
+      records_per_shard=records_per_shard,
+      prefix=prefix,
+      name=name,
+  )
   job._thread.start()  # pylint: disable=protected-access
   return job

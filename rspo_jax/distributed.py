@@ -121,25 +121,36 @@ def initialize(
     jax.distributed.initialize(local_device_ids=local_device_ids)
     return True
   missing = [
-      name for name, v in zip(
-          ("coordinator (RSPO_COORDINATOR)",
-           "num_processes (RSPO_NUM_PROCESSES)",
-           "process_id (RSPO_PROCESS_ID)"), explicit)
+      name
+      for name, v in zip(
+          (
+              "coordinator (RSPO_COORDINATOR)",
+              "num_processes (RSPO_NUM_PROCESSES)",
+              "process_id (RSPO_PROCESS_ID)",
+          ),
+          explicit,
+      )
       if v is None
   ]
   if missing and not detected_cluster(environ):
     raise ValueError(
         f"multi-process start needs all three settings; missing: {missing}"
     )
-  if process_id is not None and num_processes is not None and not (
-      0 <= process_id < num_processes
+  if (
+      process_id is not None
+      and num_processes is not None
+      and not (0 <= process_id < num_processes)
   ):
     raise ValueError(
         f"process_id={process_id} is outside [0, num_processes="
         f"{num_processes})"
     )
-  log.info("jax.distributed: process %s of %s, coordinator %s", process_id,
-           num_processes, coordinator)
+  log.info(
+      "jax.distributed: process %s of %s, coordinator %s",
+      process_id,
+      num_processes,
+      coordinator,
+  )
   jax.distributed.initialize(
       coordinator_address=coordinator,
       num_processes=num_processes,
@@ -218,8 +229,9 @@ def process_row_range(
   return p * per, (p + 1) * per
 
 
-def host_rows(rows: Sequence[Any], sharding: Optional[NamedSharding] = None,
-              **kwargs) -> list:
+def host_rows(
+    rows: Sequence[Any], sharding: Optional[NamedSharding] = None, **kwargs
+) -> list:
   """This process's items of a list of global rows (records, task ids), in
   the order ``host_local_to_global`` expects them."""
   if sharding is not None:
@@ -327,9 +339,8 @@ def allgather_objects(obj: Any) -> list:
   data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
   size = int(global_max(np.int64(len(data))))
   padded = np.zeros(size, np.uint8)
-  padded[:len(data)] = data
-  lengths = np.asarray(
-      multihost_utils.process_allgather(np.int64(len(data))))
+  padded[: len(data)] = data
+  lengths = np.asarray(multihost_utils.process_allgather(np.int64(len(data))))
   rows = np.asarray(multihost_utils.process_allgather(padded))
   return [json.loads(bytes(r[:n]).decode()) for r, n in zip(rows, lengths)]
 
@@ -394,8 +405,10 @@ def host_mesh(mesh: Mesh, tensor: int = 0) -> Mesh:
     raise ValueError(f"process {me} has no device in the mesh {mesh.shape}")
   if tensor:
     if mine.size % tensor:
-      raise ValueError(f"engine tensor axis {tensor} does not divide the"
-                       f" {mine.size} devices of process {me}")
+      raise ValueError(
+          f"engine tensor axis {tensor} does not divide the"
+          f" {mine.size} devices of process {me}"
+      )
     mine = mine.reshape(-1, tensor)
   else:
     groups = procs.reshape(-1, procs.shape[-1])  # a row a tensor group
@@ -404,8 +417,11 @@ def host_mesh(mesh: Mesh, tensor: int = 0) -> Mesh:
       mine = devices.reshape(groups.shape)[groups[:, 0] == me]
     else:  # a tensor group spans hosts: whole weights on every device
       mine = mine.reshape(-1, 1)
-  return Mesh(mine.reshape((1,) + mine.shape), mesh.axis_names,
-              axis_types=mesh.axis_types)
+  return Mesh(
+      mine.reshape((1,) + mine.shape),
+      mesh.axis_names,
+      axis_types=mesh.axis_types,
+  )
 
 
 def _host_spec(spec, tensor: bool):
@@ -463,8 +479,9 @@ def to_host_mesh(tree: Any, mesh: Mesh, shardings: Any = None) -> Any:
   if shardings is None:
     local = host_mesh(mesh)
     keep = local.shape["tensor"] > 1
-    targets = [NamedSharding(local, _host_spec(_spec(leaves[i]), keep))
-               for i in arrays]
+    targets = [
+        NamedSharding(local, _host_spec(_spec(leaves[i]), keep)) for i in arrays
+    ]
   else:
     flat = treedef.flatten_up_to(shardings)  # raises on another structure
     targets = [flat[i] for i in arrays]
@@ -472,25 +489,35 @@ def to_host_mesh(tree: Any, mesh: Mesh, shardings: Any = None) -> Any:
     if {"data", "fsdp"} & set(jax.tree.leaves(tuple(t.spec))):
       raise ValueError(f"engine weights split over a row axis: {t.spec}")
   # One answer on every process: each runs the same jitted copies.
-  aligned = all(allgather_objects(all(
-      _keeps_tensor_blocks(mesh, m) for m in {t.mesh for t in targets})))
-  fast = [k for k, t in enumerate(targets)
-          if aligned or "tensor" not in jax.tree.leaves(tuple(t.spec))]
+  aligned = all(
+      allgather_objects(
+          all(_keeps_tensor_blocks(mesh, m) for m in {t.mesh for t in targets})
+      )
+  )
+  fast = [
+      k
+      for k, t in enumerate(targets)
+      if aligned or "tensor" not in jax.tree.leaves(tuple(t.spec))
+  ]
 
   def wrap(x, target):
     blocks = {s.device: s.data for s in x.addressable_shards}
     return jax.make_array_from_single_device_arrays(
-        x.shape, target, [blocks[d] for d in target.mesh.devices.flat])
+        x.shape, target, [blocks[d] for d in target.mesh.devices.flat]
+    )
 
-  moved = reshard([leaves[arrays[k]] for k in fast],
-                  [NamedSharding(mesh, targets[k].spec) for k in fast])
+  moved = reshard(
+      [leaves[arrays[k]] for k in fast],
+      [NamedSharding(mesh, targets[k].spec) for k in fast],
+  )
   for k, x in zip(fast, moved):
     leaves[arrays[k]] = wrap(x, targets[k])
   for k in sorted(set(range(len(arrays))) - set(fast)):
     t = targets[k]
     whole = reshard(leaves[arrays[k]], NamedSharding(mesh, PartitionSpec()))
     leaves[arrays[k]] = jax.device_put(
-        wrap(whole, NamedSharding(t.mesh, PartitionSpec())), t)
+        wrap(whole, NamedSharding(t.mesh, PartitionSpec())), t
+    )
     del whole
   return jax.tree.unflatten(treedef, leaves)
 
@@ -507,8 +534,11 @@ def _identity(x):
 
 
 def _spec(x) -> PartitionSpec:
-  return (x.sharding.spec if isinstance(x.sharding, NamedSharding)
-          else PartitionSpec())
+  return (
+      x.sharding.spec
+      if isinstance(x.sharding, NamedSharding)
+      else PartitionSpec()
+  )
 
 
 def barrier(name: str) -> None:

@@ -73,7 +73,8 @@ def inference_params(params, mcfg, shardings=None):
     return jnp.copy(x)  # an explicit copy: jit would forward the input
 
   return jax.jit(lambda t: jax.tree.map(copy, t), out_shardings=shardings)(
-      params)
+      params
+  )
 
 
 def inference_model(model, mcfg):
@@ -101,8 +102,9 @@ def engine_config(mcfg):
   (per-layer KV-cache buffers written in place at each decode step;
   ``transformer.unrolled``) and no remat (nothing is differentiated; a
   remat block inside the decode loop fails to trace)."""
-  return dataclasses.replace(lora.base_config(mcfg), scan_layers=False,
-                             remat=False)
+  return dataclasses.replace(
+      lora.base_config(mcfg), scan_layers=False, remat=False
+  )
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -125,15 +127,22 @@ def engine_params(params, mcfg):
 def base_model(learner_or_module, mcfg):
   """(base config, Transformer) of a LoRA model's frozen base: the merged
   weights with every adapter zero, i.e. the base exactly (``merged``)."""
-  graphdef, adapters, rest = nnx.split(_module(learner_or_module),
-                                       nnx.LoRAParam, ...)
+  graphdef, adapters, rest = nnx.split(
+      _module(learner_or_module), nnx.LoRAParam, ...
+  )
   zero = jax.tree.map(jnp.zeros_like, adapters)
   return merged(nnx.merge(graphdef, zero, rest), mcfg)
 
 
-def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
-                     threads: int = 8, push=None,
-                     lora_sync: str = "auto") -> "EngineSync":
+def make_sync_engine(
+    mcfg,
+    tokenizer_dir: str,
+    export_dir: str,
+    *,
+    threads: int = 8,
+    push=None,
+    lora_sync: str = "auto",
+) -> "EngineSync":
   """Pushes a learner's weights to the engine: in-process state for the JAX
   engine (cast to its ``mcfg.inference_dtype`` weights); for SGLang servers
   an HF directory exported in the compute dtype (``weight_sync.export_hf``:
@@ -164,19 +173,30 @@ def make_sync_engine(mcfg, tokenizer_dir: str, export_dir: str, *,
   ``adapter`` (True for adapter syncs) and ``base_bytes`` (the one base
   export)."""
   if lora_sync not in LORA_SYNCS:
-    raise ConfigError(f"rollout.sglang_lora_sync={lora_sync!r}: one of"
-                      f" {LORA_SYNCS}")
-  return EngineSync(mcfg, tokenizer_dir, export_dir, threads=threads,
-                    push=push, lora_sync=lora_sync)
+    raise ConfigError(
+        f"rollout.sglang_lora_sync={lora_sync!r}: one of" f" {LORA_SYNCS}"
+    )
+  return EngineSync(
+      mcfg,
+      tokenizer_dir,
+      export_dir,
+      threads=threads,
+      push=push,
+      lora_sync=lora_sync,
+  )
 
 
 class EngineSync:
   """``sync(engine, learner, version)``: see :func:`make_sync_engine`."""
 
-  def __init__(self, mcfg, tokenizer_dir, export_dir, *, threads, push,
-               lora_sync):
-    self.mcfg, self.tokenizer_dir, self.export_dir = (mcfg, tokenizer_dir,
-                                                      export_dir)
+  def __init__(
+      self, mcfg, tokenizer_dir, export_dir, *, threads, push, lora_sync
+  ):
+    self.mcfg, self.tokenizer_dir, self.export_dir = (
+        mcfg,
+        tokenizer_dir,
+        export_dir,
+    )
     self.threads, self.push, self.lora_sync = threads, push, lora_sync
     self.synced, self.log = weight_sync.SyncedWeights(), weight_sync.SyncLog()
     self.lora_modes = {}  # id(engine) -> 'adapter' | 'merged', once decided
@@ -199,10 +219,13 @@ class EngineSync:
     if isinstance(engine, JaxEngine):
       self._in_process(engine, learner, version, start, multihost)
       return
-    if (lora.enabled(self.mcfg) and self.lora_sync != "merged"
+    if (
+        lora.enabled(self.mcfg)
+        and self.lora_sync != "merged"
         and not multihost
         and self.lora_modes.get(id(engine)) != "merged"
-        and hasattr(engine, "update_adapter")):
+        and hasattr(engine, "update_adapter")
+    ):
       if self._adapter(engine, learner, version, start):
         return
       start = time.perf_counter()
@@ -212,11 +235,20 @@ class EngineSync:
     # One process (check_multihost): its first device holds each tensor
     # whole for a DLPack hand-over under nccl; gloo sends host copies.
     device = None if self.push.on_host else jax.local_devices()[0]
-    out = self.push(engine, weight_sync.hf_named_arrays(
-        *merged(learner, self.mcfg)[::-1], device=device), version)
+    out = self.push(
+        engine,
+        weight_sync.hf_named_arrays(
+            *merged(learner, self.mcfg)[::-1], device=device
+        ),
+        version,
+    )
     self.synced.record(engine, learner)
-    self.log.add(version=version, broadcast_s=out["seconds"],
-                 total_s=time.perf_counter() - start, bytes=out["bytes"])
+    self.log.add(
+        version=version,
+        broadcast_s=out["seconds"],
+        total_s=time.perf_counter() - start,
+        bytes=out["bytes"],
+    )
 
   def _in_process(self, engine, learner, version, start, multihost):
     # Multi-host: every host's engine gets the whole weights (split over
@@ -232,8 +264,10 @@ class EngineSync:
       params = engine_params(learner.params, mcfg)
     if multihost:
       params = distributed.to_host_mesh(
-          cast_floating(params, mcfg.inference_dtype), learner.mesh,
-          engine.param_shardings)
+          cast_floating(params, mcfg.inference_dtype),
+          learner.mesh,
+          engine.param_shardings,
+      )
     engine.update_weights(params, version)
     self.synced.record(engine, learner)
     self.log.add(version=version, total_s=time.perf_counter() - start)
@@ -246,22 +280,31 @@ class EngineSync:
     base_bytes = None
     if not self.base_written:
       base_bytes = weight_sync.export_hf(
-          *base_model(learner, self.mcfg)[::-1], base_dir,
-          tokenizer_dir=self.tokenizer_dir, threads=self.threads)
+          *base_model(learner, self.mcfg)[::-1],
+          base_dir,
+          tokenizer_dir=self.tokenizer_dir,
+          threads=self.threads,
+      )
       self.base_written.append(base_dir)
     path = os.path.join(export_dir, f"adapter_v{version % 2}")
     shutil.rmtree(path, ignore_errors=True)
-    nbytes = lora.save_peft(learner.module(), self.mcfg, path,
-                            base_model=os.path.abspath(base_dir))
+    nbytes = lora.save_peft(
+        learner.module(), self.mcfg, path, base_model=os.path.abspath(base_dir)
+    )
     export_s = time.perf_counter() - start
     try:
       engine.update_adapter(path, version, base_dir=base_dir)
     except SGLangAdapterRefused as e:
-      if (self.lora_sync == "adapter"
-          or self.lora_modes.get(id(engine)) == "adapter"):
+      if (
+          self.lora_sync == "adapter"
+          or self.lora_modes.get(id(engine)) == "adapter"
+      ):
         raise
-      log.warning("LoRA adapter sync refused (%s); syncing merged weights"
-                  " (rollout.sglang_lora_sync=merged) from now on", e)
+      log.warning(
+          "LoRA adapter sync refused (%s); syncing merged weights"
+          " (rollout.sglang_lora_sync=merged) from now on",
+          e,
+      )
       self.lora_modes[id(engine)] = "merged"
       shutil.rmtree(path, ignore_errors=True)
       if "adapter" not in self.lora_modes.values():  # no engine needs base
@@ -269,13 +312,20 @@ class EngineSync:
         self.base_written.clear()
       return False
     self.lora_modes[id(engine)] = "adapter"
-    shutil.rmtree(os.path.join(export_dir, f"adapter_v{(version + 1) % 2}"),
-                  ignore_errors=True)
+    shutil.rmtree(
+        os.path.join(export_dir, f"adapter_v{(version + 1) % 2}"),
+        ignore_errors=True,
+    )
     self.synced.record(engine, learner)
-    self.log.add(version=version, export_s=export_s,
-                 load_s=time.perf_counter() - start - export_s,
-                 total_s=time.perf_counter() - start, bytes=nbytes,
-                 adapter=True, base_bytes=base_bytes)
+    self.log.add(
+        version=version,
+        export_s=export_s,
+        load_s=time.perf_counter() - start - export_s,
+        total_s=time.perf_counter() - start,
+        bytes=nbytes,
+        adapter=True,
+        base_bytes=base_bytes,
+    )
     return True
 
   def _export(self, engine, learner, version, start, multihost):
@@ -285,21 +335,33 @@ class EngineSync:
       # host holds the model; weight_sync.export_hf_multihost); it returns
       # when the directory is complete, then every host's client loads it.
       nbytes = weight_sync.export_hf_multihost(
-          *merged(learner, self.mcfg)[::-1], path,
-          tokenizer_dir=self.tokenizer_dir)
+          *merged(learner, self.mcfg)[::-1],
+          path,
+          tokenizer_dir=self.tokenizer_dir,
+      )
     else:
-      nbytes = weight_sync.export_hf(*merged(learner, self.mcfg)[::-1], path,
-                                     tokenizer_dir=self.tokenizer_dir,
-                                     threads=self.threads)
+      nbytes = weight_sync.export_hf(
+          *merged(learner, self.mcfg)[::-1],
+          path,
+          tokenizer_dir=self.tokenizer_dir,
+          threads=self.threads,
+      )
     export_s = time.perf_counter() - start
     engine.update_weights(path, version)
     load_s = time.perf_counter() - start - export_s
     if distributed.is_leader():  # loaded: the other slot is not needed
-      shutil.rmtree(os.path.join(self.export_dir, f"v{(version + 1) % 2}"),
-                    ignore_errors=True)
+      shutil.rmtree(
+          os.path.join(self.export_dir, f"v{(version + 1) % 2}"),
+          ignore_errors=True,
+      )
     self.synced.record(engine, learner)
-    self.log.add(version=version, export_s=export_s, load_s=load_s,
-                 total_s=time.perf_counter() - start, bytes=nbytes)
+    self.log.add(
+        version=version,
+        export_s=export_s,
+        load_s=load_s,
+        total_s=time.perf_counter() - start,
+        bytes=nbytes,
+    )
 
 
 WEIGHT_SYNCS = ("disk", "distributed")
@@ -322,4 +384,5 @@ def make_weight_push(cfg):
       master_address=r.weight_sync_master_address,
       master_port=int(r.weight_sync_master_port),
       bucket_bytes=int(float(r.weight_sync_bucket_mb) * 2**20),
-      timeout_s=float(r.server_timeout_s))
+      timeout_s=float(r.server_timeout_s),
+  )

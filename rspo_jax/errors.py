@@ -17,8 +17,9 @@ class ConfigError(ValueError):
 def did_you_mean(word, choices: Iterable[str]) -> str:
   """``" (did you mean 'x'?)"`` for the choice closest to ``word``
   (difflib's ratio >= 0.6), else ``""``."""
-  close = difflib.get_close_matches(str(word), [str(c) for c in choices],
-                                    n=1, cutoff=0.6)
+  close = difflib.get_close_matches(
+      str(word), [str(c) for c in choices], n=1, cutoff=0.6
+  )
   return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -26,16 +26,26 @@ from typing import Optional, Sequence
 import numpy as np
 
 from rspo_jax import distributed
-from rspo_jax.rollout.collect import (CollectConfig, CollectRequest,
-                                      check_failures, collect)
+from rspo_jax.rollout.collect import (
+    CollectConfig,
+    CollectRequest,
+    check_failures,
+    collect,
+)
 from rspo_jax.rollout.engine import SamplingParams
 
 
 def evaluate(
-    engine, venv, tokenizer, collect_cfg: CollectConfig,
-    task_ids: Sequence[int], *, temperature: float = 0.0,
+    engine,
+    venv,
+    tokenizer,
+    collect_cfg: CollectConfig,
+    task_ids: Sequence[int],
+    *,
+    temperature: float = 0.0,
     max_new_tokens: int = 48,
-    seeds: Sequence[int] = (0,), max_failed_frac: Optional[float] = None,
+    seeds: Sequence[int] = (0,),
+    max_failed_frac: Optional[float] = None,
 ) -> dict:
   """Plays every task in ``task_ids`` once per seed (in chunks that fit the
   environment pool)."""
@@ -44,16 +54,22 @@ def evaluate(
   first, last = distributed.host_share(len(task_ids))
   mine = list(task_ids[first:last])
   sampling = SamplingParams(
-      temperature=temperature, max_new_tokens=max_new_tokens,
+      temperature=temperature,
+      max_new_tokens=max_new_tokens,
       stop_strings=("</action>",),
   )
   for seed in seeds:
     won, score, lengths, failed, episodes = [], [], [], 0, 0
     for start in range(0, len(mine), venv.num_envs):
-      chunk = [int(t) for t in mine[start:start + venv.num_envs]]
-      request = CollectRequest(chunk, 1, sampling,
-                               traj_id_start=first + start,
-                               group_id_start=first + start, seed=seed)
+      chunk = [int(t) for t in mine[start : start + venv.num_envs]]
+      request = CollectRequest(
+          chunk,
+          1,
+          sampling,
+          traj_id_start=first + start,
+          group_id_start=first + start,
+          seed=seed,
+      )
       records, stats = collect(engine, venv, tokenizer, request, collect_cfg)
       failed += stats["failed_episodes"]
       episodes += stats["episodes"]
@@ -63,17 +79,35 @@ def evaluate(
           score.append(r.score)
           lengths.append(r.step_idx + 1)
           by_type[r.task_type or "all"].append(float(r.won))
-          per_task.append({"seed": int(seed), "task_id": int(r.task_id),
-                           "won": int(bool(r.won)),
-                           "score": float(r.score)})
+          per_task.append(
+              {
+                  "seed": int(seed),
+                  "task_id": int(r.task_id),
+                  "won": int(bool(r.won)),
+                  "score": float(r.score),
+              }
+          )
     # Sums and counts over every host's share (one process: its own).
-    total = distributed.global_sum(np.array(
-        [np.sum(won), np.sum(score), np.sum(lengths), len(won), failed,
-         episodes], np.float64))
+    total = distributed.global_sum(
+        np.array(
+            [
+                np.sum(won),
+                np.sum(score),
+                np.sum(lengths),
+                len(won),
+                failed,
+                episodes,
+            ],
+            np.float64,
+        )
+    )
     if max_failed_frac is not None:
-      check_failures({"failed_episodes": total[4], "episodes": total[5]},
-                     max_failed_frac, collect_cfg.env_name,
-                     getattr(venv, "first_error", None))
+      check_failures(
+          {"failed_episodes": total[4], "episodes": total[5]},
+          max_failed_frac,
+          collect_cfg.env_name,
+          getattr(venv, "first_error", None),
+      )
     n = total[3]
     per_seed.append(tuple(total[:3] / n) if n else (0.0, 0.0, 0.0))
   arr = np.array(per_seed)
@@ -88,7 +122,8 @@ def evaluate(
   }
   merged = defaultdict(lambda: [0.0, 0])  # type -> [wins, episodes]
   for host in distributed.allgather_objects(
-      {k: [float(np.sum(v)), len(v)] for k, v in by_type.items()}):
+      {k: [float(np.sum(v)), len(v)] for k, v in by_type.items()}
+  ):
     for k, (wins, n) in host.items():
       merged[k][0] += wins
       merged[k][1] += n

@@ -51,15 +51,18 @@ RULES = shd.DEFAULT_RULES
 
 # ------------------------------------------------------------ HLO reading
 
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s"
-                  r"([a-z][\w\-]*)\((.*)$")
+_DEF = re.compile(
+    r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s" r"([a-z][\w\-]*)\((.*)$"
+)
 _ARRAY = re.compile(r"\b[a-z]+[0-9]*\[([0-9,]*)\]")
 KINDS = ("all-gather", "all-reduce", "reduce-scatter")
 
 
 def _shapes(text: str) -> list[tuple]:
-  return [tuple(int(d) for d in dims.split(",") if d)
-          for dims in _ARRAY.findall(text)]
+  return [
+      tuple(int(d) for d in dims.split(",") if d)
+      for dims in _ARRAY.findall(text)
+  ]
 
 
 def _collective_sites(hlo: str) -> list[tuple[str, list, str]]:
@@ -73,7 +76,7 @@ def _collective_sites(hlo: str) -> list[tuple[str, list, str]]:
       continue
     name, result, op, args = m.groups()
     defs[name] = _shapes(result)
-    kind = op[:-len("-start")] if op.endswith("-start") else op
+    kind = op[: -len("-start")] if op.endswith("-start") else op
     if kind in KINDS:
       found.append((kind, result, args.split("), ")[0], line))
   out = []
@@ -88,8 +91,9 @@ def _collective_sites(hlo: str) -> list[tuple[str, list, str]]:
 
 def collectives(hlo: str) -> list[tuple[str, tuple]]:
   """(kind, shape) of every array a collective produces or takes."""
-  return [(kind, s) for kind, shapes, _ in _collective_sites(hlo)
-          for s in shapes]
+  return [
+      (kind, s) for kind, shapes, _ in _collective_sites(hlo) for s in shapes
+  ]
 
 
 # ------------------------------------- reductions: their type, axes, count
@@ -111,8 +115,10 @@ class Reduction:
 
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
-_CALLEE = re.compile(r"\b(body|condition|calls|to_apply|true_computation|"
-                     r"false_computation)=%?([\w.\-]+)")
+_CALLEE = re.compile(
+    r"\b(body|condition|calls|to_apply|true_computation|"
+    r"false_computation)=%?([\w.\-]+)"
+)
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _TYPED = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
@@ -151,8 +157,10 @@ def executions(hlo: str) -> dict:
         n = 1
         if role == "body":
           if trip is None:
-            raise ValueError(f"while loop without a known trip count: "
-                             f"{line.strip()[:120]}")
+            raise ValueError(
+                f"while loop without a known trip count: "
+                f"{line.strip()[:120]}"
+            )
           n = int(trip.group(1))
         edges[name].append((callee, n))
       for group in _BRANCHES.findall(line):
@@ -190,23 +198,29 @@ def replica_groups(line: str) -> list:
                                      group per index of the other axes
 
   An empty list means every device in one group."""
-  m = re.search(r"replica_groups=mesh\[([^\]]*)\]"
-                r"(?:, device_ids=\(\[([0-9,]*)\](?:T\(([0-9,]*)\))?\))?"
-                r" \{([^}]*)\}", line)
+  m = re.search(
+      r"replica_groups=mesh\[([^\]]*)\]"
+      r"(?:, device_ids=\(\[([0-9,]*)\](?:T\(([0-9,]*)\))?\))?"
+      r" \{([^}]*)\}",
+      line,
+  )
   if m:
     names = re.findall(r"'(\w+)'=", m.group(1))
     dims = [int(v) for v in re.findall(r"=(\d+)", m.group(1))]
     if m.group(2):
-      ids = _iota(_ints(m.group(2)),
-                  _ints(m.group(3)) if m.group(3) else None).reshape(dims)
+      ids = _iota(
+          _ints(m.group(2)), _ints(m.group(3)) if m.group(3) else None
+      ).reshape(dims)
     else:
       ids = _iota(dims)
     over = [names.index(a) for a in re.findall(r"'(\w+)'", m.group(4))]
     rest = [i for i in range(len(dims)) if i not in over]
     size = math.prod(dims[i] for i in over)
     return ids.transpose(rest + over).reshape(-1, size).tolist()
-  m = re.search(r"replica_groups=\[([0-9,]*)\]<=\[([0-9,]*)\]"
-                r"(?:T\(([0-9,]*)\))?", line)
+  m = re.search(
+      r"replica_groups=\[([0-9,]*)\]<=\[([0-9,]*)\]" r"(?:T\(([0-9,]*)\))?",
+      line,
+  )
   if m:
     perm = _ints(m.group(3)) if m.group(3) else None
     return _iota(_ints(m.group(2)), perm).reshape(_ints(m.group(1))).tolist()
@@ -225,8 +239,9 @@ def group_axes(groups: list, mesh_shape, names=shd.MESH_AXES) -> frozenset:
   out = set()
   for group in groups:
     coords = np.array(np.unravel_index(group, mesh_shape)).T
-    out.update(a for a, varies in zip(names, np.ptp(coords, axis=0) > 0)
-               if varies)
+    out.update(
+        a for a, varies in zip(names, np.ptp(coords, axis=0) > 0) if varies
+    )
   return frozenset(out)
 
 
@@ -243,15 +258,20 @@ def reductions(hlo: str, mesh_shape, *, loops: bool = True) -> list:
       if not m:
         continue
       _, result, op, args = m.groups()
-      kind = op[:-len("-start")] if op.endswith("-start") else op
+      kind = op[: -len("-start")] if op.endswith("-start") else op
       if kind not in ("all-reduce", "reduce-scatter"):
         continue
       typed = _TYPED.findall(result)
-      out.append(Reduction(
-          kind, tuple(t for t, _ in typed),
-          tuple(tuple(_ints(d)) for _, d in typed),
-          group_axes(replica_groups(line), mesh_shape), comp,
-          times.get(comp, 1) if loops else 1))
+      out.append(
+          Reduction(
+              kind,
+              tuple(t for t, _ in typed),
+              tuple(tuple(_ints(d)) for _, d in typed),
+              group_axes(replica_groups(line), mesh_shape),
+              comp,
+              times.get(comp, 1) if loops else 1,
+          )
+      )
   return out
 
 
@@ -274,14 +294,19 @@ def _compile_partitioned(lowered):
     jax.config.update("jax_enable_compilation_cache", False)
     cc.reset_cache()
     try:
-      compiled = lowered.compile(compiler_options={
-          "xla_dump_to": d, "xla_dump_hlo_pass_re": "spmd-partitioning"})
+      compiled = lowered.compile(
+          compiler_options={
+              "xla_dump_to": d,
+              "xla_dump_hlo_pass_re": "spmd-partitioning",
+          }
+      )
     finally:
       jax.config.update("jax_enable_compilation_cache", cached)
       cc.reset_cache()
     (path,) = glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt"))
     with open(path) as f:
       return compiled, f.read()
+
 
 def param_shapes(params, mesh_size: int) -> set:
   """Each parameter's shape and its shards (a dim divided by a divisor of
@@ -291,14 +316,14 @@ def param_shapes(params, mesh_size: int) -> set:
   for leaf in jax.tree.leaves(params):
     variants = [()]
     for dim in leaf.shape:
-      variants = [v + (dim // d,) for v in variants for d in divisors
-                  if dim % d == 0]
+      variants = [
+          v + (dim // d,) for v in variants for d in divisors if dim % d == 0
+      ]
     shapes.update(tuple(x for x in v if x != 1) for v in variants)
   return shapes
 
 
-def activation_collectives(hlo, params, mesh_shape, bound,
-                           allowed=("tensor",)):
+def activation_collectives(hlo, params, mesh_shape, bound, allowed=("tensor",)):
   """Collectives of non-parameter arrays of at least ``bound`` elements
   (one device's share of an activation, ``activation_bound``, or more),
   except all-reduces and reduce-scatters whose device groups span only
@@ -315,8 +340,11 @@ def activation_collectives(hlo, params, mesh_shape, bound,
     partial_sums = kind != "all-gather" and axes <= set(allowed)
     for shape in shapes:
       n = math.prod(shape)
-      if (n >= bound and not partial_sums
-          and tuple(d for d in shape if d != 1) not in skip):
+      if (
+          n >= bound
+          and not partial_sums
+          and tuple(d for d in shape if d != 1) not in skip
+      ):
         bad.append((kind, shape, n, tuple(sorted(axes))))
   return bad
 
@@ -351,9 +379,16 @@ def abstract_batch(mesh, rows, length, rules=RULES):
   f32 = lambda: sds((rows, length), jnp.float32, rows_sharding(mesh, 2, rules))
   i32 = lambda: sds((rows, length), jnp.int32, rows_sharding(mesh, 2, rules))
   return Batch(
-      tokens=i32(), positions=i32(), attention_mask=i32(), loss_mask=f32(),
-      advantages=f32(), old_logp=f32(), ref_logp=f32(), behavior_logp=f32(),
-      returns=f32(), old_values=f32(),
+      tokens=i32(),
+      positions=i32(),
+      attention_mask=i32(),
+      loss_mask=f32(),
+      advantages=f32(),
+      old_logp=f32(),
+      ref_logp=f32(),
+      behavior_logp=f32(),
+      returns=f32(),
+      old_values=f32(),
       is_offpolicy=sds((rows,), jnp.bool_, rows_sharding(mesh, 1, rules)),
   )
 
@@ -363,16 +398,20 @@ def abstract_state(mesh, params, tx, rules=RULES):
   param_sh = shd.state_shardings(mesh, params, rules)
   opt = jax.eval_shape(tx.init, params)
   opt_sh = optax.tree_map_params(
-      tx, lambda _, s: s, opt, param_sh,
+      tx,
+      lambda _, s: s,
+      opt,
+      param_sh,
       transform_non_params=lambda _: shd.replicated(mesh),
   )
   opt_sh = jax.tree.map(
       lambda s: s if isinstance(s, NamedSharding) else shd.replicated(mesh),
-      opt_sh)
-  state = ts.TrainState(step=sds((), jnp.int32), params=params,
-                        opt_state=opt)
-  state_sh = ts.TrainState(step=shd.replicated(mesh), params=param_sh,
-                           opt_state=opt_sh)
+      opt_sh,
+  )
+  state = ts.TrainState(step=sds((), jnp.int32), params=params, opt_state=opt)
+  state_sh = ts.TrainState(
+      step=shd.replicated(mesh), params=param_sh, opt_state=opt_sh
+  )
   return state, state_sh
 
 
@@ -404,8 +443,9 @@ def memory(compiled) -> dict:
   return out
 
 
-def _compiled(name, lowered, rows, length, params,
-              partitioned=False) -> Compiled:
+def _compiled(
+    name, lowered, rows, length, params, partitioned=False
+) -> Compiled:
   import time
 
   t0 = time.perf_counter()
@@ -414,13 +454,31 @@ def _compiled(name, lowered, rows, length, params,
     out, text = _compile_partitioned(lowered)
   else:
     out = lowered.compile()
-  return Compiled(name, out.as_text(), memory(out), rows, length, params,
-                  time.perf_counter() - t0, text)
+  return Compiled(
+      name,
+      out.as_text(),
+      memory(out),
+      rows,
+      length,
+      params,
+      time.perf_counter() - t0,
+      text,
+  )
 
 
-def compile_train_step(mesh, cfg, rows, length, *, n_micro=1, window=0,
-                       rules=RULES, donate=True, loss=None,
-                       partitioned=False) -> Compiled:
+def compile_train_step(
+    mesh,
+    cfg,
+    rows,
+    length,
+    *,
+    n_micro=1,
+    window=0,
+    rules=RULES,
+    donate=True,
+    loss=None,
+    partitioned=False,
+) -> Compiled:
   """The policy's train step (the mixed RSPO loss) on ``rows`` x
   ``length``, ``n_micro`` micro-batches, logits on a response ``window``
   (0: every position); with ``partitioned``, the HLO right after SPMD
@@ -431,20 +489,37 @@ def compile_train_step(mesh, cfg, rows, length, *, n_micro=1, window=0,
   state, state_sh = abstract_state(mesh, params, tx, rules)
   batch = abstract_batch(mesh, rows, length, rules)
   loss = loss or ts.make_policy_loss(
-      ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01))
+      ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01)
+  )
   step = ts.make_train_step(
-      graphdef, rest, loss, tx, mesh=mesh, state_shardings=state_sh,
+      graphdef,
+      rest,
+      loss,
+      tx,
+      mesh=mesh,
+      state_shardings=state_sh,
       batch_sharding_tree=jax.tree.map(lambda x: x.sharding, batch),
-      n_micro=n_micro, donate=donate, window=window,
+      n_micro=n_micro,
+      donate=donate,
+      window=window,
   )
   lowered = step.lower(state, batch, jax.random.key(0))
-  return _compiled("train_step", lowered, -(-rows // n_micro), length,
-                   params, partitioned)
+  return _compiled(
+      "train_step", lowered, -(-rows // n_micro), length, params, partitioned
+  )
 
 
-def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
-                    n_chunks=1, param_dtype: Optional[str] = None
-                    ) -> Compiled:
+def compile_logprob(
+    mesh,
+    cfg,
+    rows,
+    length,
+    *,
+    window=0,
+    rules=RULES,
+    n_chunks=1,
+    param_dtype: Optional[str] = None,
+) -> Compiled:
   """The log-prob pass (pi_old on the masters; pi_ref with
   ``param_dtype=cfg.inference_dtype``), in ``n_chunks`` calls inside one
   program as ``Learner.apply`` runs it (``learner.chunked``)."""
@@ -455,14 +530,19 @@ def compile_logprob(mesh, cfg, rows, length, *, window=0, rules=RULES,
   graphdef, params, rest = abstract_model(cfg)
   rest = placed(mesh, rest, rules)
   param_sh = shd.state_shardings(mesh, params, rules)
-  fn = ts.make_logprob_fn(graphdef, rest, mesh=mesh, param_shardings=param_sh,
-                          rules=rules, window=window)
+  fn = ts.make_logprob_fn(
+      graphdef,
+      rest,
+      mesh=mesh,
+      param_shardings=param_sh,
+      rules=rules,
+      window=window,
+  )
   x = sds((rows, length), jnp.int32, rows_sharding(mesh, 2, rules))
   if n_chunks > 1:
     fn = chunked(fn, n_chunks, mesh, param_sh, rules)
   per = chunk_rows(rows, n_chunks, _row_ways(mesh, rules))  # padded calls
-  return _compiled("logprob", fn.lower(params, x, x, x, x), per, length,
-                   params)
+  return _compiled("logprob", fn.lower(params, x, x, x, x), per, length, params)
 
 
 def _engine_inputs(mesh, cfg, rules):
@@ -472,19 +552,25 @@ def _engine_inputs(mesh, cfg, rules):
   without remat (``build.engine_config``: a remat block inside the decode
   loop fails to trace)."""
   weights = shd.inference_rules(rules)
-  cfg = dataclasses.replace(cfg, param_dtype=cfg.inference_dtype,
-                            scan_layers=False, remat=False,
-                            logical_axis_rules=tuple(weights))
+  cfg = dataclasses.replace(
+      cfg,
+      param_dtype=cfg.inference_dtype,
+      scan_layers=False,
+      remat=False,
+      logical_axis_rules=tuple(weights),
+  )
   graphdef, params, rest = abstract_model(cfg)
   psh = shd.state_shardings(mesh, params, weights)
   params = jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), params, psh)
-  static = jax_engine._Static(graphdef=graphdef, cfg=cfg, mesh=mesh,
-                              rules=rules, pad_id=0)
+  static = jax_engine._Static(
+      graphdef=graphdef, cfg=cfg, mesh=mesh, rules=rules, pad_id=0
+  )
   return cfg, params, rest, static
 
 
-def compile_prefill(mesh, cfg, rows, prompt, new, *, chunk=0, unique=None,
-                    rules=RULES) -> Compiled:
+def compile_prefill(
+    mesh, cfg, rows, prompt, new, *, chunk=0, unique=None, rules=RULES
+) -> Compiled:
   """The engine's prefill of ``rows`` prompts of bucket ``prompt`` into a
   cache of ``prompt + new`` slots (``chunk``: column blocks, 0 = one
   pass); ``unique`` = Bu: Bu distinct prompts prefilled, their cache
@@ -495,11 +581,24 @@ def compile_prefill(mesh, cfg, rows, prompt, new, *, chunk=0, unique=None,
   x = sds((n, prompt - 1), jnp.int32, rows_sharding(mesh, 2, rules))
   m = sds((n, prompt - 1), jnp.bool_, rows_sharding(mesh, 2, rules))
   row_map = None if unique is None else sds((rows,), jnp.int32)
-  cache = (abstract_cache(mesh, cfg, rows, prompt + new, rules)
-           if unique is None else None)  # the engine's donated empty cache
+  cache = (
+      abstract_cache(mesh, cfg, rows, prompt + new, rules)
+      if unique is None
+      else None
+  )  # the engine's donated empty cache
   lowered = jax_engine._prefill.lower(
-      params, rest, x, x, m, row_map, None, cache, cache_len=prompt + new,
-      static=static, chunk=chunk)
+      params,
+      rest,
+      x,
+      x,
+      m,
+      row_map,
+      None,
+      cache,
+      cache_len=prompt + new,
+      static=static,
+      chunk=chunk,
+  )
   return _compiled("prefill", lowered, rows, prompt, params)
 
 
@@ -510,14 +609,19 @@ def abstract_cache(mesh, cfg, rows, slots, rules=RULES):
 
   def placed(x, logical):
     spec = shd.logical_to_mesh_spec(logical, rules)
-    return sds(x.shape, x.dtype, NamedSharding(
-        mesh, shd.fit_spec_to_shape(mesh, spec, x.shape)))
+    return sds(
+        x.shape,
+        x.dtype,
+        NamedSharding(mesh, shd.fit_spec_to_shape(mesh, spec, x.shape)),
+    )
 
   kv = lambda xs: tuple(placed(x, jax_engine._CACHE_AXES) for x in xs)
   return tfm.KVCache(
-      k=kv(cache.k), v=kv(cache.v),
+      k=kv(cache.k),
+      v=kv(cache.v),
       key_mask=placed(cache.key_mask, ("batch", "cache_length")),
-      index=placed(cache.index, ()))
+      index=placed(cache.index, ()),
+  )
 
 
 def compile_decode(mesh, cfg, rows, prompt, new, *, rules=RULES) -> Compiled:
@@ -525,14 +629,22 @@ def compile_decode(mesh, cfg, rows, prompt, new, *, rules=RULES) -> Compiled:
   cfg, params, rest, static = _engine_inputs(mesh, cfg, rules)
   cache = abstract_cache(mesh, cfg, rows, prompt + new, rules)
   row = lambda dt: sds((rows,), dt, rows_sharding(mesh, 1, rules))
-  state = jax_engine._Rows(last_tok=row(jnp.int32), last_pos=row(jnp.int32),
-                           active=row(jnp.bool_), row_ids=row(jnp.int32))
+  state = jax_engine._Rows(
+      last_tok=row(jnp.int32),
+      last_pos=row(jnp.int32),
+      active=row(jnp.bool_),
+      row_ids=row(jnp.int32),
+  )
   knobs = jax_engine._Knobs(
-      seed=sds((), jnp.uint32), temperature=sds((), jnp.float32),
-      top_p=sds((), jnp.float32), max_new=sds((), jnp.int32),
-      stop_mask=sds((cfg.vocab_size,), jnp.bool_))
-  lowered = jax_engine._decode.lower(params, rest, cache, state, knobs,
-                                     slots=new, static=static)
+      seed=sds((), jnp.uint32),
+      temperature=sds((), jnp.float32),
+      top_p=sds((), jnp.float32),
+      max_new=sds((), jnp.int32),
+      stop_mask=sds((cfg.vocab_size,), jnp.bool_),
+  )
+  lowered = jax_engine._decode.lower(
+      params, rest, cache, state, knobs, slots=new, static=static
+  )
   return _compiled("decode", lowered, rows, prompt + new, params)
 
 
@@ -583,5 +695,6 @@ if __name__ == "__main__":
 
   for case in json.loads(sys.argv[1]):
     c = compile_case(case)
-    print(json.dumps(dict(c.memory, compile_s=round(c.compile_s, 2))),
-          flush=True)
+    print(
+        json.dumps(dict(c.memory, compile_s=round(c.compile_s, 2))), flush=True
+    )

@@ -43,7 +43,9 @@ from rspo_jax.learner import Learner
 from rspo_jax.types import Batch
 
 _DTYPES = dict(
-    tokens=np.int32, positions=np.int32, attention_mask=np.int32,
+    tokens=np.int32,
+    positions=np.int32,
+    attention_mask=np.int32,
     is_offpolicy=bool,
 )
 CPU_APPLY_GROUP_ROWS = 16
@@ -52,8 +54,9 @@ CPU_APPLY_GROUP_ROWS = 16
 class HostBatches:
   """Builds, globalises and applies batches for one training job."""
 
-  def __init__(self, cfg, multihost: bool, apply_group_rows=None,
-               row_ways: int = 1):
+  def __init__(
+      self, cfg, multihost: bool, apply_group_rows=None, row_ways: int = 1
+  ):
     self.multihost = multihost
     self.row_multiple = max(8, cfg.train.micro_batch_rows or 0)
     # Host rows a multiple of this: the P hosts' blocks divide over D ways.
@@ -71,8 +74,12 @@ class HostBatches:
     batch = None
     if records or not self.multihost:
       batch = batching.records_to_batch(
-          records, adv, is_offpolicy=off_flags, row_multiple=self.row_multiple,
-          row_ways=self.host_row_ways, max_len=self.max_len,
+          records,
+          adv,
+          is_offpolicy=off_flags,
+          row_multiple=self.row_multiple,
+          row_ways=self.host_row_ways,
+          max_len=self.max_len,
       )
     if not self.multihost:
       return batch
@@ -88,7 +95,8 @@ class HostBatches:
     if not self.multihost:
       return batch
     return distributed.host_local_to_global(
-        batch, ts.batch_shardings(learner.mesh, batch, learner.rules))
+        batch, ts.batch_shardings(learner.mesh, batch, learner.rules)
+    )
 
   def apply(self, learner: Learner, batch: Batch, params=None) -> np.ndarray:
     """``learner.apply`` on the job's batch; this host's rows of it."""
@@ -96,15 +104,15 @@ class HostBatches:
       return self._apply_by_length(learner, batch, params)
     if not self.multihost:
       return learner.apply(batch, params=params)
-    out = learner.apply(self.to_global(learner, batch), params=params,
-                        host_rows=True)
+    out = learner.apply(
+        self.to_global(learner, batch), params=params, host_rows=True
+    )
     if len(out) != len(batch.tokens):
       raise ValueError(
           f"the mesh {dict(learner.mesh.shape)} does not split the batch rows"
           " over hosts; multi-host runs need hosts along ('data', 'fsdp')"
       )
     return out
-
 
   def _apply_by_length(self, learner, batch: Batch, params) -> np.ndarray:
     """``learner.apply`` in length-sorted chunks (module docstring)."""
@@ -120,13 +128,16 @@ class HostBatches:
     for idx in np.array_split(order, n_chunks):
       t = min(width, batching.length_bucket(max(int(lengths[idx].max()), 1)))
       n = batching.round_up(len(idx), multiple)
-      part = Batch(*(
-          _take(np.asarray(x), idx, n, None if x.ndim == 1 else t)
-          for x in batch))
+      part = Batch(
+          *(
+              _take(np.asarray(x), idx, n, None if x.ndim == 1 else t)
+              for x in batch
+          )
+      )
       got = learner.apply(part, params=params)
       if out is None:
         out = np.zeros((rows, width), got.dtype)
-      out[idx, :t] = got[:len(idx)]
+      out[idx, :t] = got[: len(idx)]
     return out
 
 
@@ -140,11 +151,15 @@ def _take(x: np.ndarray, idx: np.ndarray, rows: int, width) -> np.ndarray:
 
 def empty_batch(rows: int, length: int) -> Batch:
   """A batch of padding only (zero masks) for a host without rows."""
-  return Batch(**{
-      f: np.zeros((rows,) if f == "is_offpolicy" else (rows, length),
-                  _DTYPES.get(f, np.float32))
-      for f in Batch._fields
-  })
+  return Batch(
+      **{
+          f: np.zeros(
+              (rows,) if f == "is_offpolicy" else (rows, length),
+              _DTYPES.get(f, np.float32),
+          )
+          for f in Batch._fields
+      }
+  )
 
 
 def value_batch(batch: Batch, returns, values) -> Batch:

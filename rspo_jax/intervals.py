@@ -45,15 +45,18 @@ def _as_runs(x) -> np.ndarray:
   if a.ndim == 2:
     a = a[None]
   if a.ndim != 3 or 0 in a.shape:
-    raise ValueError(f"want a non-empty [goals, seeds] or [runs, goals, "
-                     f"seeds] array, got shape {a.shape}")
+    raise ValueError(
+        f"want a non-empty [goals, seeds] or [runs, goals, "
+        f"seeds] array, got shape {a.shape}"
+    )
   if not np.all(np.isfinite(a)):
     raise ValueError("outcomes must be finite (a missing episode?)")
   return a
 
 
-def _draw_means(x: np.ndarray, goal_idx: np.ndarray,
-                rng: np.random.Generator) -> np.ndarray:
+def _draw_means(
+    x: np.ndarray, goal_idx: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
   """m*_b for every draw b, given its goals ``goal_idx[b, G]``."""
   r, _, s = x.shape
   draws, g = goal_idx.shape
@@ -65,12 +68,18 @@ def _draw_means(x: np.ndarray, goal_idx: np.ndarray,
 
 def _interval(point: float, draws: np.ndarray, level: float) -> dict:
   lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
-  return {"mean": float(point), "lo": float(lo), "hi": float(hi),
-          "level": level, "draws": int(len(draws))}
+  return {
+      "mean": float(point),
+      "lo": float(lo),
+      "hi": float(hi),
+      "level": level,
+      "draws": int(len(draws)),
+  }
 
 
-def success_interval(x, *, seed: int = 0, num_draws: int = NUM_DRAWS,
-                     level: float = LEVEL) -> dict:
+def success_interval(
+    x, *, seed: int = 0, num_draws: int = NUM_DRAWS, level: float = LEVEL
+) -> dict:
   """(a) A success rate over goals x seeds (``x[g, s]``), or over training
   runs x goals x seeds (``x[r, g, s]``): ``{'mean', 'lo', 'hi', ...}``."""
   a = _as_runs(x)
@@ -79,15 +88,17 @@ def success_interval(x, *, seed: int = 0, num_draws: int = NUM_DRAWS,
   return _interval(a.mean(), _draw_means(a, goal_idx, rng), level)
 
 
-def difference_interval(a, b, *, seed: int = 0, num_draws: int = NUM_DRAWS,
-                        level: float = LEVEL) -> dict:
+def difference_interval(
+    a, b, *, seed: int = 0, num_draws: int = NUM_DRAWS, level: float = LEVEL
+) -> dict:
   """m(a) - m(b) for two arrays on the same goals (axis -2, same order),
   one goal resample shared by both per draw; runs and seeds resampled
   within each side. Either may be ``[G, S]`` or ``[R, G, S]``."""
   a, b = _as_runs(a), _as_runs(b)
   if a.shape[1] != b.shape[1]:
-    raise ValueError(f"different numbers of goals: {a.shape[1]} vs "
-                     f"{b.shape[1]}")
+    raise ValueError(
+        f"different numbers of goals: {a.shape[1]} vs " f"{b.shape[1]}"
+    )
   rng = np.random.default_rng(seed)
   goal_idx = rng.integers(0, a.shape[1], (num_draws, a.shape[1]))
   draws = _draw_means(a, goal_idx, rng) - _draw_means(b, goal_idx, rng)
@@ -106,8 +117,11 @@ def method_difference(cell_a, cell_b, **kw) -> dict:
   return difference_interval(cell_a, cell_b, **kw)
 
 
-def outcome_matrix(per_task: Iterable[dict], key: str = "won",
-                   task_ids: Sequence[int] | None = None) -> np.ndarray:
+def outcome_matrix(
+    per_task: Iterable[dict],
+    key: str = "won",
+    task_ids: Sequence[int] | None = None,
+) -> np.ndarray:
   """``x[g, s]`` from an evaluation's ``per_task`` list (rspo_jax/evaluate):
   goals by ``task_ids`` (default: every task id, sorted), seeds sorted.
   ValueError when a (task, seed) pair is missing."""
@@ -163,15 +177,22 @@ def _regularized_beta(x: float, a: float, b: float) -> float:
     return 1.0
   if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast below
     return 1.0 - _regularized_beta(1.0 - x, b, a)
-  log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-               + a * math.log(x) + b * math.log1p(-x))
+  log_front = (
+      math.lgamma(a + b)
+      - math.lgamma(a)
+      - math.lgamma(b)
+      + a * math.log(x)
+      + b * math.log1p(-x)
+  )
   tiny = 1e-300
   c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
   d = 1.0 / (d if abs(d) > tiny else tiny)
   f = d
   for m in range(1, 400):
-    for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+    for num in (
+        m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+        -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+    ):
       d = 1.0 + num * d
       d = 1.0 / (d if abs(d) > tiny else tiny)
       c = 1.0 + num / c
@@ -209,8 +230,9 @@ def t_quantile(p: float, df: float) -> float:
 def _units(x, name: str = "x") -> np.ndarray:
   a = np.asarray(x, np.float64).ravel()
   if a.size < 2:
-    raise ValueError(f"{name}: a t interval needs at least 2 units, got "
-                     f"{a.size}")
+    raise ValueError(
+        f"{name}: a t interval needs at least 2 units, got " f"{a.size}"
+    )
   if not np.all(np.isfinite(a)):
     raise ValueError(f"{name}: values must be finite")
   return a
@@ -224,8 +246,14 @@ def t_interval(x, *, level: float = LEVEL) -> dict:
   n, m = a.size, float(a.mean())
   se = float(a.std(ddof=1)) / math.sqrt(n)
   half = t_quantile((1 + level) / 2, n - 1) * se
-  return {"mean": m, "lo": m - half, "hi": m + half, "n": int(n),
-          "df": float(n - 1), "level": level}
+  return {
+      "mean": m,
+      "lo": m - half,
+      "hi": m + half,
+      "n": int(n),
+      "df": float(n - 1),
+      "level": level,
+  }
 
 
 def welch_interval(a, b, *, level: float = LEVEL) -> dict:
@@ -240,17 +268,26 @@ def welch_interval(a, b, *, level: float = LEVEL) -> dict:
     df = float(a.size + b.size - 2)
     half = 0.0
   else:
-    df = float(se2 ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)))
+    df = float(se2**2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)))
     half = t_quantile((1 + level) / 2, df) * math.sqrt(se2)
-  return {"mean": m, "lo": m - half, "hi": m + half, "n_a": int(a.size),
-          "n_b": int(b.size), "df": df, "level": level}
+  return {
+      "mean": m,
+      "lo": m - half,
+      "hi": m + half,
+      "n_a": int(a.size),
+      "n_b": int(b.size),
+      "df": df,
+      "level": level,
+  }
 
 
 def _splits(n_a: int, n_b: int):
   total = math.comb(n_a + n_b, n_a)
   if total > MAX_ENUMERATION:
-    raise ValueError(f"{total} splits of {n_a} + {n_b} units: too many to "
-                     f"enumerate exactly (at most {MAX_ENUMERATION})")
+    raise ValueError(
+        f"{total} splits of {n_a} + {n_b} units: too many to "
+        f"enumerate exactly (at most {MAX_ENUMERATION})"
+    )
   return itertools.combinations(range(n_a + n_b), n_a)
 
 
@@ -287,18 +324,22 @@ def rank_p(a, b) -> float:
     ranks[pooled == v] = ranks[pooled == v].mean()
   centre = a.size * b.size / 2
   shift = a.size * (a.size + 1) / 2  # U = rank sum of a - shift
-  stats = [ranks[list(idx)].sum() - shift - centre
-           for idx in _splits(a.size, b.size)]
-  return _share_at_least(np.array(stats), ranks[:a.size].sum() - shift
-                         - centre)
+  stats = [
+      ranks[list(idx)].sum() - shift - centre for idx in _splits(a.size, b.size)
+  ]
+  return _share_at_least(
+      np.array(stats), ranks[: a.size].sum() - shift - centre
+  )
 
 
 def sign_flip_p(d) -> float:
   """Exact two-sided sign-flip p of mean(d) = 0 for paired differences
   d: every one of the 2^n sign patterns."""
   d = np.asarray(d, np.float64).ravel()
-  if 2 ** d.size > MAX_ENUMERATION:
-    raise ValueError(f"2^{d.size} sign patterns: too many to enumerate "
-                     f"exactly (at most {MAX_ENUMERATION})")
+  if 2**d.size > MAX_ENUMERATION:
+    raise ValueError(
+        f"2^{d.size} sign patterns: too many to enumerate "
+        f"exactly (at most {MAX_ENUMERATION})"
+    )
   signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
   return _share_at_least(signs @ d / d.size, d.mean())

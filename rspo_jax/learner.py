@@ -110,18 +110,21 @@ def chunked(fn, n_chunks: int, mesh: Mesh, param_shardings, rules):
     rows = arrays[0].shape[0]
     pad = n_chunks * chunk_rows(rows, n_chunks, ways) - rows
     if pad:
-      arrays = tuple(jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-                     for x in arrays)
+      arrays = tuple(
+          jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) for x in arrays
+      )
     micro = ts.split_micro(arrays, n_chunks, pad=False)
     outs = jax.lax.map(lambda xs: inner(params, *xs, frozen), micro)
     outs = jnp.moveaxis(outs, 0, 1)  # [B' / n, n, T]
     return outs.reshape((-1,) + outs.shape[2:])[:rows]
 
-  jitted = jax.jit(run, in_shardings=(param_shardings, bs, None),
-                   out_shardings=bs)
+  jitted = jax.jit(
+      run, in_shardings=(param_shardings, bs, None), out_shardings=bs
+  )
   call = lambda params, *arrays: jitted(params, tuple(arrays), frozen)
-  call.lower = lambda params, *arrays: jitted.lower(params, tuple(arrays),
-                                                    frozen)
+  call.lower = lambda params, *arrays: jitted.lower(
+      params, tuple(arrays), frozen
+  )
   return call
 
 
@@ -188,8 +191,9 @@ class Learner:
   def _apply_fn(self, window: int, n_chunks: int):
     key = (window, n_chunks)
     if key not in self._applies:
-      kw = dict(mesh=self.mesh, param_shardings=self.state_sh.params,
-                rules=self.rules)
+      kw = dict(
+          mesh=self.mesh, param_shardings=self.state_sh.params, rules=self.rules
+      )
       if self.kind == "policy":
         fn = ts.make_logprob_fn(self.graphdef, self.frozen, window=window, **kw)
       else:
@@ -204,8 +208,9 @@ class Learner:
     (``apply_chunks``, module function)."""
     return apply_chunks(rows, self.micro_batch_rows, self.row_ways)
 
-  def apply(self, batch: Batch, params=None, *,
-            host_rows: bool = False) -> np.ndarray:
+  def apply(
+      self, batch: Batch, params=None, *, host_rows: bool = False
+  ) -> np.ndarray:
     """Forward in chunks of at most ``micro_batch_rows`` rows (all at once
     if 0; ``apply_chunks``), on this host's rows or on global arrays
     assembled from every host's (``distributed.host_local_to_global``).
@@ -243,17 +248,26 @@ class Learner:
     key = (n_micro, window)
     if key not in self._steps:
       self._steps[key] = ts.make_train_step(
-          self.graphdef, self.frozen, self.loss_fn, self.tx,
-          mesh=self.mesh, state_shardings=self.state_sh,
+          self.graphdef,
+          self.frozen,
+          self.loss_fn,
+          self.tx,
+          mesh=self.mesh,
+          state_shardings=self.state_sh,
           batch_sharding_tree=ts.batch_shardings(self.mesh, batch, self.rules),
-          n_micro=n_micro, window=window,
+          n_micro=n_micro,
+          window=window,
       )
     self.state, metrics = self._steps[key](self.state, batch, rng)
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
-  def copy(self, *, copy_opt_state: bool = True,
-           tx: Optional[optax.GradientTransformation] = None,
-           steps: Optional[dict] = None) -> "Learner":
+  def copy(
+      self,
+      *,
+      copy_opt_state: bool = True,
+      tx: Optional[optax.GradientTransformation] = None,
+      steps: Optional[dict] = None,
+  ) -> "Learner":
     """A new learner with copied parameters (same shardings); the optimizer
     state is copied or freshly initialised. ``tx``: the copy's own
     optimizer (its state must have this one's structure, e.g. AdamW at
@@ -267,12 +281,15 @@ class Learner:
         self.state.params
     )
     if copy_opt_state:
-      if own_tx and (jax.tree.structure(jax.eval_shape(tx.init, params))
-                     != jax.tree.structure(self.state.opt_state)):
+      if own_tx and (
+          jax.tree.structure(jax.eval_shape(tx.init, params))
+          != jax.tree.structure(self.state.opt_state)
+      ):
         raise ValueError(
             "the copy's optimizer keeps a state of another shape than this"
             " learner's, so it cannot copy this one's (rspo.b_warmup_steps"
-            " with rspo.copy_optimizer_state: drop one of them)")
+            " with rspo.copy_optimizer_state: drop one of them)"
+        )
       opt = jax.jit(copy, out_shardings=self.state_sh.opt_state)(
           self.state.opt_state
       )
@@ -280,19 +297,26 @@ class Learner:
     else:
       opt_sh = self.state_sh.opt_state
       if own_tx:  # e.g. a warm-up schedule adds a state of its own
-        opt_sh = ts.opt_state_shardings(tx, params, self.state_sh.params,
-                                        self.mesh)
+        opt_sh = ts.opt_state_shardings(
+            tx, params, self.state_sh.params, self.mesh
+        )
       opt = jax.jit(tx.init, out_shardings=opt_sh)(params)
       step = jnp.zeros_like(self.state.step)
     state = ts.TrainState(step=step, params=params, opt_state=opt)
     return Learner(
-        self.module_like(), tx, self.loss_fn, mesh=self.mesh,
-        rules=self.rules, kind=self.kind,
-        micro_batch_rows=self.micro_batch_rows, _state=state,
+        self.module_like(),
+        tx,
+        self.loss_fn,
+        mesh=self.mesh,
+        rules=self.rules,
+        kind=self.kind,
+        micro_batch_rows=self.micro_batch_rows,
+        _state=state,
         # B reuses A's jits (its own steps with its own optimizer)
-        _compiled=(self._applies,
-                   ({} if steps is None else steps) if own_tx
-                   else self._steps),
+        _compiled=(
+            self._applies,
+            ({} if steps is None else steps) if own_tx else self._steps,
+        ),
     )
 
   def module_like(self) -> nnx.Module:
@@ -304,6 +328,8 @@ class Learner:
     (training donates its buffers), e.g. for pi_ref or, every A step
     under ``rollout.overlap``, the weights its next collection plays."""
     if self._copy_params is None:
-      self._copy_params = jax.jit(lambda t: jax.tree.map(jnp.copy, t),
-                                  out_shardings=self.state_sh.params)
+      self._copy_params = jax.jit(
+          lambda t: jax.tree.map(jnp.copy, t),
+          out_shardings=self.state_sh.params,
+      )
     return self._copy_params(self.state.params)

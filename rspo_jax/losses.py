@@ -85,7 +85,9 @@ def _masked_log_ratio(a: jax.Array, b: jax.Array, mask: jax.Array):
 
 
 def aggregate(
-    x: jax.Array, mask: jax.Array, mode: str,
+    x: jax.Array,
+    mask: jax.Array,
+    mode: str,
     total: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Reduces a per-token quantity to a scalar.
@@ -222,9 +224,11 @@ def shifted_clip_objective(
       "upper": upper,
       "clipped": _masked(is_clipped.astype(jnp.float32), mask),
       "clipped_low": _masked(
-          (is_clipped & (ratio < lower)).astype(jnp.float32), mask),
+          (is_clipped & (ratio < lower)).astype(jnp.float32), mask
+      ),
       "clipped_high": _masked(
-          (is_clipped & (ratio > upper)).astype(jnp.float32), mask),
+          (is_clipped & (ratio > upper)).astype(jnp.float32), mask
+      ),
   }
   return objective, diag
 
@@ -258,7 +262,9 @@ def ppo_clip(
 
 
 def shifted_window(
-    centre: jax.Array, eps_low: float, eps_high: float,
+    centre: jax.Array,
+    eps_low: float,
+    eps_high: float,
     window: str = "additive",
 ) -> tuple[jax.Array, jax.Array]:
   """RSPO's clip window [lower, upper] around c = pi_old / pi_B:
@@ -274,8 +280,12 @@ def shifted_window(
 
 
 def dual_clip(
-    objective: jax.Array, ratio: jax.Array, centre: jax.Array,
-    advantages: jax.Array, c: float, mask: jax.Array,
+    objective: jax.Array,
+    ratio: jax.Array,
+    centre: jax.Array,
+    advantages: jax.Array,
+    c: float,
+    mask: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
   """verl's dual clip (``clip_ratio_c``, Ye et al. 2020) of a clip objective.
 
@@ -299,8 +309,9 @@ def dual_clip(
   Returns:
     objective [B, T] and held [B, T] float (1.0 where held at C * c * A).
   """
-  held = _masked(((advantages < 0) & (ratio > c * centre))
-                 .astype(jnp.float32), mask)
+  held = _masked(
+      ((advantages < 0) & (ratio > c * centre)).astype(jnp.float32), mask
+  )
   return jnp.where(held > 0, c * centre * advantages, objective), held
 
 
@@ -439,8 +450,10 @@ def _log_ratio_extremes(logp, old_logp, mask) -> dict[str, jax.Array]:
   combine by max over micro-batches and a step's updates
   (train_step.is_max_metric): the tail a token mean hides."""
   d = jax.lax.stop_gradient(_masked_log_ratio(logp, old_logp, mask))
-  return {"log_ratio_fall_max": jnp.maximum(_token_max(-d, mask), 0.0),
-          "log_ratio_rise_max": jnp.maximum(_token_max(d, mask), 0.0)}
+  return {
+      "log_ratio_fall_max": jnp.maximum(_token_max(-d, mask), 0.0),
+      "log_ratio_rise_max": jnp.maximum(_token_max(d, mask), 0.0),
+  }
 
 
 def _policy_metrics(logp, old_logp, diag, mask) -> dict[str, jax.Array]:
@@ -522,7 +535,9 @@ def value_loss(
   metrics = {
       "vf_loss": loss,
       "vf_clip_frac": aggregate(
-          (l_clipped > l_unclipped).astype(jnp.float32), mask, "token_mean",
+          (l_clipped > l_unclipped).astype(jnp.float32),
+          mask,
+          "token_mean",
           n_tok,
       ),
       "value_mean": aggregate(v, mask, "token_mean", n_tok),
@@ -565,12 +580,17 @@ def _sources(loss_mask: jax.Array, is_offpolicy: jax.Array):
   (on) and replayed (off) rows."""
   mask = loss_mask.astype(jnp.float32)
   off_rows = is_offpolicy.astype(bool)[:, None]
-  return (mask, off_rows, jnp.where(off_rows, 0.0, mask),
-          jnp.where(off_rows, mask, 0.0))
+  return (
+      mask,
+      off_rows,
+      jnp.where(off_rows, 0.0, mask),
+      jnp.where(off_rows, mask, 0.0),
+  )
 
 
-def _clip_objective(logp, old_logp, behavior_logp, advantages, mask,
-                    off_rows, cfg: LossConfig):
+def _clip_objective(
+    logp, old_logp, behavior_logp, advantages, mask, off_rows, cfg: LossConfig
+):
   """The clip objective of :func:`mixed_objective`, per token.
 
     fresh rows:    PPO clip, pi_B := pi_old (``cfg.overlap``: their own
@@ -584,22 +604,39 @@ def _clip_objective(logp, old_logp, behavior_logp, advantages, mask,
     name: (source, [B, T] indicator)} of the dual clip and the cap.
   """
   mask_on = jnp.where(off_rows, 0.0, mask)
-  behavior = (behavior_logp if cfg.overlap
-              else jnp.where(off_rows, behavior_logp, old_logp))
+  behavior = (
+      behavior_logp
+      if cfg.overlap
+      else jnp.where(off_rows, behavior_logp, old_logp)
+  )
   obj, diag = shifted_clip_objective(
-      logp, old_logp, behavior, advantages, mask, clip_eps=cfg.clip_eps,
-      clip_eps_high=cfg.clip_eps_high, window=cfg.clip_window)
+      logp,
+      old_logp,
+      behavior,
+      advantages,
+      mask,
+      clip_eps=cfg.clip_eps,
+      clip_eps_high=cfg.clip_eps_high,
+      window=cfg.clip_window,
+  )
   held = {}
   if cfg.centre_cap:
-    obj, over = apply_centre_cap(obj, diag["centre"], off_rows,
-                                 cfg.centre_cap, cfg.centre_cap_mode)
+    obj, over = apply_centre_cap(
+        obj, diag["centre"], off_rows, cfg.centre_cap, cfg.centre_cap_mode
+    )
     held["centre_cap_frac_off"] = (
-        "off", _masked(over, jnp.where(off_rows, mask, 0.0)))
+        "off",
+        _masked(over, jnp.where(off_rows, mask, 0.0)),
+    )
   if cfg.clip_ratio_c:
     obj, dual = dual_clip(
-        obj, diag["ratio"], jax.lax.stop_gradient(diag["centre"]),
+        obj,
+        diag["ratio"],
+        jax.lax.stop_gradient(diag["centre"]),
         jax.lax.stop_gradient(advantages.astype(jnp.float32)),
-        cfg.clip_ratio_c, mask_on)
+        cfg.clip_ratio_c,
+        mask_on,
+    )
     held = {"clip_frac_on_dual": ("on", dual), **held}
   return obj, diag, held
 
@@ -671,15 +708,17 @@ def mixed_objective(
   """
   _check_mixed_inputs(
       [logp, old_logp, behavior_logp, ref_logp, advantages, loss_mask],
-      is_offpolicy, entropy)
+      is_offpolicy,
+      entropy,
+  )
   own_totals = totals is None
   if own_totals:
     totals = mixed_totals(loss_mask, is_offpolicy, alpha=cfg.alpha)
   mask, off_rows, mask_on, mask_off = _sources(loss_mask, is_offpolicy)
-  obj, diag, held = _clip_objective(logp, old_logp, behavior_logp,
-                                    advantages, mask, off_rows, cfg)
-  kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask),
-                     cfg.kl_kind)
+  obj, diag, held = _clip_objective(
+      logp, old_logp, behavior_logp, advantages, mask, off_rows, cfg
+  )
+  kl = kl_divergence(_masked(logp, mask), _masked(ref_logp, mask), cfg.kl_kind)
   per_token = obj - cfg.kl_coef * kl
 
   agg = cfg.loss_agg
@@ -695,12 +734,13 @@ def mixed_objective(
   loss = -j_total - cfg.entropy_coef * ent
 
   metrics = {"loss": loss, "entropy": ent}
-  metrics.update(_source_metrics(obj, kl, diag, held, masks, norm, totals,
-                                 agg))
-  metrics["approx_kl"] = _approx_kl(logp, old_logp, mask_on,
-                                    totals["n_tokens_on"])
-  metrics["approx_kl_off"] = _approx_kl(logp, old_logp, mask_off,
-                                        totals["n_tokens_off"])
+  metrics.update(_source_metrics(obj, kl, diag, held, masks, norm, totals, agg))
+  metrics["approx_kl"] = _approx_kl(
+      logp, old_logp, mask_on, totals["n_tokens_on"]
+  )
+  metrics["approx_kl_off"] = _approx_kl(
+      logp, old_logp, mask_off, totals["n_tokens_off"]
+  )
   metrics.update(_log_ratio_extremes(logp, old_logp, mask))
   if own_totals:
     metrics.update(totals)
@@ -712,10 +752,13 @@ def _source_metrics(obj, kl, diag, held, masks, norm, totals, agg):
   ``norm``), token means of the clip diagnostics, KL and ratio, and the
   shares ``held`` ({name: (source, [B, T] indicator)}), each over its
   source's counted tokens."""
-  token_means = (("clip_frac_{}", diag["clipped"]),
-                 ("clip_frac_{}_low", diag["clipped_low"]),
-                 ("clip_frac_{}_high", diag["clipped_high"]),
-                 ("kl_{}", kl), ("ratio_mean_{}", diag["ratio"]))
+  token_means = (
+      ("clip_frac_{}", diag["clipped"]),
+      ("clip_frac_{}_low", diag["clipped_low"]),
+      ("clip_frac_{}_high", diag["clipped_high"]),
+      ("kl_{}", kl),
+      ("ratio_mean_{}", diag["ratio"]),
+  )
   n = {src: totals[f"n_tokens_{src}"] for src in masks}
   metrics = {}
   for src, m in masks.items():

@@ -63,12 +63,15 @@ def scalars(row: dict) -> dict:
   """The TensorBoard / W&B values of a metrics row: ``<phase>/<name>`` ->
   number, for every numeric field but ``step`` and ``time``."""
   phase = row["phase"]
-  return {f"{phase}/{k}": v for k, v in row.items()
-          if k not in ("step", "time", "phase")
-          and isinstance(v, (int, float))}
+  return {
+      f"{phase}/{k}": v
+      for k, v in row.items()
+      if k not in ("step", "time", "phase") and isinstance(v, (int, float))
+  }
 
 
 class MetricsWriter:
+
   def __init__(self, workdir: str, *, tensorboard: bool = True):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
@@ -77,6 +80,7 @@ class MetricsWriter:
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(os.path.join(workdir, "tb"))
       except ImportError:  # TensorBoard is optional
         self._tb = None
@@ -116,13 +120,21 @@ def wandb_settings(cfg) -> dict:
     metrics.wandb_name     ''  = the workdir's name
   """
   m = cfg.metrics
-  return {"project": str(m.wandb_project or ""),
-          "entity": str(m.wandb_entity or ""),
-          "name": str(m.wandb_name or "")}
+  return {
+      "project": str(m.wandb_project or ""),
+      "entity": str(m.wandb_entity or ""),
+      "name": str(m.wandb_name or ""),
+  }
 
 
-def setup_wandb(workdir: str, project: str, *, entity: str = "",
-                name: str = "", config: Optional[dict] = None) -> dict:
+def setup_wandb(
+    workdir: str,
+    project: str,
+    *,
+    entity: str = "",
+    name: str = "",
+    config: Optional[dict] = None,
+) -> dict:
   """Writes ``<workdir>/wandb.json`` for the workdir's ``MetricsWriter``s.
 
   The run id is made once and kept: the same workdir started again (a
@@ -135,14 +147,18 @@ def setup_wandb(workdir: str, project: str, *, entity: str = "",
 
     raise MissingPackage(
         "metrics.wandb_project is set but wandb is not installed: pip "
-        "install 'rspo_jax[wandb]' (or wandb), or unset the project")
+        "install 'rspo_jax[wandb]' (or wandb), or unset the project"
+    )
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, WANDB_FILE)
   old = _read_json(path) or {}
-  info = {"project": project, "entity": entity,
-          "name": name or os.path.basename(os.path.abspath(workdir)),
-          "id": old.get("id") or uuid.uuid4().hex[:12],
-          "config": config or {}}
+  info = {
+      "project": project,
+      "entity": entity,
+      "name": name or os.path.basename(os.path.abspath(workdir)),
+      "id": old.get("id") or uuid.uuid4().hex[:12],
+      "config": config or {},
+  }
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(info, f, indent=1, default=str)
@@ -158,8 +174,9 @@ def setup_wandb_from_config(workdir: str, cfg) -> Optional[dict]:
   if not s["project"] and not os.path.exists(path):
     return None
   config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
-  return setup_wandb(workdir, s["project"], entity=s["entity"],
-                     name=s["name"], config=config)
+  return setup_wandb(
+      workdir, s["project"], entity=s["entity"], name=s["name"], config=config
+  )
 
 
 class _WandbLog:
@@ -184,9 +201,13 @@ class _WandbLog:
       import wandb
 
       run = wandb.init(
-          project=info["project"], entity=info.get("entity") or None,
-          name=info.get("name") or None, id=info["id"], resume="allow",
-          dir=key, config=info.get("config") or None,
+          project=info["project"],
+          entity=info.get("entity") or None,
+          name=info.get("name") or None,
+          id=info["id"],
+          resume="allow",
+          dir=key,
+          config=info.get("config") or None,
       )
       log = cls._open[key] = cls(key, run)
     log.users += 1

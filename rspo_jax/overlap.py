@@ -60,17 +60,24 @@ class Prefetch:
   its value. ``timer`` is the thread's own ``timing.PhaseTimer`` (a timer
   is for one thread)."""
 
-  def __init__(self, fn: Callable[[timing.PhaseTimer], object], *,
-               weights_step: int, collection: int, task_ids,
-               name: str = "a-next-collection"):
+  def __init__(
+      self,
+      fn: Callable[[timing.PhaseTimer], object],
+      *,
+      weights_step: int,
+      collection: int,
+      task_ids,
+      name: str = "a-next-collection",
+  ):
     self.weights_step = weights_step  # A steps taken by the weights played
     self.collection, self.task_ids = collection, task_ids
     self.timer = timing.PhaseTimer()
     self.wall_s = 0.0
     self._value = None
     self._error: Optional[BaseException] = None
-    self._thread = threading.Thread(target=self._run, args=(fn,), name=name,
-                                    daemon=True)
+    self._thread = threading.Thread(
+        target=self._run, args=(fn,), name=name, daemon=True
+    )
     self._thread.start()
 
   def _run(self, fn) -> None:
@@ -101,7 +108,8 @@ class Prefetch:
       raise OverlapError(
           f"A's background collection (on the weights after A step"
           f" {self.weights_step}) failed: {type(e).__name__}: {e}\n"
-          f"its traceback:\n{tb}") from e
+          f"its traceback:\n{tb}"
+      ) from e
     return self._value
 
   def seconds(self) -> dict:

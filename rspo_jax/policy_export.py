@@ -49,8 +49,11 @@ def starting_policy_dir(cfg, workdir: str) -> str:
 
 def tokenizer_dir(cfg, workdir: str) -> str:
   """The tokenizer the run used (``build.make_tokenizer``'s path)."""
-  return (cfg.model.tokenizer_dir or cfg.model.checkpoint_dir
-          or os.path.join(workdir, "tokenizer"))
+  return (
+      cfg.model.tokenizer_dir
+      or cfg.model.checkpoint_dir
+      or os.path.join(workdir, "tokenizer")
+  )
 
 
 def param_bytes(mcfg) -> int:
@@ -59,13 +62,16 @@ def param_bytes(mcfg) -> int:
   from rspo_jax.models.transformer import Transformer
 
   abstract = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
-  n = sum(math.prod(x.shape)
-          for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+  n = sum(
+      math.prod(x.shape)
+      for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))
+  )
   return int(n) * jnp.dtype(mcfg.param_dtype).itemsize
 
 
-def export_latest_policy(cfg, workdir: str, out: str, *,
-                         max_bytes: Optional[int] = None) -> dict:
+def export_latest_policy(
+    cfg, workdir: str, out: str, *, max_bytes: Optional[int] = None
+) -> dict:
   """Writes A of ``workdir``'s latest checkpoint into ``out`` (module
   docstring); {'exported': bool, 'bytes', 'step', 'a_steps'} ('reason'
   when not exported)."""
@@ -78,26 +84,40 @@ def export_latest_policy(cfg, workdir: str, out: str, *,
 
   start, tok = starting_policy_dir(cfg, workdir), tokenizer_dir(cfg, workdir)
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  for path, what in ((os.path.join(start, "config.json"), "starting policy"),
-                     (ckpt_dir, "checkpoints")):
+  for path, what in (
+      (os.path.join(start, "config.json"), "starting policy"),
+      (ckpt_dir, "checkpoints"),
+  ):
     if not os.path.exists(path):
-      raise ConfigError(f"{path}: no such file or directory (the run's"
-                        f" {what}); the export builds A as the run did")
-  if not any(os.path.isfile(os.path.join(tok, f))
-             for f in ("tokenizer.json", "tokenizer_config.json")):
+      raise ConfigError(
+          f"{path}: no such file or directory (the run's"
+          f" {what}); the export builds A as the run did"
+      )
+  if not any(
+      os.path.isfile(os.path.join(tok, f))
+      for f in ("tokenizer.json", "tokenizer_config.json")
+  ):
     raise ConfigError(f"{tok} holds no tokenizer (the run's)")
   mcfg = dataclasses.replace(read_config(start), **build.model_numerics(cfg))
   size = param_bytes(mcfg)
   if max_bytes is not None and size > max_bytes:
-    return {"exported": False, "bytes": size,
-            "reason": f"{size} bytes of params > max_bytes={max_bytes}"}
+    return {
+        "exported": False,
+        "bytes": size,
+        "reason": f"{size} bytes of params > max_bytes={max_bytes}",
+    }
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   mcfg, module = build.load_policy(cfg, start, mesh)
   mcfg, module = build.with_lora(cfg, mcfg, module, mesh)
   learner = build.make_policy_learner(
-      cfg, module, mesh, lr=cfg.train.lr,
-      loss_fn=ts.make_policy_loss(build.policy_loss_config(
-          cfg, rspo=cfg.rspo.enabled)))
+      cfg,
+      module,
+      mesh,
+      lr=cfg.train.lr,
+      loss_fn=ts.make_policy_loss(
+          build.policy_loss_config(cfg, rspo=cfg.rspo.enabled)
+      ),
+  )
   ckpt = RunCheckpointer(ckpt_dir)
   try:
     step = ckpt.latest_step()
@@ -108,14 +128,22 @@ def export_latest_policy(cfg, workdir: str, out: str, *,
     ckpt.close()
   learner.state = states["policy"]
   base_cfg, merged = build.merged(learner, mcfg)
-  models.save_hf_model(merged, base_cfg, out, tokenizer_dir=tok,
-                       dtype=mcfg.param_dtype)
-  info = {"exported": True, "bytes": size, "step": int(step),
-          "a_steps": int(meta.get("a_steps", 0))}
+  models.save_hf_model(
+      merged, base_cfg, out, tokenizer_dir=tok, dtype=mcfg.param_dtype
+  )
+  info = {
+      "exported": True,
+      "bytes": size,
+      "step": int(step),
+      "a_steps": int(meta.get("a_steps", 0)),
+  }
   if lora.enabled(mcfg):
     info["adapter_bytes"] = lora.save_peft(
-        learner.module(), mcfg, os.path.join(out, ADAPTER_DIR),
-        base_model=os.path.abspath(start))
+        learner.module(),
+        mcfg,
+        os.path.join(out, ADAPTER_DIR),
+        base_model=os.path.abspath(start),
+    )
   with open(os.path.join(out, EXPORT_JSON), "w") as f:
     json.dump(info, f, indent=1)
   return info

@@ -31,8 +31,10 @@ class Preempted(Exception):
   """The run stopped on request after ``a_steps`` A steps, checkpointed."""
 
   def __init__(self, a_steps: int):
-    super().__init__(f"stopped on SIGTERM after A step {a_steps}; the"
-                     " checkpoint is written: start again to resume")
+    super().__init__(
+        f"stopped on SIGTERM after A step {a_steps}; the"
+        " checkpoint is written: start again to resume"
+    )
     self.a_steps = a_steps
 
 
@@ -48,8 +50,10 @@ class StopRequest:
 
   def _on_signal(self, signum, frame) -> None:
     del frame
-    log.warning("SIGTERM: stopping after the current step, once its"
-                " checkpoint is written (a second SIGTERM stops at once)")
+    log.warning(
+        "SIGTERM: stopping after the current step, once its"
+        " checkpoint is written (a second SIGTERM stops at once)"
+    )
     signal.signal(signum, signal.SIG_DFL)
     self._event.set()
 

@@ -58,11 +58,13 @@ def check_workdir(workdir: str, cfg=None) -> None:
     if real == top or real.startswith(top + os.sep):
       raise ConfigError(
           f"{flag} is under {top}, the kernel's virtual filesystem, where no"
-          " run can be written; pass --workdir=<a directory on a disk>")
+          " run can be written; pass --workdir=<a directory on a disk>"
+      )
   if os.path.exists(real) and not os.path.isdir(real):
     raise ConfigError(
         f"{flag} is a file, not a directory; pass --workdir=<a new or"
-        " existing run directory>")
+        " existing run directory>"
+    )
   try:
     os.makedirs(real, exist_ok=True)
     with tempfile.TemporaryFile(dir=real):
@@ -79,8 +81,12 @@ def check_workdir(workdir: str, cfg=None) -> None:
 def config_fingerprint(cfg) -> dict:
   """The keys of ``RSPOTrainer.fingerprint`` known before the model is
   built (it adds the parameter count)."""
-  return {"model": cfg.model.preset, "algo": cfg.algo.name,
-          "env": cfg.env.name, "rspo": bool(cfg.rspo.enabled)}
+  return {
+      "model": cfg.model.preset,
+      "algo": cfg.algo.name,
+      "env": cfg.env.name,
+      "rspo": bool(cfg.rspo.enabled),
+  }
 
 
 def saved_fingerprint(workdir: str):
@@ -88,8 +94,9 @@ def saved_fingerprint(workdir: str):
   ``<workdir>/checkpoints`` (orbax's ``<step>/meta/metadata`` JSON), or
   None when there is none or it cannot be read."""
   steps = []
-  for path in glob.glob(os.path.join(workdir, "checkpoints", "*", "meta",
-                                     "metadata")):
+  for path in glob.glob(
+      os.path.join(workdir, "checkpoints", "*", "meta", "metadata")
+  ):
     step = os.path.basename(os.path.dirname(os.path.dirname(path)))
     if step.isdigit():
       steps.append((int(step), path))
@@ -99,7 +106,8 @@ def saved_fingerprint(workdir: str):
   try:
     with open(path) as f:
       return os.path.dirname(os.path.dirname(path)), json.load(f).get(
-          "fingerprint", {})
+          "fingerprint", {}
+      )
   except (OSError, ValueError, AttributeError):
     return None  # the restore names a damaged checkpoint itself
 
@@ -109,14 +117,17 @@ def _check_checkpoints(workdir: str, cfg) -> None:
   if saved is None:
     return
   directory, fingerprint = saved
-  diff = [f"{k} {fingerprint[k]!r} (now {v!r})"
-          for k, v in config_fingerprint(cfg).items()
-          if k in fingerprint and fingerprint[k] != v]
+  diff = [
+      f"{k} {fingerprint[k]!r} (now {v!r})"
+      for k, v in config_fingerprint(cfg).items()
+      if k in fingerprint and fingerprint[k] != v
+  ]
   if diff:
     raise ConfigError(
         f"--workdir={workdir!r} holds checkpoints of another configuration"
         f" ({directory}: {', '.join(diff)}), which this run would resume;"
-        " pass a new --workdir, or the configuration that wrote them")
+        " pass a new --workdir, or the configuration that wrote them"
+    )
 
 
 # ------------------------------------------------------------------ packages
@@ -129,15 +140,19 @@ def check_packages(cfg) -> None:
     raise MissingPackage(
         f"metrics.wandb_project={project!r} logs to Weights & Biases, but"
         " wandb is not installed: pip install 'rspo_jax[wandb]' (or pip"
-        " install wandb), or set metrics.wandb_project=''")
+        " install wandb), or set metrics.wandb_project=''"
+    )
   rollout = cfg.rollout
-  if (rollout.engine == "sglang"
+  if (
+      rollout.engine == "sglang"
       and rollout.weight_sync == "distributed"
-      and importlib.util.find_spec("torch") is None):
+      and importlib.util.find_spec("torch") is None
+  ):
     raise MissingPackage(
         "rollout.weight_sync='distributed' broadcasts the weights with"
         " torch.distributed, but torch is not installed here: pip install"
-        " torch, or set rollout.weight_sync=disk")
+        " torch, or set rollout.weight_sync=disk"
+    )
 
 
 # --------------------------------------------------------------- environment
@@ -147,8 +162,11 @@ def uses_env_dense_reward(cfg) -> bool:
   """RSPO trains Agent B on the environment's own dense reward (not
   RSPO_H, no B; not RSPO_O, B on the outcome)."""
   r = cfg.rspo
-  return (bool(r.enabled) and r.dense_reward in ("oracle", "env")
-          and r.data_source == "rspo")
+  return (
+      bool(r.enabled)
+      and r.dense_reward in ("oracle", "env")
+      and r.data_source == "rspo"
+  )
 
 
 def check_environment(cfg) -> None:
@@ -157,10 +175,14 @@ def check_environment(cfg) -> None:
   name = cfg.env.name
   if not registry.is_import_path(name):
     return
-  steps = probe_episode(name, dict(cfg.env.kwargs), cfg.env.train_split,
-                        cfg.env.max_steps)
-  if steps and uses_env_dense_reward(cfg) and not any(
-      base.sets_dense_reward(s) for s in steps):
+  steps = probe_episode(
+      name, dict(cfg.env.kwargs), cfg.env.train_split, cfg.env.max_steps
+  )
+  if (
+      steps
+      and uses_env_dense_reward(cfg)
+      and not any(base.sets_dense_reward(s) for s in steps)
+  ):
     cls = registry.env_class(name).__name__
     raise ConfigError(
         f"rspo.dense_reward={cfg.rspo.dense_reward} trains Agent B on the"
@@ -169,11 +191,13 @@ def check_environment(cfg) -> None:
         f" task 0): implement dense_reward (set EnvStep.dense_reward in"
         f" {cls}.step(); docs/custom_env.md, section 1), or set"
         " rspo.dense_reward=prm (or a function of yours, section 3), or"
-        " rspo=0")
+        " rspo=0"
+    )
 
 
-def probe_episode(name: str, kwargs: dict, split: str, max_steps: int,
-                  task_id: int = 0) -> list:
+def probe_episode(
+    name: str, kwargs: dict, split: str, max_steps: int, task_id: int = 0
+) -> list:
   """The ``step()`` results of one episode of ``task_id``, each checked
   (``EnvError`` on a broken contract); [] when the environment raised
   (the run's own collections then count and report that, section 5)."""
@@ -188,8 +212,9 @@ def probe_episode(name: str, kwargs: dict, split: str, max_steps: int,
     for _ in range(max_steps):
       if obs.done:
         break
-      action = (env.expert_action() or next(iter(obs.admissible_actions), "")
-                or "")
+      action = (
+          env.expert_action() or next(iter(obs.admissible_actions), "") or ""
+      )
       obs = env.step(action)
       steps.append(obs)
   except EnvError:

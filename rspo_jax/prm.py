@@ -95,8 +95,8 @@ def r_squared(pred, target) -> float:
   p, y = np.asarray(pred, np.float64), np.asarray(target, np.float64)
   if len(p) != len(y):
     raise ValueError(f"r_squared: {len(p)} predictions vs {len(y)} targets")
-  tot = ((y - y.mean())**2).sum() if len(y) >= 2 else 0.0
-  return float(1.0 - ((y - p)**2).sum() / tot) if tot > 0 else float("nan")
+  tot = ((y - y.mean()) ** 2).sum() if len(y) >= 2 else 0.0
+  return float(1.0 - ((y - p) ** 2).sum() / tot) if tot > 0 else float("nan")
 
 
 def auc(scores, labels) -> float:
@@ -135,8 +135,13 @@ def _nan_to_none(x: float):
   return None if x is None or np.isnan(x) else float(x)
 
 
-def quality(r_hat: Sequence[np.ndarray], oracle: Sequence[np.ndarray],
-            won, *, max_t: int = 8) -> dict:
+def quality(
+    r_hat: Sequence[np.ndarray],
+    oracle: Sequence[np.ndarray],
+    won,
+    *,
+    max_t: int = 8,
+) -> dict:
   """How well per-step PRM rewards ``r_hat`` (tanh units, one array per
   trajectory) predict the outcome, and how far they are from the
   telescoped oracle ``oracle`` (WebShop's d_t = Phi(s_t+1) - Phi(s_t),
@@ -155,27 +160,34 @@ def quality(r_hat: Sequence[np.ndarray], oracle: Sequence[np.ndarray],
   own R^2 of its sum (the score) against won. NaN values are None."""
   won = np.asarray(won, bool)
   if not (len(r_hat) == len(oracle) == len(won)):
-    raise ValueError(f"quality: {len(r_hat)} PRM, {len(oracle)} oracle and"
-                     f" {len(won)} outcome trajectories")
+    raise ValueError(
+        f"quality: {len(r_hat)} PRM, {len(oracle)} oracle and"
+        f" {len(won)} outcome trajectories"
+    )
   for i, (a, b) in enumerate(zip(r_hat, oracle)):
     if len(a) != len(b):
-      raise ValueError(f"quality: trajectory {i} has {len(a)} PRM and"
-                       f" {len(b)} oracle steps")
+      raise ValueError(
+          f"quality: trajectory {i} has {len(a)} PRM and"
+          f" {len(b)} oracle steps"
+      )
   score = np.array([float(np.sum(v)) for v in r_hat])
   oracle_sum = np.array([float(np.sum(v)) for v in oracle])
   target = won.astype(np.float64)
   flat_p = np.concatenate([np.asarray(v, np.float64) for v in r_hat])
   flat_o = np.concatenate([np.asarray(v, np.float64) for v in oracle])
   out = {
-      "num_traj": int(len(won)), "num_wins": int(won.sum()),
+      "num_traj": int(len(won)),
+      "num_wins": int(won.sum()),
       "num_steps": int(len(flat_p)),
       "r2_traj": r_squared(score, target),
       "spearman_traj": spearman(score, target),
       "oracle_r2_traj": r_squared(oracle_sum, target),
-      "mse_traj": float(np.mean((score - target)**2)),
+      "mse_traj": float(np.mean((score - target) ** 2)),
       "step_mae": float(np.mean(np.abs(flat_p - flat_o))),
       "step_pearson": pearson(flat_p, flat_o),
-      "auc_prefix": {}, "oracle_auc_prefix": {}, "per_step": {},
+      "auc_prefix": {},
+      "oracle_auc_prefix": {},
+      "per_step": {},
   }
   for t in range(1, max_t + 1):
     out["auc_prefix"][t] = auc(prefix_sums(r_hat, t), won)
@@ -186,8 +198,10 @@ def quality(r_hat: Sequence[np.ndarray], oracle: Sequence[np.ndarray],
     p = np.array([r_hat[i][t - 1] for i in live], np.float64)
     o = np.array([oracle[i][t - 1] for i in live], np.float64)
     out["per_step"][t] = {
-        "n": len(live), "mae": float(np.mean(np.abs(p - o))),
-        "pearson": pearson(p, o), "prm_mean": float(p.mean()),
+        "n": len(live),
+        "mae": float(np.mean(np.abs(p - o))),
+        "pearson": pearson(p, o),
+        "prm_mean": float(p.mean()),
         "oracle_mean": float(o.mean()),
     }
   return _clean(out)
@@ -246,8 +260,10 @@ def extract_step_features(
     raise ValueError("extract_step_features: no records")
   vocab = backbone.cfg.vocab_size
   for r in records:
-    top = max(int(np.max(r.prompt_ids, initial=-1)),
-              int(np.max(r.response_ids, initial=-1)))
+    top = max(
+        int(np.max(r.prompt_ids, initial=-1)),
+        int(np.max(r.response_ids, initial=-1)),
+    )
     if top >= vocab:
       raise ValueError(
           f"step record (traj {r.traj_id}, step {r.step_idx}) has token id"
@@ -266,18 +282,29 @@ def extract_step_features(
   lengths = [len(r.prompt_ids) + len(r.response_ids) for r in records]
   order = np.argsort(lengths, kind="stable")
   feats = np.zeros((len(records), backbone.cfg.hidden_size), np.float32)
-  put = (lambda x, s: jax.device_put(x, s)) if mesh is not None else (
-      lambda x, s: jnp.asarray(x))
+  put = (
+      (lambda x, s: jax.device_put(x, s))
+      if mesh is not None
+      else (lambda x, s: jnp.asarray(x))
+  )
   for start in range(0, len(records), rows):
-    idx = order[start:start + rows]
+    idx = order[start : start + rows]
     chunk = [_for_batch(records[i]) for i in idx]
     batch = batching.records_to_batch(
-        chunk, np.zeros(len(chunk)), length_multiple=length_multiple,
-        row_multiple=rows, max_len=max_len,
+        chunk,
+        np.zeros(len(chunk)),
+        length_multiple=length_multiple,
+        row_multiple=rows,
+        max_len=max_len,
     )
     last = batching.last_token_index(batch).astype(np.int32)
-    h = fn(state, put(batch.tokens, in_sh), put(batch.positions, in_sh),
-           put(batch.attention_mask, in_sh), put(last, last_sh))
+    h = fn(
+        state,
+        put(batch.tokens, in_sh),
+        put(batch.positions, in_sh),
+        put(batch.attention_mask, in_sh),
+        put(last, last_sh),
+    )
     feats[idx] = np.asarray(h)[: len(idx)]
   return feats
 
@@ -305,10 +332,14 @@ def retokenize(records, src_tokenizer, dst_tokenizer) -> list[StepRecord]:
   out = []
   for r in records:
     resp = enc(r.response_ids)
-    out.append(dataclasses.replace(
-        r, prompt_ids=enc(r.prompt_ids), response_ids=resp,
-        behavior_logp=np.zeros(len(resp), np.float32),
-    ))
+    out.append(
+        dataclasses.replace(
+            r,
+            prompt_ids=enc(r.prompt_ids),
+            response_ids=resp,
+            behavior_logp=np.zeros(len(resp), np.float32),
+        )
+    )
   return out
 
 
@@ -372,12 +403,14 @@ def score_features(head_state, features, dim: int, hidden: int) -> np.ndarray:
   """r_hat [S] of raw features [S, D] (rows padded to a multiple of 256 so
   the jitted head compiles for few shapes)."""
   features = np.asarray(features, np.float32)
-  graphdef, _ = nnx.split(nnx.eval_shape(
-      lambda: models.PRMHead(dim, hidden, rngs=nnx.Rngs(0))))
+  graphdef, _ = nnx.split(
+      nnx.eval_shape(lambda: models.PRMHead(dim, hidden, rngs=nnx.Rngs(0)))
+  )
   s = len(features)
   pad = np.zeros((batching.round_up(s, 256) - s, dim), np.float32)
-  out = _score_fn(graphdef)(head_state, jnp.asarray(np.concatenate([features,
-                                                                     pad])))
+  out = _score_fn(graphdef)(
+      head_state, jnp.asarray(np.concatenate([features, pad]))
+  )
   return np.asarray(out)[:s]
 
 
@@ -440,10 +473,14 @@ def train_prm_head(
   def fit(p, feats, idx, m, tgt, key):
     def body(carry, k):
       p, opt = carry
-      sel = (jax.random.choice(k, idx.shape[0], (b,), replace=False)
-             if b < idx.shape[0] else jnp.arange(b))
-      loss, g = jax.value_and_grad(loss_fn)(p, feats, idx[sel], m[sel],
-                                            tgt[sel])
+      sel = (
+          jax.random.choice(k, idx.shape[0], (b,), replace=False)
+          if b < idx.shape[0]
+          else jnp.arange(b)
+      )
+      loss, g = jax.value_and_grad(loss_fn)(
+          p, feats, idx[sel], m[sel], tgt[sel]
+      )
       upd, opt = tx.update(g, opt, p)
       return (optax.apply_updates(p, upd), opt), loss
 
@@ -453,7 +490,9 @@ def train_prm_head(
     return p, losses
 
   params, losses = fit(
-      params, jnp.asarray(features), jnp.asarray(index[train]),
+      params,
+      jnp.asarray(features),
+      jnp.asarray(index[train]),
       jnp.asarray(mask[train]),
       jnp.asarray(reward_scale * outcome[train], jnp.float32),
       jax.random.key(seed),
@@ -468,7 +507,7 @@ def train_prm_head(
       "num_heldout_traj": int(len(hold)),
       "reward_scale": float(reward_scale),
       "loss_first": float(losses[0]),
-      "loss_last": float(losses[-min(10, steps):].mean()),
+      "loss_last": float(losses[-min(10, steps) :].mean()),
   }
   for name, ids in (("train", train), ("heldout", hold)):
     err = traj_score[ids] - reward_scale * outcome[ids]
@@ -521,20 +560,27 @@ class PRMScorer:
     if not self.policy_tokenizer_dir:
       return records
     if self._tokenizers is None:
-      self._tokenizers = (models.load_tokenizer(self.policy_tokenizer_dir),
-                          models.load_tokenizer(self.backbone_dir))
+      self._tokenizers = (
+          models.load_tokenizer(self.policy_tokenizer_dir),
+          models.load_tokenizer(self.backbone_dir),
+      )
     return retokenize(records, *self._tokenizers)
 
   def features(self, records: Sequence[StepRecord], **kw) -> np.ndarray:
     return extract_step_features(
-        self.backbone, self._prepare(records), max_len=self.max_len,
-        mesh=self.mesh, rules=self.rules, **kw,
+        self.backbone,
+        self._prepare(records),
+        max_len=self.max_len,
+        mesh=self.mesh,
+        rules=self.rules,
+        **kw,
     )
 
   def score(self, records: Sequence[StepRecord]) -> np.ndarray:
     """r_hat_t in (-1, 1) for every record, [S] float32."""
-    return score_features(self.head_state, self.features(records), self.dim,
-                          self.head_hidden)
+    return score_features(
+        self.head_state, self.features(records), self.dim, self.head_hidden
+    )
 
   def save(self, prm_dir: str) -> None:
     os.makedirs(prm_dir, exist_ok=True)
@@ -543,8 +589,9 @@ class PRMScorer:
     # mode of prm_config.json (safetensors alone makes 0o600: a PRM in a
     # shared directory another user could not load).
     head_tmp = os.path.join(prm_dir, HEAD_FILE + ".tmp")
-    save_safetensors(head_tensors(self.head_state), head_tmp,
-                     metadata={"format": FORMAT})
+    save_safetensors(
+        head_tensors(self.head_state), head_tmp, metadata={"format": FORMAT}
+    )
     os.replace(head_tmp, os.path.join(prm_dir, HEAD_FILE))
     cfg = {
         "format": FORMAT,
@@ -564,16 +611,24 @@ class PRMScorer:
 
   @classmethod
   def load(
-      cls, prm_dir: str, *, mesh=None, rules=shd.DEFAULT_RULES,
-      dtype: Optional[str] = None, backbone_dir: Optional[str] = None,
+      cls,
+      prm_dir: str,
+      *,
+      mesh=None,
+      rules=shd.DEFAULT_RULES,
+      dtype: Optional[str] = None,
+      backbone_dir: Optional[str] = None,
   ) -> "PRMScorer":
     """Reads a saved PRM; ``backbone_dir`` overrides the stored path (a
     relative stored path is taken relative to ``prm_dir``)."""
     path = os.path.join(prm_dir, CONFIG_FILE)
     if not os.path.exists(path) or not os.path.exists(
-        os.path.join(prm_dir, HEAD_FILE)):
-      raise ValueError(f"no PRM in {prm_dir!r}: needs {CONFIG_FILE} and"
-                       f" {HEAD_FILE} (train one with launch/train_prm.py)")
+        os.path.join(prm_dir, HEAD_FILE)
+    ):
+      raise ValueError(
+          f"no PRM in {prm_dir!r}: needs {CONFIG_FILE} and"
+          f" {HEAD_FILE} (train one with launch/train_prm.py)"
+      )
     with open(path) as f:
       cfg = json.load(f)
     if cfg.get("format") != FORMAT:
@@ -581,21 +636,30 @@ class PRMScorer:
     bdir = backbone_dir or cfg["backbone_dir"]
     if not os.path.isabs(bdir):
       bdir = os.path.join(prm_dir, bdir)
-    mcfg, backbone = models.load_hf_model(bdir, mesh=mesh, rules=rules,
-                                          dtype=dtype, param_dtype=dtype)
+    mcfg, backbone = models.load_hf_model(
+        bdir, mesh=mesh, rules=rules, dtype=dtype, param_dtype=dtype
+    )
     if mcfg.hidden_size != cfg["hidden_size"]:
       raise ValueError(
           f"backbone {bdir} has hidden_size {mcfg.hidden_size}; the PRM head"
           f" in {prm_dir} was trained on {cfg['hidden_size']}"
       )
-    head = make_head(cfg["hidden_size"], cfg["head_hidden"],
-                     load_file(os.path.join(prm_dir, HEAD_FILE)))
+    head = make_head(
+        cfg["hidden_size"],
+        cfg["head_hidden"],
+        load_file(os.path.join(prm_dir, HEAD_FILE)),
+    )
     return cls(
-        backbone, nnx.state(head), backbone_dir=bdir,
-        head_hidden=cfg["head_hidden"], reward_scale=cfg["reward_scale"],
+        backbone,
+        nnx.state(head),
+        backbone_dir=bdir,
+        head_hidden=cfg["head_hidden"],
+        reward_scale=cfg["reward_scale"],
         max_len=cfg.get("max_len"),
-        policy_tokenizer_dir=cfg.get("policy_tokenizer_dir"), mesh=mesh,
-        rules=rules, metrics=cfg.get("metrics"),
+        policy_tokenizer_dir=cfg.get("policy_tokenizer_dir"),
+        mesh=mesh,
+        rules=rules,
+        metrics=cfg.get("metrics"),
     )
 
 
@@ -640,7 +704,8 @@ def record_from_json(d: dict) -> StepRecord:
       raise ValueError(f"step record JSON lacks {k!r}")
     d[k] = np.asarray(d[k], np.int32)
   d["behavior_logp"] = np.asarray(
-      d.get("behavior_logp", np.zeros(len(d["response_ids"]))), np.float32)
+      d.get("behavior_logp", np.zeros(len(d["response_ids"]))), np.float32
+  )
   if d.get("dense_reward") is None:
     d["dense_reward"] = float("nan")
   return StepRecord(**d)
@@ -703,10 +768,15 @@ def train_prm(
   to ``out_dir``; returns the metrics (``train_kw`` go to train_prm_head)."""
   _, backbone = models.load_hf_model(backbone_dir, mesh=mesh, rules=rules)
   scorer = PRMScorer(
-      backbone, None, backbone_dir=backbone_dir,
+      backbone,
+      None,
+      backbone_dir=backbone_dir,
       head_hidden=train_kw.get("hidden", 256),
-      reward_scale=train_kw.get("reward_scale", 0.1), max_len=max_len,
-      policy_tokenizer_dir=policy_tokenizer_dir, mesh=mesh, rules=rules,
+      reward_scale=train_kw.get("reward_scale", 0.1),
+      max_len=max_len,
+      policy_tokenizer_dir=policy_tokenizer_dir,
+      mesh=mesh,
+      rules=rules,
   )
   feats = scorer.features(records, batch_rows=batch_rows)
   scorer.head_state, metrics = train_prm_head(feats, records, **train_kw)

@@ -50,8 +50,15 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from rspo_jax import (distributed, faults, host_batches, preemption, replay,
-                      timing, update)
+from rspo_jax import (
+    distributed,
+    faults,
+    host_batches,
+    preemption,
+    replay,
+    timing,
+    update,
+)
 from rspo_jax.checkpoint import RunCheckpointer
 from rspo_jax.learner import Learner
 from rspo_jax.loop import b_phase as b_phase_lib
@@ -72,17 +79,24 @@ from rspo_jax.rollout.engine import Engine
 from rspo_jax.types import POLICY_A
 
 # LoopState, progress_counts, FROM_LOOP and DenseFn keep their old home.
-__all__ = ["RSPOTrainer", "LoopState", "DenseFn", "FROM_LOOP",
-           "progress_counts"]
+__all__ = [
+    "RSPOTrainer",
+    "LoopState",
+    "DenseFn",
+    "FROM_LOOP",
+    "progress_counts",
+]
 
 log = logging.getLogger(__name__)
 
 
 def _owned_by(piece: str, name: str, doc: str) -> property:
   """A trainer attribute that lives on its piece ``piece`` as ``name``."""
-  return property(lambda self: getattr(getattr(self, piece), name),
-                  lambda self, v: setattr(getattr(self, piece), name, v),
-                  doc=doc)
+  return property(
+      lambda self: getattr(getattr(self, piece), name),
+      lambda self, v: setattr(getattr(self, piece), name, v),
+      doc=doc,
+  )
 
 
 class RSPOTrainer:
@@ -118,37 +132,46 @@ class RSPOTrainer:
     prefetch_lib.check_overlap(cfg, self.multihost, policy)
     # policy=None: a collect-only trainer (rows are never batched for A).
     row_ways = policy.row_ways if policy is not None else 1
-    self.batches = host_batches.HostBatches(cfg, self.multihost,
-                                              row_ways=row_ways)
+    self.batches = host_batches.HostBatches(
+        cfg, self.multihost, row_ways=row_ways
+    )
     # Wall seconds by phase, written as one "time" record per A step.
     self.timer = timing.PhaseTimer(count_compiles=True)
     # Per-host draws (noise, row subsets): seeds.host_rng.
     host = self.process_index if self.multihost else None
     self.updater = update.StepUpdater(
-        cfg, self.batches, functools.partial(seeds.host_rng, cfg.seed, host),
-        self.timer)
+        cfg,
+        self.batches,
+        functools.partial(seeds.host_rng, cfg.seed, host),
+        self.timer,
+    )
     self.collector = Collector(
-        cfg, engine=engine, venv=venv, tokenizer=tokenizer,
+        cfg,
+        engine=engine,
+        venv=venv,
+        tokenizer=tokenizer,
         num_train_tasks=num_train_tasks,
-        process_index=host)
-    self.next_a = NextCollection(cfg, self.collector, self.updater,
-                                 self.timer)
-    self.decoupled_b = DecoupledB(cfg, workdir, self.collector,
-                                  self.updater)
+        process_index=host,
+    )
+    self.next_a = NextCollection(cfg, self.collector, self.updater, self.timer)
+    self.decoupled_b = DecoupledB(cfg, workdir, self.collector, self.updater)
     # B's first training collection of the loop (B = A), for B's lift.
     self.b_first: Optional[b_store.FirstCollection] = None
     self._b_tx, self._b_steps = None, {}  # B's own optimizer (make_b)
     self.state = LoopState()
     # One shard-name prefix per host: hosts write D side by side.
-    self.shard_prefix = (f"p{self.process_index:05d}" if self.multihost
-                         else "shard")
-    self.buffer = replay.ReplayBuffer(os.path.join(workdir, "replay"),
-                                      prefix=self.shard_prefix)  # D
+    self.shard_prefix = (
+        f"p{self.process_index:05d}" if self.multihost else "shard"
+    )
+    self.buffer = replay.ReplayBuffer(
+        os.path.join(workdir, "replay"), prefix=self.shard_prefix
+    )  # D
     self.history = History(workdir, self.shard_prefix, self.leader)
     self.prm = PrmRefresh(cfg, workdir, self.shard_prefix, self.leader)
     self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"))
-    self.metrics = (MetricsWriter(workdir) if self.leader
-                    else progress_lib.NoMetrics())
+    self.metrics = (
+        MetricsWriter(workdir) if self.leader else progress_lib.NoMetrics()
+    )
     # Set by SIGTERM once launch/train.py installs it (preemption.py).
     self.stop = preemption.StopRequest()
 
@@ -182,16 +205,23 @@ class RSPOTrainer:
     return self.uses_b or self.history_source or self.prm.enabled
 
   # The pieces' parts that build.py and tests set or read on the trainer.
-  prefetch = _owned_by("next_a", "pending",
-                       "Overlap: A's next collection, during A's update.")
-  b_rollout = _owned_by("decoupled_b", "rollout",
-                        "Decoupled: B's own (engine, venv, tokenizer).")
-  b_job = _owned_by("decoupled_b", "job",
-                    "Decoupled: B's running stored collection.")
-  prm_refresh = _owned_by("prm", "refit",
-                          "The PRM refit: records -> a dense reward fn.")
-  collect = _owned_by("collector", "collect", "rollout/collect.py's or"
-                      " unbarriered.py's collection function.")
+  prefetch = _owned_by(
+      "next_a", "pending", "Overlap: A's next collection, during A's update."
+  )
+  b_rollout = _owned_by(
+      "decoupled_b", "rollout", "Decoupled: B's own (engine, venv, tokenizer)."
+  )
+  b_job = _owned_by(
+      "decoupled_b", "job", "Decoupled: B's running stored collection."
+  )
+  prm_refresh = _owned_by(
+      "prm", "refit", "The PRM refit: records -> a dense reward fn."
+  )
+  collect = _owned_by(
+      "collector",
+      "collect",
+      "rollout/collect.py's or" " unbarriered.py's collection function.",
+  )
 
   # ------------------------------------------------------------ resume
   def fingerprint(self) -> dict:
@@ -212,8 +242,9 @@ class RSPOTrainer:
     when its stored collection is incomplete."""
     if self.ckpt.latest_step() is None:
       return False
-    states, self.state = state_lib.restore(self.ckpt, self._states(),
-                                           self.fingerprint())
+    states, self.state = state_lib.restore(
+        self.ckpt, self._states(), self.fingerprint()
+    )
     self.a.state = states["policy"]
     if self.critic is not None:
       self.critic.state = states["critic"]
@@ -223,19 +254,28 @@ class RSPOTrainer:
       self.prm.drop_unsaved(self.state.collections)
     if self.state.phase == "B":  # a loop's start: its end may be cut short
       self._after_loop_saved()
-    stored = (self.decoupled_b.directory if self.decoupled
-              else self.buffer.directory)
-    if (self.state.phase == "A" and self.uses_b
-        and not replay.is_complete(stored)):
+    stored = (
+        self.decoupled_b.directory if self.decoupled else self.buffer.directory
+    )
+    if (
+        self.state.phase == "A"
+        and self.uses_b
+        and not replay.is_complete(stored)
+    ):
       log.warning("replay buffer incomplete at resume: redoing B's phase")
       self.state.phase = "B"
     log.info("resumed from checkpoint: %s", self.state)
     return True
 
   # ------------------------------------------------------------ collection
-  def collect_groups(self, learner: Learner, n_groups: int, tag: str,
-                     share: Optional[tuple[int, int]] = None,
-                     replay_of: Optional[tuple[list, int]] = None):
+  def collect_groups(
+      self,
+      learner: Learner,
+      n_groups: int,
+      tag: str,
+      share: Optional[tuple[int, int]] = None,
+      replay_of: Optional[tuple[list, int]] = None,
+  ):
     """Fresh on-policy groups from ``learner``'s current weights.
 
     ``n_groups`` tasks are drawn for the whole job; this process plays the
@@ -249,11 +289,11 @@ class RSPOTrainer:
     s = self.state
     s.collections += 1
     self._sync(learner, s.collections)
-    task_ids, seed_of = self.collector.draw(n_groups, s.collections,
-                                            replay_of)
+    task_ids, seed_of = self.collector.draw(n_groups, s.collections, replay_of)
     first, last = share or distributed.host_share(len(task_ids))
-    records, rounds = self._play(task_ids, first, last, seed_of,
-                                 s.collections, tag, self.timer)
+    records, rounds = self._play(
+        task_ids, first, last, seed_of, s.collections, tag, self.timer
+    )
     return self._collected(records, rounds, task_ids, tag)
 
   def _sync(self, learner: Learner, collection: int) -> None:
@@ -265,13 +305,15 @@ class RSPOTrainer:
     return self.collector.play(*args)
 
   def _collected(self, records: list, rounds: list, task_ids, tag: str):
-    return self.collector.finish(records, rounds, task_ids, tag, self.state,
-                                 self.dense_fn)
+    return self.collector.finish(
+        records, rounds, task_ids, tag, self.state, self.dense_fn
+    )
 
   def _start_prefetch(self, n_groups: int) -> None:
     """Overlap: A's next collection starts on A's weights now."""
-    self.next_a.start(self.a, n_groups, self.state, sync=self._sync,
-                      play=self._play)
+    self.next_a.start(
+        self.a, n_groups, self.state, sync=self._sync, play=self._play
+    )
 
   def _take_prefetch(self, n_groups: int):
     """The prefetched collection: ``collect_groups``'s result, and the A
@@ -281,9 +323,15 @@ class RSPOTrainer:
 
   # ------------------------------------------------------------ updates
   def update(
-      self, learner: Learner, critic: Optional[Learner], on: list,
-      off: list, source: str, step_key: int,
-      off_adv: Optional[np.ndarray] = None, stale_on: bool = False,
+      self,
+      learner: Learner,
+      critic: Optional[Learner],
+      on: list,
+      off: list,
+      source: str,
+      step_key: int,
+      off_adv: Optional[np.ndarray] = None,
+      stale_on: bool = False,
   ) -> dict:
     """One training step of ``learner`` on fresh (``on``) + replayed
     (``off``, advantages ``off_adv`` or None: PPO's GAE at the step)
@@ -293,15 +341,24 @@ class RSPOTrainer:
     groups); every host calls this together. ``stale_on``: ``on`` was
     collected by earlier weights (``rollout.overlap``).
     """
-    m = self.updater.step(learner, critic, on, off, source, step_key,
-                          ref_params=self.ref_params, off_adv=off_adv,
-                          dense_noise_sigma=self.dense_noise_sigma,
-                          dense_scale=self.cfg.rspo.dense_scale,
-                          stale_on=stale_on,
-                          sampled_old=collection.sampled_old(self.cfg))
+    m = self.updater.step(
+        learner,
+        critic,
+        on,
+        off,
+        source,
+        step_key,
+        ref_params=self.ref_params,
+        off_adv=off_adv,
+        dense_noise_sigma=self.dense_noise_sigma,
+        dense_scale=self.cfg.rspo.dense_scale,
+        stale_on=stale_on,
+        sampled_old=collection.sampled_old(self.cfg),
+    )
     if "updates" in m:  # the non-finite check (loop/state.py)
-      state_lib.count_non_finite(self.state, m, self.cfg.train.max_bad_steps,
-                                 self.ckpt.directory)
+      state_lib.count_non_finite(
+          self.state, m, self.cfg.train.max_bad_steps, self.ckpt.directory
+      )
     return m
 
   @property
@@ -311,7 +368,8 @@ class RSPOTrainer:
     are ``r_hat / reward_scale`` (``fn.tanh_unit = 1 / reward_scale``);
     the environments' progress and user functions: sigma as given."""
     return self.cfg.rspo.dense_noise_sigma * getattr(
-        self.dense_fn, "tanh_unit", 1.0)
+        self.dense_fn, "tanh_unit", 1.0
+    )
 
   # ------------------------------------------------------------ B phase
   def b_phase(self) -> None:
@@ -324,10 +382,18 @@ class RSPOTrainer:
 
   def store_replay(self, b: Learner) -> None:
     """Swap and store: B's stored collection into D (loop/b_store.py)."""
-    b_store.store(self.cfg, b, self.b_first,
-                  collect_groups=self.collect_groups, updater=self.updater,
-                  buffer=self.buffer, metrics=self.metrics, state=self.state,
-                  leader=self.leader, multihost=self.multihost)
+    b_store.store(
+        self.cfg,
+        b,
+        self.b_first,
+        collect_groups=self.collect_groups,
+        updater=self.updater,
+        buffer=self.buffer,
+        metrics=self.metrics,
+        state=self.state,
+        leader=self.leader,
+        multihost=self.multihost,
+    )
 
   # ------------------------------------------------------------ A phase
   def a_step(self) -> dict:
@@ -349,25 +415,42 @@ class RSPOTrainer:
     source = "dense" if c.rspo.dense_only else "outcome"
     if self.next_a.due(self.state.a_steps, self.k):
       self._start_prefetch(n_on)
-    m = self.update(self.a, self.critic, on, off, source,
-                    step_key=seeds.a_step_key(self.state.a_steps),
-                    off_adv=off_adv, stale_on=lag > 0)
+    m = self.update(
+        self.a,
+        self.critic,
+        on,
+        off,
+        source,
+        step_key=seeds.a_step_key(self.state.a_steps),
+        off_adv=off_adv,
+        stale_on=lag > 0,
+    )
     faults.maybe_fail("a_phase")
     if history:
       self.history.add(on)
     if self.prm.enabled:
       self.prm.add(on)
     return progress_lib.a_step_report(
-        m, c, stats, on, env_steps=self.state.env_steps,
-        multihost=self.multihost, b_logp_gap=self.decoupled_b.logp_gap,
-        lag=lag, overlap_seconds=self.next_a.seconds)
+        m,
+        c,
+        stats,
+        on,
+        env_steps=self.state.env_steps,
+        multihost=self.multihost,
+        b_logp_gap=self.decoupled_b.logp_gap,
+        lag=lag,
+        overlap_seconds=self.next_a.seconds,
+    )
 
   def replay_counts(self) -> tuple[int, int]:
     """(n_off replayed trajectories, n_on fresh groups) of A's step
     (``replay_rows.counts``); D is empty in RSPO_H's first loop."""
     c = self.cfg
-    d_empty = (c.rspo.enabled and not (self.decoupled and self.uses_b)
-               and self.buffer.num_trajectories == 0)
+    d_empty = (
+        c.rspo.enabled
+        and not (self.decoupled and self.uses_b)
+        and self.buffer.num_trajectories == 0
+    )
     return replay_rows.counts(c, d_empty)
 
   def replayed(self, n_off: int):
@@ -375,8 +458,9 @@ class RSPOTrainer:
     against their whole group of D (``replay_rows.draw``)."""
     if not n_off:
       return [], None
-    return replay_rows.draw(self.cfg, self._replay_source(n_off), n_off,
-                            self.state)
+    return replay_rows.draw(
+        self.cfg, self._replay_source(n_off), n_off, self.state
+    )
 
   def _replay_source(self, n_off: int) -> list:
     """D's trajectories: the buffer, or (decoupled) the groups B has
@@ -384,7 +468,8 @@ class RSPOTrainer:
     if not (self.decoupled and self.uses_b):
       return self.buffer.trajectories()
     return self.decoupled_b.trajectories(
-        n_off, len(self.state.replay_used), self.state.a_steps, self.k)
+        n_off, len(self.state.replay_used), self.state.a_steps, self.k
+    )
 
   # ------------------------------------------------------------ loop's end
   def end_loop(self) -> None:
@@ -392,8 +477,9 @@ class RSPOTrainer:
     lift logged), the next loop's B phase due, D's used set emptied, the
     PRM refit when due. On disk: ``_after_loop_saved``."""
     first = self.b_first
-    self.decoupled_b.end(first.stats["success"] if first else None,
-                         self.metrics, self.state)
+    self.decoupled_b.end(
+        first.stats["success"] if first else None, self.metrics, self.state
+    )
     self.b_first = None
     s = self.state
     s.loop += 1

@@ -111,8 +111,9 @@ def check_rules(rules) -> dict:
   return table
 
 
-def logical_to_mesh_spec(logical: Optional[Sequence[Optional[str]]],
-                         rules) -> P:
+def logical_to_mesh_spec(
+    logical: Optional[Sequence[Optional[str]]], rules
+) -> P:
   """PartitionSpec of logical names -> PartitionSpec of mesh axes."""
   if logical is None:
     return P()
@@ -175,9 +176,7 @@ def state_shardings(mesh: Mesh, state: Any, rules) -> Any:
     spec = fit_spec_to_shape(mesh, spec, var.value.shape)
     return var.replace(NamedSharding(mesh, spec))
 
-  return jax.tree.map(
-      one, state, is_leaf=lambda x: isinstance(x, nnx.Variable)
-  )
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: Mesh, rules, ndim: int = 2) -> NamedSharding:
@@ -285,8 +284,13 @@ class ActivationSharding:
     """
     if w.dtype == x.dtype:
       return jnp.einsum(subscripts, x, w, preferred_element_type=out_dtype)
-    return _cast_einsum(subscripts, x, w, self._on_shards(w, logical),
-                        None if out_dtype is None else jnp.dtype(out_dtype))
+    return _cast_einsum(
+        subscripts,
+        x,
+        w,
+        self._on_shards(w, logical),
+        None if out_dtype is None else jnp.dtype(out_dtype),
+    )
 
   def apply(self, fn, x, w, logical):
     """``fn(x, w.astype(x.dtype))`` for an elementwise ``fn`` (a bias add,
@@ -315,16 +319,22 @@ def _einsum_terms(subscripts: str) -> tuple[str, str, str]:
   ws, ys = rest.split("->")
   for c in set(xs + ws + ys):
     if (c in xs) + (c in ws) + (c in ys) != 2:
-      raise ValueError(f"einsum {subscripts!r}: index {c!r} must appear in"
-                       " exactly two of the operands and output")
+      raise ValueError(
+          f"einsum {subscripts!r}: index {c!r} must appear in"
+          " exactly two of the operands and output"
+      )
   return xs, ws, ys
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
 def _cast_einsum(subscripts, x, w, sharding_, out_dtype):
   """y = einsum(x, w.astype(x.dtype)); see ``ActivationSharding.einsum``."""
-  return jnp.einsum(subscripts, x, _narrow(w, x.dtype, sharding_),
-                    preferred_element_type=out_dtype)
+  return jnp.einsum(
+      subscripts,
+      x,
+      _narrow(w, x.dtype, sharding_),
+      preferred_element_type=out_dtype,
+  )
 
 
 def _cast_einsum_fwd(subscripts, x, w, sharding_, out_dtype):
@@ -338,8 +348,7 @@ def _cast_einsum_bwd(subscripts, sharding_, out_dtype, res, dy):
   x, w = res
   xs, ws, ys = _einsum_terms(subscripts)
   dx = jnp.einsum(f"{ys},{ws}->{xs}", dy, _narrow(w, x.dtype, sharding_))
-  dw = jnp.einsum(f"{xs},{ys}->{ws}", x, dy,
-                  preferred_element_type=jnp.float32)
+  dw = jnp.einsum(f"{xs},{ys}->{ws}", x, dy, preferred_element_type=jnp.float32)
   if sharding_ is not None:
     dw = jax.lax.with_sharding_constraint(dw, sharding_)
   return dx.astype(x.dtype), dw.astype(w.dtype)
@@ -361,8 +370,9 @@ def _cast_apply_fwd(fn, x, w, sharding_):
 def _cast_apply_bwd(fn, sharding_, res, dy):
   x, w = res
   _, vjp_x = jax.vjp(lambda a: fn(a, _narrow(w, x.dtype, sharding_)), x)
-  _, vjp_w = jax.vjp(lambda b: fn(x.astype(jnp.float32), b),
-                     w.astype(jnp.float32))
+  _, vjp_w = jax.vjp(
+      lambda b: fn(x.astype(jnp.float32), b), w.astype(jnp.float32)
+  )
   (dw,) = vjp_w(dy.astype(jnp.float32))
   if sharding_ is not None:
     dw = jax.lax.with_sharding_constraint(dw, sharding_)

@@ -36,8 +36,12 @@ _LISTENER_ON = [False]
 class PhaseTimer:
   """Accumulates exclusive wall seconds per phase name."""
 
-  def __init__(self, clock: Callable[[], float] = time.perf_counter, *,
-               count_compiles: bool = False):
+  def __init__(
+      self,
+      clock: Callable[[], float] = time.perf_counter,
+      *,
+      count_compiles: bool = False,
+  ):
     self._clock = clock
     self._seconds: dict[str, float] = {}
     self._calls: dict[str, int] = {}

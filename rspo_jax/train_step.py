@@ -80,8 +80,9 @@ class SummedLoss:
     return self.fn(model, batch, rng, **kw)
 
 
-def summed_over_micro_batches(batch_totals: Callable[[Any], dict], *,
-                              windowed: bool = False):
+def summed_over_micro_batches(
+    batch_totals: Callable[[Any], dict], *, windowed: bool = False
+):
   """Decorator: ``fn`` -> ``SummedLoss(fn, batch_totals, windowed)``."""
   return lambda fn: SummedLoss(fn, batch_totals, windowed)
 
@@ -115,8 +116,10 @@ def combine_micro(acc, out):
   """(loss, metrics, grads) of two micro-batches: sums, except the
   ``*_max`` metrics (their max)."""
   (loss_a, met_a, g_a), (loss_o, met_o, g_o) = acc, out
-  met = {k: (jnp.maximum if is_max_metric(k) else jnp.add)(v, met_o[k])
-         for k, v in met_a.items()}
+  met = {
+      k: (jnp.maximum if is_max_metric(k) else jnp.add)(v, met_o[k])
+      for k, v in met_a.items()
+  }
   return loss_a + loss_o, met, jax.tree.map(jnp.add, g_a, g_o)
 
 
@@ -143,8 +146,9 @@ def make_optimizer(
   return tx
 
 
-def scale_adapter_updates(tx: optax.GradientTransformation,
-                          multiplier: float) -> optax.GradientTransformation:
+def scale_adapter_updates(
+    tx: optax.GradientTransformation, multiplier: float
+) -> optax.GradientTransformation:
   """``tx`` with its updates of ``nnx.LoRAParam`` leaves times
   ``multiplier``. For AdamW, whose update is
 
@@ -158,9 +162,14 @@ def scale_adapter_updates(tx: optax.GradientTransformation,
   def update(updates, state, params=None):
     updates, state = tx.update(updates, state, params)
     scaled = jax.tree.map(
-        lambda u: (jax.tree.map(lambda x: x * multiplier, u)
-                   if isinstance(u, nnx.LoRAParam) else u),
-        updates, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        lambda u: (
+            jax.tree.map(lambda x: x * multiplier, u)
+            if isinstance(u, nnx.LoRAParam)
+            else u
+        ),
+        updates,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
     return scaled, state
 
   return optax.GradientTransformation(tx.init, update)
@@ -223,8 +232,9 @@ def create_train_state(
   return state, state_sh
 
 
-def opt_state_shardings(tx: optax.GradientTransformation, params, param_sh,
-                        mesh: Mesh):
+def opt_state_shardings(
+    tx: optax.GradientTransformation, params, param_sh, mesh: Mesh
+):
   """Shardings of ``tx``'s state for ``params``: moments mirror the
   params' shardings (``param_sh``); scalars are replicated."""
   abstract_opt = jax.eval_shape(tx.init, params)
@@ -267,8 +277,7 @@ def split_micro(batch, n_micro: int, *, pad: bool = True):
     extra = -rows % n_micro
     if extra and not pad:
       raise ValueError(
-          f"batch of {rows} rows does not split into {n_micro}"
-          " micro-batches"
+          f"batch of {rows} rows does not split into {n_micro}" " micro-batches"
       )
     if extra:
       x = jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1))
@@ -310,12 +319,15 @@ def _data_local(micro_batches, mesh: Mesh, batch_sharding_tree):
     loss, metrics, grads = micro_batches(params, frozen, batch, rng, totals)
     reduce = lambda k: jax.lax.pmax if is_max_metric(k) else jax.lax.psum
     metrics = {k: reduce(k)(v, "data") for k, v in metrics.items()}
-    return (jax.lax.psum(loss, "data"), metrics,
-            jax.lax.psum(grads, "data"))
+    return (jax.lax.psum(loss, "data"), metrics, jax.lax.psum(grads, "data"))
 
   return jax.shard_map(
-      local, mesh=mesh, in_specs=(P(), P(), rows, P(), P()), out_specs=P(),
-      axis_names={"data"}, check_vma=False,
+      local,
+      mesh=mesh,
+      in_specs=(P(), P(), rows, P(), P()),
+      out_specs=P(),
+      axis_names={"data"},
+      check_vma=False,
   )
 
 
@@ -373,19 +385,21 @@ def make_train_step(
     first = jax.tree.map(lambda x: x[0], micro)
     zeros = jax.tree.map(
         jnp.zeros_like,
-        jax.eval_shape(grads_of, params, frozen, first, rng, totals)
+        jax.eval_shape(grads_of, params, frozen, first, rng, totals),
     )
     (loss, metrics, grads), _ = jax.lax.scan(
         body, zeros, (micro, jnp.arange(n_micro))
     )
     if totals is None:  # a loss without totals: mean of micro-batches
       loss, grads = jax.tree.map(lambda x: x / n_micro, (loss, grads))
-      metrics = {k: v if is_max_metric(k) else v / n_micro
-                 for k, v in metrics.items()}
+      metrics = {
+          k: v if is_max_metric(k) else v / n_micro for k, v in metrics.items()
+      }
     return loss, metrics, grads
 
-  data_local = (totals_fn is not None and n_micro > 1
-                and mesh.shape.get("data", 1) > 1)
+  data_local = (
+      totals_fn is not None and n_micro > 1 and mesh.shape.get("data", 1) > 1
+  )
   if data_local:
     micro_batches = _data_local(micro_batches, mesh, batch_sharding_tree)
 
@@ -393,8 +407,9 @@ def make_train_step(
     rng = jax.random.fold_in(rng, state.step)
     # Whole-batch normalisers: sums over the global batch (every device).
     totals = None if totals_fn is None else totals_fn(batch)
-    loss, metrics, grads = micro_batches(state.params, frozen, batch, rng,
-                                         totals)
+    loss, metrics, grads = micro_batches(
+        state.params, frozen, batch, rng, totals
+    )
     metrics = dict(metrics)
     if totals is not None:
       metrics.update(totals)
@@ -414,13 +429,20 @@ def make_train_step(
     metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
     return new_state, metrics
 
-  return _frozen_arg(jax.jit(
-      step,
-      in_shardings=(state_shardings, batch_sharding_tree, shd.replicated(mesh),
-                    None),  # frozen: as its arrays lie
-      out_shardings=(state_shardings, shd.replicated(mesh)),
-      donate_argnums=(0,) if donate else (),
-  ), frozen)
+  return _frozen_arg(
+      jax.jit(
+          step,
+          in_shardings=(
+              state_shardings,
+              batch_sharding_tree,
+              shd.replicated(mesh),
+              None,
+          ),  # frozen: as its arrays lie
+          out_shardings=(state_shardings, shd.replicated(mesh)),
+          donate_argnums=(0,) if donate else (),
+      ),
+      frozen,
+  )
 
 
 # --------------------------------------------------------------------------
@@ -469,8 +491,15 @@ def response_window(loss_mask, minimum: int = 16) -> int:
 
 
 def policy_forward(
-    model, tokens, positions, attention_mask, loss_mask, *,
-    window: int = 0, entropy: bool = False, by_gather: bool = False,
+    model,
+    tokens,
+    positions,
+    attention_mask,
+    loss_mask,
+    *,
+    window: int = 0,
+    entropy: bool = False,
+    by_gather: bool = False,
 ):
   """(logp [B, T], entropy [B, T] or None) of the tokens under ``model``.
 
@@ -492,12 +521,16 @@ def policy_forward(
   t = tokens.shape[1]
   starts = windows.window_starts(loss_mask, window)
   _, hidden, _ = model(  # hidden [B, R, D] of positions starts - 1 + i
-      tokens, positions, attention_mask, return_logits=False,
+      tokens,
+      positions,
+      attention_mask,
+      return_logits=False,
       window=(starts - 1, window),
   )
   logits = model.logits(hidden)
   logp = tfm.target_logprobs(
-      logits, windows.take_window(tokens, starts, window), by_gather=by_gather)
+      logits, windows.take_window(tokens, starts, window), by_gather=by_gather
+  )
   ent = None
   if entropy:
     ent = windows.put_window(losses.entropy_from_logits(logits), starts, t)
@@ -506,8 +539,13 @@ def policy_forward(
 
 def _batch_logp(model, batch, window, entropy=False):
   return policy_forward(
-      model, batch.tokens, batch.positions, batch.attention_mask,
-      batch.loss_mask, window=window, entropy=entropy,
+      model,
+      batch.tokens,
+      batch.positions,
+      batch.attention_mask,
+      batch.loss_mask,
+      window=window,
+      entropy=entropy,
   )
 
 
@@ -527,9 +565,17 @@ def make_policy_loss(cfg: PolicyLossConfig) -> LossFn:
         model, batch, window, entropy=bool(cfg.entropy_coef)
     )
     return losses.mixed_objective(
-        logp, batch.old_logp, batch.behavior_logp, batch.ref_logp,
-        batch.advantages, batch.loss_mask, batch.is_offpolicy, entropy, cfg,
-        totals)
+        logp,
+        batch.old_logp,
+        batch.behavior_logp,
+        batch.ref_logp,
+        batch.advantages,
+        batch.loss_mask,
+        batch.is_offpolicy,
+        entropy,
+        cfg,
+        totals,
+    )
 
   return loss_fn
 
@@ -562,8 +608,7 @@ def sft_loss(model, batch, rng, window: int = 0, totals=None):
 
 
 def _sft_prompt_totals(batch):
-  return dict(_sft_totals(batch),
-              n_prompt_tokens=jnp.sum(_prompt_mask(batch)))
+  return dict(_sft_totals(batch), n_prompt_tokens=jnp.sum(_prompt_mask(batch)))
 
 
 def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
@@ -592,8 +637,7 @@ def make_sft_loss(prompt_weight: float = 0.0) -> LossFn:
       totals = _sft_prompt_totals(batch)
     logp, _ = _batch_logp(model, batch, 0)
     nll = _mean_nll(logp, batch.loss_mask, totals["n_tokens"])
-    prompt_nll = _mean_nll(logp, _prompt_mask(batch),
-                           totals["n_prompt_tokens"])
+    prompt_nll = _mean_nll(logp, _prompt_mask(batch), totals["n_prompt_tokens"])
     loss = nll + prompt_weight * prompt_nll
     return loss, {"nll": nll, "prompt_nll": prompt_nll}
 
@@ -609,8 +653,13 @@ def make_value_loss(clip_eps: float, agg: str = "token_mean") -> LossFn:
     del rng
     values = model(batch.tokens, batch.positions, batch.attention_mask)
     return losses.value_loss(
-        values, batch.old_values, batch.returns, batch.loss_mask,
-        clip_eps=clip_eps, agg=agg, totals=totals,
+        values,
+        batch.old_values,
+        batch.returns,
+        batch.loss_mask,
+        clip_eps=clip_eps,
+        agg=agg,
+        totals=totals,
     )
 
   return loss_fn
@@ -632,14 +681,24 @@ def make_logprob_fn(
   def fn(params, tokens, positions, attention_mask, loss_mask, frozen):
     model = nnx.merge(graphdef, params, frozen)
     logp, _ = policy_forward(  # forward only: pick by gather
-        model, tokens, positions, attention_mask, loss_mask, window=window,
+        model,
+        tokens,
+        positions,
+        attention_mask,
+        loss_mask,
+        window=window,
         by_gather=True,
     )
     return logp
 
-  return _frozen_arg(jax.jit(
-      fn, in_shardings=(param_shardings, bs, bs, bs, bs, None),
-      out_shardings=bs), frozen)
+  return _frozen_arg(
+      jax.jit(
+          fn,
+          in_shardings=(param_shardings, bs, bs, bs, bs, None),
+          out_shardings=bs,
+      ),
+      frozen,
+  )
 
 
 def make_apply_fn(graphdef, frozen, *, mesh: Mesh, param_shardings, rules):
@@ -651,6 +710,9 @@ def make_apply_fn(graphdef, frozen, *, mesh: Mesh, param_shardings, rules):
     model = nnx.merge(graphdef, params, frozen)
     return model(tokens, positions, attention_mask)
 
-  return _frozen_arg(jax.jit(
-      fn, in_shardings=(param_shardings, bs, bs, bs, None), out_shardings=bs
-  ), frozen)
+  return _frozen_arg(
+      jax.jit(
+          fn, in_shardings=(param_shardings, bs, bs, bs, None), out_shardings=bs
+      ),
+      frozen,
+  )

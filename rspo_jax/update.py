@@ -102,16 +102,23 @@ class Rows:
   def subset(self, keep: np.ndarray) -> "Rows":
     take = lambda a: None if a is None else a[keep]
     pick = lambda a: None if a is None else [a[i] for i in keep]
-    return Rows([self.records[i] for i in keep], self.off[keep],
-                self.adv[keep], take(self.returns), pick(self.values),
-                pick(self.token_adv))
+    return Rows(
+        [self.records[i] for i in keep],
+        self.off[keep],
+        self.adv[keep],
+        take(self.returns),
+        pick(self.values),
+        pick(self.token_adv),
+    )
 
   def abs_adv(self) -> np.ndarray:
     """|A| of each row (PPO: the mean of its tokens' |A|)."""
     if self.token_adv is None:
       return np.abs(self.adv)
-    return np.array([np.abs(a).mean() if a.size else 0.0
-                     for a in self.token_adv], np.float32)
+    return np.array(
+        [np.abs(a).mean() if a.size else 0.0 for a in self.token_adv],
+        np.float32,
+    )
 
   def adv_of(self, idx: np.ndarray):
     """What a batch of rows ``idx`` carries on its tokens."""
@@ -129,7 +136,8 @@ def _stale_gap_sums(batch) -> np.ndarray:
   """[fresh response tokens, sum of |log pi_old - log pi_behaviour| over
   them] of a batch with pi_old filled in."""
   mask = (np.asarray(batch.loss_mask) > 0) & ~np.asarray(
-      batch.is_offpolicy, bool)[:, None]
+      batch.is_offpolicy, bool
+  )[:, None]
   gap = np.abs(np.asarray(batch.old_logp) - np.asarray(batch.behavior_logp))
   return np.array([mask.sum(), gap[mask].sum()], np.float64)
 
@@ -140,9 +148,11 @@ def _behavior_gaps(batch) -> np.ndarray:
   the step's start (c = pi_old / pi_B is the centre of their clip
   window)."""
   mask = (np.asarray(batch.loss_mask) > 0) & np.asarray(
-      batch.is_offpolicy, bool)[:, None]
-  gap = (np.asarray(batch.behavior_logp, np.float64)
-         - np.asarray(batch.old_logp, np.float64))
+      batch.is_offpolicy, bool
+  )[:, None]
+  gap = np.asarray(batch.behavior_logp, np.float64) - np.asarray(
+      batch.old_logp, np.float64
+  )
   return gap[mask]
 
 
@@ -181,9 +191,13 @@ ADV_EPS = 1e-6
 class StepUpdater:
   """The update machinery of one run (module docstring)."""
 
-  def __init__(self, cfg, batches: host_batches.HostBatches,
-               host_rng: Callable[..., np.random.Generator],
-               timer: Optional[timing.PhaseTimer] = None):
+  def __init__(
+      self,
+      cfg,
+      batches: host_batches.HostBatches,
+      host_rng: Callable[..., np.random.Generator],
+      timer: Optional[timing.PhaseTimer] = None,
+  ):
     self.cfg, self.batches, self.host_rng = cfg, batches, host_rng
     self.multihost = batches.multihost
     # Forward passes book to "logprobs", optimizer updates to "update".
@@ -205,12 +219,22 @@ class StepUpdater:
     return -(-rows // jax.process_count()) if self.multihost else rows
 
   # ------------------------------------------------------------ the step
-  def step(self, learner: Learner, critic: Optional[Learner], on: list,
-           off: list, source: str, step_key: int, *, ref_params,
-           off_adv: Optional[np.ndarray] = None,
-           dense_noise_sigma: float = 0.0,
-           dense_scale: float = 1.0, stale_on: bool = False,
-           sampled_old: bool = False) -> dict:
+  def step(
+      self,
+      learner: Learner,
+      critic: Optional[Learner],
+      on: list,
+      off: list,
+      source: str,
+      step_key: int,
+      *,
+      ref_params,
+      off_adv: Optional[np.ndarray] = None,
+      dense_noise_sigma: float = 0.0,
+      dense_scale: float = 1.0,
+      stale_on: bool = False,
+      sampled_old: bool = False,
+  ) -> dict:
     """One training step on fresh (``on``) + replayed (``off``) records;
     ``dense_noise_sigma``: the std of the Gaussian noise on dense rewards,
     in their stored units (``RSPOTrainer.dense_noise_sigma``);
@@ -222,13 +246,29 @@ class StepUpdater:
     n_on, n_off = (int(x) for x in self._sum([len(on), len(off)]))
     if not n_on + n_off:
       return {"skipped_empty": 1.0}
-    rewards, rows = self.credit(on, off, source, critic, step_key, off_adv,
-                                dense_noise_sigma, dense_scale)
+    rewards, rows = self.credit(
+        on,
+        off,
+        source,
+        critic,
+        step_key,
+        off_adv,
+        dense_noise_sigma,
+        dense_scale,
+    )
     metrics = {}
     if n_off:
       offs = rows.off
-      metrics.update(replayed.metrics(self._sum(replayed.metric_sums(
-          [r for r, o in zip(rows.records, offs) if o], rows.adv[offs]))))
+      metrics.update(
+          replayed.metrics(
+              self._sum(
+                  replayed.metric_sums(
+                      [r for r, o in zip(rows.records, offs) if o],
+                      rows.adv[offs],
+                  )
+              )
+          )
+      )
     fresh = rows.abs_adv()[~rows.off]  # how much signal the groups carry
     sums = self._sum([np.sum(fresh > ADV_EPS), np.sum(fresh), len(fresh)])
     metrics["adv_nonzero_frac_on"] = float(sums[0] / max(sums[2], 1))
@@ -237,29 +277,51 @@ class StepUpdater:
     reward_sums = self._sum([np.sum(rewards), len(rewards)])
     reward_mean = reward_sums[0] / max(reward_sums[1], 1)
     if keep is None:  # every group tied: nothing to learn from
-      return {**metrics, "skipped_no_signal": 1.0, "rows_on": 0.0,
-              "rows_off": 0.0, f"{source}_reward_mean": float(reward_mean)}
+      return {
+          **metrics,
+          "skipped_no_signal": 1.0,
+          "rows_on": 0.0,
+          "rows_off": 0.0,
+          f"{source}_reward_mean": float(reward_mean),
+      }
     if len(keep) < len(rows.records):
       rows = rows.subset(keep)
-    metrics.update(self.train_rows(
-        learner, critic, rows, step_key, ref_params, stale_on=stale_on,
-        sampled_old=sampled_old and not stale_on))
-    counts = self._sum([metrics.pop("tokens"), (~rows.off).sum(),
-                        rows.off.sum()])
-    metrics.update({
-        "train_tokens_per_s": float(counts[0]) / max(metrics["train_time_s"],
-                                                     1e-9),
-        "rows_on": float(counts[1]),
-        "rows_off": float(counts[2]),
-        f"{source}_reward_mean": float(reward_mean),
-    })
+    metrics.update(
+        self.train_rows(
+            learner,
+            critic,
+            rows,
+            step_key,
+            ref_params,
+            stale_on=stale_on,
+            sampled_old=sampled_old and not stale_on,
+        )
+    )
+    counts = self._sum(
+        [metrics.pop("tokens"), (~rows.off).sum(), rows.off.sum()]
+    )
+    metrics.update(
+        {
+            "train_tokens_per_s": float(counts[0])
+            / max(metrics["train_time_s"], 1e-9),
+            "rows_on": float(counts[1]),
+            "rows_off": float(counts[2]),
+            f"{source}_reward_mean": float(reward_mean),
+        }
+    )
     return metrics
 
-  def credit(self, on: list, off: list, source: str,
-             critic: Optional[Learner], step_key: int,
-             off_adv: Optional[np.ndarray],
-             dense_noise_sigma: float = 0.0,
-             dense_scale: float = 1.0) -> tuple[np.ndarray, Rows]:
+  def credit(
+      self,
+      on: list,
+      off: list,
+      source: str,
+      critic: Optional[Learner],
+      step_key: int,
+      off_adv: Optional[np.ndarray],
+      dense_noise_sigma: float = 0.0,
+      dense_scale: float = 1.0,
+  ) -> tuple[np.ndarray, Rows]:
     """(step rewards of ``source``, the step's rows with their credit)."""
     records = on + off
     is_off = np.array([False] * len(on) + [True] * len(off), bool)
@@ -272,27 +334,37 @@ class StepUpdater:
       vb = self.batches.build(records, np.zeros(len(records)), is_off)
       with self.timer.phase("logprobs"):
         values = batching.before_response_tokens(
-            vb, self.batches.apply(critic, vb), len(records))
+            vb, self.batches.apply(critic, vb), len(records)
+        )
     empty = np.zeros(0, np.float32)
     # PPO whitens over every host's rows (verl: the whole batch).
     sum_fn = self._sum if self.multihost else None
     if not records:  # multi-host: this host's share was empty
       credit.join_ppo_whitening(self.cfg.algo, sum_fn)
-      return empty, Rows([], is_off, empty,
-                         None if critic is None else empty, values,
-                         None if critic is None else [])
+      return empty, Rows(
+          [],
+          is_off,
+          empty,
+          None if critic is None else empty,
+          values,
+          None if critic is None else [],
+      )
     rewards = credit.step_rewards(
-        records, source,
+        records,
+        source,
         invalid_action_penalty=self.cfg.algo.invalid_action_penalty,
         noise_sigma=dense_noise_sigma if source == "dense" else 0.0,
-        rng=self.host_rng(3, step_key), dense_scale=dense_scale,
+        rng=self.host_rng(3, step_key),
+        dense_scale=dense_scale,
     )
-    adv, returns, token_adv = _advantages(on, off, rewards, off_adv,
-                                          self.cfg.algo, values, sum_fn)
+    adv, returns, token_adv = _advantages(
+        on, off, rewards, off_adv, self.cfg.algo, values, sum_fn
+    )
     return rewards, Rows(records, is_off, adv, returns, values, token_adv)
 
-  def rows_to_train(self, adv: np.ndarray,
-                    step_key: int) -> Optional[np.ndarray]:
+  def rows_to_train(
+      self, adv: np.ndarray, step_key: int
+  ) -> Optional[np.ndarray]:
     """Indices of the rows that enter the update; None when
     ``train.drop_zero_advantage_rows`` (DAPO's dynamic sampling, per row)
     leaves none on any host. ``train.max_train_rows`` keeps a random
@@ -305,13 +377,19 @@ class StepUpdater:
         return None
     max_rows = self._per_host(self.cfg.train.max_train_rows)
     if max_rows and len(keep) > max_rows:
-      keep = np.sort(keep[self.host_rng(2, step_key).choice(
-          len(keep), max_rows, replace=False)])
+      keep = np.sort(
+          keep[
+              self.host_rng(2, step_key).choice(
+                  len(keep), max_rows, replace=False
+              )
+          ]
+      )
     return keep
 
   # ------------------------------------------------------------ updates
-  def mini_batches(self, off: np.ndarray,
-                   step_key: int) -> list[list[np.ndarray]]:
+  def mini_batches(
+      self, off: np.ndarray, step_key: int
+  ) -> list[list[np.ndarray]]:
     """Row indices of each optimizer update, epoch by epoch; ``off``: the
     rows' replayed flags.
 
@@ -353,11 +431,11 @@ class StepUpdater:
     return [chunks] * self.epochs  # verl: the same mini-batches each epoch
 
   def _build(self, rows: Rows, idx: np.ndarray):
-    return self.batches.build([rows.records[i] for i in idx],
-                              rows.adv_of(idx), rows.off[idx])
+    return self.batches.build(
+        [rows.records[i] for i in idx], rows.adv_of(idx), rows.off[idx]
+    )
 
-  def _with_pi(self, batch, idx: np.ndarray, pi: dict,
-               stale_on: bool = False):
+  def _with_pi(self, batch, idx: np.ndarray, pi: dict, stale_on: bool = False):
     """``batch`` with pi_old / pi_ref of its rows from ``pi`` (row index ->
     log-probs on the row's tokens); behaviour = pi_old on fresh rows
     unless ``stale_on`` (then their recorded log-probs)."""
@@ -365,7 +443,7 @@ class StepUpdater:
     ref = np.zeros_like(batch.loss_mask)
     for j, i in enumerate(idx):
       o, r = pi[i]
-      old[j, :len(o)], ref[j, :len(r)] = o, r
+      old[j, : len(o)], ref[j, : len(r)] = o, r
     behavior = batch.behavior_logp
     if not stale_on:
       behavior = np.where(batch.is_offpolicy[:, None], behavior, old)
@@ -375,17 +453,29 @@ class StepUpdater:
     """bool per row: pi_old comes from the learner's pass, not from the
     row's sampling log-probs (module docstring: replayed, cut to the
     learner's length, or log-probs short of the response)."""
-    return np.array([
-        bool(off) or len(r.prompt_ids) + len(r.response_ids) > self.max_len
-        or len(r.behavior_logp) < len(r.response_ids)
-        for r, off in zip(rows.records, rows.off)], bool)
+    return np.array(
+        [
+            bool(off)
+            or len(r.prompt_ids) + len(r.response_ids) > self.max_len
+            or len(r.behavior_logp) < len(r.response_ids)
+            for r, off in zip(rows.records, rows.off)
+        ],
+        bool,
+    )
 
   @property
   def max_len(self) -> int:
     return self.batches.max_len
 
-  def _old_logp(self, learner: Learner, rows: Rows, idx: np.ndarray, batch,
-                recompute: Optional[np.ndarray], any_recompute: bool):
+  def _old_logp(
+      self,
+      learner: Learner,
+      rows: Rows,
+      idx: np.ndarray,
+      batch,
+      recompute: Optional[np.ndarray],
+      any_recompute: bool,
+  ):
     """pi_old [B, T] of ``batch`` (rows ``idx``): the learner's pass over
     every row (``recompute`` None), else the sampling log-probs on the
     response tokens and the pass over the rows ``recompute`` marks only
@@ -393,21 +483,32 @@ class StepUpdater:
     host has such rows in the step: ``any_recompute``)."""
     if recompute is None:
       return self.batches.apply(learner, batch)
-    old = np.where(np.asarray(batch.loss_mask) > 0,
-                   np.asarray(batch.behavior_logp), 0.0).astype(np.float32)
+    old = np.where(
+        np.asarray(batch.loss_mask) > 0, np.asarray(batch.behavior_logp), 0.0
+    ).astype(np.float32)
     sub = np.flatnonzero(recompute[idx])
     if not len(sub) and not (self.multihost and any_recompute):
       return old
-    part = self.batches.build([rows.records[idx[j]] for j in sub],
-                              rows.adv_of(idx[sub]), rows.off[idx[sub]])
+    part = self.batches.build(
+        [rows.records[idx[j]] for j in sub],
+        rows.adv_of(idx[sub]),
+        rows.off[idx[sub]],
+    )
     got = self.batches.apply(learner, part)
     t = min(got.shape[1], old.shape[1])
-    old[sub, :t] = got[:len(sub), :t]
+    old[sub, :t] = got[: len(sub), :t]
     return old
 
-  def train_rows(self, learner: Learner, critic: Optional[Learner],
-                 rows: Rows, step_key: int, ref_params,
-                 stale_on: bool = False, sampled_old: bool = False) -> dict:
+  def train_rows(
+      self,
+      learner: Learner,
+      critic: Optional[Learner],
+      rows: Rows,
+      step_key: int,
+      ref_params,
+      stale_on: bool = False,
+      sampled_old: bool = False,
+  ) -> dict:
     """The optimizer updates of one step (module docstring, 3.). Returns
     the metrics' means over updates, ``last_clip_frac*``, ``updates``,
     ``train_time_s`` and the ``tokens`` trained on."""
@@ -424,43 +525,76 @@ class StepUpdater:
     for idx in epochs[0]:  # pi_old, pi_ref: all before the first update
       batch = self._build(rows, idx)
       with self.timer.phase("logprobs"):
-        old = self._old_logp(learner, rows, idx, batch, recompute,
-                             any_recompute)
+        old = self._old_logp(
+            learner, rows, idx, batch, recompute, any_recompute
+        )
         ref = self.batches.apply(learner, batch, params=ref_params)
       lengths = np.asarray(batch.attention_mask).sum(1)
       for j, i in enumerate(idx):
-        pi[i] = (old[j, :lengths[j]], ref[j, :lengths[j]])
+        pi[i] = (old[j, : lengths[j]], ref[j, : lengths[j]])
       first.append(self._with_pi(batch, idx, pi, stale_on))
     gaps = np.concatenate([_behavior_gaps(b) for b in first] or [[]])
     if self.multihost:  # the median needs every host's tokens
-      gaps = np.concatenate([np.asarray(g, np.float64) for g in
-                             distributed.allgather_objects(gaps.tolist())])
-    stale = self._sum(sum(_stale_gap_sums(b) for b in first)) if stale_on \
-        else None
+      gaps = np.concatenate(
+          [
+              np.asarray(g, np.float64)
+              for g in distributed.allgather_objects(gaps.tolist())
+          ]
+      )
+    stale = (
+        self._sum(sum(_stale_gap_sums(b) for b in first)) if stale_on else None
+    )
     t0, per_update, tokens = time.perf_counter(), [], 0
     key = jax.random.key(self.cfg.seed + step_key)
     updates = [(e, idx) for e, ep in enumerate(epochs) for idx in ep]
     for u, (e, idx) in enumerate(updates):
-      batch = first[u] if e == 0 else self._with_pi(self._build(rows, idx),
-                                                    idx, pi, stale_on)
+      batch = (
+          first[u]
+          if e == 0
+          else self._with_pi(self._build(rows, idx), idx, pi, stale_on)
+      )
       with self.timer.phase("update"):
-        m = learner.train(self.batches.to_global(learner, batch),
-                          jax.random.fold_in(key, u) if u else key)
+        m = learner.train(
+            self.batches.to_global(learner, batch),
+            jax.random.fold_in(key, u) if u else key,
+        )
         if critic is not None:
           vbatch = host_batches.value_batch(
-              batch, rows.returns[idx], [rows.values[i] for i in idx])
-          m.update({f"critic_{k}": v for k, v in critic.train(
-              self.batches.to_global(critic, vbatch),
-              jax.random.key(step_key)).items()})
+              batch, rows.returns[idx], [rows.values[i] for i in idx]
+          )
+          m.update(
+              {
+                  f"critic_{k}": v
+                  for k, v in critic.train(
+                      self.batches.to_global(critic, vbatch),
+                      jax.random.key(step_key),
+                  ).items()
+              }
+          )
       per_update.append(m)
       tokens += int(np.asarray(batch.attention_mask).sum())
-    metrics = {k: float((np.max if ts.is_max_metric(k) else np.mean)(
-        [m[k] for m in per_update])) for k in per_update[0]}
-    metrics.update({f"last_{k}": v for k, v in per_update[-1].items()
-                    if k.startswith("clip_frac")})
-    metrics.update(train_time_s=time.perf_counter() - t0, tokens=tokens,
-                   updates=float(len(updates)), epochs=float(len(epochs)),
-                   old_logp_recomputed_frac=recomputed_frac)
+    metrics = {
+        k: float(
+            (np.max if ts.is_max_metric(k) else np.mean)(
+                [m[k] for m in per_update]
+            )
+        )
+        for k in per_update[0]
+    }
+    metrics.update(
+        {
+            f"last_{k}": v
+            for k, v in per_update[-1].items()
+            if k.startswith("clip_frac")
+        }
+    )
+    metrics.update(
+        train_time_s=time.perf_counter() - t0,
+        tokens=tokens,
+        updates=float(len(updates)),
+        epochs=float(len(epochs)),
+        old_logp_recomputed_frac=recomputed_frac,
+    )
     metrics.update(replay_divergence(gaps))
     if stale is not None:
       metrics["overlap_logp_gap_on"] = float(stale[1] / max(stale[0], 1))
@@ -468,8 +602,12 @@ class StepUpdater:
 
   # ------------------------------------------------------------ pi_B
   def recompute_behavior_logp(
-      self, learner: Learner, records: list,
-      timer: Optional[timing.PhaseTimer] = None, params=None) -> float:
+      self,
+      learner: Learner,
+      records: list,
+      timer: Optional[timing.PhaseTimer] = None,
+      params=None,
+  ) -> float:
     """Writes ``learner``'s log pi of each record's response tokens into
     ``record.behavior_logp`` (tokens beyond the learner's row length keep
     the engine's); returns max |engine - learner| over them (all hosts).
@@ -485,23 +623,31 @@ class StepUpdater:
       return gap
     for idx in np.array_split(np.arange(len(records)), n_chunks):
       recs = [records[i] for i in idx]
-      batch = self.batches.build(recs, np.zeros(len(recs)),
-                                 np.zeros(len(recs), bool))
+      batch = self.batches.build(
+          recs, np.zeros(len(recs)), np.zeros(len(recs), bool)
+      )
       with timer.phase("logprobs"):
         logp = self.batches.apply(learner, batch, params=params)
       for j, r in enumerate(recs):
         new = logp[j, np.asarray(batch.loss_mask[j]) > 0].astype(np.float32)
         engine = np.asarray(r.behavior_logp, np.float32)
         if len(new):
-          gap = max(gap, float(np.abs(engine[:len(new)] - new).max()))
-        r.behavior_logp = np.concatenate([new, engine[len(new):]])
+          gap = max(gap, float(np.abs(engine[: len(new)] - new).max()))
+        r.behavior_logp = np.concatenate([new, engine[len(new) :]])
     if self.multihost:
       gap = float(distributed.global_max(np.array([gap]))[0])
     return gap
 
 
-def _advantages(on: list, off: list, rewards: np.ndarray,
-                off_adv: Optional[np.ndarray], algo, values, sum_fn):
+def _advantages(
+    on: list,
+    off: list,
+    rewards: np.ndarray,
+    off_adv: Optional[np.ndarray],
+    algo,
+    values,
+    sum_fn,
+):
   """(advantage per row, PPO's returns, PPO's advantage per token or None)
   of the step's rows ``on + off``: one credit over all rows, or (``off_adv``
   given) the fresh rows' credit followed by ``off_adv``."""
@@ -509,12 +655,16 @@ def _advantages(on: list, off: list, rewards: np.ndarray,
   empty = np.zeros(0, np.float32)
   if off_adv is None:  # fresh rows only, or PPO: one credit over all rows
     adv, returns = credit.compute_advantages(
-        records, rewards, algo, values=values, sum_fn=sum_fn)
+        records, rewards, algo, values=values, sum_fn=sum_fn
+    )
   else:
     if len(off_adv) != len(off):
       raise ValueError(f"{len(off_adv)} advantages for {len(off)} rows")
-    adv, returns = (credit.compute_advantages(
-        on, rewards[:len(on)], algo) if on else (empty, None))
+    adv, returns = (
+        credit.compute_advantages(on, rewards[: len(on)], algo)
+        if on
+        else (empty, None)
+    )
     adv = np.concatenate([adv, off_adv]).astype(np.float32)
   token_adv = None
   if isinstance(adv, list):  # PPO: one advantage per response token

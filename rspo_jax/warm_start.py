@@ -47,8 +47,12 @@ def step_reply(obs, action: str) -> str:
 
 
 def expert_episodes(
-    env_name: str, env_kwargs: dict, task_ids: Iterable[int], *,
-    split: str, max_steps: int,
+    env_name: str,
+    env_kwargs: dict,
+    task_ids: Iterable[int],
+    *,
+    split: str,
+    max_steps: int,
 ) -> list[list[tuple[object, str]]]:
   """[(EnvStep before the action, expert action), ...] per won episode
   (per finished episode where the env's ``expert_keeps_lost``); the
@@ -70,8 +74,9 @@ def expert_episodes(
         obs = env.step(action)
         if obs.done:
           break
-      if obs.won or (getattr(env, "expert_keeps_lost", False) and obs.done
-                     and steps):
+      if obs.won or (
+          getattr(env, "expert_keeps_lost", False) and obs.done and steps
+      ):
         episodes.append(steps)
   finally:
     env.close()
@@ -84,40 +89,69 @@ def episode_texts(episodes, env_name: str, history_length: int):
     history = []
     for t, (obs, action) in enumerate(steps):
       yield prompt_lib.build_prompt(
-          env_name, obs.task, obs.observation, obs.admissible_actions,
-          history, t, history_length,
+          env_name,
+          obs.task,
+          obs.observation,
+          obs.admissible_actions,
+          history,
+          t,
+          history_length,
       ), step_reply(obs, action)
       history.append((obs.observation, action))
 
 
-def sft_records(episodes, tokenizer, env_name: str, *, history_length: int,
-                max_prompt_tokens: int) -> list[StepRecord]:
+def sft_records(
+    episodes,
+    tokenizer,
+    env_name: str,
+    *,
+    history_length: int,
+    max_prompt_tokens: int,
+) -> list[StepRecord]:
   eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
   records = []
   for e, steps in enumerate(episodes):
     history = []
     for t, (obs, action) in enumerate(steps):
       ids, _, _ = prompt_lib.build_prompt_ids(
-          tokenizer, env_name, obs.task, obs.observation,
-          obs.admissible_actions, history, t,
-          max_prompt_tokens=max_prompt_tokens, history_length=history_length,
+          tokenizer,
+          env_name,
+          obs.task,
+          obs.observation,
+          obs.admissible_actions,
+          history,
+          t,
+          max_prompt_tokens=max_prompt_tokens,
+          history_length=history_length,
       )
-      reply = tokenizer.encode(step_reply(obs, action),
-                               add_special_tokens=False)
-      records.append(StepRecord(
-          task_id=e, group_id=e, traj_id=e, step_idx=t,
-          prompt_ids=np.asarray(ids, np.int32),
-          response_ids=np.asarray(reply + [eos], np.int32),
-          behavior_logp=np.zeros(len(reply) + 1, np.float32),
-      ))
+      reply = tokenizer.encode(
+          step_reply(obs, action), add_special_tokens=False
+      )
+      records.append(
+          StepRecord(
+              task_id=e,
+              group_id=e,
+              traj_id=e,
+              step_idx=t,
+              prompt_ids=np.asarray(ids, np.int32),
+              response_ids=np.asarray(reply + [eos], np.int32),
+              behavior_logp=np.zeros(len(reply) + 1, np.float32),
+          )
+      )
       history.append((obs.observation, action))
   return records
 
 
 def train_sft(
-    learner: Learner, records: list[StepRecord], *, steps: int,
-    batch_rows: int, seed: int, max_len: Optional[int] = None,
-    progress: bool = True, metrics_writer=None,
+    learner: Learner,
+    records: list[StepRecord],
+    *,
+    steps: int,
+    batch_rows: int,
+    seed: int,
+    max_len: Optional[int] = None,
+    progress: bool = True,
+    metrics_writer=None,
 ) -> list[float]:
   """``steps`` updates on random row batches; returns the loss curve."""
   from tqdm.auto import tqdm
@@ -125,13 +159,20 @@ def train_sft(
   rng = np.random.default_rng(seed)
   ones = np.ones(len(records), np.float32)
   curve = []
-  bar = tqdm(range(steps), desc="warm start (SFT)", disable=not progress,
-             dynamic_ncols=True)
+  bar = tqdm(
+      range(steps),
+      desc="warm start (SFT)",
+      disable=not progress,
+      dynamic_ncols=True,
+  )
   for step in bar:
-    rows = rng.choice(len(records), size=min(batch_rows, len(records)),
-                      replace=False)
+    rows = rng.choice(
+        len(records), size=min(batch_rows, len(records)), replace=False
+    )
     batch = batching.records_to_batch(
-        [records[i] for i in rows], ones[rows], max_len=max_len,
+        [records[i] for i in rows],
+        ones[rows],
+        max_len=max_len,
         row_ways=learner.row_ways,
     )
     m = learner.train(batch, jax.random.key(seed + step))
@@ -159,12 +200,17 @@ def jsonl_records(path: str, tokenizer) -> list[StepRecord]:
         ) from e
       ids = prompt_lib.render_chat(tokenizer, prompt)
       reply = tokenizer.encode(response, add_special_tokens=False) + [eos]
-      records.append(StepRecord(
-          task_id=n, group_id=n, traj_id=n, step_idx=0,
-          prompt_ids=np.asarray(ids, np.int32),
-          response_ids=np.asarray(reply, np.int32),
-          behavior_logp=np.zeros(len(reply), np.float32),
-      ))
+      records.append(
+          StepRecord(
+              task_id=n,
+              group_id=n,
+              traj_id=n,
+              step_idx=0,
+              prompt_ids=np.asarray(ids, np.int32),
+              response_ids=np.asarray(reply, np.int32),
+              behavior_logp=np.zeros(len(reply), np.float32),
+          )
+      )
   if not records:
     raise ValueError(f"{path}: no trajectories")
   return records

@@ -92,8 +92,12 @@ SHM = "/dev/shm"
 
 def _is_local(url: str) -> bool:
   host = urllib.parse.urlparse(url).hostname or ""
-  return (host in ("localhost", "::1", socket.gethostname(),
-                   socket.getfqdn()) or host.startswith("127."))
+  return host in (
+      "localhost",
+      "::1",
+      socket.gethostname(),
+      socket.getfqdn(),
+  ) or host.startswith("127.")
 
 
 def export_dir(cfg, workdir: str, *, multihost: bool = False) -> str:
@@ -103,8 +107,12 @@ def export_dir(cfg, workdir: str, *, multihost: bool = False) -> str:
     return given
   text = f"{cfg.rollout.server_urls},{cfg.rollout.b_server_urls}"
   urls = [u for u in re.split(r"[,;\s]+", text) if u]
-  if (not multihost and os.path.isdir(SHM) and os.access(SHM, os.W_OK)
-      and all(_is_local(u) for u in urls)):
+  if (
+      not multihost
+      and os.path.isdir(SHM)
+      and os.access(SHM, os.W_OK)
+      and all(_is_local(u) for u in urls)
+  ):
     key = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
     path = os.path.join(SHM, f"rspo_export_{key}")
     atexit.register(shutil.rmtree, path, ignore_errors=True)  # RAM, not disk
@@ -137,8 +145,13 @@ def _param_groups(module, dtype) -> dict:  # pylint: disable=unused-argument
         groups[i].append((hf_io._hf_name(q), _Layer(var.value, i)))  # pylint: disable=protected-access
       continue
     name = hf_io._hf_name(path)  # pylint: disable=protected-access
-    key = (path[1] if str(path[0]) == "layers"
-           else "embed" if name == "model.embed_tokens.weight" else "head")
+    key = (
+        path[1]
+        if str(path[0]) == "layers"
+        else "embed"
+        if name == "model.embed_tokens.weight"
+        else "head"
+    )
     groups[key].append((name, var.value))
   return groups
 
@@ -181,8 +194,9 @@ def _hf_pairs(name: str, x, dtype, cfg, device=None) -> list:
 def _zero_bias_name(name: str, cfg) -> str:
   """The zero bias HF Qwen2 needs after q/k/v weight ``name`` when our
   model has none; "" otherwise."""
-  m = re.fullmatch(r"(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight",
-                   name)
+  m = re.fullmatch(
+      r"(model\.layers\.\d+\.self_attn\.)([qkv])_proj\.weight", name
+  )
   if m and cfg.family == "qwen2" and not cfg.qkv_bias:
     return f"{m[1]}{m[2]}_proj.bias"
   return ""
@@ -193,20 +207,24 @@ def _write_group(path: str, fname: str, items, dtype, cfg) -> dict:
   tensors = {}
   for name, x in items:
     tensors.update(_hf_pairs(name, x, dtype, cfg))
-  save_safetensors(tensors, os.path.join(path, fname),
-                   metadata={"format": "pt"})
+  save_safetensors(
+      tensors, os.path.join(path, fname), metadata={"format": "pt"}
+  )
   return {k: int(v.nbytes) for k, v in tensors.items()}
 
 
 def _group_order(groups) -> list:
   """Embedding, layers 0..L-1, then the final norm and head."""
-  return sorted(groups, key=lambda k: (
-      0 if k == "embed" else 2 if k == "head" else 1,
-      k if isinstance(k, int) else 0))
+  return sorted(
+      groups,
+      key=lambda k: (
+          0 if k == "embed" else 2 if k == "head" else 1,
+          k if isinstance(k, int) else 0,
+      ),
+  )
 
 
-def hf_named_arrays(module, cfg, *, dtype: Optional[str] = None,
-                    device=None):
+def hf_named_arrays(module, cfg, *, dtype: Optional[str] = None, device=None):
   """Yields (HF name, tensor) one tensor at a time: the tensors
   ``export_hf`` writes (and ``hf_io.save_hf_model``), same names, dtype
   (``hf_io.export_dtype(cfg, dtype)``) and layout, embedding first, then
@@ -223,8 +241,15 @@ def hf_named_arrays(module, cfg, *, dtype: Optional[str] = None,
       yield from _hf_pairs(name, x, dt, cfg, device)
 
 
-def export_hf(module, cfg, path: str, *, tokenizer_dir: Optional[str] = None,
-              dtype: Optional[str] = None, threads: int = 8) -> int:
+def export_hf(
+    module,
+    cfg,
+    path: str,
+    *,
+    tokenizer_dir: Optional[str] = None,
+    dtype: Optional[str] = None,
+    threads: int = 8,
+) -> int:
   """Writes the HF directory ``hf_io.save_hf_model`` writes, streamed (see
   the module docstring); returns the weights' bytes. One process only."""
   if cfg.family == "llama" and cfg.qkv_bias:
@@ -237,30 +262,35 @@ def export_hf(module, cfg, path: str, *, tokenizer_dir: Optional[str] = None,
   order = _group_order(groups)
   names = _file_names(order)
   with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-    written = {k: pool.submit(_write_group, path, names[k], groups[k], dt,
-                              cfg) for k in order}
+    written = {
+        k: pool.submit(_write_group, path, names[k], groups[k], dt, cfg)
+        for k in order
+    }
     sizes = {k: f.result() for k, f in written.items()}
-  return _write_meta(path, cfg, dtype_name, order, names, sizes,
-                     tokenizer_dir)
+  return _write_meta(path, cfg, dtype_name, order, names, sizes, tokenizer_dir)
 
 
 def _file_names(order) -> dict:
   """file group -> its safetensors file name, numbered in ``order``."""
   n = len(order)
-  return {k: f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-          for i, k in enumerate(order)}
+  return {
+      k: f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+      for i, k in enumerate(order)
+  }
 
 
 def _remove_stale(path: str) -> None:
   """Removes an earlier export's weights and index from ``path``."""
   for f in os.listdir(path):
-    if f == hf_io.SAFE_INDEX or (f.startswith("model")
-                                 and f.endswith(".safetensors")):
+    if f == hf_io.SAFE_INDEX or (
+        f.startswith("model") and f.endswith(".safetensors")
+    ):
       os.remove(os.path.join(path, f))
 
 
-def _write_meta(path, cfg, dtype_name, order, names, sizes,
-                tokenizer_dir) -> int:
+def _write_meta(
+    path, cfg, dtype_name, order, names, sizes, tokenizer_dir
+) -> int:
   """config.json, generation_config.json, the tokenizer's files and, last
   (a directory with an index is complete), the index from ``sizes``
   (group -> {HF name: bytes}); returns the bytes."""
@@ -277,8 +307,10 @@ def _write_meta(path, cfg, dtype_name, order, names, sizes,
     hf_io.copy_tokenizer_files(tokenizer_dir, path)
   weight_map = {t: names[k] for k in order for t in sizes[k]}
   total = sum(b for k in order for b in sizes[k].values())
-  _write_json(os.path.join(path, hf_io.SAFE_INDEX),
-              {"metadata": {"total_size": total}, "weight_map": weight_map})
+  _write_json(
+      os.path.join(path, hf_io.SAFE_INDEX),
+      {"metadata": {"total_size": total}, "weight_map": weight_map},
+  )
   return total
 
 
@@ -320,8 +352,10 @@ def _group_sizes(items, dtype, cfg) -> dict:
   out = {}
   for name, x in items:
     shape = x.stacked.shape[1:] if isinstance(x, _Layer) else np.shape(x)
-    hf = jax.eval_shape(lambda a, n=name: hf_io._to_hf(n, a),  # pylint: disable=protected-access
-                        jax.ShapeDtypeStruct(shape, dtype))
+    hf = jax.eval_shape(
+        lambda a, n=name: hf_io._to_hf(n, a),  # pylint: disable=protected-access
+        jax.ShapeDtypeStruct(shape, dtype),
+    )
     out[name] = math.prod(hf.shape) * dtype.itemsize
     bias = _zero_bias_name(name, cfg)
     if bias:
@@ -387,10 +421,15 @@ def _gather(x, dtype, keep: bool, meter: GatherMeter):
   return out
 
 
-def export_hf_multihost(module, cfg, path: str, *,
-                        tokenizer_dir: Optional[str] = None,
-                        dtype: Optional[str] = None,
-                        meter: Optional[GatherMeter] = None) -> int:
+def export_hf_multihost(
+    module,
+    cfg,
+    path: str,
+    *,
+    tokenizer_dir: Optional[str] = None,
+    dtype: Optional[str] = None,
+    meter: Optional[GatherMeter] = None,
+) -> int:
   """``export_hf`` in a multi-process job: every process calls it with the
   same (globally sharded) ``module``; the directory is the one
   ``export_hf`` writes in one process, file for file and byte for byte.
@@ -464,27 +503,34 @@ def export_hf_multihost(module, cfg, path: str, *,
         pending = None
       keep = mine and error is None  # after a failure: gather, write nothing
       if block is None:
-        items = [(name, _gather(x, dt, keep, meter))
-                 for name, x in groups[k]]
+        items = [(name, _gather(x, dt, keep, meter)) for name, x in groups[k]]
       else:  # each process receives its own group of the block
         k = order[block[me]]
         items = _exchange(block, order, groups, dt, mesh, keep, meter)
       if keep:
-        pending = writer.submit(_write_owned, items, path, names[k],
-                                sizes[k], dt, cfg, meter)
+        pending = writer.submit(
+            _write_owned, items, path, names[k], sizes[k], dt, cfg, meter
+        )
       del items
     if pending is not None:
       error = error or pending.exception()
-  log.info("export: process %d wrote %d of %d files; host peak %.1f MB, "
-           "received %.1f MB", me, len(meter.written), len(order),
-           meter.peak / 1e6, meter.received / 1e6)
+  log.info(
+      "export: process %d wrote %d of %d files; host peak %.1f MB, "
+      "received %.1f MB",
+      me,
+      len(meter.written),
+      len(order),
+      meter.peak / 1e6,
+      meter.received / 1e6,
+  )
   _raise_if_any_failed(error, "writing its weight files")
   total = sum(b for k in order for b in sizes[k].values())
   error = None
   if me == 0:
     try:
-      total = _write_meta(path, cfg, dtype_name, order, names, sizes,
-                          tokenizer_dir)
+      total = _write_meta(
+          path, cfg, dtype_name, order, names, sizes, tokenizer_dir
+      )
     except Exception as e:  # pylint: disable=broad-except
       error = e
   _raise_if_any_failed(error, "writing the index, configs and tokenizer")
@@ -500,8 +546,9 @@ def _write_owned(items, path, file_name, sizes, dt, cfg, meter) -> None:
     for j, (name, x) in enumerate(items):
       items[j] = None
       tensors.update(_hf_pairs(name, x, dt, cfg))
-    save_safetensors(tensors, os.path.join(path, file_name),
-                     metadata={"format": "pt"})
+    save_safetensors(
+        tensors, os.path.join(path, file_name), metadata={"format": "pt"}
+    )
   finally:
     meter.drop(nbytes)
   got = {t: int(v.nbytes) for t, v in tensors.items()}
@@ -517,10 +564,13 @@ def _exchange_mesh(groups) -> Optional[Mesh]:
   several meshes, or devices not in process blocks (e.g. a TPU ring
   order)."""
   count = jax.process_count()
-  meshes = {x.sharding.mesh for items in groups.values() for _, x in items
-            for x in [x.stacked if isinstance(x, _Layer) else x]
-            if isinstance(x, jax.Array)
-            and isinstance(x.sharding, NamedSharding)}
+  meshes = {
+      x.sharding.mesh
+      for items in groups.values()
+      for _, x in items
+      for x in [x.stacked if isinstance(x, _Layer) else x]
+      if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)
+  }
   if count == 1 or len(meshes) != 1:
     return None
   devices = np.asarray(next(iter(meshes)).devices)
@@ -541,17 +591,24 @@ def _exchange_blocks(order, groups, count) -> dict:
   only)."""
 
   def signature(k):
-    return tuple((re.sub(r"\.\d+\.", ".#.", name),
-                  tuple(x.stacked.shape[1:] if isinstance(x, _Layer)
-                        else np.shape(x)),
-                  str((x.stacked if isinstance(x, _Layer) else x).dtype))
-                 for name, x in groups[k])
+    return tuple(
+        (
+            re.sub(r"\.\d+\.", ".#.", name),
+            tuple(
+                x.stacked.shape[1:] if isinstance(x, _Layer) else np.shape(x)
+            ),
+            str((x.stacked if isinstance(x, _Layer) else x).dtype),
+        )
+        for name, x in groups[k]
+    )
 
   out, i = {}, 0
   while i + count <= len(order):
     run = range(i, i + count)
-    if (all(isinstance(order[j], int) for j in run)
-        and len({signature(order[j]) for j in run}) == 1):
+    if (
+        all(isinstance(order[j], int) for j in run)
+        and len({signature(order[j]) for j in run}) == 1
+    ):
       out[i] = sorted(run, key=lambda j: j % count)
       i += count
     else:
@@ -563,8 +620,10 @@ def _exchange_blocks(order, groups, count) -> dict:
 def _stacker(dtype, sharding):
   """jitted [x_0, ..., x_{P-1}] -> [P, ...] in ``dtype``, laid out as the
   x's (``sharding``: theirs with the new axis whole): no communication."""
-  return jax.jit(lambda xs: jnp.stack([x.astype(dtype) for x in xs]),
-                 out_shardings=sharding)
+  return jax.jit(
+      lambda xs: jnp.stack([x.astype(dtype) for x in xs]),
+      out_shardings=sharding,
+  )
 
 
 def stack_to_owners(xs, dtype, mesh: Mesh) -> jax.Array:
@@ -577,16 +636,20 @@ def stack_to_owners(xs, dtype, mesh: Mesh) -> jax.Array:
   all-gathered every row first, 'involuntary full rematerialization';
   ``tests/multihost_export_test.py`` checks the HLO)."""
   src = xs[0].sharding
-  stacked = _stacker(jnp.dtype(dtype), NamedSharding(
-      src.mesh, PartitionSpec(None, *src.spec)))(xs)
+  stacked = _stacker(
+      jnp.dtype(dtype), NamedSharding(src.mesh, PartitionSpec(None, *src.spec))
+  )(xs)
   local = mesh.shape["local"]
   split = stacked.ndim > 1 and stacked.shape[1] % local == 0
-  return distributed.reshard(stacked, NamedSharding(
-      mesh, PartitionSpec("procs", "local" if split else None)))
+  return distributed.reshard(
+      stacked,
+      NamedSharding(mesh, PartitionSpec("procs", "local" if split else None)),
+  )
 
 
-def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
-              meter: GatherMeter):
+def _exchange(
+    block, order, groups, dtype, mesh: Mesh, keep: bool, meter: GatherMeter
+):
   """Process p's group of ``block`` (``_exchange_blocks``), gathered
   together with the others' groups, tensor position by position: the P
   groups' j-th tensors stacked and resharded so row p lands on process
@@ -606,8 +669,10 @@ def _exchange(block, order, groups, dtype, mesh: Mesh, keep: bool,
     if all(not isinstance(x, jax.Array) or _on_every_host(x) for x in xs):
       out.append((name, _gather(xs[me], dtype, keep, meter)))  # no moves
       continue
-    if not all(isinstance(x, jax.Array)
-               and isinstance(x.sharding, NamedSharding) for x in xs):
+    if not all(
+        isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)
+        for x in xs
+    ):
       got = None  # every process takes part in every gather
       for p, x in enumerate(xs):
         r = _gather(x, dtype, keep and p == me, meter)
@@ -640,8 +705,9 @@ def _raise_if_any_failed(error: Optional[BaseException], what: str) -> None:
   if error is not None:
     raise error
   if failed:
-    raise RuntimeError(f"export: process(es) {failed} failed {what}; see"
-                       " their logs")
+    raise RuntimeError(
+        f"export: process(es) {failed} failed {what}; see" " their logs"
+    )
 
 
 # ------------------------------------------------------------------- skips
@@ -664,7 +730,8 @@ class SyncedWeights:
       return False
     leaves = self._leaves(learner)
     return len(leaves) == len(got[1]) and all(
-        r() is x for r, x in zip(got[1], leaves))
+        r() is x for r, x in zip(got[1], leaves)
+    )
 
   def record(self, engine, learner) -> None:
     try:
@@ -691,20 +758,31 @@ class SyncLog:
     self.history = self.history[-999:] + [entry]
     if entry.get("skipped"):
       self.skipped += 1
-      log.info("weight sync v%d skipped: the engine has these weights",
-               entry["version"])
+      log.info(
+          "weight sync v%d skipped: the engine has these weights",
+          entry["version"],
+      )
       return
     if entry.get("broadcast_s") is not None:
       self.broadcasts += 1
-      log.info("weight sync v%d: %.2f s (broadcast %.2f s, %.1f MB)",
-               entry["version"], entry["total_s"], entry["broadcast_s"],
-               (entry.get("bytes") or 0) / 1e6)
+      log.info(
+          "weight sync v%d: %.2f s (broadcast %.2f s, %.1f MB)",
+          entry["version"],
+          entry["total_s"],
+          entry["broadcast_s"],
+          (entry.get("bytes") or 0) / 1e6,
+      )
       return
     if entry.get("export_s") is not None:
       self.exports += 1
-    log.info("weight sync v%d: %.2f s (export %.2f s, %.1f MB; load %.2f s)",
-             entry["version"], entry["total_s"], entry.get("export_s") or 0,
-             (entry.get("bytes") or 0) / 1e6, entry.get("load_s") or 0)
+    log.info(
+        "weight sync v%d: %.2f s (export %.2f s, %.1f MB; load %.2f s)",
+        entry["version"],
+        entry["total_s"],
+        entry.get("export_s") or 0,
+        (entry.get("bytes") or 0) / 1e6,
+        entry.get("load_s") or 0,
+    )
 
 
 def timed(fn, *args, **kwargs):

@@ -19,8 +19,9 @@ def test_grpo_two_groups_with_and_without_std():
   # Each group: mean in the middle, sample std (ddof 1) of (x-1, x, x+1) = 1.
   a = adv_lib.grpo_advantages(r, g)
   assert a.dtype == np.float32
-  np.testing.assert_allclose(a, np.array([-1, 0, 1, -1, 0, 1]) / (1 + EPS),
-                             rtol=RTOL)
+  np.testing.assert_allclose(
+      a, np.array([-1, 0, 1, -1, 0, 1]) / (1 + EPS), rtol=RTOL
+  )
   a = adv_lib.grpo_advantages(r, g, normalize_std=False)
   np.testing.assert_allclose(a, [-1, 0, 1, -1, 0, 1], rtol=RTOL)
 
@@ -79,9 +80,15 @@ def _gigpo_case():
   traj_g = ["g0", "g0", "g1", "g1", "g1"]
   # (traj, step_idx, reward, anchor), shuffled.
   steps = [
-      (1, 2, 2.0, "s1"), (0, 0, 0.0, "s0"), (2, 1, 1.0, "u1"),
-      (1, 0, 0.0, "s0"), (4, 1, 0.0, "u9"), (0, 1, 10.0, "s1"),
-      (3, 0, 0.0, "u0"), (1, 1, 0.0, "u0"), (2, 0, 0.0, "u0"),
+      (1, 2, 2.0, "s1"),
+      (0, 0, 0.0, "s0"),
+      (2, 1, 1.0, "u1"),
+      (1, 0, 0.0, "s0"),
+      (4, 1, 0.0, "u9"),
+      (0, 1, 10.0, "s1"),
+      (3, 0, 0.0, "u0"),
+      (1, 1, 0.0, "u0"),
+      (2, 0, 0.0, "u0"),
       (4, 0, 0.0, "u0"),
   ]
   st, si, sr, sa = (list(x) for x in zip(*steps))
@@ -100,18 +107,22 @@ def test_gigpo_without_std_by_hand():
   # A_S: s0 5 vs .5 -> +-2.25; s1 10 vs 2 -> +-4; g1/u0 (.5, 0, 0) -> 1/3,
   #      -1/6, -1/6; size-1 groups -> 0.
   expected = {
-      (0, 0): 5 + 2.25, (0, 1): 5 + 4,
-      (1, 0): -5 - 2.25, (1, 1): -5 + 0, (1, 2): -5 - 4,
-      (2, 0): 2 / 3 + 1 / 3, (2, 1): 2 / 3 + 0,
+      (0, 0): 5 + 2.25,
+      (0, 1): 5 + 4,
+      (1, 0): -5 - 2.25,
+      (1, 1): -5 + 0,
+      (1, 2): -5 - 4,
+      (2, 0): 2 / 3 + 1 / 3,
+      (2, 1): 2 / 3 + 0,
       (3, 0): -1 / 3 - 1 / 6,
-      (4, 0): -1 / 3 - 1 / 6, (4, 1): -1 / 3 + 0,
+      (4, 0): -1 / 3 - 1 / 6,
+      (4, 1): -1 / 3 + 0,
   }
   got = _by_key(case, a)
   for k, v in expected.items():
     assert np.isclose(got[k], v, rtol=RTOL), (k, got[k], v)
   # omega scales the step part only.
-  a = adv_lib.gigpo_advantages(*case, gamma=0.5, normalize_std=False,
-                               omega=0.5)
+  a = adv_lib.gigpo_advantages(*case, gamma=0.5, normalize_std=False, omega=0.5)
   got = _by_key(case, a)
   assert np.isclose(got[(0, 1)], 5 + 2, rtol=RTOL)
   assert np.isclose(got[(1, 1)], -5, rtol=RTOL)
@@ -126,11 +137,16 @@ def test_gigpo_with_std_by_hand():
   h = 1 / S2
   big, small = (2 / 3) / np.sqrt(1 / 3), (1 / 3) / np.sqrt(1 / 3)
   expected = {
-      (0, 0): 2 * h, (0, 1): 2 * h,
-      (1, 0): -2 * h, (1, 1): -h, (1, 2): -2 * h,
-      (2, 0): 2 * big, (2, 1): big,
+      (0, 0): 2 * h,
+      (0, 1): 2 * h,
+      (1, 0): -2 * h,
+      (1, 1): -h,
+      (1, 2): -2 * h,
+      (2, 0): 2 * big,
+      (2, 1): big,
       (3, 0): -2 * small,
-      (4, 0): -2 * small, (4, 1): -small,
+      (4, 0): -2 * small,
+      (4, 1): -small,
   }
   got = _by_key(case, a)
   for k, v in expected.items():
@@ -142,14 +158,16 @@ def test_gigpo_episode_stats_over_steps():
   # verl-agent's default: g0 rows carry rewards (10, 10, 0, 0, 0): mean 4,
   # sample std sqrt((2*36 + 3*16) / 4) = sqrt(30).
   case = _gigpo_case()
-  a = adv_lib.gigpo_advantages(*case, gamma=0.5, normalize_std=False,
-                               omega=0.0, episode_stats="steps")
+  a = adv_lib.gigpo_advantages(
+      *case, gamma=0.5, normalize_std=False, omega=0.0, episode_stats="steps"
+  )
   got = _by_key(case, a)
   assert np.isclose(got[(0, 0)], 6.0) and np.isclose(got[(1, 2)], -4.0)
   # g1 rows (1, 1, 0, 0, 0): mean 0.4.
   assert np.isclose(got[(2, 1)], 0.6) and np.isclose(got[(3, 0)], -0.4)
-  a = adv_lib.gigpo_advantages(*case, gamma=0.5, omega=0.0,
-                               episode_stats="steps")
+  a = adv_lib.gigpo_advantages(
+      *case, gamma=0.5, omega=0.0, episode_stats="steps"
+  )
   got = _by_key(case, a)
   assert np.isclose(got[(0, 0)], 6 / np.sqrt(30), rtol=1e-4)
   with pytest.raises(ValueError, match="episode_stats"):
@@ -159,8 +177,9 @@ def test_gigpo_episode_stats_over_steps():
 def test_gigpo_single_trajectory_group_is_zero():
   # One trajectory alone in its group: A_E = 0; its steps have distinct
   # anchors, so A_S = 0 too.
-  a = adv_lib.gigpo_advantages([3.0], [0], [0, 0], [0, 1], [1.0, 2.0],
-                               ["x", "y"])
+  a = adv_lib.gigpo_advantages(
+      [3.0], [0], [0, 0], [0, 1], [1.0, 2.0], ["x", "y"]
+  )
   np.testing.assert_array_equal(a, [0.0, 0.0])
 
 
@@ -181,12 +200,19 @@ def test_step_groups_similarity():
 def test_gigpo_similarity_threshold():
   # Two one-step trajectories of one group; R = (1, 0); no std.
   # Separate step groups: A = A_E = +-0.5. Merged: A_S = +-0.5 as well.
-  args = ([1.0, 0.0], [0, 0], [0, 1], [0, 0], [1.0, 0.0],
-          ["the cat sat on the mat", "the cat sat on the hat"])
+  args = (
+      [1.0, 0.0],
+      [0, 0],
+      [0, 1],
+      [0, 0],
+      [1.0, 0.0],
+      ["the cat sat on the mat", "the cat sat on the hat"],
+  )
   a = adv_lib.gigpo_advantages(*args, normalize_std=False)
   np.testing.assert_allclose(a, [0.5, -0.5], rtol=RTOL)
-  a = adv_lib.gigpo_advantages(*args, normalize_std=False,
-                               similarity_threshold=0.95)
+  a = adv_lib.gigpo_advantages(
+      *args, normalize_std=False, similarity_threshold=0.95
+  )
   np.testing.assert_allclose(a, [1.0, -1.0], rtol=RTOL)
 
 
@@ -210,8 +236,9 @@ def test_gae_by_hand():
   values = [1.5, 1.0, 0.5, 1.0]
   traj = [5, 9, 5, 5]
   idx = [2, 0, 0, 1]
-  a, ret = adv_lib.gae_step_advantages(rewards, values, traj, idx,
-                                       gamma=0.9, lam=0.8)
+  a, ret = adv_lib.gae_step_advantages(
+      rewards, values, traj, idx, gamma=0.9, lam=0.8
+  )
   np.testing.assert_allclose(a, [0.5, 2.0, 1.9112, 0.71], rtol=RTOL)
   np.testing.assert_allclose(ret, [2.0, 3.0, 2.4112, 1.71], rtol=RTOL)
   # gamma = lam = 1: A_t = sum_{k>=t} r_k - V_t, returns = reward-to-go.
@@ -234,9 +261,11 @@ def test_broadcast_to_tokens():
 def test_episode_row_scores():
   # traj 4: r (0, -.1, 10), p (0, -.1, 0) -> episode 10, rows (10, 9.9, 10);
   # traj 2: r (-.1, -.1), both invalid -> episode 0, rows (-.1, -.1).
-  s = adv_lib.episode_row_scores([0.0, -0.1, -0.1, 10.0, -0.1],
-                                 [0.0, -0.1, -0.1, 0.0, -0.1],
-                                 [4, 4, 2, 4, 2])
+  s = adv_lib.episode_row_scores(
+      [0.0, -0.1, -0.1, 10.0, -0.1],
+      [0.0, -0.1, -0.1, 0.0, -0.1],
+      [4, 4, 2, 4, 2],
+  )
   np.testing.assert_allclose(s, [10.0, 9.9, -0.1, 10.0, -0.1], rtol=RTOL)
   assert adv_lib.episode_row_scores([], [], []).shape == (0,)
   with pytest.raises(ValueError, match="step_penalty"):
@@ -246,8 +275,9 @@ def test_episode_row_scores():
 def test_penalty_on_row_returns():
   # gamma .5, r (0, -.1, 10), p (0, -.1, 0): env rewards (0, 0, 10) ->
   # (2.5, 5, 10), plus p -> (2.5, 4.9, 10); steps given out of order.
-  ret = adv_lib.penalty_on_row_returns([10.0, 0.0, -0.1], [0.0, 0.0, -0.1],
-                                       [1, 1, 1], [2, 0, 1], gamma=0.5)
+  ret = adv_lib.penalty_on_row_returns(
+      [10.0, 0.0, -0.1], [0.0, 0.0, -0.1], [1, 1, 1], [2, 0, 1], gamma=0.5
+  )
   np.testing.assert_allclose(ret, [10.0, 2.5, 4.9], rtol=RTOL)
 
 
@@ -255,16 +285,19 @@ def test_gigpo_row_advantages_by_hand():
   # One task group, rows scores (10, 9.9, 0): mean 6.633.., deviations
   # (3.3667, 3.2667, -6.6333); returns (2, 4, 1) with anchors (a, b, a):
   # group a {2, 1} -> +-.5, group b {4} -> 0.
-  a = adv_lib.gigpo_row_advantages([10.0, 9.9, 0.0], [7, 7, 7],
-                                   [2.0, 4.0, 1.0], ["a", "b", "a"],
-                                   normalize_std=False)
+  a = adv_lib.gigpo_row_advantages(
+      [10.0, 9.9, 0.0],
+      [7, 7, 7],
+      [2.0, 4.0, 1.0],
+      ["a", "b", "a"],
+      normalize_std=False,
+  )
   m = 19.9 / 3
-  np.testing.assert_allclose(a, [10 - m + 0.5, 9.9 - m, -m - 0.5],
-                             rtol=RTOL)
+  np.testing.assert_allclose(a, [10 - m + 0.5, 9.9 - m, -m - 0.5], rtol=RTOL)
   # omega = 2, with std: step group a normalises to +-1/sqrt(2).
-  a = adv_lib.gigpo_row_advantages([1.0, 1.0, 1.0], [7, 7, 7],
-                                   [2.0, 4.0, 1.0], ["a", "b", "a"],
-                                   omega=2.0)
+  a = adv_lib.gigpo_row_advantages(
+      [1.0, 1.0, 1.0], [7, 7, 7], [2.0, 4.0, 1.0], ["a", "b", "a"], omega=2.0
+  )
   np.testing.assert_allclose(a, [2 / S2, 0.0, -2 / S2], rtol=1e-4)
 
 
@@ -281,7 +314,8 @@ def _verl_gae(token_rewards, values, gamma=1.0, lam=1.0):
 
 def test_row_token_gae_advantages_equal_verl_gae():
   a, ret = adv_lib.row_token_gae_advantages(
-      [10.0, 9.9], [np.array([4.0, 5.0, 7.5]), 6.0])
+      [10.0, 9.9], [np.array([4.0, 5.0, 7.5]), 6.0]
+  )
   np.testing.assert_allclose(a[0], [6.0, 5.0, 2.5], rtol=RTOL)
   np.testing.assert_allclose(a[1], 3.9, rtol=RTOL)
   np.testing.assert_allclose(ret, [10.0, 9.9], rtol=RTOL)
@@ -296,8 +330,12 @@ def test_row_token_gae_advantages_equal_verl_gae():
 
 
 def test_whiten_token_rows_is_masked_whiten_over_tokens():
-  rows = [np.array([6.0, 5.0]), np.array([3.9]), np.array([], np.float64),
-          np.array([2.0])]
+  rows = [
+      np.array([6.0, 5.0]),
+      np.array([3.9]),
+      np.array([], np.float64),
+      np.array([2.0]),
+  ]
   got = adv_lib.whiten_token_rows(rows)
   flat = np.array([6.0, 5.0, 3.9, 2.0])
   want = (flat - flat.mean()) / np.sqrt(flat.var(ddof=1) + 1e-8)
@@ -322,6 +360,7 @@ def _hosts_whiten(parts, fn):
       total = sum(slots)
       barrier.wait()  # every host has read this round's slots
       return total
+
     out[i] = fn(parts[i], sum_fn)
 
   threads = [threading.Thread(target=host, args=(i,)) for i in range(n)]
@@ -338,16 +377,22 @@ def test_whitening_over_hosts_equals_the_whole_batch():
   rows = [np.array([6.0, 5.0]), np.array([3.9]), np.array([2.0, -1.0, 0.0])]
   whole = adv_lib.whiten_token_rows(rows)
   parts = [rows[:2], [], rows[2:]]
-  got = _hosts_whiten(parts, lambda p, f: adv_lib.whiten_token_rows(
-      p, sum_fn=f))
-  np.testing.assert_allclose(np.concatenate([np.concatenate(g) for g in got
-                                             if g]),
-                             np.concatenate(whole), rtol=RTOL)
+  got = _hosts_whiten(
+      parts, lambda p, f: adv_lib.whiten_token_rows(p, sum_fn=f)
+  )
+  np.testing.assert_allclose(
+      np.concatenate([np.concatenate(g) for g in got if g]),
+      np.concatenate(whole),
+      rtol=RTOL,
+  )
   x, n = np.array([2.0, -1.0, 0.5, 4.0]), np.array([3, 1, 2, 0])
-  got = _hosts_whiten([(x[:1], n[:1]), (x[1:], n[1:])],
-                      lambda p, f: adv_lib.whiten(*p, sum_fn=f))
-  np.testing.assert_allclose(np.concatenate(got), adv_lib.whiten(x, n),
-                             rtol=RTOL)
+  got = _hosts_whiten(
+      [(x[:1], n[:1]), (x[1:], n[1:])],
+      lambda p, f: adv_lib.whiten(*p, sum_fn=f),
+  )
+  np.testing.assert_allclose(
+      np.concatenate(got), adv_lib.whiten(x, n), rtol=RTOL
+  )
   # Per host alone (no sum_fn) the first host's one row would be ~0.
   assert abs(adv_lib.whiten(x[:1], n[:1])[0]) < 1e-3 < abs(got[0][0])
 
@@ -355,8 +400,9 @@ def test_whitening_over_hosts_equals_the_whole_batch():
 def test_whiten_equals_token_level_masked_whiten():
   # Rows (1, 3) with 1 and 3 tokens: tokens (1, 3, 3, 3), mean 2.5,
   # biased variance 3/4, unbiased 1 -> (-1.5, 0.5).
-  np.testing.assert_allclose(adv_lib.whiten([1.0, 3.0], [1, 3]),
-                             [-1.5, 0.5], rtol=RTOL)
+  np.testing.assert_allclose(
+      adv_lib.whiten([1.0, 3.0], [1, 3]), [-1.5, 0.5], rtol=RTOL
+  )
   # The same on an [S, T] token array with a loss mask, as verl does it.
   x, n = np.array([2.0, -1.0, 0.5]), np.array([3, 1, 2])
   mask = (np.arange(4)[None, :] < n[:, None]).astype(np.float64)
@@ -364,13 +410,14 @@ def test_whiten_equals_token_level_masked_whiten():
   total = mask.sum()
   mean = tok.sum() / total
   var = (((tok - mean) * mask) ** 2).sum() / total * total / (total - 1)
-  np.testing.assert_allclose(adv_lib.whiten(x, n),
-                             (x - mean) / np.sqrt(var), rtol=RTOL)
+  np.testing.assert_allclose(
+      adv_lib.whiten(x, n), (x - mean) / np.sqrt(var), rtol=RTOL
+  )
   # Without counts every row counts once; N < 2 gives zeros.
-  np.testing.assert_allclose(adv_lib.whiten([1.0, 3.0]),
-                             [-1 / S2, 1 / S2], rtol=RTOL)
+  np.testing.assert_allclose(
+      adv_lib.whiten([1.0, 3.0]), [-1 / S2, 1 / S2], rtol=RTOL
+  )
   np.testing.assert_array_equal(adv_lib.whiten([5.0], [1]), [0.0])
-  np.testing.assert_array_equal(adv_lib.whiten([5.0, 2.0], [1, 0]),
-                                [0.0, 0.0])
+  np.testing.assert_array_equal(adv_lib.whiten([5.0, 2.0], [1, 0]), [0.0, 0.0])
   with pytest.raises(ValueError, match="token_counts"):
     adv_lib.whiten([1.0, 2.0], [1, -1])

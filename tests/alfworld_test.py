@@ -1,4 +1,5 @@
 """ALFWorld adapter: offline game generation, the real engine, the expert."""
+
 # pylint: disable=protected-access
 
 from __future__ import annotations
@@ -85,18 +86,25 @@ def test_sample_game_is_deterministic_and_ids_differ():
 
 
 def test_generated_files_identical_in_fresh_caches(tmp_path):
-  paths = [gen.GameCache(str(tmp_path / d), seed=0).game_file("train", 1)
-           for d in ("a", "b")]
+  paths = [
+      gen.GameCache(str(tmp_path / d), seed=0).game_file("train", 1)
+      for d in ("a", "b")
+  ]
   for name in ("game.tw-pddl", "traj_data.json"):
-    texts = [open(os.path.join(os.path.dirname(p), name)).read()
-             for p in paths]
+    texts = [open(os.path.join(os.path.dirname(p), name)).read() for p in paths]
     assert texts[0] == texts[1]
   game = json.load(open(paths[0]))
-  assert set(game) == {"pddl_domain", "grammar", "pddl_problem", "solvable",
-                       "walkthrough"}
+  assert set(game) == {
+      "pddl_domain",
+      "grammar",
+      "pddl_problem",
+      "solvable",
+      "walkthrough",
+  }
   assert game["solvable"] is True and game["walkthrough"]
-  traj = json.load(open(os.path.join(os.path.dirname(paths[0]),
-                                     "traj_data.json")))
+  traj = json.load(
+      open(os.path.join(os.path.dirname(paths[0]), "traj_data.json"))
+  )
   assert traj["task_type"] == "look_at_obj_in_light"
   assert traj["pddl_params"]["toggle_target"] == "DeskLamp"
   assert traj["pddl_params"]["parent_target"] == ""
@@ -113,7 +121,8 @@ def test_alfred_style_ids_and_format():
   assert scenes.fmt_coord(-2.2) == "-02.20"
   assert scenes.fmt_coord(0.0) == "00.00"
   assert scenes.make_id("SinkBasin", (-1.9, 0.97, -1.5)) == (
-      "Sink|-01.90|+00.97|-01.50|SinkBasin")
+      "Sink|-01.90|+00.97|-01.50|SinkBasin"
+  )
   assert scenes.id_type("Sink|-01.90|+00.97|-01.50|SinkBasin") == "SinkBasin"
   assert traj["scene"]["scene_num"] in gen.split_scenes("train")
 
@@ -144,7 +153,8 @@ def test_expert_wins_each_type(env, cache_dir, task_type):
   assert steps[-1].score == 1.0
   # every expert step removes one command from the expert's plan
   assert [s.dense_reward for s in steps] == pytest.approx(
-      [1 / len(steps)] * len(steps))
+      [1 / len(steps)] * len(steps)
+  )
   walkthrough = json.load(open(env.game_file(task_id)))["walkthrough"]
   assert len(steps) == len(walkthrough)
   assert all(s.valid_action for s in steps)
@@ -156,12 +166,19 @@ def test_observation_contains_task_line(env):
   assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-\n\n")
   assert "You are in the middle of a room." in obs
   assert obs.endswith("Your task is to: " + first.task)
-  traj = json.load(open(os.path.join(
-      os.path.dirname(env.game_file(21)), "traj_data.json")))
+  traj = json.load(
+      open(os.path.join(os.path.dirname(env.game_file(21)), "traj_data.json"))
+  )
   p = traj["pddl_params"]
-  texts = [t.format(obj=p["object_target"].lower(),
-                    recep=p["parent_target"].lower(), toggle="", mrecep="")
-           for t in goal_library.gdict[traj["task_type"]]["templates"]]
+  texts = [
+      t.format(
+          obj=p["object_target"].lower(),
+          recep=p["parent_target"].lower(),
+          toggle="",
+          mrecep="",
+      )
+      for t in goal_library.gdict[traj["task_type"]]["templates"]
+  ]
   assert first.task[:-1] in texts and first.task.endswith(".")
   assert first.anchor_obs == obs
   assert "look" in first.admissible_actions
@@ -201,7 +218,8 @@ def test_task_types_subset_plays_the_same_games(cache_dir):
   full = env_lib.AlfWorldEnv(cache_dir=cache_dir)
   sub = env_lib.AlfWorldEnv(
       cache_dir=cache_dir,
-      task_types=("look_at_obj_in_light", "pick_and_place_simple"))
+      task_types=("look_at_obj_in_light", "pick_and_place_simple"),
+  )
   assert sub.num_tasks("valid_seen") == 2 * (140 // 6)
   for ours, theirs in [(0, 1), (1, 0), (3, 6)]:
     s = sub.reset(ours, "valid_seen")
@@ -220,14 +238,26 @@ def test_dense_reward_hand_computed(env):
   taking a pillow adds a command (put it back), and so on."""
   first = env.reset(12, "train")
   assert first.task == "put some plate on sidetable."
-  moves = ["go to armchair 1", "take pillow 1 from armchair 1",
-           "move pillow 1 to armchair 1", "go to coffeetable 1",
-           "take plate 1 from coffeetable 1", "go to sidetable 1",
-           "move plate 1 to sidetable 1"]
+  moves = [
+      "go to armchair 1",
+      "take pillow 1 from armchair 1",
+      "move pillow 1 to armchair 1",
+      "go to coffeetable 1",
+      "take plate 1 from coffeetable 1",
+      "go to sidetable 1",
+      "move plate 1 to sidetable 1",
+  ]
   steps = [env.step(m) for m in moves]
   assert all(s.valid_action for s in steps)
   assert [s.dense_reward for s in steps] == [
-      0.0, -0.25, 0.25, 0.25, 0.25, 0.25, 0.25]
+      0.0,
+      -0.25,
+      0.25,
+      0.25,
+      0.25,
+      0.25,
+      0.25,
+  ]
   assert [s.done for s in steps] == [False] * 6 + [True]
   assert steps[-1].reward == 10.0 and steps[-1].won
 
@@ -241,11 +271,15 @@ def test_expert_matches_stock_planner(env):
       step = env.reset(task_id, "train")
       for _ in range(3):
         ours = expert_lib.expert_plan(
-            env._state["_facts"], tw.names(env._env), env._traj)
+            env._state["_facts"], tw.names(env._env), env._traj
+        )
         planner = tw.plan(env._env)
         assert len(ours) == len(planner), (task_id, ours, planner)
-        moves = [a for a in step.admissible_actions
-                 if a.startswith(("take", "open", "go to"))]
+        moves = [
+            a
+            for a in step.admissible_actions
+            if a.startswith(("take", "open", "go to"))
+        ]
         step = env.step(rng.choice(moves))
         if step.done:
           break
@@ -256,8 +290,11 @@ def test_expert_matches_stock_planner(env):
 def test_speedups_preserve_transcript(env, cache_dir):
   game = env.game_file(11)
   commands = json.load(open(game))["walkthrough"]
-  commands = commands[:3] + ["look", "inventory", "examine " +
-                             commands[1].split(" from ")[1]] + commands[3:]
+  commands = (
+      commands[:3]
+      + ["look", "inventory", "examine " + commands[1].split(" from ")[1]]
+      + commands[3:]
+  )
 
   def transcript():
     raw = tw.make_tw_env()
@@ -265,8 +302,9 @@ def test_speedups_preserve_transcript(env, cache_dir):
     out = [(state["feedback"], state["admissible_commands"])]
     for cmd in commands:
       state, _, _ = raw.step(cmd)
-      out.append((state["feedback"], state["admissible_commands"],
-                  state["won"]))
+      out.append(
+          (state["feedback"], state["admissible_commands"], state["won"])
+      )
     return out
 
   fast = transcript()
@@ -282,19 +320,30 @@ def _engine_view(state) -> dict:
   """Everything an engine state holds, as comparable values (list orders
   kept: they are part of what the engine returns)."""
   return dict(
-      feedback=state["feedback"], raw=state["raw"], won=state["won"],
-      lost=state["lost"], done=state.get("done"), score=state.get("score"),
+      feedback=state["feedback"],
+      raw=state["raw"],
+      won=state["won"],
+      lost=state["lost"],
+      done=state.get("done"),
+      score=state.get("score"),
       last_command=state.get("last_command"),
       admissible=state["admissible_commands"],
       valid=state["_valid_commands"],
-      actions=[(a.name, [(str(p), str(v)) for p, v in a.mapping.items()],
-                a.command_template, a.feedback_rule)
-               for a in state["_valid_actions"]],
+      actions=[
+          (
+              a.name,
+              [(str(p), str(v)) for p, v in a.mapping.items()],
+              a.command_template,
+              a.feedback_rule,
+          )
+          for a in state["_valid_actions"]
+      ],
       last_action=str(state["_last_action"]),
       facts=[str(f) for f in state["_facts"]],
       templates=state["command_templates"],
       names={k: i.name for k, i in state["_entity_infos"].items()},
-      gamefile=state.get("extra.gamefile"))
+      gamefile=state.get("extra.gamefile"),
+  )
 
 
 def _engine_transcripts(games, seed=0, turns=10):
@@ -306,13 +355,21 @@ def _engine_transcripts(games, seed=0, turns=10):
   out = []
   for game in games:
     walkthrough = json.load(open(game))["walkthrough"]
-    for engine, walk in ((engines[0], True), (engines[0], False),
-                         (engines[1], False)):
+    for engine, walk in (
+        (engines[0], True),
+        (engines[0], False),
+        (engines[1], False),
+    ):
       state = tw.load_and_reset(engine, game)
       episode = [_engine_view(state)]
       for t in range(len(walkthrough) if walk else turns):
-        command = (walkthrough[t] if walk else "jump" if t == 3 else
-                   rng.choice(state["admissible_commands"]))
+        command = (
+            walkthrough[t]
+            if walk
+            else "jump"
+            if t == 3
+            else rng.choice(state["admissible_commands"])
+        )
         state, _, _ = engine.step(command)
         episode.append(_engine_view(state))
       with tw.keep_argv():
@@ -330,9 +387,14 @@ def test_speedups_preserve_every_engine_output(env):
   twice on one engine and once on another, resets with and without a
   load: with speedups (cached command texts, sorted facts, parses, reused
   initial state) every field of every state equals stock textworld's."""
-  games = [env.game_file(SMALL_IDS[t]) for t in (
-      "pick_and_place_simple", "look_at_obj_in_light",
-      "pick_clean_then_place_in_recep")]
+  games = [
+      env.game_file(SMALL_IDS[t])
+      for t in (
+          "pick_and_place_simple",
+          "look_at_obj_in_light",
+          "pick_clean_then_place_in_recep",
+      )
+  ]
   pddl_logic._parse_and_convert.mem.clear()  # parses read back from disk
   fast = _engine_transcripts(games)
   assert fast[0][-3]["won"]  # the walkthrough wins
@@ -343,8 +405,7 @@ def test_speedups_preserve_every_engine_output(env):
   finally:
     speedups.install(sas_cache_dir=os.path.join(env._cache.root, "sas"))
   for fast_episode, slow_episode in zip(fast, slow, strict=True):
-    for fast_state, slow_state in zip(fast_episode, slow_episode,
-                                      strict=True):
+    for fast_state, slow_state in zip(fast_episode, slow_episode, strict=True):
       assert fast_state == slow_state
 
 
@@ -352,7 +413,8 @@ def test_game_logic_parse_read_back_from_disk(env, monkeypatch):
   """A game's GameLogic parse, stored on disk by the speedups, reads back
   (without tatsu) equal to a fresh parse: the same actions and rules."""
   text = json.load(open(env.game_file(SMALL_IDS["look_at_obj_in_light"])))[
-      "grammar"]
+      "grammar"
+  ]
   parses = pddl_logic._parse_and_convert
   assert isinstance(parses, speedups._GameLogicParses) and parses.cache_dir
   parses(text, rule_name="pddlStart")  # stored, if it was not yet
@@ -367,8 +429,10 @@ def test_game_logic_parse_read_back_from_disk(env, monkeypatch):
 
   def view(parsed):
     actions, grammar = parsed
-    return ({k: vars(a) for k, a in actions.items()},
-            {k: repr(rules) for k, rules in grammar._rules.items()})
+    return (
+        {k: vars(a) for k, a in actions.items()},
+        {k: repr(rules) for k, rules in grammar._rules.items()},
+    )
 
   assert view(from_disk) == view(fresh)
   assert "GotoLocation.feedback" in view(fresh)[1]
@@ -404,14 +468,17 @@ def test_template_reads_hand_computed(env):
   grammar = env._env.unwrapped._logic.grammar
   reads = speedups._template_reads(
       grammar,
-      "go to [{r.name | receptacleatlocation(r:receptacle, lend:location)}]")
+      "go to [{r.name | receptacleatlocation(r:receptacle, lend:location)}]",
+  )
   assert reads.predicates == {"receptacleatlocation"}
   assert reads.names == {"r", "lend"}
-  assert {str(p) for p in reads.queried} == {"r: receptacle",
-                                             "lend: location"}
+  assert {str(p) for p in reads.queried} == {"r: receptacle", "lend: location"}
   reads = speedups._template_reads(grammar, "take {o} from {r}")
   assert (reads.predicates, reads.names, reads.queried) == (
-      frozenset(), {"o", "r"}, frozenset())
+      frozenset(),
+      {"o", "r"},
+      frozenset(),
+  )
   reads = speedups._template_reads(grammar, "#inventory.feedback#")
   assert reads.predicates == {"holdsany", "holds"}
   assert reads.names == {"a", "o"}
@@ -422,26 +489,42 @@ def test_template_reads_hand_computed(env):
 def test_world_from_facts_reads_its_predicates_only():
   """The expert's World: the facts it reads, whatever else the state
   holds (pickupable, objectatlocation, ... are skipped)."""
+
   def fact(name, *args):
     return textworld.logic.Proposition(
-        name, [textworld.logic.Variable(a, "t") for a in args])
+        name, [textworld.logic.Variable(a, "t") for a in args]
+    )
 
-  facts = [fact("atlocation", "agent1", "loc1"), fact("pickupable", "egg1"),
-           fact("receptacleatlocation", "sink1", "loc2"),
-           fact("objectatlocation", "egg1", "loc2"),
-           fact("inreceptacle", "egg1", "sink1"),
-           fact("objecttype", "egg1", "eggtype"),
-           fact("receptacletype", "sink1", "sinkbasintype"),
-           fact("openable", "sink1"), fact("isclean", "egg1"),
-           fact("cancontain", "sinkbasintype", "eggtype")]
+  facts = [
+      fact("atlocation", "agent1", "loc1"),
+      fact("pickupable", "egg1"),
+      fact("receptacleatlocation", "sink1", "loc2"),
+      fact("objectatlocation", "egg1", "loc2"),
+      fact("inreceptacle", "egg1", "sink1"),
+      fact("objecttype", "egg1", "eggtype"),
+      fact("receptacletype", "sink1", "sinkbasintype"),
+      fact("openable", "sink1"),
+      fact("isclean", "egg1"),
+      fact("cancontain", "sinkbasintype", "eggtype"),
+  ]
   w = expert_lib.World.from_facts(facts)
   assert w == expert_lib.World(
-      agent_loc="loc1", holding=None, recep_loc={"sink1": "loc2"},
-      obj_recep={"egg1": "sink1"}, otype={"egg1": "eggtype"},
-      rtype={"sink1": "sinkbasintype"}, openable={"sink1"}, opened=set(),
-      props={"isclean": {"egg1"}, "ishot": set(), "iscool": set(),
-             "istoggled": set()},
-      can_contain={("sinkbasintype", "eggtype")})
+      agent_loc="loc1",
+      holding=None,
+      recep_loc={"sink1": "loc2"},
+      obj_recep={"egg1": "sink1"},
+      otype={"egg1": "eggtype"},
+      rtype={"sink1": "sinkbasintype"},
+      openable={"sink1"},
+      opened=set(),
+      props={
+          "isclean": {"egg1"},
+          "ishot": set(),
+          "iscool": set(),
+          "istoggled": set(),
+      },
+      can_contain={("sinkbasintype", "eggtype")},
+  )
 
 
 def test_sys_argv_kept(env):
@@ -459,19 +542,27 @@ def test_stock_alfworld_loaders_play_generated_games(env, cache_dir):
   env.game_file(12)
   config = {
       "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6]},
-      "dataset": {"data_path": os.path.join(env._cache.root, "train"),
-                  "num_train_games": -1},
+      "dataset": {
+          "data_path": os.path.join(env._cache.root, "train"),
+          "num_train_games": -1,
+      },
   }
   stock = alfred_tw_env.AlfredTWEnv(config, train_eval="train")
   assert env.game_file(1) in stock.game_files
-  infos = textworld.EnvInfos(won=True, admissible_commands=True,
-                             extras=["gamefile", "expert_plan"])
+  infos = textworld.EnvInfos(
+      won=True, admissible_commands=True, extras=["gamefile", "expert_plan"]
+  )
   for task_id in (1, 12):  # ALFWorld's hand-coded expert wins them too
     with tw.keep_argv():
       game = textworld.start(
-          env.game_file(task_id), infos,
-          wrappers=[alfred_tw_env.AlfredDemangler(), alfred_tw_env.AlfredInfos,
-                    alfred_tw_env.AlfredExpert(expert_type="handcoded")])
+          env.game_file(task_id),
+          infos,
+          wrappers=[
+              alfred_tw_env.AlfredDemangler(),
+              alfred_tw_env.AlfredInfos,
+              alfred_tw_env.AlfredExpert(expert_type="handcoded"),
+          ],
+      )
       state = game.reset()
       for _ in range(60):
         if state["won"]:
@@ -488,14 +579,16 @@ def test_official_data_is_used_when_present(env, tmp_path):
       src = os.path.dirname(env.game_file(task_id))
       dst = root / split / f"task_{i}" / "trial_T0"
       shutil.copytree(src, dst)
-  official = env_lib.AlfWorldEnv(data_dir=str(tmp_path),
-                                 cache_dir=str(tmp_path / "cache"))
+  official = env_lib.AlfWorldEnv(
+      data_dir=str(tmp_path), cache_dir=str(tmp_path / "cache")
+  )
   assert official.uses_official_data
   assert official.num_tasks("train") == 2 and official.num_tasks("test") == 2
   first = official.reset(0, "valid_unseen")
   assert first.observation == env.reset(12, "train").observation
   assert official.game_file(1, "train").endswith(
-      os.path.join("task_1", "trial_T0", "game.tw-pddl"))
+      os.path.join("task_1", "trial_T0", "game.tw-pddl")
+  )
 
 
 def test_bad_inputs(env):
@@ -519,8 +612,11 @@ def test_bad_inputs(env):
 def test_expert_wins_fifty_tasks_per_type(cache_dir):
   """300 episodes: 50 per type, over the three splits (30/10/10)."""
   env = env_lib.AlfWorldEnv(cache_dir=cache_dir)
-  for split, per_type in (("train", 30), ("valid_seen", 10),
-                          ("valid_unseen", 10)):
+  for split, per_type in (
+      ("train", 30),
+      ("valid_seen", 10),
+      ("valid_unseen", 10),
+  ):
     for task_id in range(6 * per_type):
       _, steps = play_expert(env, task_id, split)
       assert steps and steps[-1].won, (split, task_id)

@@ -19,21 +19,25 @@ def _modules() -> list[str]:
   """Every module and script the doc must list, as root-relative paths."""
   files = [p for tree in TREES for p in (ROOT / tree).rglob("*.py")]
   files += (ROOT / "third_party_envs").glob("*.py")
-  return sorted(str(p.relative_to(ROOT)) for p in files
-                if "__pycache__" not in p.parts)
+  return sorted(
+      str(p.relative_to(ROOT)) for p in files if "__pycache__" not in p.parts
+  )
 
 
 def test_every_module_and_script_is_in_the_doc():
   doc = DOC.read_text()
   missing = [path for path in _modules() if f"`{path}`" not in doc]
-  assert not missing, (
-      f"docs/architecture.md does not list (as `path`): {missing}")
+  assert (
+      not missing
+  ), f"docs/architecture.md does not list (as `path`): {missing}"
 
 
 def test_every_module_path_the_doc_names_exists():
   doc = DOC.read_text()
-  named = set(re.findall(
-      r"(?<![\w/.])(?:rspo_jax|bench|experiments)/[\w/.]*\w/?", doc))
+  named = set(
+      re.findall(r"(?<![\w/.])(?:rspo_jax|bench|experiments)/[\w/.]*\w/?", doc)
+  )
   absent = sorted(p for p in named if not (ROOT / p).exists())
-  assert named and not absent, (
-      f"docs/architecture.md names paths that do not exist: {absent}")
+  assert (
+      named and not absent
+  ), f"docs/architecture.md names paths that do not exist: {absent}"

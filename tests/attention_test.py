@@ -24,8 +24,14 @@ from rspo_jax.models import transformer as tfm
 from rspo_jax.models import windows
 
 CFG = models.get_model_config(
-    "tiny", vocab_size=96, num_layers=2, hidden_size=64,
-    intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
+    "tiny",
+    vocab_size=96,
+    num_layers=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
 )
 T = 12
 LENGTHS = (12, 7, 1)  # a full row, a right-padded one, a lone token
@@ -50,9 +56,12 @@ def batch(lengths=LENGTHS, t=T):
   mask = np.arange(t)[None, :] < np.asarray(lengths)[:, None]
   tokens = np.where(mask, tokens, 0).astype(np.int32)
   weights = rng.normal(size=(len(lengths), t, CFG.vocab_size))
-  return (jnp.asarray(tokens), tfm.positions_from_mask(jnp.asarray(mask)),
-          jnp.asarray(mask, jnp.int32),
-          jnp.asarray(weights * mask[..., None], jnp.float32))
+  return (
+      jnp.asarray(tokens),
+      tfm.positions_from_mask(jnp.asarray(mask)),
+      jnp.asarray(mask, jnp.int32),
+      jnp.asarray(weights * mask[..., None], jnp.float32),
+  )
 
 
 def model_with(attention, dtype="float32"):
@@ -60,8 +69,9 @@ def model_with(attention, dtype="float32"):
   state = nnx.state(models.create_model(CFG, seed=1))
   # Weights x 2: attention far from uniform, so a wrong mask shows.
   state = jax.tree.map(lambda x: x * 2.0, state)
-  graphdef = nnx.graphdef(nnx.eval_shape(
-      lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0))))
+  graphdef = nnx.graphdef(
+      nnx.eval_shape(lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0)))
+  )
   return graphdef, state
 
 
@@ -71,17 +81,18 @@ def placed(attention, dtype="float32", data=None, mesh=None):
   data = data or batch()
   if mesh is not None:
     rules = sharding.DEFAULT_RULES
-    state = jax.device_put(state, sharding.state_shardings(mesh, state,
-                                                           rules))
+    state = jax.device_put(state, sharding.state_shardings(mesh, state, rules))
     rows = lambda x: jax.device_put(
-        x, sharding.batch_sharding(mesh, rules, x.ndim))
+        x, sharding.batch_sharding(mesh, rules, x.ndim)
+    )
     data = tuple(map(rows, data))
   return graphdef, state, data
 
 
 def logits_and_grads(attention, dtype="float32", data=None, mesh=None):
   graphdef, state, (tokens, positions, mask, weights) = placed(
-      attention, dtype, data, mesh)
+      attention, dtype, data, mesh
+  )
 
   def loss(st):
     logits, _, _ = nnx.merge(graphdef, st)(tokens, positions, mask)
@@ -136,12 +147,18 @@ def test_auto_is_xla_on_cpu_and_plain_is_none():
   if jax.default_backend() != "cpu":
     pytest.skip("CPU selection")
   assert tfm.attention_implementation(CFG) == "xla"
-  assert tfm.attention_implementation(
-      dataclasses.replace(CFG, dtype="bfloat16")) == "xla"
-  assert tfm.attention_implementation(
-      dataclasses.replace(CFG, attention="plain")) is None
-  assert tfm.attention_implementation(
-      dataclasses.replace(CFG, attention="splash")) == "splash"
+  assert (
+      tfm.attention_implementation(dataclasses.replace(CFG, dtype="bfloat16"))
+      == "xla"
+  )
+  assert (
+      tfm.attention_implementation(dataclasses.replace(CFG, attention="plain"))
+      is None
+  )
+  assert (
+      tfm.attention_implementation(dataclasses.replace(CFG, attention="splash"))
+      == "splash"
+  )
   assert splash.interpret_mode()  # off TPU: Pallas's interpreter
   with pytest.raises(ValueError, match="attention"):
     dataclasses.replace(CFG, attention="flash")
@@ -152,9 +169,18 @@ def test_splash_tiles_and_kv_repeats():
   128 dividing them; kv heads repeated the least that splits them over the
   heads' mesh axes."""
   assert [splash.padded_length(t) for t in (1, 128, 129, 4608)] == [
-      128, 128, 256, 4608]
+      128,
+      128,
+      256,
+      4608,
+  ]
   assert [splash.block_size(t) for t in (128, 256, 384, 1024, 4608)] == [
-      128, 256, 128, 512, 512]
+      128,
+      256,
+      128,
+      512,
+      512,
+  ]
   # (kv heads, query heads per kv head, ways) -> r
   assert splash.kv_repeats(2, 6, 1) == 1  # Qwen2.5-1.5B, no tensor axis
   assert splash.kv_repeats(2, 6, 2) == 1
@@ -196,9 +222,13 @@ def test_splash_on_a_mesh_equals_plain_path(monkeypatch):
   assert calls == ["splash"] * CFG.num_layers
   assert_equal_to_plain(got, want)
   graphdef, state, (tokens, positions, mask, _) = placed(
-      "splash", data=data, mesh=mesh)
-  program = str(jax.make_jaxpr(
-      lambda st: nnx.merge(graphdef, st)(tokens, positions, mask)[0])(state))
+      "splash", data=data, mesh=mesh
+  )
+  program = str(
+      jax.make_jaxpr(
+          lambda st: nnx.merge(graphdef, st)(tokens, positions, mask)[0]
+      )(state)
+  )
   assert program.count("shard_map[") == CFG.num_layers
   assert "pallas_call" in program
 
@@ -209,11 +239,13 @@ def test_padding_shows_at_pad_positions(plain):
   graphdef, state = model_with("plain")
   tokens, positions, mask, _ = batch()
   causal_only, _, _ = nnx.merge(graphdef, state)(
-      tokens, positions, jnp.ones_like(mask))
+      tokens, positions, jnp.ones_like(mask)
+  )
   pad = ~np.asarray(mask, bool)
   real = np.asarray(mask, bool)
-  np.testing.assert_allclose(np.asarray(causal_only)[real], plain[0][real],
-                             atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(causal_only)[real], plain[0][real], atol=1e-5, rtol=1e-5
+  )
   assert np.abs(np.asarray(causal_only)[pad] - plain[0][pad]).max() > 1e-2
 
 
@@ -247,7 +279,8 @@ def test_window_and_cache_paths_stay_plain(attention, monkeypatch):
   win, _, _ = model(tokens, positions, mask, window=(starts, r))
   assert len(calls) == 3  # the first block only
   np.testing.assert_allclose(
-      win, windows.take_window(full, starts, r), atol=1e-5, rtol=1e-5)
+      win, windows.take_window(full, starts, r), atol=1e-5, rtol=1e-5
+  )
   cache = tfm.init_cache(CFG, 3, T)
   step, _, _ = model(tokens, positions, mask, cache=cache)
   assert len(calls) == 3

@@ -18,15 +18,23 @@ import _common  # noqa: E402
 
 
 def _load(name):
-  spec = importlib.util.spec_from_file_location(f"bench_{name}",
-                                                BENCH / f"{name}.py")
+  spec = importlib.util.spec_from_file_location(
+      f"bench_{name}", BENCH / f"{name}.py"
+  )
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod
 
 
-TINY = dict(vocab_size=2048, hidden_size=256, intermediate_size=704,
-            num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64)
+TINY = dict(
+    vocab_size=2048,
+    hidden_size=256,
+    intermediate_size=704,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+)
 
 
 def test_matmul_params_of_tiny_by_hand():
@@ -37,7 +45,8 @@ def test_matmul_params_of_tiny_by_hand():
   from rspo_jax import models  # pylint: disable=g-import-not-at-top
 
   assert models.get_model_config("tiny").num_params() == (
-      2949120 + 524288 + 4 * 512 + 9 * 256)
+      2949120 + 524288 + 4 * 512 + 9 * 256
+  )
 
 
 def test_train_flops_is_three_forwards_palm_formula():
@@ -46,7 +55,8 @@ def test_train_flops_is_three_forwards_palm_formula():
   attn = 12 * 4 * 4 * 64 * seq * tokens  # 12 L H Dh S tokens
   assert _common.train_flops(TINY, tokens, seq) == 6 * n * tokens + attn
   assert _common.forward_flops(TINY, tokens, seq) * 3 == (
-      _common.train_flops(TINY, tokens, seq))
+      _common.train_flops(TINY, tokens, seq)
+  )
 
 
 def test_ratio_always_favours_us_above_one():
@@ -110,14 +120,19 @@ def test_mesh_layouts():
 def test_compare_rows_and_markdown():
   compare = _load("compare")
   m = lambda v, better="higher", unit="tokens/s", **kw: dict(
-      value=v, better=better, unit=unit, **kw)
+      value=v, better=better, unit=unit, **kw
+  )
   results = {
-      "ours": {"update": m(200.0, cpu_s=1.0),
-               "peak_rss_train": m(500.0, "lower", "MiB"),
-               "update_gflops": m(40.0, unit="GFLOP/s")},
-      "tunix": {"update": m(100.0, cpu_s=3.0),
-                "peak_rss_train": m(1000.0, "lower", "MiB"),
-                "update_gflops": m(20.0, unit="GFLOP/s")},
+      "ours": {
+          "update": m(200.0, cpu_s=1.0),
+          "peak_rss_train": m(500.0, "lower", "MiB"),
+          "update_gflops": m(40.0, unit="GFLOP/s"),
+      },
+      "tunix": {
+          "update": m(100.0, cpu_s=3.0),
+          "peak_rss_train": m(1000.0, "lower", "MiB"),
+          "update_gflops": m(20.0, unit="GFLOP/s"),
+      },
       "trl": {"update": m(400.0)},
   }
   rows = compare.compare_rows(results, "s", peak=100.0)
@@ -139,9 +154,20 @@ def test_compare_rows_and_markdown():
 
 def test_worker_prints_metric_lines():
   out = subprocess.run(
-      [sys.executable, str(BENCH / "_peer_ours.py"), "--task", "matmul",
-       "--matmul_n", "64", "--iters", "1"],
-      capture_output=True, text=True, check=True, timeout=300,
+      [
+          sys.executable,
+          str(BENCH / "_peer_ours.py"),
+          "--task",
+          "matmul",
+          "--matmul_n",
+          "64",
+          "--iters",
+          "1",
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+      timeout=300,
   ).stdout
   rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
   assert [r["metric"] for r in rows] == ["peak_matmul"]
@@ -162,18 +188,25 @@ def test_generation_task_reports_each_batch_then_memory(capsys):
       calls.append(n)
       time.sleep(0.002)  # above time_calls' rounding to 10 us
       return 4 * n
+
     return generate
 
-  peer.generation_task(argparse.Namespace(gen_batches="2,3", iters=2),
-                       make_generate, fields=lambda t: {"tag": "x"})
+  peer.generation_task(
+      argparse.Namespace(gen_batches="2,3", iters=2),
+      make_generate,
+      fields=lambda t: {"tag": "x"},
+  )
   rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
   assert calls == [2, 2, 2, 3, 3, 3]  # one warm-up and 2 timed calls each
   assert [r["metric"] for r in rows] == [
-      "generate_b2", "first_generate_call_b2", "generate_b3",
-      "first_generate_call_b3", "peak_rss_gen"]
+      "generate_b2",
+      "first_generate_call_b2",
+      "generate_b3",
+      "first_generate_call_b3",
+      "peak_rss_gen",
+  ]
   rate = rows[0]
-  assert list(rate) == ["metric", "value", "unit", "better", "seconds",
-                        "tag"]
+  assert list(rate) == ["metric", "value", "unit", "better", "seconds", "tag"]
   assert rate["value"] == pytest.approx(8 / rate["seconds"])
   assert rows[1]["better"] == "lower" and rows[-1]["unit"] == "MiB"
 
@@ -182,12 +215,18 @@ def test_generation_task_reports_each_batch_then_memory(capsys):
 def test_device_smoke_runs_on_cpu():
   out = subprocess.run(
       [sys.executable, str(BENCH / "device.py"), "--smoke"],
-      capture_output=True, text=True, check=True, timeout=900,
+      capture_output=True,
+      text=True,
+      check=True,
+      timeout=900,
   ).stdout
   rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
   assert [r["bench"] for r in rows] == [
-      "device_train_step", "device_logprob", "device_decode",
-      "device_summary"]
+      "device_train_step",
+      "device_logprob",
+      "device_decode",
+      "device_summary",
+  ]
   assert rows[0]["tokens_per_s"] > 0 and rows[-1]["skipped"] == []
 
 
@@ -199,22 +238,24 @@ def test_paper_flops_by_hand():
   blocks, head = 2 * 2949120 * 128, 2 * 2048 * 256 * 16
   causal, full = 4096 * 128 * 128 // 2, 4096 * 128 * 128
   assert _common.model_train_flops(TINY, 2, 128, 16) == (
-      2 * 3 * (blocks + head + causal))
+      2 * 3 * (blocks + head + causal)
+  )
   # Remat: a fourth pass over the blocks; XLA's attention: every pair.
-  assert _common.executed_train_flops(TINY, 2, 128, 16, remat=True,
-                                      fused=False) == (
-      2 * (4 * (blocks + full) + 3 * head))
+  assert _common.executed_train_flops(
+      TINY, 2, 128, 16, remat=True, fused=False
+  ) == (2 * (4 * (blocks + full) + 3 * head))
   # 'dots' keeps the weight matmuls' outputs: only attention runs again.
-  assert _common.executed_train_flops(TINY, 2, 128, 16, remat="dots",
-                                      fused=False) == (
-      2 * (3 * (blocks + full) + full + 3 * head))
+  assert _common.executed_train_flops(
+      TINY, 2, 128, 16, remat="dots", fused=False
+  ) == (2 * (3 * (blocks + full) + full + 3 * head))
   # A fused causal kernel without remat executes the model's FLOPs.
   assert _common.executed_train_flops(
-      TINY, 2, 128, 16, remat=False, fused=True) == (
-      _common.model_train_flops(TINY, 2, 128, 16))
+      TINY, 2, 128, 16, remat=False, fused=True
+  ) == (_common.model_train_flops(TINY, 2, 128, 16))
   # No window: logits at every position.
   assert _common.model_train_flops(TINY, 1, 128, 0) == 3 * (
-      blocks + 2 * 2048 * 256 * 128 + causal)
+      blocks + 2 * 2048 * 256 * 128 + causal
+  )
 
 
 @pytest.mark.slow
@@ -228,15 +269,24 @@ def test_device_check_smoke(tmp_path):
   out = tmp_path / "check.json"
   proc = subprocess.run(
       ["bash", str(BENCH / "device_check.sh"), "--smoke", str(out)],
-      capture_output=True, text=True, timeout=600)
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = json.loads(out.read_text())["rows"]
   assert [r["bench"] for r in rows] == [
-      "paper_train_step", "paper_logprob", "paper_train_step",
-      "paper_decode", "paper_summary"]
+      "paper_train_step",
+      "paper_logprob",
+      "paper_train_step",
+      "paper_decode",
+      "paper_summary",
+  ]
   train = [r for r in rows if r["bench"] == "paper_train_step"]
-  assert [(r["mesh_shape"], r["micro_batch_rows"], r["micro_batches"])
-          for r in train] == [([1, 8, 1], 8, 2), ([1, 1, 1], 1, 16)]
+  assert [
+      (r["mesh_shape"], r["micro_batch_rows"], r["micro_batches"])
+      for r in train
+  ] == [([1, 8, 1], 8, 2), ([1, 1, 1], 1, 16)]
   for r in train:
     assert (r["rows"], r["seq_len"], r["window"]) == (16, 128, 16)
     assert r["remat"] and r["scan_layers"]
@@ -253,24 +303,36 @@ def test_device_check_smoke(tmp_path):
   assert summary["platform"] == "cpu" and summary["devices"] == 8
   assert summary["skipped"] == []
   assert summary["model_flags"] == {
-      "dtype": "bfloat16", "param_dtype": "float32", "remat": "full",
-      "scan_layers": True, "attention": "auto"}
+      "dtype": "bfloat16",
+      "param_dtype": "float32",
+      "remat": "full",
+      "scan_layers": True,
+      "attention": "auto",
+  }
   # The sharding check (bench/sharding_check.py) on (2, 4, 1).
-  step, data = json.loads(
-      (tmp_path / "check_sharding.json").read_text())["rows"]
+  step, data = json.loads((tmp_path / "check_sharding.json").read_text())[
+      "rows"
+  ]
   assert (step["bench"], step["micro_batches"]) == ("sharding_step", 4)
   assert step["activation_collectives"] == 0
   assert step["gradient_reductions_not_f32"] == 0
   assert data["data_all_reduces_per_update"] == {
-      "2": data["parameters"], "4": data["parameters"]}
+      "2": data["parameters"],
+      "4": data["parameters"],
+  }
   # The kernel check (--kernel_check --smoke), run first: CPU, XLA only.
   _check_kernel_rows(
-      json.loads((tmp_path / "check_kernel.json").read_text())["rows"])
+      json.loads((tmp_path / "check_kernel.json").read_text())["rows"]
+  )
 
 
 def _kernel_quantity(nonfinite=0, err=0.01, top=2.0):
-  return dict(nonfinite=nonfinite, nonfinite_heads=[0] if nonfinite else [],
-              normal_heads_max_abs_err=err, normal_heads_ref_max_abs=top)
+  return dict(
+      nonfinite=nonfinite,
+      nonfinite_heads=[0] if nonfinite else [],
+      normal_heads_max_abs_err=err,
+      normal_heads_ref_max_abs=top,
+  )
 
 
 def test_kernel_check_verdict_and_padding_lengths():
@@ -279,8 +341,10 @@ def test_kernel_check_verdict_and_padding_lengths():
   within 2^-7 of the reference's magnitude, passes. Padding rows reach a
   kernel as length 1 (transformer.kernel_lengths)."""
   ok = _load("device")._kernel_ok
-  xla = {q: _kernel_quantity(err=0.01) for q in ("out", "grad_q", "grad_k",
-                                                  "grad_v")}
+  xla = {
+      q: _kernel_quantity(err=0.01)
+      for q in ("out", "grad_q", "grad_k", "grad_v")
+  }
   fine = dict(xla, grad_q=_kernel_quantity(err=0.019))
   assert ok(fine, xla) == (True, "")
   bad = dict(xla, grad_q=_kernel_quantity(nonfinite=3, err=None))
@@ -303,20 +367,30 @@ def _check_kernel_rows(rows):
   setting (model.attention)."""
   *per_row, verdict = rows
   # Model batch: every row (padding rows as length 1); raw: the 0 again.
-  assert [(r["padded_length"], r["batch"], r["real_tokens"],
-           r["kernel_length"]) for r in per_row] == [
-      (128, "model", 0, 1), (128, "model", 1, 1), (128, "model", 96, 96),
-      (128, "model", 128, 128), (128, "raw", 0, 0),
-      (64, "model", 0, 1), (64, "model", 1, 1), (64, "model", 40, 40),
-      (64, "model", 64, 64), (64, "raw", 0, 0)]
+  assert [
+      (r["padded_length"], r["batch"], r["real_tokens"], r["kernel_length"])
+      for r in per_row
+  ] == [
+      (128, "model", 0, 1),
+      (128, "model", 1, 1),
+      (128, "model", 96, 96),
+      (128, "model", 128, 128),
+      (128, "raw", 0, 0),
+      (64, "model", 0, 1),
+      (64, "model", 1, 1),
+      (64, "model", 40, 40),
+      (64, "model", 64, 64),
+      (64, "raw", 0, 0),
+  ]
   for r in per_row:
     assert "fused" not in r and r["padding_row"] == (r["real_tokens"] == 0)
     for q in ("out", "grad_q", "grad_k", "grad_v"):
       got = r["xla_bf16"][q]
       assert got["nonfinite"] == 0 and got["nonfinite_heads"] == []
       assert got["max_abs_err"] <= 2**-6 * max(got["ref_max_abs"], 1.0)
-      assert len(got["max_abs_err_by_head"]) == (4 if q in ("out", "grad_q")
-                                                 else 2)
+      assert len(got["max_abs_err_by_head"]) == (
+          4 if q in ("out", "grad_q") else 2
+      )
     if r["batch"] == "raw":
       assert r["other_rows_finite"] == {"xla_bf16": True}
   # Rows of real tokens: a real comparison (non-zero reference).
@@ -334,25 +408,56 @@ def test_loop_bench_smoke_prints_phases(tmp_path):
   """bench/loop.py end to end on the toy world, the working tree only,
   micro-sized: one JSON line per side, then the summary."""
   out = subprocess.run(
-      [sys.executable, str(BENCH / "loop.py"), "--envs", "toy", "--sides",
-       "after", "--steps", "1", "--warmup", "0", "--tasks", "1", "--group",
-       "2", "--sft_steps", "0", "--bc_steps", "1", "--eval_tasks", "2",
-       "--cache_dir", str(tmp_path),
-       "--overrides", "model.overrides=num_layers=1,env.max_steps=2"],
-      capture_output=True, text=True, check=True, timeout=900,
+      [
+          sys.executable,
+          str(BENCH / "loop.py"),
+          "--envs",
+          "toy",
+          "--sides",
+          "after",
+          "--steps",
+          "1",
+          "--warmup",
+          "0",
+          "--tasks",
+          "1",
+          "--group",
+          "2",
+          "--sft_steps",
+          "0",
+          "--bc_steps",
+          "1",
+          "--eval_tasks",
+          "2",
+          "--cache_dir",
+          str(tmp_path),
+          "--overrides",
+          "model.overrides=num_layers=1,env.max_steps=2",
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+      timeout=900,
   ).stdout
   rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
   side, summary = rows[-2], rows[-1]
   assert side["side"] == "after" and summary["after"]["step_s"] > 0
   assert set(side["phases_s"]) == {
-      "weight_sync", "generation", "environment", "prompts", "batching",
-      "logprobs", "update", "checkpoint", "other"}
+      "weight_sync",
+      "generation",
+      "environment",
+      "prompts",
+      "batching",
+      "logprobs",
+      "update",
+      "checkpoint",
+      "other",
+  }
   # Exclusive phases add up to (at most) the step's wall time.
   assert sum(side["phases_s"].values()) <= side["step_s"] * 1.01
   assert side["phases_s"]["generation"] > 0
   assert side["config"]["train.group_size"] == 2
-  assert side["episodes_per_s"] == pytest.approx(2 / side["step_s"],
-                                                 rel=0.02)
+  assert side["episodes_per_s"] == pytest.approx(2 / side["step_s"], rel=0.02)
   assert side["bc_step_s"] > 0 and side["evaluation_s"] > 0
   assert "speedup" not in summary
 
@@ -364,15 +469,24 @@ def test_decode_paths_by_hand():
   from rspo_jax.types import StepRecord  # pylint: disable=g-import-not-at-top
 
   def rec(traj, step, n):
-    return StepRecord(task_id=0, group_id=0, traj_id=traj, step_idx=step,
-                      prompt_ids=np.zeros(2, np.int32),
-                      response_ids=np.zeros(n, np.int32),
-                      behavior_logp=np.zeros(n, np.float32))
+    return StepRecord(
+        task_id=0,
+        group_id=0,
+        traj_id=traj,
+        step_idx=step,
+        prompt_ids=np.zeros(2, np.int32),
+        response_ids=np.zeros(n, np.int32),
+        behavior_logp=np.zeros(n, np.float32),
+    )
 
   paths = _load("rollout").decode_paths(
-      [rec(0, 0, 3), rec(0, 1, 5), rec(1, 0, 4), rec(1, 1, 1)])
-  assert paths == {"barriered_steps": 9, "free_steps": 8,
-                   "barrier_bound": 1.125}
+      [rec(0, 0, 3), rec(0, 1, 5), rec(1, 0, 4), rec(1, 1, 1)]
+  )
+  assert paths == {
+      "barriered_steps": 9,
+      "free_steps": 8,
+      "barrier_bound": 1.125,
+  }
   assert _load("rollout").decode_paths([])["barrier_bound"] is None
 
 
@@ -384,14 +498,26 @@ def test_group_prefixes_by_hand():
   from rspo_jax.types import StepRecord  # pylint: disable=g-import-not-at-top
 
   def rec(group, traj, step, ids):
-    return StepRecord(task_id=group, group_id=group, traj_id=traj,
-                      step_idx=step, prompt_ids=np.asarray(ids, np.int32),
-                      response_ids=np.zeros(1, np.int32),
-                      behavior_logp=np.zeros(1, np.float32))
+    return StepRecord(
+        task_id=group,
+        group_id=group,
+        traj_id=traj,
+        step_idx=step,
+        prompt_ids=np.asarray(ids, np.int32),
+        response_ids=np.zeros(1, np.int32),
+        behavior_logp=np.zeros(1, np.float32),
+    )
 
-  out = _load("rollout").group_prefixes([
-      rec(0, 0, 1, [1, 2, 3, 4]), rec(0, 1, 1, [1, 2, 9]),
-      rec(0, 0, 0, [1, 2]), rec(0, 1, 0, [1, 2]), rec(1, 2, 1, [5, 6, 7])])
-  assert out == {"group_prefix_share": round(2 / 14, 3),
-                 "median_group_lcp": 2.0}
-
+  out = _load("rollout").group_prefixes(
+      [
+          rec(0, 0, 1, [1, 2, 3, 4]),
+          rec(0, 1, 1, [1, 2, 9]),
+          rec(0, 0, 0, [1, 2]),
+          rec(0, 1, 0, [1, 2]),
+          rec(1, 2, 1, [5, 6, 7]),
+      ]
+  )
+  assert out == {
+      "group_prefix_share": round(2 / 14, 3),
+      "median_group_lcp": 2.0,
+  }

@@ -46,8 +46,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_due_saves_every_nth_step_and_each_loops_last():
   # k = 3, 7 steps: loops end after steps 3, 6 and 7 (the run's end).
   loop_done = lambda a: a % 3 == 0 or a == 7
-  saved = lambda every: [a for a in range(1, 8)
-                         if checkpoint.due(a, every, loop_done(a))]
+  saved = lambda every: [
+      a for a in range(1, 8) if checkpoint.due(a, every, loop_done(a))
+  ]
   assert saved(2) == [2, 3, 4, 6, 7]
   assert saved(5) == [3, 5, 6, 7]
   assert saved(1) == saved(0) == [1, 2, 3, 4, 5, 6, 7]
@@ -66,8 +67,11 @@ def test_save_returns_with_the_arrays_copied_and_close_waits(tmp_path):
   want = jax.tree.map(np.asarray, w)
   ck.save(1, {"policy": w}, {"a_steps": 0})
   jax.tree.map(lambda x: x.delete(), w)  # as a donating step would
-  ck.save(3, {"policy": {"w": jnp.zeros((2, 3)), "b": jnp.zeros((4,))}},
-          {"a_steps": 1})  # waits for step 1's write first
+  ck.save(
+      3,
+      {"policy": {"w": jnp.zeros((2, 3)), "b": jnp.zeros((4,))}},
+      {"a_steps": 1},
+  )  # waits for step 1's write first
   ck.close()
   assert ck.saved_steps == [1, 3]
   ck = RunCheckpointer(d)
@@ -82,10 +86,16 @@ def test_save_returns_with_the_arrays_copied_and_close_waits(tmp_path):
 
 # ------------------------------------------------ kill and resume, N = 2
 
+
 def config(steps: int, extra: str = "") -> str:
   """The micro toy run with k = 3, ``steps`` A steps, checkpoint_every=2."""
-  out = MICRO.replace("rspo.k=1,", "rspo.k=3,").replace(
-      ",steps=2,", f",steps={steps},") + ",train.checkpoint_every=2" + extra
+  out = (
+      MICRO.replace("rspo.k=1,", "rspo.k=3,").replace(
+          ",steps=2,", f",steps={steps},"
+      )
+      + ",train.checkpoint_every=2"
+      + extra
+  )
   assert "rspo.k=3," in out and f",steps={steps}," in out
   return out
 
@@ -101,28 +111,41 @@ CASES = {
 WARM_FILES = ("tokenizer", "warm_start", "eval_start.json")
 
 
-def train(workdir: str, cfg: str, fault: str = "",
-          fault_env: dict = None) -> subprocess.CompletedProcess:
-  env = dict(os.environ, XLA_FLAGS="",
-             # Cache every program (JAX keeps those of >= 1 s by default;
-             # the micro model's compile faster).
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+def train(
+    workdir: str, cfg: str, fault: str = "", fault_env: dict = None
+) -> subprocess.CompletedProcess:
+  env = dict(
+      os.environ,
+      XLA_FLAGS="",
+      # Cache every program (JAX keeps those of >= 1 s by default;
+      # the micro model's compile faster).
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
   env.pop(faults.ENV_VAR, None)
   env.pop(faults.SIGNAL_VAR, None)
   if fault:
     env[faults.ENV_VAR] = fault
   env.update(fault_env or {})
-  cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
-         f"--config={ROOT}/configs/toy_grpo.py:{cfg}",
-         f"--workdir={workdir}", "--no_progress",
-         "--log_level=info"]  # the checkpoint and resume lines
-  return subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        timeout=900)
+  cmd = [
+      sys.executable,
+      os.path.join(ROOT, "launch/train.py"),
+      f"--config={ROOT}/configs/toy_grpo.py:{cfg}",
+      f"--workdir={workdir}",
+      "--no_progress",
+      "--log_level=info",
+  ]  # the checkpoint and resume lines
+  return subprocess.run(
+      cmd, capture_output=True, text=True, env=env, timeout=900
+  )
 
 
 def saves_logged(stderr: str) -> list[int]:
-  return [int(n) for n in re.findall(
-      r"checkpoint (\d+): writing in the background", stderr)]
+  return [
+      int(n)
+      for n in re.findall(
+          r"checkpoint (\d+): writing in the background", stderr
+      )
+  ]
 
 
 def a_rows(workdir: str) -> dict:
@@ -135,12 +158,18 @@ def final_params(workdir: str) -> list:
   ck = RunCheckpointer(os.path.join(workdir, "checkpoints"))
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
-  out = ck._mgr.restore(ck.latest_step(), args=ocp.args.Composite(  # pylint: disable=protected-access
-      policy=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  out = ck._mgr.restore(
+      ck.latest_step(),
+      args=ocp.args.Composite(  # pylint: disable=protected-access
+          policy=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()
+      ),
+  )
   ck.close()
   leaves = jax.tree_util.tree_leaves_with_path(out["policy"]["params"])
-  return out["meta"], [np.asarray(x) for _, x in sorted(
-      leaves, key=lambda kv: jax.tree_util.keystr(kv[0]))]
+  return out["meta"], [
+      np.asarray(x)
+      for _, x in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0]))
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +194,8 @@ def copy_warm_start(base: str, run: str) -> None:
   for name in WARM_FILES:
     src = os.path.join(base, name)
     (shutil.copytree if os.path.isdir(src) else shutil.copy)(
-        src, os.path.join(run, name))
+        src, os.path.join(run, name)
+    )
 
 
 def assert_same_run(run: str, base: str, steps: int) -> None:
@@ -178,8 +208,14 @@ def assert_same_run(run: str, base: str, steps: int) -> None:
   assert sorted(got_rows) == sorted(want_rows)
   for step, want in want_rows.items():
     row = got_rows[step]
-    for key in ("rows_on", "rows_off", "rollout_gen_tokens",
-                "rollout_env_steps", "updates", "skipped"):
+    for key in (
+        "rows_on",
+        "rows_off",
+        "rollout_gen_tokens",
+        "rollout_env_steps",
+        "updates",
+        "skipped",
+    ):
       assert row[key] == want[key], (step, key)
     assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-8)
   for a, b in zip(got_params, want_params):
@@ -191,7 +227,8 @@ def assert_same_run(run: str, base: str, steps: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
-    case, baseline, tmp_path):
+    case, baseline, tmp_path
+):
   """Killed in A step 2 (before its save): the restart resumes from the
   checkpoint after B's phase and redoes steps 1-2 (RSPO_H: step 1's groups,
   already in the next loop's D, are dropped and written again)."""
@@ -199,8 +236,11 @@ def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
   steps = 4 if case == "rspo_h" else 3
   base, base_log = baseline(case)
   assert saves_logged(base_log) == saved
-  assert os.listdir(compile_cache.cache_dir(
-      ml_collections.ConfigDict({"train": {"compile_cache_dir": ""}}), base))
+  assert os.listdir(
+      compile_cache.cache_dir(
+          ml_collections.ConfigDict({"train": {"compile_cache_dir": ""}}), base
+      )
+  )
   want_rows = a_rows(base)
   assert sorted(want_rows) == list(range(1, steps + 1))
   assert want_rows[steps]["rows_off"] > 0  # replayed in the last loop
@@ -212,8 +252,10 @@ def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
   assert saves_logged(killed.stderr) == [1]  # step 1 was not saved
   restarted = train(run, cfg)
   assert restarted.returncode == 0, restarted.stderr[-3000:]
-  assert "resumed from checkpoint: LoopState(loop=0, phase='A', a_steps=0" \
+  assert (
+      "resumed from checkpoint: LoopState(loop=0, phase='A', a_steps=0"
       in restarted.stderr
+  )
   assert saves_logged(restarted.stderr) == saved[1:]
   assert glob.glob(os.path.join(run, "checkpoints", "*tmp*")) == []
   # The restart read programs back from the persistent cache.
@@ -224,7 +266,8 @@ def test_checkpoint_every_two_saves_those_steps_and_resumes_exactly(
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_the_step_in_progress_and_resumes_exactly(
-    baseline, tmp_path):
+    baseline, tmp_path
+):
   """SIGTERM in A step 1 (whose checkpoint is not due at
   checkpoint_every=2): the step finishes, is saved (orbax step 3), the
   process exits with 143 without a final evaluation; the restart resumes
@@ -242,15 +285,18 @@ def test_sigterm_checkpoints_the_step_in_progress_and_resumes_exactly(
   assert sorted(a_rows(run)) == [1]
   restarted = train(run, cfg)
   assert restarted.returncode == 0, restarted.stderr[-3000:]
-  assert "resumed from checkpoint: LoopState(loop=0, phase='A', a_steps=1" \
+  assert (
+      "resumed from checkpoint: LoopState(loop=0, phase='A', a_steps=1"
       in restarted.stderr
+  )
   assert saves_logged(restarted.stderr) == saved[1:]
   assert_same_run(run, base, 3)
 
 
 @pytest.mark.slow
 def test_sigterm_in_b_phase_stops_at_the_next_b_step_and_redoes_b(
-    baseline, tmp_path):
+    baseline, tmp_path
+):
   """SIGTERM in B's 2nd of 3 steps (loop 0): the process exits with 143
   after that B step, not after B's phase, saving nothing (B is redone from
   A on resume, as after a kill there); the restart ends like the

@@ -42,25 +42,38 @@ def policy(tmp_path_factory):
   """A tiny policy cloned from the toy expert for 60 steps: it wins some
   episodes and loses others, at different turns, so the unfinished rows of
   a turn change (prompts of 127-204 tokens: three prompt buckets)."""
-  eps = warm_start.expert_episodes("toy", ENV, range(64), split="train",
-                                   max_steps=MAX_STEPS)
-  texts = [t for pair in warm_start.episode_texts(eps, "toy", 2)
-           for t in pair]
-  tok = models.train_tokenizer(texts, 1000,
-                               str(tmp_path_factory.mktemp("tok")))
+  eps = warm_start.expert_episodes(
+      "toy", ENV, range(64), split="train", max_steps=MAX_STEPS
+  )
+  texts = [t for pair in warm_start.episode_texts(eps, "toy", 2) for t in pair]
+  tok = models.train_tokenizer(texts, 1000, str(tmp_path_factory.mktemp("tok")))
   eos = tok.convert_tokens_to_ids("<|im_end|>")
   cfg = models.get_model_config(
-      "tiny", vocab_size=1024, num_layers=1, hidden_size=64,
-      intermediate_size=128, num_heads=2, num_kv_heads=1, head_dim=32,
-      max_position_embeddings=1024, eos_token_id=eos, bos_token_id=None)
-  learner = Learner(models.create_model(cfg, seed=0),
-                    ts.make_optimizer(3e-3), ts.make_sft_loss(0.0),
-                    mesh=sharding.make_mesh((1, 1, 1)),
-                    rules=sharding.DEFAULT_RULES)
-  records = warm_start.sft_records(eps, tok, "toy", history_length=2,
-                                   max_prompt_tokens=1024)
-  warm_start.train_sft(learner, records, steps=60, batch_rows=16, seed=0,
-                       progress=False)
+      "tiny",
+      vocab_size=1024,
+      num_layers=1,
+      hidden_size=64,
+      intermediate_size=128,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=32,
+      max_position_embeddings=1024,
+      eos_token_id=eos,
+      bos_token_id=None,
+  )
+  learner = Learner(
+      models.create_model(cfg, seed=0),
+      ts.make_optimizer(3e-3),
+      ts.make_sft_loss(0.0),
+      mesh=sharding.make_mesh((1, 1, 1)),
+      rules=sharding.DEFAULT_RULES,
+  )
+  records = warm_start.sft_records(
+      eps, tok, "toy", history_length=2, max_prompt_tokens=1024
+  )
+  warm_start.train_sft(
+      learner, records, steps=60, batch_rows=16, seed=0, progress=False
+  )
   return tok, cfg, learner
 
 
@@ -69,16 +82,22 @@ def collections(policy):
   """(records, stats, chunks) of T alone and of T + EXTRA; ``chunks``: per
   engine chunk, (turn, request rows, batch bucket, prompt bucket)."""
   tok, cfg, learner = policy
-  engine = JaxEngine(learner.module(), cfg, pad_id=tok.pad_token_id or 0,
-                     eos_ids=[cfg.eos_token_id],
-                     decode_fn=lambda ids: tok.decode(
-                         ids, skip_special_tokens=True))
-  venv = VectorEnv("toy", ENV, (len(TASKS) + len(EXTRA)) * GROUP,
-                   use_processes=False)
-  ccfg = collect_lib.CollectConfig(env_name="toy", max_steps=MAX_STEPS,
-                                   max_prompt_tokens=1024)
-  sampling = SamplingParams(temperature=1.0, max_new_tokens=24,
-                            stop_strings=("</action>",))
+  engine = JaxEngine(
+      learner.module(),
+      cfg,
+      pad_id=tok.pad_token_id or 0,
+      eos_ids=[cfg.eos_token_id],
+      decode_fn=lambda ids: tok.decode(ids, skip_special_tokens=True),
+  )
+  venv = VectorEnv(
+      "toy", ENV, (len(TASKS) + len(EXTRA)) * GROUP, use_processes=False
+  )
+  ccfg = collect_lib.CollectConfig(
+      env_name="toy", max_steps=MAX_STEPS, max_prompt_tokens=1024
+  )
+  sampling = SamplingParams(
+      temperature=1.0, max_new_tokens=24, stop_strings=("</action>",)
+  )
   chunks, turn = [], [0]
   generate, chunk = engine.generate, engine._generate_chunk
 
@@ -87,8 +106,7 @@ def collections(policy):
     return generate(prompts, params)
 
   def spy_chunk(rows, ids, *a, **kw):
-    chunks.append((turn[0], tuple(ids), len(rows),
-                   max(len(r) for r in rows)))
+    chunks.append((turn[0], tuple(ids), len(rows), max(len(r) for r in rows)))
     return chunk(rows, ids, *a, **kw)
 
   engine.generate, engine._generate_chunk = spy_generate, spy_chunk
@@ -97,8 +115,12 @@ def collections(policy):
     for name, tasks in (("alone", TASKS), ("more", TASKS + EXTRA)):
       chunks.clear()
       records, stats = collect_lib.collect(
-          engine, venv, tok,
-          collect_lib.CollectRequest(tasks, GROUP, sampling, seed=SEED), ccfg)
+          engine,
+          venv,
+          tok,
+          collect_lib.CollectRequest(tasks, GROUP, sampling, seed=SEED),
+          ccfg,
+      )
       out[name] = (records, stats, list(chunks))
   finally:
     venv.close()
@@ -113,7 +135,8 @@ def _by_traj(records):
 
 
 def test_shared_tasks_play_the_same_episodes_alone_and_with_more_groups(
-    collections):
+    collections,
+):
   alone, stats_alone, chunks_alone = collections["alone"]
   more, _, chunks_more = collections["more"]
   a, m = _by_traj(alone), _by_traj(more)
@@ -125,12 +148,20 @@ def test_shared_tasks_play_the_same_episodes_alone_and_with_more_groups(
     for x, y in zip(a[traj], m[traj]):
       assert x.task_id == y.task_id and x.step_idx == y.step_idx
       np.testing.assert_array_equal(x.prompt_ids, y.prompt_ids)
-      np.testing.assert_array_equal(x.response_ids, y.response_ids,
-                                    err_msg=f"traj {traj} step {x.step_idx}")
-      np.testing.assert_allclose(x.behavior_logp, y.behavior_logp,
-                                 atol=1e-5, rtol=0)
+      np.testing.assert_array_equal(
+          x.response_ids,
+          y.response_ids,
+          err_msg=f"traj {traj} step {x.step_idx}",
+      )
+      np.testing.assert_allclose(
+          x.behavior_logp, y.behavior_logp, atol=1e-5, rtol=0
+      )
       assert (x.action, x.invalid, x.won, x.env_reward) == (
-          y.action, y.invalid, y.won, y.env_reward)
+          y.action,
+          y.invalid,
+          y.won,
+          y.env_reward,
+      )
   won = [a[t][-1].won for t in range(shared)]
   assert np.mean(won) == stats_alone["success_rate"]
 
@@ -139,12 +170,17 @@ def test_shared_tasks_play_the_same_episodes_alone_and_with_more_groups(
   assert 0 < np.mean(won) < 1
   assert len({len(a[t]) for t in range(shared)}) > 1
   assert {r.invalid for r in alone} == {False, True}
+
   # ... and T's rows were bucketed differently: a row of T whose chunk
   # (its rows, batch size or prompt bucket) differs between the two
   # collections at the same turn.
   def row_chunks(chunks):
-    return {(turn, i): (ids, n, longest) for turn, ids, n, longest in chunks
-            for i in ids if i < shared}
+    return {
+        (turn, i): (ids, n, longest)
+        for turn, ids, n, longest in chunks
+        for i in ids
+        if i < shared
+    }
 
   ca, cm = row_chunks(chunks_alone), row_chunks(chunks_more)
   assert ca.keys() <= cm.keys()
@@ -155,7 +191,8 @@ def test_shared_tasks_play_the_same_episodes_alone_and_with_more_groups(
 
 
 def test_teacher_forced_logprobs_do_not_depend_on_the_batch(
-    policy, collections):
+    policy, collections
+):
   """The learner's log-probs of T's sampled tokens, alone and in the batch
   of every row of both collections (other row count and padded length),
   agree to float tolerance, and with the engine's."""
@@ -164,8 +201,9 @@ def test_teacher_forced_logprobs_do_not_depend_on_the_batch(
   everything = alone + collections["more"][0]
 
   def logp(records, width):
-    batch = batching.records_to_batch(records, np.zeros(len(records)),
-                                      length_multiple=width)
+    batch = batching.records_to_batch(
+        records, np.zeros(len(records)), length_multiple=width
+    )
     out = learner.apply(batch)
     mask = np.asarray(batch.loss_mask) > 0
     return [out[j, mask[j]] for j in range(len(records))], batch

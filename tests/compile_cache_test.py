@@ -44,14 +44,23 @@ SCRIPT = textwrap.dedent("""
 
 
 def run_process(cache: str) -> dict:
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
-             PYTHONPATH=ROOT,
-             # Cache every program, however quickly it compiles (JAX's
-             # default keeps those of >= 1 s only).
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  out = subprocess.run([sys.executable, "-c", SCRIPT, cache], env=env,
-                       capture_output=True, text=True, timeout=300,
-                       check=True)
+  env = dict(
+      os.environ,
+      XLA_FLAGS="",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=ROOT,
+      # Cache every program, however quickly it compiles (JAX's
+      # default keeps those of >= 1 s only).
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
+  out = subprocess.run(
+      [sys.executable, "-c", SCRIPT, cache],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=True,
+  )
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -81,8 +90,9 @@ def test_a_second_process_reads_its_programs_from_the_cache(tmp_path):
 
 
 def test_compile_rows_name_each_function_and_its_seconds(tmp_path):
-  writer = compile_cache.CompileMetrics(MetricsWriter(str(tmp_path),
-                                                      tensorboard=False))
+  writer = compile_cache.CompileMetrics(
+      MetricsWriter(str(tmp_path), tensorboard=False)
+  )
   writer.write(0, "A", {"loss": 1.0})  # whatever compiled before
 
   @jax.jit
@@ -94,12 +104,15 @@ def test_compile_rows_name_each_function_and_its_seconds(tmp_path):
   scaled_cumsum_for_this_test(jnp.arange(5.0)).block_until_ready()  # cached
   writer.write(2, "A", {"loss": 0.25})
   writer.close()
-  rows = read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"),
-                      "compile")
+  rows = read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"), "compile")
   (row,) = [r for r in rows if r["step"] == 1]
   assert row["scaled_cumsum_for_this_test_s"] > 0
-  assert row["compiles"] >= 1 and row["compile_s"] >= row[
-      "scaled_cumsum_for_this_test_s"]
+  assert (
+      row["compiles"] >= 1
+      and row["compile_s"] >= row["scaled_cumsum_for_this_test_s"]
+  )
   assert not [r for r in rows if r["step"] == 2]  # nothing compiled
-  assert [r["phase"] for r in read_metrics(
-      os.path.join(str(tmp_path), "metrics.jsonl"), "A")] == ["A"] * 3
+  assert [
+      r["phase"]
+      for r in read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"), "A")
+  ] == ["A"] * 3

@@ -37,12 +37,14 @@ SCANNED = ("rspo_jax", "launch")
 GET_EXEMPT = frozenset()  # no file may read a config key with .get
 
 CONFIG_ROOTS = frozenset(
-    {"cfg", "config", "run_cfg", "c", "self.cfg", "self.config"})
+    {"cfg", "config", "run_cfg", "c", "self.cfg", "self.config"}
+)
 # Parameters that hold one section of the run config.
 SECTION_PARAMS = {"algo_cfg": ("algo",), "mesh_cfg": ("mesh",)}
 # Methods of ConfigDict: a chain that reaches one stops being a key path.
 METHODS = frozenset(
-    n for n in dir(ml_collections.ConfigDict) if not n.startswith("_"))
+    n for n in dir(ml_collections.ConfigDict) if not n.startswith("_")
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Read:
   """One config read: ``path`` from the run config's root, e.g.
   ('train', 'lr'); ``get`` when the read is ``<path>.get(<key>)`` (the key
   then ends ``path``, or None when it is not a string literal)."""
+
   where: str  # file:line
   path: tuple
   get: bool = False
@@ -60,20 +63,18 @@ def _config_keys():
   those that may exist in any one (env.kwargs.*, mesh.*)."""
   every, anyone = None, (set(), set())
   for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))):
-    mod = importlib.import_module(
-        "configs." + os.path.basename(path)[:-3])
+    mod = importlib.import_module("configs." + os.path.basename(path)[:-3])
     if not hasattr(mod, "get_config"):
       continue
     for arg in (None, "model=qwen2.5-1.5b"):  # the CPU and paper scales
       keys = _walk(mod.get_config(arg))
-      every = keys if every is None else tuple(
-          a & b for a, b in zip(every, keys))
+      every = (
+          keys if every is None else tuple(a & b for a, b in zip(every, keys))
+      )
       for a, b in zip(anyone, keys):
         a |= b
-  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "mesh",
-                                            "*.py"))):
-    mod = importlib.import_module(
-        "configs.mesh." + os.path.basename(path)[:-3])
+  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "mesh", "*.py"))):
+    mod = importlib.import_module("configs.mesh." + os.path.basename(path)[:-3])
     if hasattr(mod, "get_config"):
       anyone[1].update(f"mesh.{k}" for k in mod.get_config().keys())
   varying = ("env.kwargs.", "mesh.")
@@ -103,8 +104,11 @@ def _root(node) -> str | None:
   """'cfg' / 'self.cfg' for a Name or a one-level self attribute."""
   if isinstance(node, ast.Name):
     return node.id
-  if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-      and node.value.id == "self"):
+  if (
+      isinstance(node, ast.Attribute)
+      and isinstance(node.value, ast.Name)
+      and node.value.id == "self"
+  ):
     return f"self.{node.attr}"
   return None
 
@@ -117,9 +121,12 @@ def _chain(node, parents):
     up = parents.get(node)
     if isinstance(up, ast.Attribute) and up.value is node:
       attrs.append(up.attr)
-    elif (isinstance(up, ast.Subscript) and up.value is node
-          and isinstance(up.slice, ast.Constant)
-          and isinstance(up.slice.value, str)):
+    elif (
+        isinstance(up, ast.Subscript)
+        and up.value is node
+        and isinstance(up.slice, ast.Constant)
+        and isinstance(up.slice.value, str)
+    ):
       attrs.append(up.slice.value)
     else:
       return attrs, node
@@ -129,9 +136,13 @@ def _chain(node, parents):
 def _get_key(top, parents):
   """The literal key of ``<...>.get("key", ...)`` ending at `top`."""
   call = parents.get(top)
-  if (isinstance(call, ast.Call) and call.func is top and call.args
+  if (
+      isinstance(call, ast.Call)
+      and call.func is top
+      and call.args
       and isinstance(call.args[0], ast.Constant)
-      and isinstance(call.args[0].value, str)):
+      and isinstance(call.args[0].value, str)
+  ):
     return call.args[0].value
   return None
 
@@ -173,20 +184,27 @@ def scan(source: str, name: str) -> list[Read]:
       attrs, top = _chain(node, parents)
       if attrs:
         chains.append((root, attrs, top))
-    configs = {r for r, attrs, _ in chains
-               if r in CONFIG_ROOTS and attrs[0] in TOP_SECTIONS}
+    configs = {
+        r
+        for r, attrs, _ in chains
+        if r in CONFIG_ROOTS and attrs[0] in TOP_SECTIONS
+    }
     prefixes = {r: () for r in configs}
     prefixes.update({r: p for r, p in SECTION_PARAMS.items()})
     for node in owned:  # x = cfg.<section> (also a, b = cfg.x, ...)
       if isinstance(node, ast.Assign) and len(node.targets) == 1:
         pairs = [(node.targets[0], node.value)]
-        if (isinstance(node.targets[0], ast.Tuple)
-            and isinstance(node.value, ast.Tuple)):
+        if isinstance(node.targets[0], ast.Tuple) and isinstance(
+            node.value, ast.Tuple
+        ):
           pairs = zip(node.targets[0].elts, node.value.elts)
         for target, value in pairs:
           path = _path_of(value, prefixes)
-          if (isinstance(target, ast.Name) and path
-              and ".".join(path) in SECTIONS):
+          if (
+              isinstance(target, ast.Name)
+              and path
+              and ".".join(path) in SECTIONS
+          ):
             prefixes[target.id] = path
     for root, attrs, top in chains:
       if root not in prefixes:
@@ -194,8 +212,9 @@ def scan(source: str, name: str) -> list[Read]:
       path = prefixes[root] + tuple(attrs)
       where = f"{name}:{top.lineno}"
       if path[-1] == "get":
-        reads.append(Read(where, path[:-1] + (_get_key(top, parents),),
-                          get=True))
+        reads.append(
+            Read(where, path[:-1] + (_get_key(top, parents),), get=True)
+        )
       else:
         reads.append(Read(where, path))
   return reads
@@ -234,8 +253,9 @@ def unknown_key(read: Read) -> str | None:
 
 def _library_files():
   for top in SCANNED:
-    for path in sorted(glob.glob(os.path.join(ROOT, top, "**", "*.py"),
-                                 recursive=True)):
+    for path in sorted(
+        glob.glob(os.path.join(ROOT, top, "**", "*.py"), recursive=True)
+    ):
       yield os.path.relpath(path, ROOT).replace(os.sep, "/"), path
 
 
@@ -257,30 +277,36 @@ def test_the_scan_sees_the_library_read_its_configs(library_reads):
   assert len(library_reads) > 300
 
 
-def test_every_key_the_library_reads_exists_in_the_base_config(
-    library_reads):
-  missing = sorted({f"{r.where}: {unknown_key(r)}" for r in library_reads
-                    if unknown_key(r)})
+def test_every_key_the_library_reads_exists_in_the_base_config(library_reads):
+  missing = sorted(
+      {f"{r.where}: {unknown_key(r)}" for r in library_reads if unknown_key(r)}
+  )
   assert not missing, (
       "config keys no config in configs/ holds (add them to configs/base.py"
-      " or fix the name):\n" + "\n".join(missing))
+      " or fix the name):\n" + "\n".join(missing)
+  )
 
 
 def test_no_get_with_a_default_on_config_sections(library_reads):
-  gets = sorted(f"{r.where}: .get({r.path[-1]!r})" for r in library_reads
-                if r.get and not _exempt(r.where.split(":")[0]))
+  gets = sorted(
+      f"{r.where}: .get({r.path[-1]!r})"
+      for r in library_reads
+      if r.get and not _exempt(r.where.split(":")[0])
+  )
   assert not gets, (
       "read config keys directly (cfg.section.key): the base config owns"
-      " every default:\n" + "\n".join(gets))
+      " every default:\n" + "\n".join(gets)
+  )
 
 
 def _exempt(path: str) -> bool:
-  return any(path == e or e.endswith("/") and path.startswith(e)
-             for e in GET_EXEMPT)
+  return any(
+      path == e or e.endswith("/") and path.startswith(e) for e in GET_EXEMPT
+  )
 
 
 def test_the_scan_catches_a_typo_and_a_get():
-  source = '''
+  source = """
 def f(cfg):
   lr = cfg.train.lr
   t = cfg.train
@@ -293,8 +319,11 @@ def g(algo_cfg):
 
 def h(cfg):
   return cfg.hidden_size  # a model config: not read as a run config
-'''
+"""
   reads = scan(source, "x.py")
   assert sorted(unknown_key(r) for r in reads if unknown_key(r)) == [
-      "algo.gae_gama", "rollout.temprature", "train.lerning_rate"]
+      "algo.gae_gama",
+      "rollout.temprature",
+      "train.lerning_rate",
+  ]
   assert [r.where for r in reads if r.get] == ["x.py:5"]

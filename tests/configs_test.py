@@ -10,8 +10,11 @@ from configs import alfworld_gigpo, webshop_grpo, webshop_ppo
 def test_cpu_recipe_uses_the_small_webshop_world():
   cfg = webshop_grpo.get_config()
   assert dict(cfg.env.kwargs) == dict(
-      num_products=30, goals_per_product=20, num_test_goals=256,
-      expert_query="type")
+      num_products=30,
+      goals_per_product=20,
+      num_test_goals=256,
+      expert_query="type",
+  )
   # Its committed warm start, not behaviour cloning (default_run_test.py).
   assert cfg.model.preset == "nano" and not cfg.sft.enabled
   assert cfg.model.checkpoint_dir.endswith("warm_starts/webshop_nano")
@@ -23,7 +26,9 @@ def test_cpu_recipe_uses_two_alfworld_task_types():
   cfg = alfworld_gigpo.get_config()
   assert cfg.model.preset == "nano" and cfg.sft.prompt_loss_weight == 1.0
   assert tuple(cfg.env.kwargs.task_types) == (
-      "pick_and_place_simple", "look_at_obj_in_light")
+      "pick_and_place_simple",
+      "look_at_obj_in_light",
+  )
   assert not dict(alfworld_gigpo.get_config("model=qwen2.5-1.5b").env.kwargs)
 
 
@@ -35,8 +40,9 @@ def test_paper_scale_restores_upstream_sized_worlds():
 
 
 def test_world_overrides_keep_their_types():
-  cfg = webshop_grpo.get_config("env.kwargs.num_products=60,"
-                                "env.kwargs.expert_query=instruction")
+  cfg = webshop_grpo.get_config(
+      "env.kwargs.num_products=60," "env.kwargs.expert_query=instruction"
+  )
   assert cfg.env.kwargs.num_products == 60
   assert cfg.env.kwargs.expert_query == "instruction"
   with pytest.raises(ValueError):
@@ -55,13 +61,16 @@ def test_train_tasks_restricts_the_training_task_ids():
   assert whole > 16 and build.num_train_tasks(cfg) == whole
   cfg = webshop_grpo.get_config("env.train_tasks=16")
   assert build.num_train_tasks(cfg) == 16
-  with pytest.raises(ConfigError, match=f"env.train_tasks={whole + 1}.*"
-                     f"has {whole} tasks"):
+  with pytest.raises(
+      ConfigError, match=f"env.train_tasks={whole + 1}.*" f"has {whole} tasks"
+  ):
     build.num_train_tasks(
-        webshop_grpo.get_config(f"env.train_tasks={whole + 1}"))
+        webshop_grpo.get_config(f"env.train_tasks={whole + 1}")
+    )
   # Fewer than a step's tasks: refused at start (a step's tasks differ).
-  with pytest.raises(ConfigError, match="env.train_tasks=3.*>= train"
-                     ".batch_tasks = 16"):
+  with pytest.raises(
+      ConfigError, match="env.train_tasks=3.*>= train" ".batch_tasks = 16"
+  ):
     base.validate(webshop_grpo.get_config("env.train_tasks=3"))
 
 
@@ -79,10 +88,11 @@ def test_centre_cap_keys_default_off_validated_and_threaded():
   assert (loss_cfg.centre_cap, loss_cfg.centre_cap_mode) == (2.0, "mask")
   assert build.policy_loss_config(cfg, rspo=False).centre_cap == 0.0
   assert webshop_grpo.get_config("rspo.centre_cap=1").rspo.centre_cap == 1.0
-  for bad, wanted in (("rspo.centre_cap=-1", "rspo.centre_cap=-1.0"),
-                      ("rspo.centre_cap=0.5", "0 (off) or >= 1"),
-                      ("rspo.centre_cap_mode=clamp",
-                       "one of truncate, mask")):
+  for bad, wanted in (
+      ("rspo.centre_cap=-1", "rspo.centre_cap=-1.0"),
+      ("rspo.centre_cap=0.5", "0 (off) or >= 1"),
+      ("rspo.centre_cap_mode=clamp", "one of truncate, mask"),
+  ):
     with pytest.raises(ConfigError, match=re.escape(wanted)):
       webshop_grpo.get_config(bad)
 
@@ -114,7 +124,11 @@ def test_attention_kernel_is_a_config_key_that_reaches_the_model():
   assert webshop_grpo.get_config().model.attention == "auto"
   cfg = webshop_grpo.get_config("model.attention=xla")
   assert build.model_numerics(cfg)["attention"] == "xla"
-  with pytest.raises(ConfigError, match=re.escape(
-      "model.attention='splsh' (did you mean 'splash'?); wants one of auto,"
-      " xla, cudnn, splash, plain")):
+  with pytest.raises(
+      ConfigError,
+      match=re.escape(
+          "model.attention='splsh' (did you mean 'splash'?); wants one of auto,"
+          " xla, cudnn, splash, plain"
+      ),
+  ):
     webshop_grpo.get_config("model.attention=splsh")

@@ -13,17 +13,31 @@ EPS = 1e-6
 P = -0.1  # invalid-action penalty
 
 
-def _rec(traj, group, step, env, invalid=False, anchor="", n_resp=1,
-         dense=float("nan")):
+def _rec(
+    traj,
+    group,
+    step,
+    env,
+    invalid=False,
+    anchor="",
+    n_resp=1,
+    dense=float("nan"),
+):
   """A step record as collect.py fills it: env_reward = the environment's
   reward plus the penalty when the reply was invalid."""
   return StepRecord(
-      task_id=group, group_id=group, traj_id=traj, step_idx=step,
+      task_id=group,
+      group_id=group,
+      traj_id=traj,
+      step_idx=step,
       prompt_ids=np.zeros(3, np.int32),
       response_ids=np.ones(n_resp, np.int32),
       behavior_logp=np.zeros(n_resp, np.float32),
-      env_reward=env + (P if invalid else 0.0), invalid=invalid,
-      anchor_obs=anchor, dense_reward=dense)
+      env_reward=env + (P if invalid else 0.0),
+      invalid=invalid,
+      anchor_obs=anchor,
+      dense_reward=dense,
+  )
 
 
 def _records():
@@ -50,11 +64,20 @@ def _records():
 
 
 def _cfg(name, **kw):
-  c = ml_collections.ConfigDict(dict(
-      name=name, normalize_std=True, gamma=0.5, omega=1.0,
-      anchor_similarity=None, invalid_action_penalty=P,
-      credit_mode="verl_agent", gae_gamma=1.0, gae_lambda=1.0,
-      gae_whiten=True))
+  c = ml_collections.ConfigDict(
+      dict(
+          name=name,
+          normalize_std=True,
+          gamma=0.5,
+          omega=1.0,
+          anchor_similarity=None,
+          invalid_action_penalty=P,
+          credit_mode="verl_agent",
+          gae_gamma=1.0,
+          gae_lambda=1.0,
+          gae_whiten=True,
+      )
+  )
   c.update(kw)
   return c
 
@@ -65,8 +88,7 @@ def _by_key(records, values):
 
 def _advantages(name, records=None, **kw):
   records = records if records is not None else _records()
-  rewards = credit.step_rewards(records, "outcome",
-                                invalid_action_penalty=P)
+  rewards = credit.step_rewards(records, "outcome", invalid_action_penalty=P)
   adv, ret = credit.compute_advantages(records, rewards, _cfg(name, **kw))
   assert adv.dtype == np.float32 and ret is None
   return _by_key(records, adv)
@@ -96,18 +118,35 @@ def test_grpo_rows_score_episode_reward_plus_own_penalty():
   # g1 rows: traj 2 (9.9, 10), traj 3 (10): mean 9.9667,
   #   deviations (-1/15, 1/30, 1/30), sample std 1 / sqrt(300).
   got = _advantages("grpo", normalize_std=False)
-  _check(got, {
-      (0, 0): 4.04, (0, 1): 3.94, (0, 2): 4.04,
-      (1, 0): -6.06, (1, 1): -5.96,
-      (2, 0): -1 / 15, (2, 1): 1 / 30, (3, 0): 1 / 30,
-  })
+  _check(
+      got,
+      {
+          (0, 0): 4.04,
+          (0, 1): 3.94,
+          (0, 2): 4.04,
+          (1, 0): -6.06,
+          (1, 1): -5.96,
+          (2, 0): -1 / 15,
+          (2, 1): 1 / 30,
+          (3, 0): 1 / 30,
+      },
+  )
   got = _advantages("grpo")
   sd0, s3 = np.sqrt(30.103) + EPS, np.sqrt(3.0)
-  _check(got, {
-      (0, 0): 4.04 / sd0, (0, 1): 3.94 / sd0, (0, 2): 4.04 / sd0,
-      (1, 0): -6.06 / sd0, (1, 1): -5.96 / sd0,
-      (2, 0): -2 / s3, (2, 1): 1 / s3, (3, 0): 1 / s3,
-  }, rtol=1e-4)
+  _check(
+      got,
+      {
+          (0, 0): 4.04 / sd0,
+          (0, 1): 3.94 / sd0,
+          (0, 2): 4.04 / sd0,
+          (1, 0): -6.06 / sd0,
+          (1, 1): -5.96 / sd0,
+          (2, 0): -2 / s3,
+          (2, 1): 1 / s3,
+          (3, 0): 1 / s3,
+      },
+      rtol=1e-4,
+  )
   assert np.isclose(got[(0, 0)], 0.736338, rtol=1e-4)
 
 
@@ -120,11 +159,19 @@ def test_gigpo_penalty_on_row_not_discounted_back():
   # Step groups: s0 {2.5, -.1} -> +-1.3; s1 {4.9, 0} -> +-2.45; s2 {10},
   #   u1 {10} -> 0; u0 {4.9, 10} -> -+2.55.
   got = _advantages("gigpo", normalize_std=False)
-  _check(got, {
-      (0, 0): 4.04 + 1.3, (0, 1): 3.94 + 2.45, (0, 2): 4.04,
-      (1, 0): -6.06 - 1.3, (1, 1): -5.96 - 2.45,
-      (2, 0): -1 / 15 - 2.55, (2, 1): 1 / 30, (3, 0): 1 / 30 + 2.55,
-  })
+  _check(
+      got,
+      {
+          (0, 0): 4.04 + 1.3,
+          (0, 1): 3.94 + 2.45,
+          (0, 2): 4.04,
+          (1, 0): -6.06 - 1.3,
+          (1, 1): -5.96 - 2.45,
+          (2, 0): -1 / 15 - 2.55,
+          (2, 1): 1 / 30,
+          (3, 0): 1 / 30 + 2.55,
+      },
+  )
   # omega scales the step part only.
   got = _advantages("gigpo", normalize_std=False, omega=0.0)
   assert np.isclose(got[(0, 1)], 3.94) and np.isclose(got[(3, 0)], 1 / 30)
@@ -134,13 +181,16 @@ def test_dense_source_same_convention():
   # PRM rewards (0.2, -0.5, 0.9), step 1 invalid: r = (0.2, -0.6, 0.9);
   # R_hat = 0.6, row scores (0.6, 0.5, 0.6). A one-step second trajectory
   # with r_hat 0.1 makes the group: rows (0.6, 0.5, 0.6, 0.1), mean 0.45.
-  recs = [_rec(0, 0, i, 0.0, invalid=(i == 1), dense=d)
-          for i, d in enumerate([0.2, -0.5, 0.9])]
+  recs = [
+      _rec(0, 0, i, 0.0, invalid=(i == 1), dense=d)
+      for i, d in enumerate([0.2, -0.5, 0.9])
+  ]
   recs.append(_rec(1, 0, 0, 0.0, dense=0.1))
   rewards = credit.step_rewards(recs, "dense", invalid_action_penalty=P)
   np.testing.assert_allclose(rewards, [0.2, -0.6, 0.9, 0.1], rtol=RTOL)
   adv, _ = credit.compute_advantages(
-      recs, rewards, _cfg("grpo", normalize_std=False))
+      recs, rewards, _cfg("grpo", normalize_std=False)
+  )
   np.testing.assert_allclose(adv, [0.15, 0.05, 0.15, -0.35], rtol=RTOL)
 
 
@@ -150,21 +200,34 @@ def test_dense_noise_is_added_in_the_prm_units_before_the_penalty():
   the given generator; the penalty is not noised and the outcome reward
   never is."""
   dense = [0.2, -0.5, 0.9, 0.1]
-  recs = [_rec(0, 0, i, 10.0 * (i == 3), invalid=(i == 1), dense=d)
-          for i, d in enumerate(dense)]
-  noisy = credit.step_rewards(recs, "dense", invalid_action_penalty=P,
-                              noise_sigma=0.3, rng=np.random.default_rng(7))
+  recs = [
+      _rec(0, 0, i, 10.0 * (i == 3), invalid=(i == 1), dense=d)
+      for i, d in enumerate(dense)
+  ]
+  noisy = credit.step_rewards(
+      recs,
+      "dense",
+      invalid_action_penalty=P,
+      noise_sigma=0.3,
+      rng=np.random.default_rng(7),
+  )
   draws = np.random.default_rng(7).normal(0.0, 0.3, 4)
   np.testing.assert_allclose(
-      noisy, np.array(dense) + draws + [0, P, 0, 0], rtol=RTOL)
+      noisy, np.array(dense) + draws + [0, P, 0, 0], rtol=RTOL
+  )
   # The noise's spread is sigma, whatever the rewards' scale.
   many = [_rec(0, 0, i, 0.0, dense=0.5) for i in range(20000)]
-  r = credit.step_rewards(many, "dense", noise_sigma=0.25,
-                          rng=np.random.default_rng(0))
+  r = credit.step_rewards(
+      many, "dense", noise_sigma=0.25, rng=np.random.default_rng(0)
+  )
   assert abs(np.std(r) - 0.25) < 0.01 and abs(np.mean(r) - 0.5) < 0.01
-  outcome = credit.step_rewards(recs, "outcome", invalid_action_penalty=P,
-                                noise_sigma=0.3,
-                                rng=np.random.default_rng(7))
+  outcome = credit.step_rewards(
+      recs,
+      "outcome",
+      invalid_action_penalty=P,
+      noise_sigma=0.3,
+      rng=np.random.default_rng(7),
+  )
   np.testing.assert_allclose(outcome, [0, P, 0, 10.0], rtol=RTOL)
 
 
@@ -191,10 +254,19 @@ def test_trajectory_mode_keeps_the_earlier_credit():
   # R(tau) = sum_t r_t: g0 (9.9, -0.1) -> +-5 (std sqrt(50)); g1 (9.9, 10)
   # -> -+0.05 (std 0.05 sqrt(2)): every step of a trajectory alike.
   got = _advantages("grpo", normalize_std=False, credit_mode="trajectory")
-  _check(got, {
-      (0, 0): 5, (0, 1): 5, (0, 2): 5, (1, 0): -5, (1, 1): -5,
-      (2, 0): -0.05, (2, 1): -0.05, (3, 0): 0.05,
-  })
+  _check(
+      got,
+      {
+          (0, 0): 5,
+          (0, 1): 5,
+          (0, 2): 5,
+          (1, 0): -5,
+          (1, 1): -5,
+          (2, 0): -0.05,
+          (2, 1): -0.05,
+          (3, 0): 0.05,
+      },
+  )
   got = _advantages("grpo", credit_mode="trajectory")
   h = 1 / np.sqrt(2)
   assert np.isclose(got[(0, 1)], h, rtol=1e-4)
@@ -203,11 +275,19 @@ def test_trajectory_mode_keeps_the_earlier_credit():
   #   traj 0 (2.45, 4.9, 10), traj 1 (-.1, 0), traj 2 (4.9, 10), traj 3 10.
   #   s0 {2.45, -.1} -> +-1.275; s1 +-2.45; u0 -+2.55.
   got = _advantages("gigpo", normalize_std=False, credit_mode="trajectory")
-  _check(got, {
-      (0, 0): 6.275, (0, 1): 7.45, (0, 2): 5,
-      (1, 0): -6.275, (1, 1): -7.45,
-      (2, 0): -2.6, (2, 1): -0.05, (3, 0): 2.6,
-  })
+  _check(
+      got,
+      {
+          (0, 0): 6.275,
+          (0, 1): 7.45,
+          (0, 2): 5,
+          (1, 0): -6.275,
+          (1, 1): -7.45,
+          (2, 0): -2.6,
+          (2, 1): -0.05,
+          (3, 0): 2.6,
+      },
+  )
 
 
 def test_unknown_credit_mode():
@@ -222,8 +302,10 @@ def _ppo_episode():
   """One 3-step episode: env rewards (0, 0, 10), step 1 invalid, so
   r = (0, -0.1, 10); critic values V = (4, 6, 8); 2, 1, 1 response tokens.
   """
-  recs = [_rec(0, 0, i, e, invalid=(i == 1), n_resp=n)
-          for i, (e, n) in enumerate([(0.0, 2), (0.0, 1), (10.0, 1)])]
+  recs = [
+      _rec(0, 0, i, e, invalid=(i == 1), n_resp=n)
+      for i, (e, n) in enumerate([(0.0, 2), (0.0, 1), (10.0, 1)])
+  ]
   return recs, np.array([4.0, 6.0, 8.0])
 
 
@@ -231,8 +313,12 @@ def _ppo(values=None, token_counts=None, **kw):
   recs, v = _ppo_episode()
   rewards = credit.step_rewards(recs, "outcome", invalid_action_penalty=P)
   return credit.compute_advantages(
-      recs, rewards, _cfg("ppo", **kw), v if values is None else values,
-      token_counts=token_counts)
+      recs,
+      rewards,
+      _cfg("ppo", **kw),
+      v if values is None else values,
+      token_counts=token_counts,
+  )
 
 
 def _tokens(rows):
@@ -246,8 +332,9 @@ def test_ppo_verl_agent_token_credit_by_hand():
   # tokens, rows 1 and 2 (6), (8): A = (6, 5), (3.9), (2).
   values = [np.array([4.0, 5.0]), np.array([6.0]), np.array([8.0])]
   adv, ret = _ppo(values=values, gae_whiten=False)
-  np.testing.assert_allclose(np.concatenate(adv), [6.0, 5.0, 3.9, 2.0],
-                             rtol=RTOL)
+  np.testing.assert_allclose(
+      np.concatenate(adv), [6.0, 5.0, 3.9, 2.0], rtol=RTOL
+  )
   assert [a.shape for a in adv] == [(2,), (1,), (1,)]
   np.testing.assert_allclose(ret, [10.0, 9.9, 10.0], rtol=RTOL)
   # Whitened over the tokens (6, 5, 3.9, 2): mean 4.225; squared
@@ -255,8 +342,10 @@ def test_ppo_verl_agent_token_credit_by_hand():
   adv, ret = _ppo(values=values)
   sd = np.sqrt(8.8075 / 3)
   np.testing.assert_allclose(
-      np.concatenate(adv), np.array([1.775, 0.775, -0.325, -2.225]) / sd,
-      rtol=RTOL)
+      np.concatenate(adv),
+      np.array([1.775, 0.775, -0.325, -2.225]) / sd,
+      rtol=RTOL,
+  )
   np.testing.assert_allclose(ret, [10.0, 9.9, 10.0], rtol=RTOL)
 
 
@@ -267,19 +356,22 @@ def test_ppo_verl_agent_scalar_values_count_on_every_token():
   adv, ret = _ppo()
   sd = np.sqrt(3.7025)
   np.testing.assert_allclose(
-      np.concatenate(adv), np.array([1.525, 1.525, -0.575, -2.475]) / sd,
-      rtol=RTOL)
-  np.testing.assert_allclose(np.concatenate(adv),
-                             [0.792542, 0.792542, -0.298827, -1.286257],
-                             rtol=RTOL)
+      np.concatenate(adv),
+      np.array([1.525, 1.525, -0.575, -2.475]) / sd,
+      rtol=RTOL,
+  )
+  np.testing.assert_allclose(
+      np.concatenate(adv), [0.792542, 0.792542, -0.298827, -1.286257], rtol=RTOL
+  )
   np.testing.assert_allclose(ret, [10.0, 9.9, 10.0], rtol=RTOL)
   # Explicit counts (0, 1, 1): statistics over (3.9, 2) alone, mean 2.95,
   # sample std 0.95 sqrt(2); the row without tokens has no advantage.
   adv, _ = _ppo(token_counts=[0, 1, 1])
   s2 = np.sqrt(2.0)
   assert adv[0].size == 0
-  np.testing.assert_allclose(np.concatenate(adv[1:]), [1 / s2, -1 / s2],
-                             rtol=RTOL)
+  np.testing.assert_allclose(
+      np.concatenate(adv[1:]), [1 / s2, -1 / s2], rtol=RTOL
+  )
 
 
 def test_ppo_verl_agent_rejects_discounting():
@@ -301,19 +393,21 @@ def test_ppo_trajectory_mode_gae_across_steps_by_hand():
   #   t2: delta = 10 - 8 = 2,                 A = 2
   #   t1: delta = -.1 + .95 * 8 - 6 = 1.5,    A = 1.5 + .95 * 2 = 3.4
   #   t0: delta = 0 + .95 * 6 - 4 = 1.7,      A = 1.7 + .95 * 3.4 = 4.93
-  adv, ret = _ppo(credit_mode="trajectory", gae_gamma=0.95,
-                  gae_whiten=False)
+  adv, ret = _ppo(credit_mode="trajectory", gae_gamma=0.95, gae_whiten=False)
   np.testing.assert_allclose(adv, [4.93, 3.4, 2.0], rtol=RTOL)
   np.testing.assert_allclose(ret, [8.93, 9.4, 10.0], rtol=RTOL)
   # gamma .9, lambda .5: t2 A = 2; t1 delta = -.1 + 7.2 - 6 = 1.1,
   #   A = 1.1 + .45 * 2 = 2.0; t0 delta = 5.4 - 4 = 1.4, A = 1.4 + .9 = 2.3.
-  adv, _ = _ppo(credit_mode="trajectory", gae_gamma=0.9, gae_lambda=0.5,
-                gae_whiten=False)
+  adv, _ = _ppo(
+      credit_mode="trajectory", gae_gamma=0.9, gae_lambda=0.5, gae_whiten=False
+  )
   np.testing.assert_allclose(adv, [2.3, 2.0, 2.0], rtol=RTOL)
   # Per-token critic values: the step's value is the first token's.
-  adv, _ = _ppo(values=[np.array([4.0, 99.0]), np.array([6.0]),
-                        np.array([8.0])],
-                credit_mode="trajectory", gae_whiten=False)
+  adv, _ = _ppo(
+      values=[np.array([4.0, 99.0]), np.array([6.0]), np.array([8.0])],
+      credit_mode="trajectory",
+      gae_whiten=False,
+  )
   np.testing.assert_allclose(adv, [5.9, 3.9, 2.0], rtol=RTOL)
 
 
@@ -331,10 +425,18 @@ def test_a_host_without_rows_joins_ppos_whitening_sums():
   credit.join_ppo_whitening(_cfg("ppo"), sum_fn)
   assert calls == [[0.0, 0.0], [0.0]]
   recs = _records()
-  credit.compute_advantages(recs, np.zeros(len(recs)), _cfg("ppo"),
-                            values=[0.0] * len(recs), sum_fn=sum_fn)
+  credit.compute_advantages(
+      recs,
+      np.zeros(len(recs)),
+      _cfg("ppo"),
+      values=[0.0] * len(recs),
+      sum_fn=sum_fn,
+  )
   assert len(calls) == 4  # a host with rows: the same two sums
-  for cfg, fn in ((_cfg("ppo"), None), (_cfg("grpo"), sum_fn),
-                  (_cfg("ppo", gae_whiten=False), sum_fn)):
+  for cfg, fn in (
+      (_cfg("ppo"), None),
+      (_cfg("grpo"), sum_fn),
+      (_cfg("ppo", gae_whiten=False), sum_fn),
+  ):
     credit.join_ppo_whitening(cfg, fn)
   assert len(calls) == 4

@@ -38,8 +38,12 @@ N_MICRO = (1, 2, 4)
 LORA_RANKS = (0, 8)
 ROWS, LENGTH = 32, 64
 # (mesh, micro-batches, LoRA rank) the default suite compiles; the rest slow.
-DEFAULT = {((2, 4, 1), 2, 0), ((2, 4, 1), 4, 8), ((1, 8, 1), 2, 8),
-           ((1, 4, 2), 2, 0)}
+DEFAULT = {
+    ((2, 4, 1), 2, 0),
+    ((2, 4, 1), 4, 8),
+    ((1, 8, 1), 2, 8),
+    ((1, 4, 2), 2, 0),
+}
 # tensor > kv heads: (mesh, heads, kv heads)
 TENSOR_OVER_KV = (((1, 2, 4), 12, 2), ((1, 1, 8), 28, 4))
 
@@ -48,10 +52,20 @@ def model_cfg(lora_rank=0, heads=4, kv_heads=2, **kw):
   """2 scanned layers of width 128 (heads of 32), as a paper run's flags:
   float32 masters, bfloat16 compute, full remat."""
   fields = dict(
-      num_layers=2, vocab_size=512, hidden_size=128, intermediate_size=256,
-      num_heads=heads, num_kv_heads=kv_heads, head_dim=32, dtype="bfloat16",
-      param_dtype="float32", remat="full", scan_layers=True,
-      attention="cudnn", lora_rank=lora_rank)
+      num_layers=2,
+      vocab_size=512,
+      hidden_size=128,
+      intermediate_size=256,
+      num_heads=heads,
+      num_kv_heads=kv_heads,
+      head_dim=32,
+      dtype="bfloat16",
+      param_dtype="float32",
+      remat="full",
+      scan_layers=True,
+      attention="cudnn",
+      lora_rank=lora_rank,
+  )
   return get_model_config("tiny", **{**fields, **kw})
 
 
@@ -68,17 +82,23 @@ def _compile_step(mesh_shape, n_micro, lora_rank, **kw):
   """Compiles the train step; asserts the stub's forward and backward were
   lowered (cuDNN ran, not XLA's attention)."""
   before = _lowered()
-  hlo.compile_train_step(shd.make_mesh(mesh_shape),
-                         model_cfg(lora_rank, **kw), ROWS, LENGTH,
-                         n_micro=n_micro, donate=False)
+  hlo.compile_train_step(
+      shd.make_mesh(mesh_shape),
+      model_cfg(lora_rank, **kw),
+      ROWS,
+      LENGTH,
+      n_micro=n_micro,
+      donate=False,
+  )
   after = _lowered()
   assert after["fwd"] > before["fwd"] and after["bwd"] > before["bwd"]
 
 
 def _compile_logprob(mesh_shape, lora_rank, **kw):
   before = _lowered()
-  hlo.compile_logprob(shd.make_mesh(mesh_shape), model_cfg(lora_rank, **kw),
-                      ROWS, LENGTH)
+  hlo.compile_logprob(
+      shd.make_mesh(mesh_shape), model_cfg(lora_rank, **kw), ROWS, LENGTH
+  )
   assert _lowered()["fwd"] > before["fwd"]
 
 
@@ -117,16 +137,19 @@ def test_logprob_compiles_lora(mesh_shape):
   _compile_logprob(mesh_shape, LORA_RANKS[1])
 
 
-@pytest.mark.parametrize("mesh_shape,heads,kv_heads", TENSOR_OVER_KV,
-                         ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "mesh_shape,heads,kv_heads", TENSOR_OVER_KV, ids=lambda x: str(x)
+)
 def test_tensor_over_kv_heads_compiles(mesh_shape, heads, kv_heads):
   _compile_step(mesh_shape, 2, 0, heads=heads, kv_heads=kv_heads)
   _compile_logprob(mesh_shape, 0, heads=heads, kv_heads=kv_heads)
 
 
-@pytest.mark.parametrize("mesh_shape,heads,kv_heads",
-                         (((1, 2, 4), 12, 2), ((1, 1, 8), 28, 4),
-                          ((2, 4, 1), 4, 2)), ids=str)
+@pytest.mark.parametrize(
+    "mesh_shape,heads,kv_heads",
+    (((1, 2, 4), 12, 2), ((1, 1, 8), 28, 4), ((2, 4, 1), 4, 2)),
+    ids=str,
+)
 def test_sharded_equals_xla(mesh_shape, heads, kv_heads):
   """The stubbed cuDNN attention on the mesh (kv heads repeated to
   'tensor', or whole on each device) equals XLA's on one device: random
@@ -136,15 +159,23 @@ def test_sharded_equals_xla(mesh_shape, heads, kv_heads):
   keys = jax.random.split(jax.random.key(0), 3)
   shape = (8, LENGTH, heads, 32)
   q = jax.random.normal(keys[0], shape, jnp.bfloat16)
-  k, v = (jax.random.normal(key, shape[:2] + (kv_heads, 32), jnp.bfloat16)
-          for key in keys[1:])
+  k, v = (
+      jax.random.normal(key, shape[:2] + (kv_heads, 32), jnp.bfloat16)
+      for key in keys[1:]
+  )
   lengths = jnp.array([64, 40, 1, 1] * 2, jnp.int32)
   expected = jax.nn.dot_product_attention(
-      q, k, v, is_causal=True, key_value_seq_lengths=lengths,
-      implementation="xla")
+      q,
+      k,
+      v,
+      is_causal=True,
+      key_value_seq_lengths=lengths,
+      implementation="xla",
+  )
   shard = shd.ActivationSharding(shd.make_mesh(mesh_shape))
   got = jax.jit(lambda *x: cudnn_attention.attention(*x, shard))(
-      q, k, v, lengths)
+      q, k, v, lengths
+  )
   real = np.arange(LENGTH)[None] < np.asarray(lengths)[:, None]
   got = np.asarray(got, np.float32)[real]
   expected = np.asarray(expected, np.float32)[real]

@@ -25,19 +25,25 @@ DATA = os.path.join(ROOT, "tests", "data")
 ENV = "spell_env:SpellEnv"
 DENSE = "spell_env:prefix_progress"
 # As tests/rspo_e2e_test.py's MICRO: a 1-layer model, 2 groups of 2, k=1.
-MICRO = ("model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
-         "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
-         "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
-         "train.batch_tasks=2,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
-         "steps=2,env.max_steps=4,env.num_eval_tasks=4,env.num_workers=1,"
-         "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256")
+MICRO = (
+    "model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
+    "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
+    "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
+    "train.batch_tasks=2,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
+    "steps=2,env.max_steps=4,env.num_eval_tasks=4,env.num_workers=1,"
+    "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256"
+)
 
 
 @pytest.fixture(autouse=True)
 def user_code_on_path(monkeypatch):
   monkeypatch.syspath_prepend(DATA)
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      [DATA] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  monkeypatch.setenv(
+      "PYTHONPATH",
+      os.pathsep.join(
+          [DATA] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+      ),
+  )
   prompts.spec_for.cache_clear()
 
 
@@ -87,8 +93,10 @@ def test_import_path_builds_the_env_with_default_anchors():
   assert first.observation == f"The word is '{word}'. You have typed ''."
   assert first.anchor_obs == first.observation  # GiGPO's default key
   after = env.step(f"type {word[0]}")
-  assert after.anchor_obs == f"The word is '{word}'. You have typed " \
+  assert (
+      after.anchor_obs == f"The word is '{word}'. You have typed "
       f"'{word[0]}'."
+  )
   assert after.dense_reward == 0.0 and not after.done
 
 
@@ -99,13 +107,16 @@ def test_bad_import_paths_say_what_is_wrong():
       "spell_env:word_of": "not a subclass of third_party_envs.base.TextEnv",
       "nethack": "unknown environment 'nethack'",
       "custom_env_test:HalfSpellEnv": "class HalfSpellEnv does not define"
-                                      " expert_action, step (abstract in",
+      " expert_action, step (abstract in",
   }
   for name, message in cases.items():
     with pytest.raises(ValueError, match=re.escape(message)):
       registry.make_env(name)
-  with pytest.raises(ValueError, match="rspo.dense_reward 'spell_env:LETTERS'"
-                     " is 'abcdef', not callable"):
+  with pytest.raises(
+      ValueError,
+      match="rspo.dense_reward 'spell_env:LETTERS'"
+      " is 'abcdef', not callable",
+  ):
     registry.import_function("spell_env:LETTERS", "rspo.dense_reward")
 
 
@@ -122,7 +133,8 @@ def test_missing_methods_stop_the_launcher_in_one_line():
   assert str(e.value) == (
       "env.name: environment 'custom_env_test:HalfSpellEnv': class"
       " HalfSpellEnv does not define expert_action, step (abstract in"
-      " third_party_envs.base.TextEnv; docs/custom_env.md, section 1)")
+      " third_party_envs.base.TextEnv; docs/custom_env.md, section 1)"
+  )
 
 
 def test_vector_env_runs_the_user_env_in_workers():
@@ -133,10 +145,12 @@ def test_vector_env_runs_the_user_env_in_workers():
     obs = venv.reset([0, 1], split="valid_seen")
     words = [spell_env.word_of("valid_seen", i) for i in (0, 1)]
     assert [o.anchor_obs for o in obs] == [
-        f"The word is '{w}'. You have typed ''." for w in words]
+        f"The word is '{w}'. You have typed ''." for w in words
+    ]
     out = venv.step([f"type {w[0]}" for w in words])
-    assert [o.observation.endswith(f"typed '{w[0]}'.")
-            for o, w in zip(out, words)] == [True, True]
+    assert [
+        o.observation.endswith(f"typed '{w[0]}'.") for o, w in zip(out, words)
+    ] == [True, True]
   finally:
     venv.close()
 
@@ -149,29 +163,43 @@ CHOOSE = (
     "First reason step by step about the current situation. This "
     "reasoning MUST be enclosed within <think> </think> tags.\n"
     "Then pick one admissible action for the current step and give it "
-    "within <action> </action> tags.\n")
-ACTIONS = ("Your admissible actions in the current situation are: ['type a',"
-           " 'type b', 'type c', 'type d', 'type e', 'type f', 'erase'].\n")
+    "within <action> </action> tags.\n"
+)
+ACTIONS = (
+    "Your admissible actions in the current situation are: ['type a',"
+    " 'type b', 'type c', 'type d', 'type e', 'type f', 'erase'].\n"
+)
 
 
 def test_prompt_uses_the_env_prompt_spec():
   text = prompts.build_prompt(
-      ENV, "type the word 'cab'", "The word is 'cab'. You have typed ''.",
+      ENV,
+      "type the word 'cab'",
+      "The word is 'cab'. You have typed ''.",
       ["type a", "type b", "type c", "type d", "type e", "type f", "erase"],
-      [], 0)
+      [],
+      0,
+  )
   assert text == (
       "You are typing a word one letter at a time. Your task is to: type "
       "the word 'cab'.\n"
       "Your current observation is: The word is 'cab'. You have typed ''.\n"
-      + ACTIONS + CHOOSE)
+      + ACTIONS
+      + CHOOSE
+  )
 
 
 def test_prompt_defaults_for_an_env_without_a_spec():
   history = [("typed ''", "type c"), ("typed 'c'", "type b")]
   text = prompts.build_prompt(
-      "custom_env_test:PlainSpellEnv", "type the word 'cab'", "typed 'cb'",
+      "custom_env_test:PlainSpellEnv",
+      "type the word 'cab'",
+      "typed 'cb'",
       ["type a", "type b", "type c", "type d", "type e", "type f", "erase"],
-      history, 2, history_length=1)
+      history,
+      2,
+      history_length=1,
+  )
   assert text == (
       "You are an expert agent acting in the plain environment. Your task "
       "is to: type the word 'cab'\n"
@@ -179,12 +207,15 @@ def test_prompt_defaults_for_an_env_without_a_spec():
       "most recent 1 observation(s) and the action(s) you took:\n"
       "[Observation 2: 'typed 'c'', Action 2: 'type b']\n"
       "You are now at step 3 and your current observation is: typed 'cb'\n"
-      + ACTIONS + CHOOSE)
+      + ACTIONS
+      + CHOOSE
+  )
 
 
 def test_prompt_spec_must_be_a_prompt_spec(monkeypatch):
-  monkeypatch.setattr(PlainSpellEnv, "prompt_spec", "Spell well.",
-                      raising=False)
+  monkeypatch.setattr(
+      PlainSpellEnv, "prompt_spec", "Spell well.", raising=False
+  )
   with pytest.raises(ValueError, match="prompt_spec is str, expected"):
     prompts.build_prompt("custom_env_test:PlainSpellEnv", "t", "o", [], [], 0)
 
@@ -193,9 +224,17 @@ def test_prompt_spec_must_be_a_prompt_spec(monkeypatch):
 
 
 def _record(obs: str, action: str) -> StepRecord:
-  return StepRecord(task_id=0, group_id=0, traj_id=0, step_idx=0,
-                    prompt_ids=None, response_ids=None, behavior_logp=None,
-                    anchor_obs=obs, action=action)
+  return StepRecord(
+      task_id=0,
+      group_id=0,
+      traj_id=0,
+      step_idx=0,
+      prompt_ids=None,
+      response_ids=None,
+      behavior_logp=None,
+      anchor_obs=obs,
+      action=action,
+  )
 
 
 def test_user_dense_reward_fills_records_in_place():
@@ -211,9 +250,17 @@ def test_user_dense_reward_fills_records_in_place():
       _record("some other text", "type c"),
   ]
   assert fn(records) is None
-  assert [r.dense_reward for r in records] == pytest.approx([
-      1 / 3 - 0.05, -1 / 3 - 0.05, 1 / 3 - 0.05, -1 / 3 - 0.05, -0.05,
-      -0.05, -0.05])
+  assert [r.dense_reward for r in records] == pytest.approx(
+      [
+          1 / 3 - 0.05,
+          -1 / 3 - 0.05,
+          1 / 3 - 0.05,
+          -1 / 3 - 0.05,
+          -0.05,
+          -0.05,
+          -0.05,
+      ]
+  )
 
 
 # ------------------------------------------------------------ the docs
@@ -226,16 +273,22 @@ def _doc_blocks(lang):
 
 def test_docs_code_is_the_tested_file():
   source = open(os.path.join(DATA, "spell_env.py")).read()
-  blocks = [b for b in _doc_blocks("python")
-            if not b.startswith("from configs import base")]
+  blocks = [
+      b
+      for b in _doc_blocks("python")
+      if not b.startswith("from configs import base")
+  ]
   assert len(blocks) == 2  # the environment, the dense reward
   for block in blocks:
     assert block in source
 
 
 def test_docs_config_file_builds_the_config(tmp_path):
-  [block] = [b for b in _doc_blocks("python")
-             if b.startswith("from configs import base")]
+  [block] = [
+      b
+      for b in _doc_blocks("python")
+      if b.startswith("from configs import base")
+  ]
   path = tmp_path / "spell_config.py"
   path.write_text(block)
   spec = importlib.util.spec_from_file_location("spell_config", path)
@@ -244,7 +297,10 @@ def test_docs_config_file_builds_the_config(tmp_path):
   c = module.get_config("seed=3")
   assert (c.env.name, c.rspo.dense_reward) == (ENV, DENSE)
   assert (dict(c.env.kwargs), c.env.max_steps, c.seed) == (
-      {"max_steps": 6}, 6, 3)
+      {"max_steps": 6},
+      6,
+      3,
+  )
 
 
 # ---------------------------------------------------------------- the CLI
@@ -258,17 +314,27 @@ def _doc_commands(block):
       script, config, *flags = shlex.split(line)[1:]
       path, overrides = config.split(":", 1)
       assert path == "--config=configs/toy_grpo.py"
-      commands.append((script, overrides,
-                       [f for f in flags if not f.startswith("--workdir")]))
+      commands.append(
+          (
+              script,
+              overrides,
+              [f for f in flags if not f.startswith("--workdir")],
+          )
+      )
   return commands
 
 
 def _run(script, overrides, *flags):
-  cmd = [sys.executable, os.path.join(ROOT, script),
-         f"--config={ROOT}/configs/toy_grpo.py:{MICRO},{overrides}", *flags]
+  cmd = [
+      sys.executable,
+      os.path.join(ROOT, script),
+      f"--config={ROOT}/configs/toy_grpo.py:{MICRO},{overrides}",
+      *flags,
+  ]
   env = dict(os.environ, XLA_FLAGS="")
-  out = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                       timeout=1200)
+  out = subprocess.run(
+      cmd, capture_output=True, text=True, env=env, timeout=1200
+  )
   assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -289,10 +355,14 @@ def test_two_rspo_loops_and_an_evaluation_on_a_user_env(tmp_path):
   reward for B, then launch/eval.py on the trained run."""
   [_, block] = _doc_blocks("bash")
   (train, config, train_flags), (evaluate, eval_config, eval_flags) = (
-      _doc_commands(block))
+      _doc_commands(block)
+  )
   assert (train, evaluate) == ("launch/train.py", "launch/eval.py")
-  assert config == eval_config == (
-      f"algo.name=gigpo,env.name={ENV},rspo.dense_reward={DENSE}")
+  assert (
+      config
+      == eval_config
+      == (f"algo.name=gigpo,env.name={ENV},rspo.dense_reward={DENSE}")
+  )
   workdir = str(tmp_path / "run")
   _run(train, config, *train_flags, f"--workdir={workdir}", "--no_progress")
   final = json.load(open(os.path.join(workdir, "eval_final.json")))
@@ -309,10 +379,19 @@ def test_two_rspo_loops_and_an_evaluation_on_a_user_env(tmp_path):
     assert r["dense_reward_mean"] != 0.0
   out = str(tmp_path / "eval.json")
   assert eval_flags == ["--seeds=0,1,2", "--temperature=0.4"]
-  _run(evaluate, config, *eval_flags, f"--workdir={workdir}",
-       "--num_tasks=4", f"--out={out}")
+  _run(
+      evaluate,
+      config,
+      *eval_flags,
+      f"--workdir={workdir}",
+      "--num_tasks=4",
+      f"--out={out}",
+  )
   result = json.load(open(out))
   assert result["from_checkpoint"] is True and result["a_steps"] == 2
   assert (result["split"], result["num_tasks"], result["seeds"]) == (
-      "valid_seen", 4, [0, 1, 2])
+      "valid_seen",
+      4,
+      [0, 1, 2],
+  )
   assert 0.0 <= result["success_rate"] <= 1.0

@@ -26,13 +26,20 @@ def make_group(g: int) -> list[StepRecord]:
     tid = g * GROUP_SIZE + j
     n = 1 + tid % 3
     for t in range(n):
-      records.append(StepRecord(
-          task_id=100 + g, group_id=g, traj_id=tid, step_idx=t,
-          prompt_ids=np.arange(3 + t, dtype=np.int32) + tid,
-          response_ids=np.array([tid, t], np.int32),
-          behavior_logp=np.array([-0.5, -1.0 - t], np.float32),
-          policy_tag="B", outcome_reward=10.0 * (g % 3), done=t == n - 1,
-      ))
+      records.append(
+          StepRecord(
+              task_id=100 + g,
+              group_id=g,
+              traj_id=tid,
+              step_idx=t,
+              prompt_ids=np.arange(3 + t, dtype=np.int32) + tid,
+              response_ids=np.array([tid, t], np.int32),
+              behavior_logp=np.array([-0.5, -1.0 - t], np.float32),
+              policy_tag="B",
+              outcome_reward=10.0 * (g % 3),
+              done=t == n - 1,
+          )
+      )
   return records
 
 
@@ -42,7 +49,12 @@ def key(r):
 
 def assert_same(a: StepRecord, b: StepRecord):
   assert (key(a), a.group_id, a.task_id, a.outcome_reward, a.done) == (
-      key(b), b.group_id, b.task_id, b.outcome_reward, b.done)
+      key(b),
+      b.group_id,
+      b.task_id,
+      b.outcome_reward,
+      b.done,
+  )
   for f in ("prompt_ids", "response_ids", "behavior_logp"):
     np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
@@ -70,8 +82,9 @@ def test_consumer_starts_after_k_groups_and_reads_each_record_once(tmp_path):
     assert [m.group_id for m in decoupled.list_groups(d)] == [0, 1]
     started.set()
     manifests, got = [], []
-    for m, records in decoupled.stream_groups(d, timeout_s=60,
-                                              alive=job.is_alive):
+    for m, records in decoupled.stream_groups(
+        d, timeout_s=60, alive=job.is_alive
+    ):
       assert {r.group_id for r in records} == {m.group_id}
       assert sorted({r.traj_id for r in records}) == list(m.traj_ids)
       manifests.append(m)
@@ -91,8 +104,9 @@ def test_consumer_starts_after_k_groups_and_reads_each_record_once(tmp_path):
   # to exactly one group, and every closed shard is some group's.
   names = [s for m in manifests for s in m.shards]
   assert len(names) == len(set(names)) > n_groups
-  assert sorted(names) == sorted(os.path.basename(p)
-                                 for p in replay.list_shards(d))
+  assert sorted(names) == sorted(
+      os.path.basename(p) for p in replay.list_shards(d)
+  )
 
 
 def test_only_groups_with_a_manifest_are_read_or_sampled(tmp_path):
@@ -105,13 +119,18 @@ def test_only_groups_with_a_manifest_are_read_or_sampled(tmp_path):
   groups = decoupled.read_groups(d)
   assert [g[0].group_id for g in groups] == [0, 1, 2, 3]
   assert [[t.steps[0].traj_id for t in g] for g in groups] == [
-      [0, 1], [2, 3], [4, 5], [6, 7]]
+      [0, 1],
+      [2, 3],
+      [4, 5],
+      [6, 7],
+  ]
   # Group rewards 0, 10, 20, 0: A's replay selection over the complete
   # groups' trajectories takes group 2's two, then one of group 1's.
   trajs = decoupled.read_trajectories(d)
   assert [t.steps[0].traj_id for t in trajs] == list(range(8))
-  best = replay.selection.select(trajs, 3, "reward",
-                                 np.random.default_rng(0)).trajectories
+  best = replay.selection.select(
+      trajs, 3, "reward", np.random.default_rng(0)
+  ).trajectories
   got = [t.steps[0].traj_id for t in best]
   assert sorted(got[:2]) == [4, 5] and got[2] in (2, 3)
   assert decoupled.wait_for_groups(d, 9, timeout_s=5) == 4  # complete: 4
@@ -222,18 +241,23 @@ decoupled.produce((make_group(g) for g in range(4)), {d!r},
 
 def test_producer_killed_mid_group_leaves_readable_groups(tmp_path):
   d = str(tmp_path / "b")
-  code = _KILLED_CHILD.format(root=ROOT, tests=os.path.join(ROOT, "tests"),
-                              d=d)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        timeout=120, check=False)
+  code = _KILLED_CHILD.format(root=ROOT, tests=os.path.join(ROOT, "tests"), d=d)
+  proc = subprocess.run(
+      [sys.executable, "-c", code],
+      capture_output=True,
+      timeout=120,
+      check=False,
+  )
   assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
   # Groups 0 and 1 complete; group 2 left one closed shard and an open .tmp.
   assert [m.group_id for m in decoupled.list_groups(d)] == [0, 1]
   got = [r for g in decoupled.read_groups(d) for t in g for r in t.steps]
   want = make_group(0) + make_group(1)
   assert sorted(map(key, got)) == sorted(map(key, want))
-  assert sum(len(replay.read_shard(p)) for p in replay.list_shards(d)) == \
-      len(want) + 2
+  assert (
+      sum(len(replay.read_shard(p)) for p in replay.list_shards(d))
+      == len(want) + 2
+  )
   assert [n for n in os.listdir(d) if n.endswith(".tmp")]
   with pytest.raises(TimeoutError):
     decoupled.wait_for_groups(d, 3, timeout_s=0.3)
@@ -259,20 +283,33 @@ def test_b_collects_on_its_own_devices_while_the_consumer_reads(tmp_path):
   from rspo_jax.rollout.jax_engine import JaxEngine
   from third_party_envs.vector import VectorEnv
 
-  eps = warm_start.expert_episodes("toy", {"max_steps": 3}, range(8),
-                                   split="train", max_steps=3)
+  eps = warm_start.expert_episodes(
+      "toy", {"max_steps": 3}, range(8), split="train", max_steps=3
+  )
   texts = [t for p in warm_start.episode_texts(eps, "toy", 2) for t in p]
   tok = tok_lib.train_tokenizer(texts, 400, str(tmp_path / "tok"))
   cfg = get_model_config(
-      "tiny", vocab_size=400, hidden_size=32, intermediate_size=64,
-      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-      max_position_embeddings=512, eos_token_id=2, bos_token_id=None,
+      "tiny",
+      vocab_size=400,
+      hidden_size=32,
+      intermediate_size=64,
+      num_layers=1,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=16,
+      max_position_embeddings=512,
+      eos_token_id=2,
+      bos_token_id=None,
   )
   devices = jax.devices()[4:]  # A would keep devices 0-3
   engine = JaxEngine(
-      hf_io.create_model(cfg, seed=0), cfg,
-      mesh=sharding.make_mesh((-1, 1, 1), devices), pad_id=0, eos_ids=[2],
-      batch_buckets=(8,), prompt_buckets=(256,),
+      hf_io.create_model(cfg, seed=0),
+      cfg,
+      mesh=sharding.make_mesh((-1, 1, 1), devices),
+      pad_id=0,
+      eos_ids=[2],
+      batch_buckets=(8,),
+      prompt_buckets=(256,),
       decode_fn=lambda ids: tok.decode(ids, skip_special_tokens=True),
   )
   venv = VectorEnv("toy", {"max_steps": 3}, 4, use_processes=False)
@@ -280,18 +317,27 @@ def test_b_collects_on_its_own_devices_while_the_consumer_reads(tmp_path):
   d = str(tmp_path / "b")
   try:
     groups = decoupled.collect_b_groups(
-        engine, venv, tok,
+        engine,
+        venv,
+        tok,
         CollectRequest(
-            [5, 6, 7], GROUP_SIZE,
+            [5, 6, 7],
+            GROUP_SIZE,
             SamplingParams(max_new_tokens=16, stop_strings=("</action>",)),
-            policy_tag="B", traj_id_start=1000, group_id_start=10, seed=1),
+            policy_tag="B",
+            traj_id_start=1000,
+            group_id_start=10,
+            seed=1,
+        ),
         CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=256),
-        groups_per_call=2, stats=stats,
+        groups_per_call=2,
+        stats=stats,
     )
     job = decoupled.start_collection(groups, d, records_per_shard=3)
     assert job.wait_for_groups(1, timeout_s=600) >= 1
-    streamed = list(decoupled.stream_groups(d, timeout_s=600,
-                                            alive=job.is_alive))
+    streamed = list(
+        decoupled.stream_groups(d, timeout_s=600, alive=job.is_alive)
+    )
     job.join(60)
   finally:
     venv.close()
@@ -311,6 +357,10 @@ def test_b_collects_on_its_own_devices_while_the_consumer_reads(tmp_path):
     assert np.all(np.isfinite(r.behavior_logp) & (r.behavior_logp <= 0))
   with pytest.raises(ValueError, match="environments"):
     decoupled.collect_b_groups(
-        engine, venv, tok,
+        engine,
+        venv,
+        tok,
         CollectRequest([1, 2, 3], GROUP_SIZE, SamplingParams()),
-        CollectConfig(env_name="toy", max_steps=3), groups_per_call=3)
+        CollectConfig(env_name="toy", max_steps=3),
+        groups_per_call=3,
+    )

@@ -21,9 +21,16 @@ from rspo_jax.rollout import distributed_sync as ds
 pytest_plugins = ("sglang_fixtures",)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48,
-             num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-             max_position_embeddings=64)
+SMALL = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+)
 
 
 def _torch_importable() -> bool:
@@ -37,11 +44,14 @@ def _torch_importable() -> bool:
 # ------------------------------------------------- the tensors that are sent
 
 
-@pytest.mark.parametrize("overrides,per_layer", [
-    (dict(), 12),  # qwen2 with q/k/v biases, tied head
-    (dict(qkv_bias=False, tie_word_embeddings=False), 12),  # zero biases
-    (dict(qkv_bias=False, scan_layers=True), 12),  # stacked layers
-])
+@pytest.mark.parametrize(
+    "overrides,per_layer",
+    [
+        (dict(), 12),  # qwen2 with q/k/v biases, tied head
+        (dict(qkv_bias=False, tie_word_embeddings=False), 12),  # zero biases
+        (dict(qkv_bias=False, scan_layers=True), 12),  # stacked layers
+    ],
+)
 def test_hf_named_arrays_are_the_exported_tensors(overrides, per_layer):
   """Same names, dtypes, shapes and values as hf_io.hf_tensors (what
   save_hf_model writes), one per tensor: the embedding, 12 a layer (q, k,
@@ -65,8 +75,9 @@ def test_hf_named_arrays_are_the_exported_tensors(overrides, per_layer):
   # On a device (nccl's DLPack hand-over): the same tensors, as jax.Arrays
   # whole on that device.
   device = jax.devices()[0]
-  for (n1, a), (n2, d) in zip(got, weight_sync.hf_named_arrays(
-      model, cfg, device=device)):
+  for (n1, a), (n2, d) in zip(
+      got, weight_sync.hf_named_arrays(model, cfg, device=device)
+  ):
     assert n1 == n2 and isinstance(d, jax.Array) and d.devices() == {device}
     np.testing.assert_array_equal(np.asarray(d), a, err_msg=n1)
 
@@ -79,8 +90,7 @@ def test_hf_named_arrays_cast_to_the_export_dtype():
   assert {ds.dtype_name(a) for _, a in pairs} == {"bfloat16"}
   want = hf_io.hf_tensors(model, cfg)
   for name, a in pairs:
-    np.testing.assert_array_equal(a.view(np.uint16),
-                                  want[name].view(np.uint16))
+    np.testing.assert_array_equal(a.view(np.uint16), want[name].view(np.uint16))
 
 
 # ---------------------------------------------------------- the requests
@@ -90,18 +100,35 @@ def test_init_group_bodies_offset_each_servers_ranks_after_rank_0():
   # Servers of tp 1, 2 and 4: ranks 1 | 2 3 | 4 5 6 7; world 1 + 7 = 8.
   assert ds.rank_offsets([1, 2, 4]) == ([1, 2, 4], 8)
   assert ds.rank_offsets([2, 2]) == ([1, 3], 5)
-  bodies = ds.init_group_bodies([2, 2], master_address="10.0.0.5",
-                                master_port=29600, group_name="g",
-                                backend="nccl")
+  bodies = ds.init_group_bodies(
+      [2, 2],
+      master_address="10.0.0.5",
+      master_port=29600,
+      group_name="g",
+      backend="nccl",
+  )
   assert bodies == [
-      dict(master_address="10.0.0.5", master_port=29600, rank_offset=1,
-           world_size=5, group_name="g", backend="nccl"),
-      dict(master_address="10.0.0.5", master_port=29600, rank_offset=3,
-           world_size=5, group_name="g", backend="nccl"),
+      dict(
+          master_address="10.0.0.5",
+          master_port=29600,
+          rank_offset=1,
+          world_size=5,
+          group_name="g",
+          backend="nccl",
+      ),
+      dict(
+          master_address="10.0.0.5",
+          master_port=29600,
+          rank_offset=3,
+          world_size=5,
+          group_name="g",
+          backend="nccl",
+      ),
   ]
   with pytest.raises(ValueError, match="backend"):
-    ds.init_group_bodies([1], master_address="a", master_port=1,
-                         group_name="g", backend="mpi")
+    ds.init_group_bodies(
+        [1], master_address="a", master_port=1, group_name="g", backend="mpi"
+    )
   with pytest.raises(ValueError, match="tp size"):
     ds.rank_offsets([1, 0])
 
@@ -115,31 +142,45 @@ def test_batches_keep_order_and_bound_bytes():
   got = [[n for n, _ in batch] for batch in ds.batches(iter(named), 96)]
   assert got == [["a", "b"], ["c"], ["d"]]
   assert [[n for n, _ in x] for x in ds.batches(named, 10**6)] == [
-      ["a", "b", "c", "d"]]
+      ["a", "b", "c", "d"]
+  ]
   assert not list(ds.batches([], 96))
-  assert list(ds.with_last("xyz")) == [("x", False), ("y", False),
-                                       ("z", True)]
+  assert list(ds.with_last("xyz")) == [("x", False), ("y", False), ("z", True)]
   assert not list(ds.with_last([]))
 
 
 def test_update_bodies_name_dtype_shape_and_version_on_the_last_batch():
-  batch = [("model.norm.weight", np.ones(4, np.float32)),
-           ("lm_head.weight", np.ones((6, 4), ml_dtypes.bfloat16))]
+  batch = [
+      ("model.norm.weight", np.ones(4, np.float32)),
+      ("lm_head.weight", np.ones((6, 4), ml_dtypes.bfloat16)),
+  ]
   first = ds.update_body(batch, group_name="g", version=7, last=False)
-  assert first == dict(names=["model.norm.weight", "lm_head.weight"],
-                       dtypes=["float32", "bfloat16"],
-                       shapes=[[4], [6, 4]], group_name="g",
-                       flush_cache=False)
+  assert first == dict(
+      names=["model.norm.weight", "lm_head.weight"],
+      dtypes=["float32", "bfloat16"],
+      shapes=[[4], [6, 4]],
+      group_name="g",
+      flush_cache=False,
+  )
   last = ds.update_body(batch[1:], group_name="g", version=7, last=True)
-  assert last == dict(names=["lm_head.weight"], dtypes=["bfloat16"],
-                      shapes=[[6, 4]], group_name="g", flush_cache=True,
-                      weight_version="7")
+  assert last == dict(
+      names=["lm_head.weight"],
+      dtypes=["bfloat16"],
+      shapes=[[6, 4]],
+      group_name="g",
+      flush_cache=True,
+      weight_version="7",
+  )
   json.dumps(last)  # plain JSON
 
 
 def test_master_address_is_loopback_for_local_servers():
-  assert ds.master_address_for(["http://127.0.0.1:30000",
-                                "http://localhost:30001"]) == "127.0.0.1"
+  assert (
+      ds.master_address_for(
+          ["http://127.0.0.1:30000", "http://localhost:30001"]
+      )
+      == "127.0.0.1"
+  )
 
 
 # ------------------------------------------------- configuration and torch
@@ -165,8 +206,11 @@ def test_weight_sync_config_selects_the_path():
 
 @pytest.mark.skipif(_torch_importable(), reason="torch is importable here")
 def test_distributed_without_torch_names_the_fix():
-  with pytest.raises(ImportError, match="needs torch in the learner's"
-                     r" process.*or use rollout.weight_sync='disk'"):
+  with pytest.raises(
+      ImportError,
+      match="needs torch in the learner's"
+      r" process.*or use rollout.weight_sync='disk'",
+  ):
     build.make_weight_push(_cfg(engine="sglang", weight_sync="distributed"))
   with pytest.raises(ImportError, match="needs torch"):
     ds.require_torch()
@@ -175,10 +219,17 @@ def test_distributed_without_torch_names_the_fix():
   # The module itself imports without torch (and without JAX: the sglang
   # test runs its rank 0 in SGLang's venv).
   out = subprocess.run(
-      [sys.executable, "-c",
-       "import sys; import rspo_jax.rollout.distributed_sync;"
-       " print('jax' in sys.modules, 'torch' in sys.modules)"],
-      capture_output=True, text=True, cwd=REPO, check=True)
+      [
+          sys.executable,
+          "-c",
+          "import sys; import rspo_jax.rollout.distributed_sync;"
+          " print('jax' in sys.modules, 'torch' in sys.modules)",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      check=True,
+  )
   assert out.stdout.split() == ["False", "False"]
 
 
@@ -195,12 +246,28 @@ class _SGLangVenvGroup:
     self.log_path = str(tmp_path / f"group{index}.log")
     self._log = open(self.log_path, "wb")
     self.proc = subprocess.Popen(
-        [python, "-m", "rspo_jax.rollout.distributed_sync", "--urls",
-         ",".join(urls), "--backend", "gloo", "--group_name",
-         f"test_group_{index}", "--bucket_bytes", str(bucket_bytes),
-         "--timeout_s", "120"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-        text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+        [
+            python,
+            "-m",
+            "rspo_jax.rollout.distributed_sync",
+            "--urls",
+            ",".join(urls),
+            "--backend",
+            "gloo",
+            "--group_name",
+            f"test_group_{index}",
+            "--bucket_bytes",
+            str(bucket_bytes),
+            "--timeout_s",
+            "120",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=self._log,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     self.world_size = self._answer()["world_size"]
     self.sent = []
 
@@ -215,8 +282,7 @@ class _SGLangVenvGroup:
   def update(self, named, version):
     path = str(self.tmp / f"v{version}.npz")
     np.savez(path, **dict(named))
-    self.proc.stdin.write(json.dumps({"npz": path, "version": version})
-                          + "\n")
+    self.proc.stdin.write(json.dumps({"npz": path, "version": version}) + "\n")
     self.proc.stdin.flush()
     out = self._answer()
     if "error" in out:
@@ -235,16 +301,23 @@ def _learner(model):
   from rspo_jax import train_step as ts
   from rspo_jax.learner import Learner
 
-  return Learner(model, ts.make_optimizer(1e-3), ts.make_sft_loss(),
-                 mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
-                 rules=sharding.DEFAULT_RULES)
+  return Learner(
+      model,
+      ts.make_optimizer(1e-3),
+      ts.make_sft_loss(),
+      mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
+      rules=sharding.DEFAULT_RULES,
+  )
 
 
 @pytest.mark.parametrize(
-    "rollout_server", [pytest.param("sglang", marks=pytest.mark.sglang)],
-    indirect=True)
+    "rollout_server",
+    [pytest.param("sglang", marks=pytest.mark.sglang)],
+    indirect=True,
+)
 def test_distributed_sync_updates_the_real_sglang_server(
-    rollout_server, tiny_checkpoint, tmp_path):
+    rollout_server, tiny_checkpoint, tmp_path
+):
   """The run's sync with rollout.weight_sync='distributed' (gloo: SGLang's
   CPU build) on the real SGLang server: after a broadcast the server's
   log-probs are our model's with the new weights; an unchanged second sync
@@ -260,18 +333,26 @@ def test_distributed_sync_updates_the_real_sglang_server(
 
   def connect(urls, index):
     # At most 15 kB a batch: the 26 tensors (379 kB) in 16 requests.
-    groups.append(_SGLangVenvGroup(fx.sglang_python(), urls, tmp_path,
-                                   index, 15_000))
+    groups.append(
+        _SGLangVenvGroup(fx.sglang_python(), urls, tmp_path, index, 15_000)
+    )
     return groups[-1]
 
   push = ds.DistributedPush(backend="gloo", connect=connect)
   export = tmp_path / "export"
-  sync = build.make_sync_engine(ck.cfg, ck.tokenizer_dir, str(export),
-                                push=push)
-  client = SGLangClient(server.url, vocab_size=ck.cfg.vocab_size,
-                        original_logprobs=True, timeout_s=120)
-  prompts = [ck.tokenizer.encode(t) for t in ("the quick brown fox",
-                                              "click buy now on")]
+  sync = build.make_sync_engine(
+      ck.cfg, ck.tokenizer_dir, str(export), push=push
+  )
+  client = SGLangClient(
+      server.url,
+      vocab_size=ck.cfg.vocab_size,
+      original_logprobs=True,
+      timeout_s=120,
+  )
+  prompts = [
+      ck.tokenizer.encode(t)
+      for t in ("the quick brown fox", "click buy now on")
+  ]
   greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
   try:
     model = fx.perturbed_model(ck.model, ck.cfg, seed=3)
@@ -279,7 +360,10 @@ def test_distributed_sync_updates_the_real_sglang_server(
     sync(client, learner, 11)
     sync(client, learner, 12)  # unchanged: nothing sent
     assert (sync.log.broadcasts, sync.log.skipped, sync.log.exports) == (
-        1, 1, 0)
+        1,
+        1,
+        0,
+    )
     (group,) = groups
     assert group.world_size == 2  # the learner and one tp-1 server
     (sent,) = group.sent
@@ -299,8 +383,11 @@ def test_distributed_sync_updates_the_real_sglang_server(
     assert client.weight_version == 11
     assert client.model_info()["weight_version"] == "11"
     res = client.generate(prompts, greedy)
-    for r, ours, old in zip(res, fx.our_logprobs(model, prompts, res),
-                            fx.our_logprobs(ck.model, prompts, res)):
+    for r, ours, old in zip(
+        res,
+        fx.our_logprobs(model, prompts, res),
+        fx.our_logprobs(ck.model, prompts, res),
+    ):
       assert len(r.token_ids) >= 1
       np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
       assert np.max(np.abs(r.logprobs - old)) > 0.05  # the update took
@@ -309,13 +396,15 @@ def test_distributed_sync_updates_the_real_sglang_server(
     sync(client, _learner(model2), 13)  # new weights, the same group
     assert (sync.log.broadcasts, len(groups), len(group.sent)) == (2, 1, 2)
     assert client.model_info()["weight_version"] == "13"
-    res = client.generate(prompts, SamplingParams(temperature=0.4,
-                                                  max_new_tokens=8))
+    res = client.generate(
+        prompts, SamplingParams(temperature=0.4, max_new_tokens=8)
+    )
     for r, ours in zip(res, fx.our_logprobs(model2, prompts, res)):
       np.testing.assert_allclose(r.logprobs, ours, atol=1e-3, rtol=0)
     assert not export.exists()  # no file on the way
     assert [h["bytes"] for h in sync.log.history if "bytes" in h] == [
-        sent["bytes"]] * 2
+        sent["bytes"]
+    ] * 2
   finally:
     sync.close()
     client.close()

@@ -44,15 +44,28 @@ from rspo_jax.rollout.engine import SamplingParams
 from rspo_jax.rollout.jax_engine import JaxEngine
 
 CFG = get_model_config(
-    "qwen2.5-1.5b", num_layers=2, vocab_size=512, hidden_size=256,
-    intermediate_size=512, num_heads=4, num_kv_heads=2, head_dim=64,
-    dtype="float32", param_dtype="float32",
+    "qwen2.5-1.5b",
+    num_layers=2,
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=512,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    dtype="float32",
+    param_dtype="float32",
 )
 ROWS = 16
-PROMPTS = [[3 + (7 * r + i) % 500 for i in range(5 + r % 4)]
-           for r in range(ROWS)]
-_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
-        "collective-permute")
+PROMPTS = [
+    [3 + (7 * r + i) % 500 for i in range(5 + r % 4)] for r in range(ROWS)
+]
+_OPS = (
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+)
 _OP = re.compile(r"=\s*(.+?)\s+(%s)(?:-start)?\(" % "|".join(_OPS))
 
 
@@ -81,7 +94,9 @@ def reached(comps: dict, roots) -> set:
     seen.add(c)
     todo += re.findall(
         r"(?:calls|to_apply|body|condition|branch_computations)="
-        r"\{?%?([\w.\-]+)", comps[c])
+        r"\{?%?([\w.\-]+)",
+        comps[c],
+    )
   return seen
 
 
@@ -96,14 +111,21 @@ def _shape_of(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
-def engine_hlo(mesh_shape, fn: str = "_decode", prompts=PROMPTS,
-               **engine_kw) -> str:
+def engine_hlo(
+    mesh_shape, fn: str = "_decode", prompts=PROMPTS, **engine_kw
+) -> str:
   """Optimised HLO of the engine's ``fn`` (``_decode``, ``_prefill``) as a
   ``generate`` call of ``prompts`` on ``mesh_shape`` runs it."""
   model = Transformer(CFG, rngs=nnx.Rngs(0))
   kw = dict(batch_buckets=(ROWS,), prompt_buckets=(16,), length_group_rows=0)
-  engine = JaxEngine(model, CFG, mesh=shd.make_mesh(mesh_shape), pad_id=0,
-                     eos_ids=(1,), **(kw | engine_kw))
+  engine = JaxEngine(
+      model,
+      CFG,
+      mesh=shd.make_mesh(mesh_shape),
+      pad_id=0,
+      eos_ids=(1,),
+      **(kw | engine_kw),
+  )
   seen = []
   run = getattr(jax_engine, fn)
 
@@ -113,11 +135,12 @@ def engine_hlo(mesh_shape, fn: str = "_decode", prompts=PROMPTS,
 
   setattr(jax_engine, fn, spy)
   try:
-    engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=4,
-                                            seed=0))
+    engine.generate(
+        prompts, SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+    )
   finally:
     setattr(jax_engine, fn, run)
-  (args, kw), = seen
+  ((args, kw),) = seen
   if fn == "_prefill":  # its 7th argument: the shared prefix blocks or None
     engine_hlo.shared_prefix = len(args) > 6 and args[6] is not None
   return run.lower(*args, **kw).compile().as_text()
@@ -128,13 +151,18 @@ decode_hlo = engine_hlo
 
 def per_token_and_all(hlo: str):
   comps = computations(hlo)
-  loops = re.findall(r"while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)",
-                     hlo)
+  loops = re.findall(r"while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)", hlo)
   # The decode loop: the one whose body runs the model (a dot).
-  decode = [(c, b) for c, b in loops
-            if any(" dot(" in comps[x] or "dot_general" in comps[x]
-                   or "__onednn$matmul" in comps[x]
-                   for x in reached(comps, [b]))]
+  decode = [
+      (c, b)
+      for c, b in loops
+      if any(
+          " dot(" in comps[x]
+          or "dot_general" in comps[x]
+          or "__onednn$matmul" in comps[x]
+          for x in reached(comps, [b])
+      )
+  ]
   assert len(decode) == 1, loops
   step = reached(comps, decode[0])
   per_token = [c for name in step for c in collectives(comps[name])]
@@ -149,8 +177,7 @@ def dims(shape: str) -> list[int]:
 
 def param_shapes() -> set:
   """Shapes ((a, b), ...) of every parameter, whole."""
-  state = nnx.state(nnx.eval_shape(lambda: Transformer(CFG,
-                                                       rngs=nnx.Rngs(0))))
+  state = nnx.state(nnx.eval_shape(lambda: Transformer(CFG, rngs=nnx.Rngs(0))))
   return {tuple(x.shape) for x in jax.tree.leaves(state)}
 
 
@@ -167,11 +194,17 @@ def test_data_parallel_decode_has_one_collective_per_token(mesh_shape):
   assert collectives(engine_hlo(mesh_shape, "_prefill")) == []
   # With shared prefix blocks (4 groups of 4 rows, 8 common tokens): the
   # prefixes reach their prompts, and those their rows, on each device.
-  grouped = [[3 + g] * 8 + [100 + r] * (1 + r % 3)
-             for g in range(4) for r in range(4)]
-  prefill = engine_hlo(mesh_shape, "_prefill", grouped, prefill_chunk=4,
-                       batch_buckets=(1, 2, 4, ROWS),
-                       shared_prefix_prefill=True)
+  grouped = [
+      [3 + g] * 8 + [100 + r] * (1 + r % 3) for g in range(4) for r in range(4)
+  ]
+  prefill = engine_hlo(
+      mesh_shape,
+      "_prefill",
+      grouped,
+      prefill_chunk=4,
+      batch_buckets=(1, 2, 4, ROWS),
+      shared_prefix_prefill=True,
+  )
   assert engine_hlo.shared_prefix
   assert collectives(prefill) == []
 
@@ -185,9 +218,11 @@ def test_tensor_parallel_decode_all_reduces_two_per_layer():
   embedding table included, in the decode program or the prefill's."""
   per_token, everywhere = per_token_and_all(decode_hlo((1, 4, 2)))
   rows_local = ROWS // 4
-  layer = [(op, s) for op, s in per_token
-           if op == "all-reduce" and dims(s) == [rows_local, 1,
-                                                 CFG.hidden_size]]
+  layer = [
+      (op, s)
+      for op, s in per_token
+      if op == "all-reduce" and dims(s) == [rows_local, 1, CFG.hidden_size]
+  ]
   assert len(layer) == 2 * CFG.num_layers + 1, per_token
   rest = [(op, s) for op, s in per_token if (op, s) not in layer]
   assert ("all-reduce", "pred[]") in rest

@@ -20,11 +20,19 @@ def test_engine_generates_under_remat(scan):
   out = {}
   for remat in (True, False):
     cfg = models.get_model_config("tiny", remat=remat, **kw)
-    engine = JaxEngine(build.inference_model(models.create_model(cfg, 0), cfg),
-                       build.engine_config(cfg), pad_id=0, eos_ids=[1])
+    engine = JaxEngine(
+        build.inference_model(models.create_model(cfg, 0), cfg),
+        build.engine_config(cfg),
+        pad_id=0,
+        eos_ids=[1],
+    )
     out[remat] = engine.generate(prompts, sp)
-  assert build.engine_config(models.get_model_config(
-      "tiny", remat=True, **kw)).remat == "none"
+  assert (
+      build.engine_config(
+          models.get_model_config("tiny", remat=True, **kw)
+      ).remat
+      == "none"
+  )
   for a, b in zip(out[True], out[False]):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)

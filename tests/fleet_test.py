@@ -65,8 +65,10 @@ class ScriptedEngine(Engine):
   def generate(self, prompts, params):
     self.calls += 1
     n = min(len(self.reply), params.max_new_tokens)
-    return [GenerationResult(self.reply[:n], np.full(n, -1.0, np.float32),
-                             "length") for _ in prompts]
+    return [
+        GenerationResult(self.reply[:n], np.full(n, -1.0, np.float32), "length")
+        for _ in prompts
+    ]
 
 
 class Fleet:
@@ -77,8 +79,9 @@ class Fleet:
 
   def start(self, engine, port=0):
     srv = http_server.make_server(engine, port=port)
-    threading.Thread(target=srv.serve_forever, args=(0.05,),
-                     daemon=True).start()
+    threading.Thread(
+        target=srv.serve_forever, args=(0.05,), daemon=True
+    ).start()
     self.servers[srv.url] = srv
     return srv.url
 
@@ -104,6 +107,7 @@ def _truncating_handler():
   ``http.client.IncompleteRead`` (a server killed mid-answer)."""
 
   class Handler(http.server.BaseHTTPRequestHandler):
+
     def log_message(self, *a):
       pass
 
@@ -145,11 +149,9 @@ def check_complete(records, n_groups, group_size, max_steps):
 
 
 def test_answer_cut_off_mid_body_is_retried_on_the_next_server(fleet):
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                        _truncating_handler())
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _truncating_handler())
   srv.daemon_threads = True
-  threading.Thread(target=srv.serve_forever, args=(0.05,),
-                   daemon=True).start()
+  threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
   try:
     cut = f"http://127.0.0.1:{srv.server_address[1]}"
     good = ScriptedEngine([5, 6])
@@ -194,8 +196,10 @@ def test_dead_server_is_skipped_by_sync_and_rejoins_later(
   b2 = ScriptedEngine([4])
   fleet.start(b2, port=port_b)
   client.update_weights(_weights_dir(tmp_path, "v2"), 2)
-  assert client.down_urls == [] and (a.weight_version, b2.weight_version) \
-      == (2, 2)
+  assert client.down_urls == [] and (a.weight_version, b2.weight_version) == (
+      2,
+      2,
+  )
   client.generate([[1], [2]], params)
   assert b2.calls == 1
 
@@ -221,8 +225,10 @@ def test_collection_completes_when_a_server_stops_midway(fleet, tmp_path):
   from rspo_jax.models import tokenizer as tok_lib  # pylint: disable=all
 
   tok = tok_lib.train_tokenizer(
-      ["<think>go</think><action>inc</action> reach the number"] * 4, 300,
-      str(tmp_path / "tok"))
+      ["<think>go</think><action>inc</action> reach the number"] * 4,
+      300,
+      str(tmp_path / "tok"),
+  )
   reply = tok.encode("<think>go</think><action>inc</action>")
   engines = [ScriptedEngine(reply), ScriptedEngine(reply)]
   urls = [fleet.start(e) for e in engines]
@@ -234,13 +240,20 @@ def test_collection_completes_when_a_server_stops_midway(fleet, tmp_path):
     if len(turns) == 1:
       fleet.stop(urls[1])
 
-  venv = VectorEnv("toy", {"max_steps": MAX_STEPS}, N_GROUPS * GROUP_SIZE,
-                   use_processes=False)
+  venv = VectorEnv(
+      "toy",
+      {"max_steps": MAX_STEPS},
+      N_GROUPS * GROUP_SIZE,
+      use_processes=False,
+  )
   try:
     records, stats = collect(
-        client, venv, tok,
-        CollectRequest(list(range(N_GROUPS)), GROUP_SIZE,
-                       SamplingParams(max_new_tokens=32)),
+        client,
+        venv,
+        tok,
+        CollectRequest(
+            list(range(N_GROUPS)), GROUP_SIZE, SamplingParams(max_new_tokens=32)
+        ),
         CollectConfig(env_name="toy", max_steps=MAX_STEPS),
         progress=progress,
     )
@@ -262,15 +275,28 @@ def _toy_checkpoint(root):
   from rspo_jax.models import tokenizer as tok_lib
   from rspo_jax.models.config import get_model_config
 
-  eps = warm_start.expert_episodes("toy", {"max_steps": MAX_STEPS}, range(16),
-                                   split="train", max_steps=MAX_STEPS)
+  eps = warm_start.expert_episodes(
+      "toy",
+      {"max_steps": MAX_STEPS},
+      range(16),
+      split="train",
+      max_steps=MAX_STEPS,
+  )
   texts = [t for pair in warm_start.episode_texts(eps, "toy", 2) for t in pair]
   tok_dir = str(root / "tokenizer")
   tok = tok_lib.train_tokenizer(texts, 400, tok_dir)
   cfg = get_model_config(
-      "tiny", vocab_size=400, hidden_size=64, intermediate_size=128,
-      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-      max_position_embeddings=512, eos_token_id=2, bos_token_id=None,
+      "tiny",
+      vocab_size=400,
+      hidden_size=64,
+      intermediate_size=128,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      max_position_embeddings=512,
+      eos_token_id=2,
+      bos_token_id=None,
   )
   model = hf_io.create_model(cfg, seed=0)
   path = str(root / "v0")
@@ -284,10 +310,18 @@ def _start_server(model_path, log_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   cmd = [
-      sys.executable, os.path.join(fx.REPO, "launch", "serve_rollout.py"),
-      "--model_path", model_path, "--port", str(port),
-      "--batch_buckets", "8", "--prompt_buckets", "256",
-      "--new_token_multiple", "16",
+      sys.executable,
+      os.path.join(fx.REPO, "launch", "serve_rollout.py"),
+      "--model_path",
+      model_path,
+      "--port",
+      str(port),
+      "--batch_buckets",
+      "8",
+      "--prompt_buckets",
+      "256",
+      "--new_token_multiple",
+      "16",
   ]
   return fx.ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}")
 
@@ -297,16 +331,20 @@ def test_sigkill_of_one_server_during_collection(tmp_path, caplog):
   from rspo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
 
   cfg, model, tok, tok_dir, path = _toy_checkpoint(tmp_path)
-  servers = [_start_server(path, str(tmp_path / f"server{i}.log"))
-             for i in range(2)]
+  servers = [
+      _start_server(path, str(tmp_path / f"server{i}.log")) for i in range(2)
+  ]
   venv = None
   try:
     for s in servers:
       s.wait_healthy()
     survivor, victim = servers
-    client = SGLangClient([s.url for s in servers],
-                          vocab_size=cfg.vocab_size, timeout_s=120,
-                          backoff_s=0.2)
+    client = SGLangClient(
+        [s.url for s in servers],
+        vocab_size=cfg.vocab_size,
+        timeout_s=120,
+        backoff_s=0.2,
+    )
     caplog.set_level(logging.WARNING, logger=LOGGER)
     turns, killer = [], []
 
@@ -320,16 +358,27 @@ def test_sigkill_of_one_server_during_collection(tmp_path, caplog):
         t.start()
         killer.append(t)
 
-    venv = VectorEnv("toy", {"max_steps": MAX_STEPS}, N_GROUPS * GROUP_SIZE,
-                     use_processes=False)
+    venv = VectorEnv(
+        "toy",
+        {"max_steps": MAX_STEPS},
+        N_GROUPS * GROUP_SIZE,
+        use_processes=False,
+    )
     records, stats = collect(
-        client, venv, tok,
-        CollectRequest(list(range(N_GROUPS)), GROUP_SIZE,
-                       SamplingParams(temperature=1.0, max_new_tokens=16,
-                                      stop_strings=("</action>",)),
-                       seed=3),
-        CollectConfig(env_name="toy", max_steps=MAX_STEPS,
-                      max_prompt_tokens=256),
+        client,
+        venv,
+        tok,
+        CollectRequest(
+            list(range(N_GROUPS)),
+            GROUP_SIZE,
+            SamplingParams(
+                temperature=1.0, max_new_tokens=16, stop_strings=("</action>",)
+            ),
+            seed=3,
+        ),
+        CollectConfig(
+            env_name="toy", max_steps=MAX_STEPS, max_prompt_tokens=256
+        ),
         progress=progress,
     )
     killer[0].join()
@@ -346,10 +395,13 @@ def test_sigkill_of_one_server_during_collection(tmp_path, caplog):
     client.update_weights(str(tmp_path / "v1"), 1)
     assert client.weight_version == 1
     assert client.model_info(survivor.url)["weight_version"] == "1"
-    assert any(victim.url in m and "skipped 1 of 2" in m
-               for m in caplog.messages)
-    res = client.generate([records[0].prompt_ids.tolist()] * 3,
-                          SamplingParams(max_new_tokens=4, seed=0))
+    assert any(
+        victim.url in m and "skipped 1 of 2" in m for m in caplog.messages
+    )
+    res = client.generate(
+        [records[0].prompt_ids.tolist()] * 3,
+        SamplingParams(max_new_tokens=4, seed=0),
+    )
     assert len(res) == 3  # all served by the survivor at version 1
     client.close()
   finally:

@@ -21,18 +21,35 @@ from third_party_envs.webshop import WebShopEnv
 # environment, not arbitrary text; the hooks' handling is vector_test's.
 _HOOKS = ("hang", "crash")
 SETTINGS = hypothesis.settings(
-    deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+    deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
 
 # Text a model might produce: anything, action-shaped strings, tags.
 ACTIONS = (
     st.text(max_size=80)
-    | st.builds(lambda name, arg: f"{name}[{arg}]",
-                st.sampled_from(["search", "click", "Click", "buy", ""]),
-                st.text(max_size=30))
-    | st.builds(lambda a: f"<think>x</think><action>{a}</action>",
-                st.text(max_size=30))
-    | st.sampled_from(["", " ", "\x00", "click[]", "search[ ]", "click[buy now",
-                       "[", "]", "\u202e", "🛒" * 50, "a" * 5000])
+    | st.builds(
+        lambda name, arg: f"{name}[{arg}]",
+        st.sampled_from(["search", "click", "Click", "buy", ""]),
+        st.text(max_size=30),
+    )
+    | st.builds(
+        lambda a: f"<think>x</think><action>{a}</action>", st.text(max_size=30)
+    )
+    | st.sampled_from(
+        [
+            "",
+            " ",
+            "\x00",
+            "click[]",
+            "search[ ]",
+            "click[buy now",
+            "[",
+            "]",
+            "\u202e",
+            "🛒" * 50,
+            "a" * 5000,
+        ]
+    )
 )
 
 
@@ -54,20 +71,31 @@ class ReplayEngine(Engine):
     for _ in prompts_:
       ids = self.replies[self.i % len(self.replies)]
       self.i += 1
-      out.append(GenerationResult(np.asarray(ids, np.int32),
-                                  np.full(len(ids), -1.0, np.float32),
-                                  "length"))
+      out.append(
+          GenerationResult(
+              np.asarray(ids, np.int32),
+              np.full(len(ids), -1.0, np.float32),
+              "length",
+          )
+      )
     return out
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-  texts = [prompts.build_prompt("toy", f"reach the number {t}",
-                                f"The current number is {t}.", ["inc", "dec"],
-                                [], 0) for t in range(10)]
+  texts = [
+      prompts.build_prompt(
+          "toy",
+          f"reach the number {t}",
+          f"The current number is {t}.",
+          ["inc", "dec"],
+          [],
+          0,
+      )
+      for t in range(10)
+  ]
   texts += ["<think>up</think><action>inc</action>"] * 20
-  return models.train_tokenizer(texts, 300,
-                                str(tmp_path_factory.mktemp("tok")))
+  return models.train_tokenizer(texts, 300, str(tmp_path_factory.mktemp("tok")))
 
 
 # ------------------------------------------------------------ collect path
@@ -75,25 +103,33 @@ def tokenizer(tmp_path_factory):
 
 @SETTINGS
 @hypothesis.given(
-    replies=st.lists(st.lists(st.integers(0, 400), max_size=24), min_size=1,
-                     max_size=6),
-    task=st.integers(0, 255))
+    replies=st.lists(
+        st.lists(st.integers(0, 400), max_size=24), min_size=1, max_size=6
+    ),
+    task=st.integers(0, 255),
+)
 def test_any_reply_through_collect(tokenizer, replies, task):
   """Token ids (inside and past the vocabulary, special tokens, nothing)
   -> records whose penalty and effect follow parse_action exactly."""
-  venv = VectorEnv("toy", {"max_steps": 3, "hang_s": 0.0}, 2,
-                   use_processes=False)
+  venv = VectorEnv(
+      "toy", {"max_steps": 3, "hang_s": 0.0}, 2, use_processes=False
+  )
   cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=128)
   records, stats = collect(
-      ReplayEngine(replies), venv, tokenizer,
-      CollectRequest([task], 2, SamplingParams(max_new_tokens=24)), cfg)
+      ReplayEngine(replies),
+      venv,
+      tokenizer,
+      CollectRequest([task], 2, SamplingParams(max_new_tokens=24)),
+      cfg,
+  )
   assert stats["episodes"] == 2 and len(records) <= 6
   for r in records:
     text = tokenizer.decode(r.response_ids.tolist(), skip_special_tokens=True)
     action, valid = prompts.parse_action(text, "toy")
     assert (r.action, r.invalid) == (action, not valid)
-    assert r.env_reward == pytest.approx(10.0 * (r.won and r.done)
-                                         - 0.1 * r.invalid)
+    assert r.env_reward == pytest.approx(
+        10.0 * (r.won and r.done) - 0.1 * r.invalid
+    )
   by_traj = {}
   for r in records:
     by_traj.setdefault(r.traj_id, []).append(r)
@@ -107,9 +143,10 @@ def test_any_reply_through_collect(tokenizer, replies, task):
 
 
 @SETTINGS
-@hypothesis.given(actions=st.lists(ACTIONS | st.sampled_from(toy.ADMISSIBLE),
-                                   max_size=12),
-                  task=st.integers(0, 255))
+@hypothesis.given(
+    actions=st.lists(ACTIONS | st.sampled_from(toy.ADMISSIBLE), max_size=12),
+    task=st.integers(0, 255),
+)
 def test_toy_step_any_text(actions, task):
   """Arbitrary text interleaved with real moves ends in the state of the
   real moves alone."""
@@ -128,7 +165,9 @@ def test_toy_step_any_text(actions, task):
     else:
       assert not s.valid_action and s.reward == 0 and s.dense_reward == 0
       assert (s.observation, s.admissible_actions) == (
-          before.observation, before.admissible_actions)
+          before.observation,
+          before.admissible_actions,
+      )
     before = s
 
 
@@ -138,8 +177,9 @@ def webshop():
 
 
 @SETTINGS
-@hypothesis.given(action=ACTIONS, expert_steps=st.integers(0, 4),
-                  task=st.integers(0, 99))
+@hypothesis.given(
+    action=ACTIONS, expert_steps=st.integers(0, 4), task=st.integers(0, 99)
+)
 def test_webshop_step_any_text(webshop, action, expert_steps, task):
   env = webshop
   before = env.reset(task, "train")
@@ -152,7 +192,10 @@ def test_webshop_step_any_text(webshop, action, expert_steps, task):
   assert isinstance(s.observation, str) and s.observation
   if not s.valid_action:
     assert (s.observation, s.admissible_actions, s.info) == (
-        before.observation, before.admissible_actions, before.info)
+        before.observation,
+        before.admissible_actions,
+        before.info,
+    )
     assert s.reward == 0 and s.dense_reward == 0 and not s.done
 
 

@@ -202,8 +202,9 @@ def test_load_dtype_override():
   cfg, model = models.load_hf_model(path, dtype="bfloat16")
   assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")
   assert model.embedding.value.dtype == jnp.float32
-  cfg, model = models.load_hf_model(path, dtype="bfloat16",
-                                    param_dtype="bfloat16", remat=True)
+  cfg, model = models.load_hf_model(
+      path, dtype="bfloat16", param_dtype="bfloat16", remat=True
+  )
   assert cfg.dtype == cfg.param_dtype == "bfloat16" and cfg.remat
   assert model.embedding.value.dtype == jnp.bfloat16
 

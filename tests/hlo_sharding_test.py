@@ -62,13 +62,17 @@ def model_cfg(**kw):
 
 COMPILERS = {
     "train_step": lambda mesh, cfg: hlo.compile_train_step(
-        mesh, cfg, ROWS, LENGTH, n_micro=N_MICRO, donate=False),
+        mesh, cfg, ROWS, LENGTH, n_micro=N_MICRO, donate=False
+    ),
     "logprob": lambda mesh, cfg: hlo.compile_logprob(
-        mesh, cfg, ROWS, LENGTH, param_dtype=cfg.inference_dtype),
+        mesh, cfg, ROWS, LENGTH, param_dtype=cfg.inference_dtype
+    ),
     "prefill": lambda mesh, cfg: hlo.compile_prefill(
-        mesh, cfg, PREFILL_ROWS, PROMPT, NEW),
+        mesh, cfg, PREFILL_ROWS, PROMPT, NEW
+    ),
     "decode": lambda mesh, cfg: hlo.compile_decode(
-        mesh, cfg, PREFILL_ROWS, PROMPT, NEW),
+        mesh, cfg, PREFILL_ROWS, PROMPT, NEW
+    ),
 }
 
 
@@ -102,9 +106,10 @@ def _temp_bound(c: hlo.Compiled, mesh_shape, cfg) -> int:
   s = c.length
   copies = 4 if c.name == "train_step" else 2
   weights = copies * cfg.num_params() * 4
-  per_layer = rows * t * 2 * (
-      8 * cfg.hidden_size + 3 * cfg.intermediate_size // tensor
-  ) + 2 * rows * cfg.num_heads // tensor * t * s * 4
+  per_layer = (
+      rows * t * 2 * (8 * cfg.hidden_size + 3 * cfg.intermediate_size // tensor)
+      + 2 * rows * cfg.num_heads // tensor * t * s * 4
+  )
   logits = 3 * rows * t * cfg.vocab_size // tensor * 4
   return weights + cfg.num_layers * per_layer + logits
 
@@ -132,10 +137,12 @@ def test_no_activation_collectives_and_bounded_temps(name, mesh_shape, cfg):
   c, bound, bad, temp_bound = check(name, mesh_shape, cfg)
   assert not bad, (
       f"{name} on {mesh_shape}: collectives of activations above"
-      f" {bound} elements: {bad[:8]}")
+      f" {bound} elements: {bad[:8]}"
+  )
   assert c.memory["temp"] <= temp_bound, (
       f"{name} on {mesh_shape}: {c.memory['temp'] / 2**20:.1f} MiB of"
-      f" temporaries per device > {temp_bound / 2**20:.1f} MiB")
+      f" temporaries per device > {temp_bound / 2**20:.1f} MiB"
+  )
 
 
 # ---------------------------------------------- the gradients' reductions
@@ -148,18 +155,34 @@ GRAD_MESH, GRAD_ROWS, GRAD_LENGTH = (2, 4, 1), 32, 64
 
 def grad_cfg():
   return get_model_config(
-      "qwen2.5-1.5b", num_layers=1, vocab_size=512, hidden_size=128,
-      intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
-      dtype="bfloat16")
+      "qwen2.5-1.5b",
+      num_layers=1,
+      vocab_size=512,
+      hidden_size=128,
+      intermediate_size=256,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=32,
+      dtype="bfloat16",
+  )
 
 
 @pytest.fixture(scope="module")
 def grad_steps():
   """{n_micro: Compiled} of the train step (2: with its partitioned HLO)."""
   mesh = shd.make_mesh(GRAD_MESH)
-  return {n: hlo.compile_train_step(
-      mesh, grad_cfg(), GRAD_ROWS, GRAD_LENGTH, n_micro=n, donate=False,
-      partitioned=n == 2) for n in (2, 4)}
+  return {
+      n: hlo.compile_train_step(
+          mesh,
+          grad_cfg(),
+          GRAD_ROWS,
+          GRAD_LENGTH,
+          n_micro=n,
+          donate=False,
+          partitioned=n == 2,
+      )
+      for n in (2, 4)
+  }
 
 
 def test_gradients_are_reduced_in_float32(grad_steps):
@@ -170,13 +193,22 @@ def test_gradients_are_reduced_in_float32(grad_steps):
   bf16, each a bf16 gradient dot's, widened only after."""
   c = grad_steps[2]
   skip = hlo.param_shapes(c.params, 8)
-  grads = [r for r in hlo.reductions(c.partitioned, GRAD_MESH, loops=False)
-           if r.axes & {"data", "fsdp"} and r.shapes[0]
-           and tuple(d for d in r.shapes[0] if d != 1) in skip]
+  grads = [
+      r
+      for r in hlo.reductions(c.partitioned, GRAD_MESH, loops=False)
+      if r.axes & {"data", "fsdp"}
+      and r.shapes[0]
+      and tuple(d for d in r.shapes[0] if d != 1) in skip
+  ]
   n_params = len(jax.tree.leaves(c.params))
   assert len(grads) >= n_params, (len(grads), n_params)
-  narrow = sorted({(r.dtypes, r.shapes, tuple(sorted(r.axes)))
-                   for r in grads if set(r.dtypes) != {"f32"}})
+  narrow = sorted(
+      {
+          (r.dtypes, r.shapes, tuple(sorted(r.axes)))
+          for r in grads
+          if set(r.dtypes) != {"f32"}
+      }
+  )
   assert not narrow, narrow
 
 
@@ -186,13 +218,16 @@ def test_data_axis_reduction_once_per_update(grad_steps):
   shard accumulates its own gradient and one all-reduce per tensor
   follows the loop (``train_step._data_local``). Before: 30 with 2, 60
   with 4 (14 parameters; inside the loop, once per micro-batch)."""
+
   def over_data(c):
-    return sum(r.times * sum(1 for shape in r.shapes if shape)
-               for r in hlo.reductions(c.hlo, GRAD_MESH) if "data" in r.axes)
+    return sum(
+        r.times * sum(1 for shape in r.shapes if shape)
+        for r in hlo.reductions(c.hlo, GRAD_MESH)
+        if "data" in r.axes
+    )
 
   two, four = over_data(grad_steps[2]), over_data(grad_steps[4])
-  assert two == four == len(jax.tree.leaves(grad_steps[2].params)), (
-      two, four)
+  assert two == four == len(jax.tree.leaves(grad_steps[2].params)), (two, four)
 
 
 def test_compile_decode_takes_the_learners_remat_config():
@@ -214,9 +249,13 @@ def test_collectives_parser():
       "  ROOT %add.1 = f32[4]{0} add(f32[4]{0} %a, f32[4]{0} %b)\n"
   )
   assert hlo.collectives(text) == [
-      ("all-gather", (16, 256, 1536)), ("all-gather", (2, 256, 1536)),
-      ("reduce-scatter", (4,)), ("all-reduce", (4,)), ("all-reduce", (2, 3)),
-      ("all-reduce", (4,)), ("all-reduce", (2, 3)),
+      ("all-gather", (16, 256, 1536)),
+      ("all-gather", (2, 256, 1536)),
+      ("reduce-scatter", (4,)),
+      ("all-reduce", (4,)),
+      ("all-reduce", (2, 3)),
+      ("all-reduce", (4,)),
+      ("all-reduce", (2, 3)),
   ]
 
 
@@ -228,8 +267,10 @@ def test_replica_groups_and_their_mesh_axes():
       "replica_groups={{0,4},{1,5},{2,6},{3,7}}, x": {"data"},
       "replica_groups=[2,4]<=[8], x": {"fsdp"},
       "replica_groups=[4,2]<=[2,4]T(1,0), x": {"data"},
-      "replica_groups=mesh['axis_0'=8,'axis_1'=1] {'axis_0'}, x":
-          {"data", "fsdp"},
+      "replica_groups=mesh['axis_0'=8,'axis_1'=1] {'axis_0'}, x": {
+          "data",
+          "fsdp",
+      },
       "replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2],"
       " device_ids=([2,4]T(1,0)) {'axis_2'}, x": {"data"},
       "replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2],"
@@ -239,7 +280,11 @@ def test_replica_groups_and_their_mesh_axes():
   for line, axes in cases.items():
     assert hlo.group_axes(hlo.replica_groups(line), shape) == axes, line
   assert hlo.replica_groups("replica_groups=[4,2]<=[2,4]T(1,0), x") == [
-      [0, 4], [1, 5], [2, 6], [3, 7]]
+      [0, 4],
+      [1, 5],
+      [2, 6],
+      [3, 7],
+  ]
 
 
 def test_activation_collectives_flag_a_per_device_activation():
@@ -250,14 +295,20 @@ def test_activation_collectives_flag_a_per_device_activation():
   shape, bound = (1, 4, 2), 2 * 64 * 128
 
   def line(op, dims, groups):
-    return (f"  %{op}.1 = f32[{dims}]{{2,1,0}} {op}(f32[{dims}]{{2,1,0}}"
-            f" %x), replica_groups={groups}, to_apply=%add\n")
+    return (
+        f"  %{op}.1 = f32[{dims}]{{2,1,0}} {op}(f32[{dims}]{{2,1,0}}"
+        f" %x), replica_groups={groups}, to_apply=%add\n"
+    )
 
-  text = (line("all-reduce", "2,64,128", "[2,4]<=[4,2]T(1,0)")  # fsdp
-          + line("all-reduce", "2,64,128", "[4,2]<=[8]")  # tensor
-          + line("all-gather", "128,128", "[2,4]<=[4,2]T(1,0)"))  # shard
-  assert hlo.activation_collectives(text, params, shape, bound) == [
-      ("all-reduce", (2, 64, 128), bound, ("fsdp",))] * 2
+  text = (
+      line("all-reduce", "2,64,128", "[2,4]<=[4,2]T(1,0)")  # fsdp
+      + line("all-reduce", "2,64,128", "[4,2]<=[8]")  # tensor
+      + line("all-gather", "128,128", "[2,4]<=[4,2]T(1,0)")
+  )  # shard
+  assert (
+      hlo.activation_collectives(text, params, shape, bound)
+      == [("all-reduce", (2, 64, 128), bound, ("fsdp",))] * 2
+  )
 
 
 def test_executions_follow_loop_trip_counts():
@@ -271,10 +322,13 @@ def test_executions_follow_loop_trip_counts():
       ' backend_config={"known_trip_count":{"n":"3"}}\n'
       "  %ar2 = f32[4]{0} all-reduce(f32[4]{0} %a), replica_groups={},"
       " to_apply=%add\n"
-      "}\n")
+      "}\n"
+  )
   assert hlo.executions(text)["body"] == 3
-  got = [(r.computation, r.times, r.dtypes)
-         for r in hlo.reductions(text, (1, 8, 1))]
+  got = [
+      (r.computation, r.times, r.dtypes)
+      for r in hlo.reductions(text, (1, 8, 1))
+  ]
   assert got == [("body", 3, ("f32",)), ("main", 1, ("f32",))]
 
 
@@ -283,23 +337,27 @@ def test_share_prompts_keeps_each_shards_prompts_on_it():
   row gather stays on the device), deduplicated within the shard."""
   rows = [[1, 2], [1, 2], [3], [1, 2], [4, 5]]
   unique, row_map = jax_engine.share_prompts(
-      rows, bb=8, shards=4, buckets=(1, 2, 4, 8), pad_id=0)
+      rows, bb=8, shards=4, buckets=(1, 2, 4, 8), pad_id=0
+  )
   assert unique == [[1, 2], [0], [3], [1, 2], [4, 5], [0], [0], [0]]
   np.testing.assert_array_equal(row_map, [0, 0, 2, 3, 4, 4, 6, 6])
   unique, row_map = jax_engine.share_prompts(
-      rows, bb=8, shards=1, buckets=(1, 2, 4, 8), pad_id=0)
+      rows, bb=8, shards=1, buckets=(1, 2, 4, 8), pad_id=0
+  )
   assert unique == [[1, 2], [3], [4, 5], [0]]
   np.testing.assert_array_equal(row_map, [0, 0, 1, 0, 2, 0, 0, 0])
   x = jnp.arange(16).reshape(8, 2)
   for shards in (1, 4):
     got = jax.jit(jax_engine._gather_rows, static_argnums=2)(
-        x, jnp.asarray([0, 0, 2, 3, 4, 4, 6, 6]), shards)
+        x, jnp.asarray([0, 0, 2, 3, 4, 4, 6, 6]), shards
+    )
     np.testing.assert_array_equal(got, x[np.array([0, 0, 2, 3, 4, 4, 6, 6])])
 
 
 if __name__ == "__main__":
   import sys
   import time
+
   jax.config.update("jax_num_cpu_devices", 8)
   names = sys.argv[1:] or list(COMPILERS)
   cfg_ = model_cfg()
@@ -308,9 +366,12 @@ if __name__ == "__main__":
       t0 = time.time()
       c, bound, bad, tb = check(name, mesh_shape, cfg_)
       worst = max((n for _, _, n in bad), default=0)
-      print(f"{name:10s} {str(mesh_shape):10s} compile {time.time()-t0:5.1f}s"
-            f" temp {c.memory['temp']/2**20:8.1f} MiB (bound {tb/2**20:8.1f})"
-            f" activation collectives {len(bad):3d} (largest {worst}, bound"
-            f" {bound})", flush=True)
+      print(
+          f"{name:10s} {str(mesh_shape):10s} compile {time.time()-t0:5.1f}s"
+          f" temp {c.memory['temp']/2**20:8.1f} MiB (bound {tb/2**20:8.1f})"
+          f" activation collectives {len(bad):3d} (largest {worst}, bound"
+          f" {bound})",
+          flush=True,
+      )
       for b in sorted(set(bad), key=lambda x: -x[2])[:4]:
         print("    ", b)

@@ -23,15 +23,20 @@ MAX_CLASS_LINES = 450
 
 def _sources() -> dict[str, str]:
   """{path from the repository root: text} of every module in rspo_jax/."""
-  return {str(p.relative_to(ROOT)): p.read_text()
-          for p in sorted(PACKAGE.rglob("*.py"))
-          if "__pycache__" not in p.parts}
+  return {
+      str(p.relative_to(ROOT)): p.read_text()
+      for p in sorted(PACKAGE.rglob("*.py"))
+      if "__pycache__" not in p.parts
+  }
 
 
 def _spans(tree: ast.AST, kinds: tuple) -> list[tuple[int, str, int]]:
   """(lines, name, first line) of every node of ``kinds`` in ``tree``."""
-  return [(node.end_lineno - node.lineno + 1, node.name, node.lineno)
-          for node in ast.walk(tree) if isinstance(node, kinds)]
+  return [
+      (node.end_lineno - node.lineno + 1, node.name, node.lineno)
+      for node in ast.walk(tree)
+      if isinstance(node, kinds)
+  ]
 
 
 def test_the_scan_sees_the_package():
@@ -40,25 +45,34 @@ def test_the_scan_sees_the_package():
 
 
 def test_no_module_is_longer_than_the_limit():
-  over = [f"{path}: {n} lines" for path, text in _sources().items()
-          if (n := len(text.splitlines())) > MAX_FILE_LINES]
+  over = [
+      f"{path}: {n} lines"
+      for path, text in _sources().items()
+      if (n := len(text.splitlines())) > MAX_FILE_LINES
+  ]
   assert not over, (
       f"modules over {MAX_FILE_LINES} lines (move a cohesive piece into a"
-      f" module of its own): {over}")
+      f" module of its own): {over}"
+  )
 
 
 def test_no_function_is_longer_than_the_limit():
-  over = [f"{path}:{line} {name}: {n} lines"
-          for path, text in _sources().items()
-          for n, name, line in _spans(
-              ast.parse(text, path), (ast.FunctionDef, ast.AsyncFunctionDef))
-          if n > MAX_FUNCTION_LINES]
+  over = [
+      f"{path}:{line} {name}: {n} lines"
+      for path, text in _sources().items()
+      for n, name, line in _spans(
+          ast.parse(text, path), (ast.FunctionDef, ast.AsyncFunctionDef)
+      )
+      if n > MAX_FUNCTION_LINES
+  ]
   assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
 
 
 def test_no_class_is_longer_than_the_limit():
-  over = [f"{path}:{line} {name}: {n} lines"
-          for path, text in _sources().items()
-          for n, name, line in _spans(ast.parse(text, path), (ast.ClassDef,))
-          if n > MAX_CLASS_LINES]
+  over = [
+      f"{path}:{line} {name}: {n} lines"
+      for path, text in _sources().items()
+      for n, name, line in _spans(ast.parse(text, path), (ast.ClassDef,))
+      if n > MAX_CLASS_LINES
+  ]
   assert not over, f"classes over {MAX_CLASS_LINES} lines: {over}"

@@ -81,13 +81,18 @@ def test_shapes_are_checked():
 
 
 def test_outcome_matrix_from_per_task():
-  per_task = [{"seed": s, "task_id": t, "won": int(t == s), "score": t / 10}
-              for s in (1, 0) for t in (2, 0, 1)]
-  np.testing.assert_array_equal(intervals.outcome_matrix(per_task),
-                                [[1, 0], [0, 1], [0, 0]])
+  per_task = [
+      {"seed": s, "task_id": t, "won": int(t == s), "score": t / 10}
+      for s in (1, 0)
+      for t in (2, 0, 1)
+  ]
+  np.testing.assert_array_equal(
+      intervals.outcome_matrix(per_task), [[1, 0], [0, 1], [0, 0]]
+  )
   np.testing.assert_allclose(
       intervals.outcome_matrix(per_task, "score", task_ids=[2, 1]),
-      [[0.2, 0.2], [0.1, 0.1]])
+      [[0.2, 0.2], [0.1, 0.1]],
+  )
   with pytest.raises(ValueError, match="no outcome for task 1 at seed 0"):
     intervals.outcome_matrix(per_task[:-1])
 
@@ -98,17 +103,17 @@ def test_t_distribution_against_closed_forms():
   # 97.5 % quantile is tan(0.475 pi) = 12.706205.
   assert intervals.t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
   assert intervals.t_quantile(0.975, 1) == pytest.approx(
-      math.tan(0.475 * math.pi), rel=1e-9)
+      math.tan(0.475 * math.pi), rel=1e-9
+  )
   # df = 2: F(t) = 1/2 + t / (2 sqrt(2 + t^2)); solving F(t) = 0.975,
   # t = 0.95 sqrt(2 / (1 - 0.95^2)) = 4.302653.
-  assert intervals.t_cdf(2.0, 2) == pytest.approx(0.5 + 2 / (2 * 6 ** 0.5))
+  assert intervals.t_cdf(2.0, 2) == pytest.approx(0.5 + 2 / (2 * 6**0.5))
   assert intervals.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)
   # Tables: t_{0.975, 4} = 2.776445, t_{0.975, 10} = 2.228139; a large df
   # is the normal's 1.959964.
   assert intervals.t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-6)
   assert intervals.t_quantile(0.975, 10) == pytest.approx(2.228139, abs=1e-6)
-  assert intervals.t_quantile(0.975, 1e7) == pytest.approx(1.959964,
-                                                           abs=1e-5)
+  assert intervals.t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
   assert intervals.t_quantile(0.025, 4) == pytest.approx(-2.776445, abs=1e-6)
   assert intervals.t_cdf(0.0, 3) == 0.5
 

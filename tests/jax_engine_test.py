@@ -224,20 +224,26 @@ def test_shapes_inside_buckets_compile_once(model):
   assert jax_engine.trace_count() == t0 + 4
 
 
-@pytest.mark.parametrize("prompts,gathered", [
-    # 2 unique of 4 rows: prefilled once each, gathered to the 4 rows.
-    ([[5, 6, 7], [9, 10], [5, 6, 7], [9, 10]], True),
-    # 3 unique: the same batch bucket, so prefilled in place (no gather).
-    ([[5, 6, 7], [9, 10], [5, 6, 7], [11]], False)])
+@pytest.mark.parametrize(
+    "prompts,gathered",
+    [
+        # 2 unique of 4 rows: prefilled once each, gathered to the 4 rows.
+        ([[5, 6, 7], [9, 10], [5, 6, 7], [9, 10]], True),
+        # 3 unique: the same batch bucket, so prefilled in place (no gather).
+        ([[5, 6, 7], [9, 10], [5, 6, 7], [11]], False),
+    ],
+)
 def test_prefix_sharing_equals_no_sharing(model, prompts, gathered):
   params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=11)
   engine = make_engine(model, batch_buckets=(2, 4, 8))
   shared = engine.generate(prompts, params)
   (key,) = [k for k in engine._shape_keys if k[0] == "prefill"]
-  assert (key[1], key[2], key[-1]) == ((2, 4, False) if gathered
-                                       else (4, 4, True))
-  plain = make_engine(model, batch_buckets=(2, 4, 8),
-                      prefix_sharing=False).generate(prompts, params)
+  assert (key[1], key[2], key[-1]) == (
+      (2, 4, False) if gathered else (4, 4, True)
+  )
+  plain = make_engine(
+      model, batch_buckets=(2, 4, 8), prefix_sharing=False
+  ).generate(prompts, params)
   for a, b in zip(shared, plain):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
@@ -266,10 +272,8 @@ def test_row_cap_gives_the_same_tokens_and_logprobs(model, temperature):
   rows). 8 prompts with repeats (a prefill of the distinct ones,
   gathered) and without."""
   prompts = VARIED + [[5, 6, 7], [44, 45, 46, 47]]
-  params = SamplingParams(temperature=temperature, max_new_tokens=12,
-                          seed=5)
-  kw = dict(batch_buckets=(1, 2, 4, 8), length_group_rows=0,
-            prefill_chunk=0)
+  params = SamplingParams(temperature=temperature, max_new_tokens=12, seed=5)
+  kw = dict(batch_buckets=(1, 2, 4, 8), length_group_rows=0, prefill_chunk=0)
   whole = make_engine(model, **kw)
   capped = make_engine(model, max_rows=3, **kw)  # calls of 2 rows
   for batch in (prompts, [[i + 3, i + 4, 2 * i + 5] for i in range(8)]):
@@ -292,7 +296,8 @@ def test_prefix_width_by_hand():
   b = list(range(1, 11)) + [30]
   c = list(range(1, 7)) + [40, 41, 42, 43, 44]
   width = lambda rows, shards=1, min_len=10: jax_engine.prefix_width(
-      rows, min_len, shards, 4, (1, 2, 4, 8), 16)
+      rows, min_len, shards, 4, (1, 2, 4, 8), 16
+  )
   # W=4: 1 prefix -> 4 + 4 * 11 = 48; W=8: 2 -> 2 * 8 + 4 * 7 = 44 (< 60).
   assert width([a, e, b, c]) == 8
   assert width([a, e, b, c], min_len=8) == 4  # W <= min_len - 1
@@ -309,10 +314,10 @@ def test_prefix_width_by_hand():
   assert width([a, [0]], min_len=12) == 8  # 1 * 8 + 2 * 7 = 22 < 30
   assert jax_engine._prefix_rows([a, [0], [0], [0]], 2, 8) == [a[:8]] * 4
   tokens, positions, mask = jax_engine._layout([e, [0]], 16, 0, head=8)
+  np.testing.assert_array_equal(tokens[0], e[:8] + [0] * 5 + e[8:])
   np.testing.assert_array_equal(
-      tokens[0], e[:8] + [0] * 5 + e[8:])
-  np.testing.assert_array_equal(
-      positions[0], list(range(8)) + [0] * 5 + [8, 9, 10])
+      positions[0], list(range(8)) + [0] * 5 + [8, 9, 10]
+  )
   np.testing.assert_array_equal(mask[0], [1] * 8 + [0] * 5 + [1] * 3)
   np.testing.assert_array_equal(tokens[1], [0] * 16)
   np.testing.assert_array_equal(mask[1], [0] * 15 + [1])
@@ -321,20 +326,22 @@ def test_prefix_width_by_hand():
 # A group's prompts at a later turn: a common head, different histories.
 HEAD = list(range(30, 52))  # 22 tokens
 GROUPED = [HEAD + [60 + r] * (1 + r % 4) for r in range(6)] + [
-    list(range(70, 81)), HEAD[:5] + [90, 91]]
+    list(range(70, 81)),
+    HEAD[:5] + [90, 91],
+]
 
 
 @pytest.mark.parametrize("chunk", [4, 0])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_shared_prefix_blocks_equal_the_plain_prefill(model, monkeypatch,
-                                                      chunk, temperature):
+def test_shared_prefix_blocks_equal_the_plain_prefill(
+    model, monkeypatch, chunk, temperature
+):
   """Prefilling the shared head once (blocks of 4, or one pass with a
   grain of 8) gives the tokens and log-probs of the plain left-padded
   prefill, for rows that share it and rows that do not, and prefills the
   columns ``prefix_width`` counts."""
   monkeypatch.setattr(jax_engine, "PREFIX_GRAIN", 8)
-  params = SamplingParams(temperature=temperature, max_new_tokens=10,
-                          seed=5)
+  params = SamplingParams(temperature=temperature, max_new_tokens=10, seed=5)
   kw = dict(prompt_buckets=(32,), prefill_chunk=chunk, length_group_rows=0)
   shared = make_engine(model, shared_prefix_prefill=True, **kw)
   plain = make_engine(model, **kw)  # the default: off
@@ -345,12 +352,10 @@ def test_shared_prefix_blocks_equal_the_plain_prefill(model, monkeypatch,
   expected = {4: (232, 216), 0: (248, 216)}[chunk]
   for prompts, columns in zip((GROUPED, GROUPED[:7]), expected):
     before = shared.prefill_columns
-    got, ref = shared.generate(prompts, params), plain.generate(prompts,
-                                                                params)
+    got, ref = shared.generate(prompts, params), plain.generate(prompts, params)
     for a, b in zip(got, ref):  # sums in another order: rounding only
       np.testing.assert_array_equal(a.token_ids, b.token_ids)
-      np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5,
-                                 atol=1e-5)
+      np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
     done, without = np.subtract(shared.prefill_columns, before)
     assert (done, without) == (columns, 248)
   assert plain.prefill_columns == (496, 496)
@@ -360,8 +365,12 @@ def test_shared_prefix_blocks_on_a_mesh_match_one_device(model):
   """Rows split 4 ways on (2, 2, 2), two a shard: each row shard prefills
   its own prefix; same tokens and log-probs as one plain device."""
   mesh = shd.make_mesh((2, 2, 2))
-  kw = dict(prompt_buckets=(32,), prefill_chunk=4, length_group_rows=0,
-            batch_buckets=(1, 2, 4, 8))
+  kw = dict(
+      prompt_buckets=(32,),
+      prefill_chunk=4,
+      length_group_rows=0,
+      batch_buckets=(1, 2, 4, 8),
+  )
   params = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
   prompts = GROUPED[:6] + [HEAD + [99], HEAD + [98, 98]]
   sharded = make_engine(model, mesh=mesh, shared_prefix_prefill=True, **kw)
@@ -459,7 +468,8 @@ def test_engine_owns_its_buffers(model, engine):
 
 @pytest.mark.parametrize("mesh_shape", [None, (1, 4, 2)], ids=str)
 def test_update_weights_frees_the_old_weights_before_placing_the_new(
-    model, monkeypatch, mesh_shape):
+    model, monkeypatch, mesh_shape
+):
   """A sync holds one engine copy at a time: every old weight is freed
   before the first new one is placed (before: old, given and placed copies
   at once, up to 3x the engine's weights a device). After a refused update
@@ -487,8 +497,10 @@ def test_update_weights_frees_the_old_weights_before_placing_the_new(
   other = make_model(seed=1)
   eng.update_weights(nnx.state(other, nnx.Param), version=5)
   assert len(seen) == len(old) and all(seen)
-  for a, b in zip(eng.generate(PROMPTS, greedy),
-                  make_engine(other).generate(PROMPTS, greedy)):
+  for a, b in zip(
+      eng.generate(PROMPTS, greedy),
+      make_engine(other).generate(PROMPTS, greedy),
+  ):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
 
 
@@ -554,9 +566,13 @@ def test_mesh_matches_single_device(model, engine):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
   emb = sharded._params["embedding"].get_value()
   # Weights split over 'tensor' only: whole on each row shard.
-  assert emb.sharding.spec == shd.logical_to_mesh_spec(
-      ("vocab", "embed"), shd.inference_rules(shd.DEFAULT_RULES)
-  ) == P("tensor", None)
+  assert (
+      emb.sharding.spec
+      == shd.logical_to_mesh_spec(
+          ("vocab", "embed"), shd.inference_rules(shd.DEFAULT_RULES)
+      )
+      == P("tensor", None)
+  )
 
 
 # ------------------------------------- stop strings, length groups, blocks
@@ -567,12 +583,15 @@ def test_stop_string_automaton_by_hand():
   texts = ["a", "b", "ab", "x", "aab", ""]
   table, lengths = sampling.stop_string_tables(texts, ("aab",))
   assert lengths.tolist() == [3]
-  np.testing.assert_array_equal(table[0], [
-      [1, 0, 0, 0, 3, 0],  # from "": a -> "a", aab -> seen
-      [2, 0, 3, 0, 3, 1],  # from "a": a -> "aa", ab -> "aab"
-      [2, 3, 3, 0, 3, 2],  # from "aa": a -> "aaa" ends in "aa", b -> seen
-      [3, 3, 3, 3, 3, 3],  # seen: absorbing
-  ])
+  np.testing.assert_array_equal(
+      table[0],
+      [
+          [1, 0, 0, 0, 3, 0],  # from "": a -> "a", aab -> seen
+          [2, 0, 3, 0, 3, 1],  # from "a": a -> "aa", ab -> "aab"
+          [2, 3, 3, 0, 3, 2],  # from "aa": a -> "aaa" ends in "aa", b -> seen
+          [3, 3, 3, 3, 3, 3],  # seen: absorbing
+      ],
+  )
   rng = np.random.default_rng(0)
   stops = ("aab", "ba", "xa")
   table, lengths = sampling.stop_string_tables(texts, stops)
@@ -583,8 +602,11 @@ def test_stop_string_automaton_by_hand():
       states = table[np.arange(3), states, t]
       if hit is None and np.any(states == lengths):
         hit = k
-    text_hits = [k for k in range(len(seq)) if any(
-        s in "".join(texts[t] for t in seq[:k + 1]) for s in stops)]
+    text_hits = [
+        k
+        for k in range(len(seq))
+        if any(s in "".join(texts[t] for t in seq[: k + 1]) for s in stops)
+    ]
     assert hit == (text_hits[0] if text_hits else None)
 
 
@@ -594,13 +616,20 @@ def _chars(ids):
 
 # Lengths spread over both prompt buckets (8, 16), so length groups of 2
 # rows pad to different buckets; prefill blocks of 3 columns.
-VARIED = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [20, 21],
-          [5, 6, 7], [30, 31, 32, 33, 34, 35, 36], [40]]
+VARIED = [
+    [5, 6, 7],
+    [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+    [20, 21],
+    [5, 6, 7],
+    [30, 31, 32, 33, 34, 35, 36],
+    [40],
+]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_grouped_blocked_engine_equals_full_forward_sampling(model,
-                                                             temperature):
+def test_grouped_blocked_engine_equals_full_forward_sampling(
+    model, temperature
+):
   """Token i of row r is sample_token(full-forward logits, key
   fold_in(fold_in(key(seed), r), i)); the log-prob is the untempered
   full-forward one; and the old path (no length groups, one prefill pass)
@@ -634,9 +663,10 @@ def test_stop_strings_end_rows_inside_the_decode_loop(model):
   want = []
   for r in full:  # the first token whose prefix text holds a stop string
     toks = r.token_ids.tolist()
-    k = next(k for k in range(16) if any(s in _chars(toks[:k + 1])
-                                         for s in stops))
-    want.append(toks[:k + 1])
+    k = next(
+        k for k in range(16) if any(s in _chars(toks[: k + 1]) for s in stops)
+    )
+    want.append(toks[: k + 1])
   cuts = []
   eng._cut_at_stop_string = lambda r, s: cuts.append(r) or r
   steps = eng.decode_steps

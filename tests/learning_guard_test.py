@@ -62,14 +62,20 @@ pytestmark = pytest.mark.slow
 
 STEPS = 4
 DISTANT = {"min_distance": 4}  # every plan is >= 4 steps long
-COMMON = ("model=nano,rspo=0,seed=0,env.max_steps=12,env.history_length=0,"
-          "env.num_eval_tasks=64,env.num_workers=2")
+COMMON = (
+    "model=nano,rspo=0,seed=0,env.max_steps=12,env.history_length=0,"
+    "env.num_eval_tasks=64,env.num_workers=2"
+)
 WARM_START = "sft.steps=60"
-GRPO = (f"steps={STEPS},train.lr=1e-4,train.batch_tasks=4,train.group_size=8,"
-        "train.updates_per_step=2,train.max_train_rows=0,train.eval_every=0")
+GRPO = (
+    f"steps={STEPS},train.lr=1e-4,train.batch_tasks=4,train.group_size=8,"
+    "train.updates_per_step=2,train.max_train_rows=0,train.eval_every=0"
+)
 # PPO in the paper's shape, tasks x 1 episode.
-PPO = ("steps=6,train.lr=1e-4,train.batch_tasks=32,train.group_size=1,"
-       "train.updates_per_step=2,train.max_train_rows=0,train.eval_every=0")
+PPO = (
+    "steps=6,train.lr=1e-4,train.batch_tasks=32,train.group_size=1,"
+    "train.updates_per_step=2,train.max_train_rows=0,train.eval_every=0"
+)
 RECIPES = {"grpo": GRPO, "gigpo": GRPO, "ppo": PPO}
 
 
@@ -83,8 +89,11 @@ def config(env_kwargs: dict, overrides: str, algo: str = "grpo"):
 
 
 def rl_config(checkpoint: str, direction: str, algo: str = "grpo"):
-  return config(dict(DISTANT, direction=direction),
-                f"{RECIPES[algo]},model.checkpoint_dir={checkpoint}", algo)
+  return config(
+      dict(DISTANT, direction=direction),
+      f"{RECIPES[algo]},model.checkpoint_dir={checkpoint}",
+      algo,
+  )
 
 
 def trained_success(cfg, workdir, patch=lambda run: None) -> float:
@@ -99,8 +108,7 @@ def trained_success(cfg, workdir, patch=lambda run: None) -> float:
 
 
 def greedy_success(run) -> float:
-  return run.evaluate(run.trainer.a, run.trainer.state.a_steps)[
-      "success_rate"]
+  return run.evaluate(run.trainer.a, run.trainer.state.a_steps)["success_rate"]
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +116,18 @@ def warm_start(tmp_path_factory):
   """(checkpoint, direction, start): the warm start, the direction whose
   tasks its greedy policy fails, and its greedy success there."""
   root = tmp_path_factory.mktemp("guard")
-  bc = build.build_run(config(DISTANT, WARM_START), str(root / "bc"),
-                       progress=False)
+  bc = build.build_run(
+      config(DISTANT, WARM_START), str(root / "bc"), progress=False
+  )
   bc.close()
   checkpoint = str(root / "bc" / "warm_start")
   starts = {}
   for direction in ("up", "down"):
-    run = build.build_run(rl_config(checkpoint, direction),
-                          str(root / f"probe_{direction}"), progress=False)
+    run = build.build_run(
+        rl_config(checkpoint, direction),
+        str(root / f"probe_{direction}"),
+        progress=False,
+    )
     try:
       starts[direction] = greedy_success(run)
     finally:
@@ -129,11 +141,21 @@ def flipped_advantages(compute):
   def flipped(*args, **kwargs):
     adv, returns = compute(*args, **kwargs)
     return -adv, returns
+
   return flipped
 
 
-def unshifted_forward(model, tokens, positions, attention_mask, loss_mask, *,
-                      window=0, entropy=False, by_gather=False):
+def unshifted_forward(
+    model,
+    tokens,
+    positions,
+    attention_mask,
+    loss_mask,
+    *,
+    window=0,
+    entropy=False,
+    by_gather=False,
+):
   """policy_forward with the one-token shift left out (every position)."""
   del loss_mask, window
   logits, _, _ = model(tokens, positions, attention_mask)
@@ -142,20 +164,26 @@ def unshifted_forward(model, tokens, positions, attention_mask, loss_mask, *,
 
 
 @pytest.mark.parametrize(
-    "fault", [None, "flip_advantage", "shift_logp", "skip_update"])
-def test_grpo_raises_greedy_success(fault, warm_start, tmp_path,
-                                    monkeypatch):
+    "fault", [None, "flip_advantage", "shift_logp", "skip_update"]
+)
+def test_grpo_raises_greedy_success(fault, warm_start, tmp_path, monkeypatch):
   checkpoint, direction, start = warm_start
   if fault == "flip_advantage":
-    monkeypatch.setattr(credit, "compute_advantages",
-                        flipped_advantages(credit.compute_advantages))
+    monkeypatch.setattr(
+        credit,
+        "compute_advantages",
+        flipped_advantages(credit.compute_advantages),
+    )
   elif fault == "shift_logp":
     monkeypatch.setattr(train_step, "policy_forward", unshifted_forward)
 
   def patch(run):
     if fault == "skip_update":
-      monkeypatch.setattr(run.trainer.a, "train",
-                          lambda batch, rng: {"loss": 0.0, "skipped": 0.0})
+      monkeypatch.setattr(
+          run.trainer.a,
+          "train",
+          lambda batch, rng: {"loss": 0.0, "skipped": 0.0},
+      )
 
   final = trained_success(rl_config(checkpoint, direction), tmp_path, patch)
   record = f"{direction}: {start:.3f} -> {final:.3f} ({fault or 'GRPO'})"
@@ -207,8 +235,7 @@ def test_gigpo_raises_greedy_success(warm_start, tmp_path):
   Added 2026-12-04 when GiGPO fell where GRPO held on a one-turn spell
   probe: the toy shows GiGPO's credit path learns."""
   checkpoint, direction, start = warm_start
-  final = trained_success(rl_config(checkpoint, direction, "gigpo"),
-                          tmp_path)
+  final = trained_success(rl_config(checkpoint, direction, "gigpo"), tmp_path)
   record = f"{direction}: {start:.3f} -> {final:.3f} (GiGPO)"
   print(record)
   assert start <= 0.3 and final >= 0.7, record

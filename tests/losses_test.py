@@ -128,8 +128,13 @@ def test_asymmetric_eps():
   old = np.zeros(3)
   adv = _row([1.0, 1.0, -1.0])
   obj, _ = losses.shifted_clip_objective(
-      _row(np.log(r)), _row(old), _row(old), adv, jnp.ones((1, 3)),
-      clip_eps=0.2, clip_eps_high=0.28,
+      _row(np.log(r)),
+      _row(old),
+      _row(old),
+      adv,
+      jnp.ones((1, 3)),
+      clip_eps=0.2,
+      clip_eps_high=0.28,
   )
   np.testing.assert_allclose(obj[0], [1.25, 1.28, -0.8], atol=ATOL)
   # Shifted, c = 2, eps_low 0.1, eps_high 0.3: window [1.9, 2.3].
@@ -185,7 +190,6 @@ def test_clip_frac_and_metrics():
   assert np.isclose(m2["ratio_mean"], np.mean([0.5, 0.9, 0.5, 1.5]))
 
 
-
 def test_approx_kl_is_not_dominated_by_one_fallen_token():
   """approx_kl estimates KL(pi_old || pi_theta) from pi_old's samples:
   one token of 3,000 whose probability fell by e^-13 (d = -13) adds
@@ -197,6 +201,7 @@ def test_approx_kl_is_not_dominated_by_one_fallen_token():
   adv = jnp.zeros((1, n))
   _, m = losses.ppo_clip_loss(logp, old, adv, jnp.ones((1, n)))
   assert np.isclose(m["approx_kl"], (np.exp(-13.0) - 1 + 13) / n, rtol=1e-4)
+
 
 def test_masked_tokens_change_nothing():
   rng = np.random.default_rng(0)
@@ -259,11 +264,11 @@ def test_kl_estimators():
   # d = -2.5 gives e^2.5 - 3.5 = 8.682 (kept), d = -30 -> 10 (no overflow).
   d = jnp.asarray([[-3.0, -2.5, -30.0]])
   k3 = losses.kl_divergence(d, jnp.zeros_like(d), "k3")
-  np.testing.assert_allclose(k3, [[10.0, np.exp(2.5) - 3.5, 10.0]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(k3, [[10.0, np.exp(2.5) - 3.5, 10.0]], rtol=1e-6)
   # ... and a clamped token has no gradient: dk3/dd = 1 - e^-d elsewhere.
-  g = jax.grad(lambda x: losses.kl_divergence(
-      x, jnp.zeros_like(x), "k3").sum())(d)
+  g = jax.grad(
+      lambda x: losses.kl_divergence(x, jnp.zeros_like(x), "k3").sum()
+  )(d)
   np.testing.assert_allclose(g, [[0.0, 1.0 - np.exp(2.5), 0.0]], rtol=1e-5)
   with pytest.raises(ValueError, match="kind"):
     losses.kl_divergence(logp, ref, "k4")
@@ -296,8 +301,9 @@ def test_value_loss_clipping():
   loss, m = losses.value_loss(v, v_old, ret, mask, clip_eps=0.2)
   assert np.isclose(loss, (0.64 + 0.81 + 0.64 + 0.81) / 4)
   assert np.isclose(m["vf_clip_frac"], 0.5)
-  g = jax.grad(lambda x: losses.value_loss(x, v_old, ret, mask,
-                                          clip_eps=0.2)[0])(v)
+  g = jax.grad(
+      lambda x: losses.value_loss(x, v_old, ret, mask, clip_eps=0.2)[0]
+  )(v)
   # d/dv (v - R)^2 / 4 = 2 (v - R) / 4 on unclipped tokens, 0 on clipped.
   np.testing.assert_allclose(g[0], [0.0, -1.8 / 4, 0.0, 1.8 / 4], atol=ATOL)
 
@@ -335,8 +341,9 @@ def _mixed_case():
 
 def _mixed(arrs, mask, is_off, ent, **kw):
   kw = dict(
-      dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, kl_kind="k1",
-           entropy_coef=0.01),
+      dict(
+          alpha=0.25, clip_eps=0.2, kl_coef=0.1, kl_kind="k1", entropy_coef=0.01
+      ),
       **kw,
   )
   return losses.mixed_objective(
@@ -356,12 +363,19 @@ def test_mixed_objective_weights():
   assert np.isclose(loss, -j - 0.03, atol=ATOL)
   assert np.isclose(m["loss"], loss)
   expected = {
-      "pg_loss_on": -1.4 / 3, "pg_loss_off": -2.15,
-      "clip_frac_on": 2 / 3, "clip_frac_off": 0.5,
-      "kl_on": 0.2, "kl_off": 0.5,
-      "ratio_mean_on": 1.0, "ratio_mean_off": 2.3,
-      "n_tokens_on": 3, "n_tokens_off": 2,
-      "w_on": 0.75, "w_off": 0.25, "entropy": 3.0,
+      "pg_loss_on": -1.4 / 3,
+      "pg_loss_off": -2.15,
+      "clip_frac_on": 2 / 3,
+      "clip_frac_off": 0.5,
+      "kl_on": 0.2,
+      "kl_off": 0.5,
+      "ratio_mean_on": 1.0,
+      "ratio_mean_off": 2.3,
+      "n_tokens_on": 3,
+      "n_tokens_off": 2,
+      "w_on": 0.75,
+      "w_off": 0.25,
+      "entropy": 3.0,
   }
   for k, v in expected.items():
     assert np.isclose(m[k], v, atol=ATOL), (k, m[k], v)
@@ -408,7 +422,11 @@ def test_mixed_objective_seq_mean():
   arrs, mask, ent = _mixed_case()
   # Row means: on (1.0 + 1.2) / 2 = 1.1 and -0.8 -> J_on = 0.15; J_off 2.15.
   loss, _ = _mixed(
-      arrs, mask, [False, False, True], None, kl_coef=0.0,
+      arrs,
+      mask,
+      [False, False, True],
+      None,
+      kl_coef=0.0,
       loss_agg="seq_mean_token_mean",
   )
   assert np.isclose(loss, -(0.75 * 0.15 + 0.25 * 2.15), atol=ATOL)
@@ -445,13 +463,18 @@ def test_mixed_objective_dual_clip_holds_fresh_negative_tokens_at_c():
   assert np.isclose(off, 0.75 * 5.3 / 3 + 0.25 * 4.0, atol=ATOL)
   assert "clip_frac_on_dual" not in m0
   # Gradient w.r.t. log pi: d(-w J)/dlogp = -w / N * r A on active tokens.
-  grad = lambda **kw: jax.grad(lambda lp: _mixed(
-      [lp] + arrs[1:], mask, is_off, None, kl_coef=0.0, **kw)[0])(arrs[0])
+  grad = lambda **kw: jax.grad(
+      lambda lp: _mixed([lp] + arrs[1:], mask, is_off, None, kl_coef=0.0, **kw)[
+          0
+      ]
+  )(arrs[0])
   g = grad(clip_ratio_c=3.0)
   np.testing.assert_allclose(
-      g, [[0.0, 0.25 * 2.5, 0.0], [0.25 * 4.0, 0.0, 0.0]], atol=ATOL)
-  np.testing.assert_allclose(grad()[0], [0.25 * 4.0, 0.25 * 2.5, 0.0],
-                             atol=ATOL)
+      g, [[0.0, 0.25 * 2.5, 0.0], [0.25 * 4.0, 0.0, 0.0]], atol=ATOL
+  )
+  np.testing.assert_allclose(
+      grad()[0], [0.25 * 4.0, 0.25 * 2.5, 0.0], atol=ATOL
+  )
   with pytest.raises(ValueError, match="dual clip"):
     _mixed(arrs, mask, is_off, None, clip_ratio_c=1.0)
 
@@ -470,13 +493,13 @@ def test_dual_clip_on_a_stale_fresh_row_acts_on_its_ratio_to_pi_old():
   adv = -np.ones((1, 2))
   arrs = [jnp.asarray(x, jnp.float32) for x in (logp, old, beh, logp, adv)]
   mask = jnp.ones((1, 2))
-  kw = dict(kl_coef=0.0, entropy_coef=0.0, clip_ratio_c=3.0,
-            overlap=True)
+  kw = dict(kl_coef=0.0, entropy_coef=0.0, clip_ratio_c=3.0, overlap=True)
   loss, m = _mixed(arrs, mask, [False], None, **kw)
   assert np.isclose(loss, (6.0 + 5.0) / 2, atol=ATOL)
   assert np.isclose(m["clip_frac_on_dual"], 0.5, atol=ATOL)
-  g = jax.grad(lambda lp: _mixed([lp] + arrs[1:], mask, [False], None,
-                                 **kw)[0])(arrs[0])
+  g = jax.grad(
+      lambda lp: _mixed([lp] + arrs[1:], mask, [False], None, **kw)[0]
+  )(arrs[0])
   np.testing.assert_allclose(g, [[0.0, 5.0 / 2]], atol=ATOL)
 
 
@@ -494,8 +517,14 @@ def test_mixed_objective_equals_ppo_when_all_on_policy():
 def test_jit_matches_eager():
   arrs, mask, ent = _mixed_case()
   is_off = jnp.asarray([False, False, True])
-  kw = dict(alpha=0.25, clip_eps=0.2, clip_window="multiplicative",
-            kl_coef=0.1, entropy_coef=0.01, loss_agg="seq_mean_token_mean")
+  kw = dict(
+      alpha=0.25,
+      clip_eps=0.2,
+      clip_window="multiplicative",
+      kl_coef=0.1,
+      entropy_coef=0.01,
+      loss_agg="seq_mean_token_mean",
+  )
   f = functools.partial(losses.mixed_objective, cfg=losses.LossConfig(**kw))
   eager, m_e = f(*arrs, mask, is_off, ent)
   jitted, m_j = jax.jit(f)(*arrs, mask, is_off, ent)
@@ -530,8 +559,12 @@ def _random_mixed_batch(seed=0, rows=10, length=6):
   mask[[3, 8]] = 0.0
   is_off = np.arange(rows) >= 6
   arrs = [jnp.asarray(x, jnp.float32) for x in (logp, old, beh, ref, adv)]
-  return arrs, jnp.asarray(mask), jnp.asarray(is_off), jnp.asarray(
-      ent, jnp.float32)
+  return (
+      arrs,
+      jnp.asarray(mask),
+      jnp.asarray(is_off),
+      jnp.asarray(ent, jnp.float32),
+  )
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
@@ -540,27 +573,40 @@ def test_micro_batch_contributions_sum_to_the_batch(agg):
   (here: contiguous chunks, one all-replayed, one all-padding) sum to the
   batch's loss, gradient and metrics (the ``*_max`` metrics: their max)."""
   arrs, mask, is_off, ent = _random_mixed_batch()
-  kw = dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01,
-            loss_agg=agg)
+  kw = dict(
+      alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01, loss_agg=agg
+  )
 
   def run(lp, rows, totals=None):
     others = [a[rows] for a in arrs[1:]]
-    return losses.mixed_objective(lp[rows], *others, mask[rows],
-                                  is_off[rows], ent[rows],
-                                  losses.LossConfig(**kw), totals)
+    return losses.mixed_objective(
+        lp[rows],
+        *others,
+        mask[rows],
+        is_off[rows],
+        ent[rows],
+        losses.LossConfig(**kw),
+        totals,
+    )
 
   logp = arrs[0]
   everything = np.arange(10)
   (loss, metrics), grad = jax.value_and_grad(
-      lambda lp: run(lp, everything), has_aux=True)(logp)
+      lambda lp: run(lp, everything), has_aux=True
+  )(logp)
   totals = losses.mixed_totals(mask, is_off, alpha=0.25)
-  parts = [np.array([0, 1, 2]), np.array([3]), np.array([4, 5, 6]),
-           np.array([7, 8, 9])]  # [3] pads only; [7, 8, 9] replayed only
+  parts = [
+      np.array([0, 1, 2]),
+      np.array([3]),
+      np.array([4, 5, 6]),
+      np.array([7, 8, 9]),
+  ]  # [3] pads only; [7, 8, 9] replayed only
   loss_sum, grad_sum = 0.0, jnp.zeros_like(logp)
   metric_sum = {}
   for rows in parts:
     (l, m), g = jax.value_and_grad(
-        lambda lp, rows=rows: run(lp, rows, totals), has_aux=True)(logp)
+        lambda lp, rows=rows: run(lp, rows, totals), has_aux=True
+    )(logp)
     loss_sum += l
     grad_sum += g
     for k, v in m.items():  # *_max metrics combine by max
@@ -596,17 +642,28 @@ def test_replayed_to_fresh_gradient_ratio_by_hand():
       for i in range(n_micro):  # contiguous: the last chunks are replayed
         r = slice(i * rows // n_micro, (i + 1) * rows // n_micro)
         total += losses.mixed_objective(
-            lp[r], old[r], old[r], old[r], adv[r], jnp.asarray(mask[r]),
-            is_off[r], None, losses.LossConfig(**kw), totals)[0]
+            lp[r],
+            old[r],
+            old[r],
+            old[r],
+            adv[r],
+            jnp.asarray(mask[r]),
+            is_off[r],
+            None,
+            losses.LossConfig(**kw),
+            totals,
+        )[0]
       return total
+
     return np.asarray(jax.grad(loss)(old))
 
   for n_micro in (1, 2, 4, 8):
     g = grad(n_micro)
     np.testing.assert_allclose(g[0, 0], -(1 - alpha) / 36, rtol=1e-6)
     np.testing.assert_allclose(g[12, 0], -alpha / 8, rtol=1e-6)
-    np.testing.assert_allclose(g[12, 0] / g[0, 0],
-                               alpha / (1 - alpha) * 36 / 8, rtol=1e-6)
+    np.testing.assert_allclose(
+        g[12, 0] / g[0, 0], alpha / (1 - alpha) * 36 / 8, rtol=1e-6
+    )
     np.testing.assert_array_equal(g[mask == 0], 0.0)
 
 
@@ -633,35 +690,48 @@ def test_clip_sides_by_hand():
   off = [logp, old, beh, logp, a, mask]  # ref = logp
   both = [jnp.concatenate([x, y], 0) for x, y in zip(on, off)]
   _, m = losses.mixed_objective(
-      *both, jnp.asarray([False, False, True]), None, losses.LossConfig(
-          alpha=0.25, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0))
-  expected = {"clip_frac_on_high": 1 / 3, "clip_frac_on_low": 1 / 3,
-              "clip_frac_off_high": 2 / 6, "clip_frac_off_low": 2 / 6,
-              "clip_frac_on": 2 / 3, "clip_frac_off": 4 / 6}
+      *both,
+      jnp.asarray([False, False, True]),
+      None,
+      losses.LossConfig(
+          alpha=0.25, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0
+      ),
+  )
+  expected = {
+      "clip_frac_on_high": 1 / 3,
+      "clip_frac_on_low": 1 / 3,
+      "clip_frac_off_high": 2 / 6,
+      "clip_frac_off_low": 2 / 6,
+      "clip_frac_on": 2 / 3,
+      "clip_frac_off": 4 / 6,
+  }
   for k, v in expected.items():
     assert np.isclose(m[k], v, atol=ATOL), (k, m[k], v)
 
 
 def test_value_loss_micro_batches_sum_to_the_batch():
   rng = np.random.default_rng(3)
-  v, v_old, ret = (jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
-                   for _ in range(3))
+  v, v_old, ret = (
+      jnp.asarray(rng.normal(size=(6, 4)), jnp.float32) for _ in range(3)
+  )
   mask = jnp.asarray(rng.uniform(size=(6, 4)) < 0.6, jnp.float32)
   totals = losses.mask_totals(mask)
   parts = (np.array([0, 5]), np.array([1, 2, 3]), np.array([4]))
   for agg in losses.AGG_MODES:
 
     def f(x, rows, t=None, agg=agg):
-      return losses.value_loss(x[rows], v_old[rows], ret[rows], mask[rows],
-                               agg=agg, totals=t)
+      return losses.value_loss(
+          x[rows], v_old[rows], ret[rows], mask[rows], agg=agg, totals=t
+      )
 
     (loss, m), g = jax.value_and_grad(f, has_aux=True)(v, np.arange(6))
     outs = [jax.value_and_grad(f, has_aux=True)(v, r, totals) for r in parts]
     np.testing.assert_allclose(sum(o[0][0] for o in outs), loss, atol=1e-6)
     np.testing.assert_allclose(sum(o[1] for o in outs), g, atol=1e-7)
     for k in m:
-      np.testing.assert_allclose(sum(o[0][1][k] for o in outs), m[k],
-                                 atol=1e-6, err_msg=k)
+      np.testing.assert_allclose(
+          sum(o[0][1][k] for o in outs), m[k], atol=1e-6, err_msg=k
+      )
 
 
 # ------------------------------------------------------------- centre cap
@@ -681,9 +751,23 @@ def _cap_case():
 def _cap_run(cap, mode="truncate", alpha=0.25):
   (logp, old, beh), ref, adv, mask, is_off = _cap_case()
   f = lambda lp: losses.mixed_objective(
-      lp, old, beh, ref, adv, mask, is_off, None, losses.LossConfig(
-          alpha=alpha, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0,
-          centre_cap=cap, centre_cap_mode=mode))
+      lp,
+      old,
+      beh,
+      ref,
+      adv,
+      mask,
+      is_off,
+      None,
+      losses.LossConfig(
+          alpha=alpha,
+          clip_eps=0.2,
+          kl_coef=0.0,
+          entropy_coef=0.0,
+          centre_cap=cap,
+          centre_cap_mode=mode,
+      ),
+  )
   (loss, m), g = jax.value_and_grad(f, has_aux=True)(logp)
   return loss, m, np.asarray(g)
 
@@ -732,13 +816,15 @@ def test_centre_cap_in_mixed_objective_by_hand():
   want_on = -0.75 * 1.0 * 3.0 / 2  # c = 1 on the fresh row
   np.testing.assert_allclose(g0[0], [want_on, want_on], rtol=1e-6)
   np.testing.assert_allclose(
-      g0[1], [-0.25 * 5 * 2 / 2, -0.25 * 0.5 * -1 / 2], rtol=1e-6)
+      g0[1], [-0.25 * 5 * 2 / 2, -0.25 * 0.5 * -1 / 2], rtol=1e-6
+  )
   for mode, weight in (("truncate", 2.0), ("mask", 0.0)):
     loss, m, g = _cap_run(2.0, mode)
     np.testing.assert_array_equal(g[0], g0[0])  # fresh row untouched
     assert g[1, 1] == g0[1, 1]  # c = 0.5 untouched
-    np.testing.assert_allclose(g[1, 0], -0.25 * weight * 2.0 / 2,
-                               atol=1e-7, err_msg=mode)
+    np.testing.assert_allclose(
+        g[1, 0], -0.25 * weight * 2.0 / 2, atol=1e-7, err_msg=mode
+    )
     j_off = (weight * 2.0 + 0.5 * -1.0) / 2  # / N_off = 2 in both modes
     assert np.isclose(m["pg_loss_off"], -j_off, atol=ATOL), mode
     assert np.isclose(loss, -(0.75 * 3.0 + 0.25 * j_off), atol=ATOL), mode
@@ -762,8 +848,9 @@ def test_centre_cap_zero_is_todays_loss_exactly():
   kw = dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01)
 
   def run(**cap):
-    f = lambda lp: losses.mixed_objective(lp, *arrs[1:], mask, is_off, ent,
-                                          losses.LossConfig(**kw, **cap))
+    f = lambda lp: losses.mixed_objective(
+        lp, *arrs[1:], mask, is_off, ent, losses.LossConfig(**kw, **cap)
+    )
     return jax.value_and_grad(f, has_aux=True)(arrs[0])
 
   (l0, m0), g0 = run()
@@ -780,37 +867,69 @@ def test_centre_cap_micro_batches_sum_to_the_batch(mode):
   """With the cap on (binding on some replayed tokens), micro-batch
   contributions still sum to the batch's loss, gradient and metrics."""
   arrs, mask, is_off, ent = _random_mixed_batch(seed=1)
-  kw = dict(alpha=0.25, clip_eps=0.2, kl_coef=0.1, entropy_coef=0.01,
-            centre_cap=1.2, centre_cap_mode=mode)
+  kw = dict(
+      alpha=0.25,
+      clip_eps=0.2,
+      kl_coef=0.1,
+      entropy_coef=0.01,
+      centre_cap=1.2,
+      centre_cap_mode=mode,
+  )
 
   def run(lp, rows, totals=None):
     others = [a[rows] for a in arrs[1:]]
-    return losses.mixed_objective(lp[rows], *others, mask[rows],
-                                  is_off[rows], ent[rows],
-                                  losses.LossConfig(**kw), totals)
+    return losses.mixed_objective(
+        lp[rows],
+        *others,
+        mask[rows],
+        is_off[rows],
+        ent[rows],
+        losses.LossConfig(**kw),
+        totals,
+    )
 
   vg = lambda rows, t=None: jax.value_and_grad(
-      lambda lp: run(lp, rows, t), has_aux=True)(arrs[0])
+      lambda lp: run(lp, rows, t), has_aux=True
+  )(arrs[0])
   (loss, metrics), grad = vg(np.arange(10))
   assert 0 < metrics["centre_cap_frac_off"] < 1  # the cap binds on some
   totals = losses.mixed_totals(mask, is_off, alpha=0.25)
-  outs = [vg(rows, totals) for rows in (np.array([0, 1, 2, 3]),
-                                        np.array([4, 5, 6]),
-                                        np.array([7, 8, 9]))]
+  outs = [
+      vg(rows, totals)
+      for rows in (
+          np.array([0, 1, 2, 3]),
+          np.array([4, 5, 6]),
+          np.array([7, 8, 9]),
+      )
+  ]
   np.testing.assert_allclose(sum(o[0][0] for o in outs), loss, atol=1e-6)
   np.testing.assert_allclose(sum(o[1] for o in outs), grad, atol=1e-7)
   for k in outs[0][0][1]:  # *_max metrics combine by max
     combine = np.max if ts.is_max_metric(k) else np.sum
-    np.testing.assert_allclose(combine([o[0][1][k] for o in outs]),
-                               metrics[k], atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(
+        combine([o[0][1][k] for o in outs]), metrics[k], atol=1e-6, err_msg=k
+    )
 
 
 def test_centre_cap_bad_values():
   x = jnp.zeros((1, 2))
   with pytest.raises(ValueError, match="must be >= 0"):
-    losses.mixed_objective(x, x, x, x, x, x, jnp.zeros(1, bool), None,
-                           losses.LossConfig(
-                               alpha=0.25, clip_eps=0.2, kl_coef=0.0,
-                               entropy_coef=0.0, centre_cap=-1.0))
+    losses.mixed_objective(
+        x,
+        x,
+        x,
+        x,
+        x,
+        x,
+        jnp.zeros(1, bool),
+        None,
+        losses.LossConfig(
+            alpha=0.25,
+            clip_eps=0.2,
+            kl_coef=0.0,
+            entropy_coef=0.0,
+            centre_cap=-1.0,
+        ),
+    )
   with pytest.raises(ValueError, match="unknown mode 'clamp'"):
     centre_cap.centre_cap_factor(x, 2.0, "clamp")

@@ -8,8 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
-                                "experiments"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 import mechanism  # noqa: E402
 
 
@@ -22,24 +21,69 @@ def write_rows(workdir, rows):
 
 def test_lift_and_replay_by_position(tmp_path):
   a, b, old = (str(tmp_path / n) for n in ("s0", "s200", "old"))
-  write_rows(a, [
-      {"step": 0, "phase": "B_collect", "b_lift_success": 0.1,
-       "b_lift_dense_return": 0.05},
-      {"step": 1, "phase": "A", "loop_step": 0, "replay_trajectories": 16,
-       "replay_success_frac": 1.0},
-      {"step": 2, "phase": "A", "loop_step": 1, "replay_trajectories": 16,
-       "replay_success_frac": 0.5},
-      {"step": 3, "phase": "B_collect", "b_lift_success": 0.3,
-       "b_lift_dense_return": 0.15}])
-  write_rows(b, [
-      {"step": 0, "phase": "B_collect", "b_lift_success": 0.2,
-       "b_lift_dense_return": 0.1},
-      {"step": 1, "phase": "A", "loop_step": 0, "replay_trajectories": 16,
-       "replay_success_frac": 0.5},
-      {"step": 2, "phase": "A", "loop_step": 1, "replay_trajectories": 0,
-       "replay_success_frac": 0.0}])  # nothing replayed: not counted
-  write_rows(old, [{"step": 0, "phase": "B_collect"},
-                   {"step": 1, "phase": "A", "replay_success_frac": 1.0}])
+  write_rows(
+      a,
+      [
+          {
+              "step": 0,
+              "phase": "B_collect",
+              "b_lift_success": 0.1,
+              "b_lift_dense_return": 0.05,
+          },
+          {
+              "step": 1,
+              "phase": "A",
+              "loop_step": 0,
+              "replay_trajectories": 16,
+              "replay_success_frac": 1.0,
+          },
+          {
+              "step": 2,
+              "phase": "A",
+              "loop_step": 1,
+              "replay_trajectories": 16,
+              "replay_success_frac": 0.5,
+          },
+          {
+              "step": 3,
+              "phase": "B_collect",
+              "b_lift_success": 0.3,
+              "b_lift_dense_return": 0.15,
+          },
+      ],
+  )
+  write_rows(
+      b,
+      [
+          {
+              "step": 0,
+              "phase": "B_collect",
+              "b_lift_success": 0.2,
+              "b_lift_dense_return": 0.1,
+          },
+          {
+              "step": 1,
+              "phase": "A",
+              "loop_step": 0,
+              "replay_trajectories": 16,
+              "replay_success_frac": 0.5,
+          },
+          {
+              "step": 2,
+              "phase": "A",
+              "loop_step": 1,
+              "replay_trajectories": 0,
+              "replay_success_frac": 0.0,
+          },
+      ],
+  )  # nothing replayed: not counted
+  write_rows(
+      old,
+      [
+          {"step": 0, "phase": "B_collect"},
+          {"step": 1, "phase": "A", "replay_success_frac": 1.0},
+      ],
+  )
   lift = mechanism.b_lift([a, b, old])
   assert lift["samples"] == 3
   assert lift["b_lift_success"]["mean"] == pytest.approx(0.2)
@@ -54,6 +98,16 @@ def test_lift_and_replay_by_position(tmp_path):
 
 def write_one(tmp_path):
   w = str(tmp_path / "late")
-  write_rows(w, [{"step": 2, "phase": "A", "loop_step": 1,
-                  "replay_trajectories": 4, "replay_success_frac": 0.25}])
+  write_rows(
+      w,
+      [
+          {
+              "step": 2,
+              "phase": "A",
+              "loop_step": 1,
+              "replay_trajectories": 4,
+              "replay_success_frac": 0.25,
+          }
+      ],
+  )
   return w

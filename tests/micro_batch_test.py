@@ -26,9 +26,14 @@ LOSS = ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01, entropy_coef=0.001)
 
 
 def sgd_learner(mesh_shape, loss_fn, micro_batch_rows=0):
-  return Learner(models.create_model(tiny_cfg(), seed=0), optax.sgd(1.0),
-                 loss_fn, mesh=sharding.make_mesh(mesh_shape), rules=RULES,
-                 micro_batch_rows=micro_batch_rows)
+  return Learner(
+      models.create_model(tiny_cfg(), seed=0),
+      optax.sgd(1.0),
+      loss_fn,
+      mesh=sharding.make_mesh(mesh_shape),
+      rules=RULES,
+      micro_batch_rows=micro_batch_rows,
+  )
 
 
 def gradient_and_metrics(learner, batch):
@@ -36,8 +41,9 @@ def gradient_and_metrics(learner, batch):
   before = jax.device_get(learner.params)
   metrics = learner.train(batch, jax.random.key(0))
   after = jax.device_get(learner.params)
-  grads = jax.tree.map(lambda a, b: np.asarray(b) - np.asarray(a), after,
-                       before)
+  grads = jax.tree.map(
+      lambda a, b: np.asarray(b) - np.asarray(a), after, before
+  )
   return grads, metrics
 
 
@@ -51,15 +57,19 @@ def real_rows():
   return batch._replace(
       is_offpolicy=off,
       behavior_logp=np.where(off[:, None], beh, batch.old_logp).astype(
-          np.float32))
+          np.float32
+      ),
+  )
 
 
 def with_padding_shuffled(batch, seed=0):
   """The rows plus 4 padding rows (two with real tokens and an empty loss
   mask, two all zero), in a random order: 16 rows."""
   filler = make_batch(rows=4, seed=9)
-  filler = filler._replace(loss_mask=np.zeros_like(filler.loss_mask),
-                           is_offpolicy=np.array([False, True] * 2))
+  filler = filler._replace(
+      loss_mask=np.zeros_like(filler.loss_mask),
+      is_offpolicy=np.array([False, True] * 2),
+  )
   filler = jax.tree.map(lambda x: x.copy(), filler)
   for field in filler._fields:
     getattr(filler, field)[2:] = 0
@@ -72,8 +82,9 @@ def assert_same_update(got, want, atol=1e-5):
   (g_got, m_got), (g_want, m_want) = got, want
   assert set(m_got) == set(m_want)
   for k in m_want:
-    np.testing.assert_allclose(m_got[k], m_want[k], atol=atol, rtol=1e-5,
-                               err_msg=k)
+    np.testing.assert_allclose(
+        m_got[k], m_want[k], atol=atol, rtol=1e-5, err_msg=k
+    )
   for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
     np.testing.assert_allclose(a, b, atol=atol)
 
@@ -88,10 +99,10 @@ def reference_update():
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (1, 8, 1)])
 @pytest.mark.parametrize("micro_batch_rows", [0, 1, 3, 8])
 def test_update_is_independent_of_micro_batches_order_padding_mesh(
-    reference_update, mesh_shape, micro_batch_rows):
+    reference_update, mesh_shape, micro_batch_rows
+):
   batch = with_padding_shuffled(real_rows(), seed=micro_batch_rows)
-  learner = sgd_learner(mesh_shape, ts.make_policy_loss(LOSS),
-                        micro_batch_rows)
+  learner = sgd_learner(mesh_shape, ts.make_policy_loss(LOSS), micro_batch_rows)
   # 16 rows in micro-batches of <= 3 rows: 6 of them, 2 rows of padding.
   want_micro = {0: 1, 1: 16, 3: 6, 8: 2}[micro_batch_rows]
   assert learner.n_micro(16) == want_micro
@@ -105,8 +116,9 @@ def test_update_is_independent_of_micro_batches_order_padding_mesh(
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 4, 1), (2, 2, 2)], ids=str)
-def test_data_local_micro_batches_give_the_same_update(reference_update,
-                                                        mesh_shape):
+def test_data_local_micro_batches_give_the_same_update(
+    reference_update, mesh_shape
+):
   """A mesh with 'data' in micro-batches: each data shard loops over its
   own rows and the shards' sums are reduced once (train_step._data_local).
   (2, 2, 2): 'fsdp' and 'tensor' partitioned inside the loop -- a gather
@@ -120,12 +132,19 @@ def test_data_local_micro_batches_give_the_same_update(reference_update,
 def test_seq_mean_update_is_independent_of_micro_batches():
   """agg = seq_mean_token_mean: row means over the whole update's count of
   rows with counted tokens, per source."""
-  loss = ts.make_policy_loss(ts.PolicyLossConfig(
-      alpha=0.25, kl_coef=0.01, entropy_coef=0.001,
-      loss_agg="seq_mean_token_mean"))
+  loss = ts.make_policy_loss(
+      ts.PolicyLossConfig(
+          alpha=0.25,
+          kl_coef=0.01,
+          entropy_coef=0.001,
+          loss_agg="seq_mean_token_mean",
+      )
+  )
   want = gradient_and_metrics(sgd_learner((1, 1, 1), loss), real_rows())
-  got = gradient_and_metrics(sgd_learner((1, 8, 1), loss, 3),
-                             with_padding_shuffled(real_rows(), seed=5))
+  got = gradient_and_metrics(
+      sgd_learner((1, 8, 1), loss, 3),
+      with_padding_shuffled(real_rows(), seed=5),
+  )
   assert_same_update(got, want)
 
 
@@ -136,8 +155,11 @@ def test_sft_update_is_independent_of_micro_batches():
   want = gradient_and_metrics(sgd_learner((1, 1, 1), loss), real_rows())
   batch = with_padding_shuffled(real_rows(), seed=1)
   empty = batch.loss_mask.sum(1) == 0
-  batch = batch._replace(attention_mask=np.where(
-      empty[:, None], 0, batch.attention_mask).astype(np.int32))
+  batch = batch._replace(
+      attention_mask=np.where(empty[:, None], 0, batch.attention_mask).astype(
+          np.int32
+      )
+  )
   for m in (0, 3):
     got = gradient_and_metrics(sgd_learner((1, 1, 1), loss, m), batch)
     assert_same_update(got, want)
@@ -149,13 +171,21 @@ def test_centre_cap_update_is_independent_of_micro_batches():
   """rspo.centre_cap through make_policy_loss (mask mode, binding on some of
   the replayed tokens, c = exp(-0.3 z)): the same whole-batch update in
   micro-batches of 3 rows on an 8-device mesh, padding and order mixed."""
-  loss = ts.make_policy_loss(ts.PolicyLossConfig(
-      alpha=0.25, kl_coef=0.01, entropy_coef=0.001, centre_cap=1.2,
-      centre_cap_mode="mask"))
+  loss = ts.make_policy_loss(
+      ts.PolicyLossConfig(
+          alpha=0.25,
+          kl_coef=0.01,
+          entropy_coef=0.001,
+          centre_cap=1.2,
+          centre_cap_mode="mask",
+      )
+  )
   want = gradient_and_metrics(sgd_learner((1, 1, 1), loss), real_rows())
   assert 0 < want[1]["centre_cap_frac_off"] < 1
-  got = gradient_and_metrics(sgd_learner((1, 8, 1), loss, 3),
-                             with_padding_shuffled(real_rows(), seed=2))
+  got = gradient_and_metrics(
+      sgd_learner((1, 8, 1), loss, 3),
+      with_padding_shuffled(real_rows(), seed=2),
+  )
   assert_same_update(got, want)
 
 
@@ -169,18 +199,27 @@ def test_replayed_token_out_of_its_window_gets_zero_gradient():
   the second update, and clip_frac_off_{low,high} count them."""
   cfg = ts.PolicyLossConfig(alpha=0.25, clip_eps=0.2)  # no KL, no entropy
   loss_fn = ts.make_policy_loss(cfg)
-  learner = Learner(models.create_model(tiny_cfg(), seed=0),
-                    ts.make_optimizer(8e-4, grad_clip=0.0), loss_fn,
-                    mesh=sharding.make_mesh((1, 1, 1)), rules=RULES,
-                    micro_batch_rows=3)
+  learner = Learner(
+      models.create_model(tiny_cfg(), seed=0),
+      ts.make_optimizer(8e-4, grad_clip=0.0),
+      loss_fn,
+      mesh=sharding.make_mesh((1, 1, 1)),
+      rules=RULES,
+      micro_batch_rows=3,
+  )
   batch = make_batch(offpolicy=False, padded_row=False)
   off = np.arange(8) == 7
   adv = batch.loss_mask.copy()
   adv[:, 24:] *= -1.0  # A = +1 on response tokens 16-23, -1 on 24-31
   old = learner.apply(batch)  # pi_old: the policy at the step's start
   beh = np.where(off[:, None], old - np.log(2.0), old).astype(np.float32)
-  batch = batch._replace(old_logp=old, behavior_logp=beh, ref_logp=old,
-                         advantages=adv, is_offpolicy=off)
+  batch = batch._replace(
+      old_logp=old,
+      behavior_logp=beh,
+      ref_logp=old,
+      advantages=adv,
+      is_offpolicy=off,
+  )
 
   first = learner.train(batch, jax.random.key(0))
   for src in ("on", "off"):
@@ -206,8 +245,9 @@ def test_replayed_token_out_of_its_window_gets_zero_gradient():
     if token is not None:
       mask[7, token] = 0.0
     b = jax.tree.map(jnp.asarray, batch._replace(loss_mask=mask))
-    f = lambda p: loss_fn(nnx.merge(graphdef, p, rest), b, None,
-                          totals=totals)[0]
+    f = lambda p: loss_fn(nnx.merge(graphdef, p, rest), b, None, totals=totals)[
+        0
+    ]
     return jax.tree.leaves(jax.grad(f)(params))
 
   full = grad_without(None)
@@ -215,8 +255,10 @@ def test_replayed_token_out_of_its_window_gets_zero_gradient():
   in_token = np.flatnonzero(counted[7] & ~clipped_off)[0]
   for a, b in zip(full, grad_without(out_token)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert any(not np.array_equal(np.asarray(a), np.asarray(b))
-             for a, b in zip(full, grad_without(in_token)))
+  assert any(
+      not np.array_equal(np.asarray(a), np.asarray(b))
+      for a, b in zip(full, grad_without(in_token))
+  )
 
   second = learner.train(batch, jax.random.key(1))
   n_off = counted[7].sum()

@@ -95,14 +95,23 @@ def test_local_presets_take_the_tokenizers_vocab_padded_to_128():
   from configs import alfworld_grpo, webshop_grpo  # noqa: PLC0415
 
   assert [models.local_vocab_size(n) for n in (1, 128, 129, 300, 1982)] == [
-      128, 128, 256, 384, 2048]
+      128,
+      128,
+      256,
+      384,
+      2048,
+  ]
 
   class Tok:  # only len() is read
+
     def __len__(self):
       return 1982
 
-  for cfg in (webshop_grpo.get_config(), alfworld_grpo.get_config(),
-              webshop_grpo.get_config("model=tiny")):
+  for cfg in (
+      webshop_grpo.get_config(),
+      alfworld_grpo.get_config(),
+      webshop_grpo.get_config("model=tiny"),
+  ):
     assert cfg.model.preset in models.LOCAL_TOKENIZER_PRESETS
     assert build.model_config(cfg, Tok()).vocab_size == 2048
   # A released model keeps its own vocabulary.
@@ -364,8 +373,8 @@ def test_window_equals_full_forward_at_its_positions(tiny_model, remat):
   lg, h, _ = model(ids, pos, mask, window=(starts, r))
   assert lg.shape == (b, r, cfg.vocab_size) and h.shape == (b, r, 32)
   for row, s in enumerate([0, 5, 8]):
-    np.testing.assert_allclose(lg[row], full[row, s:s + r], atol=1e-5)
-    np.testing.assert_allclose(h[row], hid[row, s:s + r], atol=1e-5)
+    np.testing.assert_allclose(lg[row], full[row, s : s + r], atol=1e-5)
+    np.testing.assert_allclose(h[row], hid[row, s : s + r], atol=1e-5)
 
   def loss(m, window):
     lg, _, _ = m(ids, pos, mask, window=window)
@@ -378,8 +387,9 @@ def test_window_equals_full_forward_at_its_positions(tiny_model, remat):
   for a, c in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_win)):
     np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match="window and cache"):
-    model(ids, pos, mask, window=(starts, r),
-          cache=models.init_cache(cfg, b, t))
+    model(
+        ids, pos, mask, window=(starts, r), cache=models.init_cache(cfg, b, t)
+    )
 
 
 def test_bfloat16_compute_is_close(tiny_model):
@@ -482,8 +492,9 @@ def test_tokenizer_train_chat_template_and_checks(tmp_path):
     models.train_tokenizer(texts, 100, str(tmp_path / "small"))
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (1, 1, 8), (2, 1, 4)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "mesh_shape", [(1, 4, 2), (1, 1, 8), (2, 1, 4)], ids=str
+)
 def test_vocab_parallel_embedding_equals_the_gathered_lookup(mesh_shape):
   """The engine's rules (weights split over 'tensor' only): the table's
   rows lie split over 'tensor' and each shard looks up the tokens it owns.
@@ -500,12 +511,13 @@ def test_vocab_parallel_embedding_equals_the_gathered_lookup(mesh_shape):
   v, d = 64, 16
   table = jax.random.normal(jax.random.key(0), (v, d), jnp.float32)
   table = jax.device_put(table, NamedSharding(mesh, P("tensor", None)))
-  tokens = np.asarray([[0, 7, 8, 15], [16, 31, 32, 63], [7, 7, 48, 1],
-                       [63, 62, 0, 40]], np.int32)
+  tokens = np.asarray(
+      [[0, 7, 8, 15], [16, 31, 32, 63], [7, 7, 48, 1], [63, 62, 0, 40]],
+      np.int32,
+  )
 
   def embed(t, ids):
-    return tf._vocab_parallel_take(t, ids, shard, ("tensor",), ("data",
-                                                                "fsdp"))
+    return tf._vocab_parallel_take(t, ids, shard, ("tensor",), ("data", "fsdp"))
 
   fn = jax.jit(embed)
   out = fn(table, tokens)
@@ -516,8 +528,11 @@ def test_vocab_parallel_embedding_equals_the_gathered_lookup(mesh_shape):
   np.add.at(want, tokens, np.asarray(weights))
   np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-6, atol=1e-6)
   hlo = fn.lower(table, tokens).compile().as_text()
-  moved = re.findall(r"= \w+\[([\d,]*)\]\S* (all-gather|all-to-all|"
-                     r"all-reduce|collective-permute)(?:-start)?\(", hlo)
+  moved = re.findall(
+      r"= \w+\[([\d,]*)\]\S* (all-gather|all-to-all|"
+      r"all-reduce|collective-permute)(?:-start)?\(",
+      hlo,
+  )
   assert [op for _, op in moved] == ["all-reduce"], moved
   rows = np.prod([int(x) for x in moved[0][0].split(",")])
   assert rows == tokens.size * d // (mesh.shape["data"] * mesh.shape["fsdp"])

@@ -53,13 +53,25 @@ def make_learner(case: str):
 
   overrides, mesh_shape = CASES[case]
   cfg = models.get_model_config(
-      "tiny", vocab_size=128, num_layers=3, hidden_size=64,
-      intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
-      tie_word_embeddings=False, eos_token_id=1, **overrides)
-  learner = Learner(models.create_model(cfg, seed=0),
-                    ts.make_optimizer(1e-3), ts.make_sft_loss(),
-                    mesh=sharding.make_mesh(mesh_shape),
-                    rules=sharding.DEFAULT_RULES)
+      "tiny",
+      vocab_size=128,
+      num_layers=3,
+      hidden_size=64,
+      intermediate_size=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      tie_word_embeddings=False,
+      eos_token_id=1,
+      **overrides,
+  )
+  learner = Learner(
+      models.create_model(cfg, seed=0),
+      ts.make_optimizer(1e-3),
+      ts.make_sft_loss(),
+      mesh=sharding.make_mesh(mesh_shape),
+      rules=sharding.DEFAULT_RULES,
+  )
   return cfg, learner
 
 
@@ -72,16 +84,14 @@ def write_tokenizer(out_dir: str) -> str:
   return path
 
 
-def export_worker(out_dir: str, process_id: int, num_processes: int,
-                  port: int):
+def export_worker(out_dir: str, process_id: int, num_processes: int, port: int):
   import jax
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   from rspo_jax import distributed, weight_sync
 
   os.umask(UMASKS[process_id])
-  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
-                                process_id)
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   tokenizer_dir = os.path.join(out_dir, "tokenizer")
   # Every safetensors file this process writes, as the filesystem has it
   # right after the write: (path, inode, mtime). safetensors 0.8 writes a
@@ -91,8 +101,9 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
   def save_and_record(tensors, filename, **kw):
     save_file(tensors, filename, **kw)
     st = os.stat(filename)
-    created.append((os.path.relpath(filename, out_dir), st.st_ino,
-                    st.st_mtime_ns))
+    created.append(
+        (os.path.relpath(filename, out_dir), st.st_ino, st.st_mtime_ns)
+    )
 
   weight_sync.save_safetensors = save_and_record
   result = {"created": created}
@@ -101,12 +112,20 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
     leaves = jax.tree.leaves(learner.params)
     meter = weight_sync.GatherMeter()
     total = weight_sync.export_hf_multihost(
-        learner.module(), cfg, os.path.join(out_dir, case),
-        tokenizer_dir=tokenizer_dir, dtype="bfloat16", meter=meter)
+        learner.module(),
+        cfg,
+        os.path.join(out_dir, case),
+        tokenizer_dir=tokenizer_dir,
+        dtype="bfloat16",
+        meter=meter,
+    )
     result[case] = {
-        "total": total, "peak": meter.peak, "received": meter.received,
+        "total": total,
+        "peak": meter.peak,
+        "received": meter.received,
         "exchanged": meter.exchanged,
-        "held_after": meter.held, "written": meter.written,
+        "held_after": meter.held,
+        "written": meter.written,
         # Parameters whose shards are spread over both processes.
         "spanning": sum(not x.is_fully_addressable for x in leaves),
         # Parameters this process holds only in part.
@@ -120,12 +139,14 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
     calls = []
 
     def update_weights(self, path, version):
-      self.calls.append([os.path.relpath(path, out_dir), version,
-                         sorted(os.listdir(path))])
+      self.calls.append(
+          [os.path.relpath(path, out_dir), version, sorted(os.listdir(path))]
+      )
 
   cfg, learner = make_learner("gather")
-  sync = build.make_sync_engine(cfg, tokenizer_dir,
-                                os.path.join(out_dir, "sync"))
+  sync = build.make_sync_engine(
+      cfg, tokenizer_dir, os.path.join(out_dir, "sync")
+  )
   sync(Loads(), learner, 3)
   result["sync"] = {"loads": Loads.calls, "exports": sync.log.exports}
   with open(os.path.join(out_dir, f"export{process_id}.json"), "w") as f:
@@ -134,8 +155,9 @@ def export_worker(out_dir: str, process_id: int, num_processes: int,
   distributed.shutdown()
 
 
-def failing_export_worker(out_dir: str, process_id: int, num_processes: int,
-                          port: int):
+def failing_export_worker(
+    out_dir: str, process_id: int, num_processes: int, port: int
+):
   """Three exports that fail on one process: process 1's first weight file
   write raises (it still owns a later group), then the leader's index
   write does, then the leader's removal of stale weights (before any
@@ -146,8 +168,7 @@ def failing_export_worker(out_dir: str, process_id: int, num_processes: int,
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   from rspo_jax import distributed, weight_sync
 
-  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
-                                process_id)
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   save_file, writes = weight_sync.save_safetensors, []
 
   def save_or_fail(tensors, filename, **kw):
@@ -172,8 +193,9 @@ def failing_export_worker(out_dir: str, process_id: int, num_processes: int,
     if name == "stale":
       weight_sync._remove_stale = stale_fails  # the leader's alone too  # pylint: disable=protected-access
     try:
-      weight_sync.export_hf_multihost(learner.module(), cfg,
-                                      os.path.join(out_dir, name))
+      weight_sync.export_hf_multihost(
+          learner.module(), cfg, os.path.join(out_dir, name)
+      )
       result[name] = None
     except Exception as e:  # pylint: disable=broad-except
       result[name] = [type(e).__name__, str(e)]
@@ -186,10 +208,14 @@ def failing_export_worker(out_dir: str, process_id: int, num_processes: int,
 
 def _covers(x) -> bool:
   """This process's shards cover all of ``x``."""
-  blocks = {tuple(s.indices(n)[:2] for s, n in zip(sh.index, x.shape))
-            for sh in x.addressable_shards}
-  every = {tuple(s.indices(n)[:2] for s, n in zip(i, x.shape))
-           for i in x.sharding.devices_indices_map(x.shape).values()}
+  blocks = {
+      tuple(s.indices(n)[:2] for s, n in zip(sh.index, x.shape))
+      for sh in x.addressable_shards
+  }
+  every = {
+      tuple(s.indices(n)[:2] for s, n in zip(i, x.shape))
+      for i in x.sharding.devices_indices_map(x.shape).values()
+  }
   return blocks == every
 
 
@@ -199,8 +225,10 @@ def _covers(x) -> bool:
 
 
 def _file_bytes(path: str) -> dict:
-  return {f: open(os.path.join(path, f), "rb").read()
-          for f in sorted(os.listdir(path))}
+  return {
+      f: open(os.path.join(path, f), "rb").read()
+      for f in sorted(os.listdir(path))
+  }
 
 
 def _group_bytes(path: str, cfg) -> dict:
@@ -213,10 +241,16 @@ def _group_bytes(path: str, cfg) -> dict:
   for f in sorted(os.listdir(path)):
     if f.endswith(".safetensors"):
       ts = load_file(os.path.join(path, f))
-      zeros = 0 if cfg.qkv_bias else sum(
-          t.nbytes for k, t in ts.items() if k.endswith("_proj.bias"))
-      out[f] = (sum(t.nbytes for t in ts.values()),
-                max(t.nbytes for t in ts.values()), zeros)
+      zeros = (
+          0
+          if cfg.qkv_bias
+          else sum(t.nbytes for k, t in ts.items() if k.endswith("_proj.bias"))
+      )
+      out[f] = (
+          sum(t.nbytes for t in ts.values()),
+          max(t.nbytes for t in ts.values()),
+          zeros,
+      )
   return out
 
 
@@ -238,10 +272,14 @@ def test_stack_to_owners_sends_each_host_its_own_row_only():
 
   learner = sharding.make_mesh((1, 4, 2))
   mesh = Mesh(np.asarray(learner.devices).reshape(2, 4), ("procs", "local"))
-  values = [np.arange(256 * 512, dtype=np.float32).reshape(256, 512) + i
-            for i in range(2)]
-  xs = [jax.device_put(v, NamedSharding(learner, P("fsdp", "tensor")))
-        for v in values]
+  values = [
+      np.arange(256 * 512, dtype=np.float32).reshape(256, 512) + i
+      for i in range(2)
+  ]
+  xs = [
+      jax.device_put(v, NamedSharding(learner, P("fsdp", "tensor")))
+      for v in values
+  ]
   rows = weight_sync.stack_to_owners(xs, jnp.bfloat16, mesh)
   assert rows.sharding.spec == P("procs", "local")
   for p in range(2):
@@ -250,25 +288,30 @@ def test_stack_to_owners_sends_each_host_its_own_row_only():
       assert shard.index[0] == slice(p, p + 1)
   np.testing.assert_array_equal(
       np.asarray(rows, np.float32),
-      np.stack(values).astype(jnp.bfloat16).astype(np.float32))
+      np.stack(values).astype(jnp.bfloat16).astype(np.float32),
+  )
 
   stacker = weight_sync._stacker(  # pylint: disable=protected-access
-      jnp.dtype(jnp.bfloat16),
-      NamedSharding(learner, P(None, "fsdp", "tensor")))
+      jnp.dtype(jnp.bfloat16), NamedSharding(learner, P(None, "fsdp", "tensor"))
+  )
   ops = r"(all-gather|all-to-all|collective-permute|all-reduce)\("
   assert not re.search(ops, stacker.lower(xs).compile().as_text())
   stacked = stacker(xs)
-  hlo = jax.jit(lambda x: x, out_shardings=rows.sharding).lower(
-      stacked).compile().as_text()
+  hlo = (
+      jax.jit(lambda x: x, out_shardings=rows.sharding)
+      .lower(stacked)
+      .compile()
+      .as_text()
+  )
   received = 0
   for line in hlo.splitlines():
-    m = re.search(r"= (.*?) (all-gather|all-to-all|collective-permute)\(",
-                  line)
+    m = re.search(r"= (.*?) (all-gather|all-to-all|collective-permute)\(", line)
     if m:
       assert m.group(2) != "all-gather", line
-      received += sum(np.prod([int(d) for d in dims.split(",") if d])
-                      for dims in re.findall(r"\w+\[([\d,]*)\]",
-                                             m.group(1)))
+      received += sum(
+          np.prod([int(d) for d in dims.split(",") if d])
+          for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1))
+      )
   assert 0 < received <= 2 * 256 * 512 // 4
 
 
@@ -281,19 +324,26 @@ def test_multihost_export_in_one_process_is_export_hf(tmp_path):
   for case in CASES:
     cfg, learner = make_learner(case)
     ref, out = str(tmp_path / f"ref_{case}"), str(tmp_path / case)
-    want = weight_sync.export_hf(learner.module(), cfg, ref,
-                                 tokenizer_dir=tok, dtype="bfloat16")
+    want = weight_sync.export_hf(
+        learner.module(), cfg, ref, tokenizer_dir=tok, dtype="bfloat16"
+    )
     meter = weight_sync.GatherMeter()
     got = weight_sync.export_hf_multihost(
-        learner.module(), cfg, out, tokenizer_dir=tok, dtype="bfloat16",
-        meter=meter)
+        learner.module(),
+        cfg,
+        out,
+        tokenizer_dir=tok,
+        dtype="bfloat16",
+        meter=meter,
+    )
     assert got == want
     assert _file_bytes(out) == _file_bytes(ref)
     groups = _group_bytes(ref, cfg)
     assert meter.written == sorted(groups)
     assert meter.received == want - sum(z for _, _, z in groups.values())
     assert meter.peak <= max(b for b, _, _ in groups.values()) and (
-        meter.held == 0)
+        meter.held == 0
+    )
 
 
 @pytest.mark.slow
@@ -313,14 +363,18 @@ def test_two_processes_write_their_own_groups(tmp_path):
   from rspo_jax import weight_sync
 
   tok = write_tokenizer(str(tmp_path))
-  multihost_test._launch(str(tmp_path), role="export_worker",  # pylint: disable=protected-access
-                         script=__file__)
+  multihost_test._launch(
+      str(tmp_path),
+      role="export_worker",  # pylint: disable=protected-access
+      script=__file__,
+  )
   res = [json.load(open(tmp_path / f"export{p}.json")) for p in (0, 1)]
   for case in CASES:
     cfg, learner = make_learner(case)  # one process, 8 devices
     ref = str(tmp_path / f"ref_{case}")
-    total = weight_sync.export_hf(learner.module(), cfg, ref,
-                                  tokenizer_dir=tok, dtype="bfloat16")
+    total = weight_sync.export_hf(
+        learner.module(), cfg, ref, tokenizer_dir=tok, dtype="bfloat16"
+    )
     out = str(tmp_path / case)
     got, want = _file_bytes(out), _file_bytes(ref)
     assert sorted(got) == sorted(want), case
@@ -344,8 +398,9 @@ def test_two_processes_write_their_own_groups(tmp_path):
         # ... but not the other's layer of the exchanged block (layers 0
         # and 1, files 1 and 2: each host gets its own alone).
         other = groups[files[1 + p]]  # process 0 owns file 2, 1 file 1
-        assert sum(mine) < r["received"] <= (
-            total - zeros - (other[0] - other[2])), (case, p)
+        assert (
+            sum(mine) < r["received"] <= (total - zeros - (other[0] - other[2]))
+        ), (case, p)
         # its layer's 7 matrices (its 2 norms are whole on every host)
         assert r["exchanged"] == 7
       else:
@@ -356,8 +411,7 @@ def test_two_processes_write_their_own_groups(tmp_path):
     for f in want:  # who created which file
       st = os.stat(os.path.join(out, f))
       if f in groups:  # its owner's write is the file; nobody else wrote it
-        by = [[c for c in r["created"] if c[0] == f"{case}/{f}"]
-              for r in res]
+        by = [[c for c in r["created"] if c[0] == f"{case}/{f}"] for r in res]
         owner = 0 if f in own[0] else 1
         assert by[owner] == [[f"{case}/{f}", st.st_ino, st.st_mtime_ns]]
         assert by[1 - owner] == [], (case, f)
@@ -371,13 +425,14 @@ def test_two_processes_write_their_own_groups(tmp_path):
   weight_sync.export_hf(learner.module(), cfg, ref, tokenizer_dir=tok)
   assert _file_bytes(str(tmp_path / "sync" / "v1")) == _file_bytes(ref)
   for r in res:
-    assert r["sync"] == {"loads": [["sync/v1", 3, sorted(os.listdir(ref))]],
-                         "exports": 1}
+    assert r["sync"] == {
+        "loads": [["sync/v1", 3, sorted(os.listdir(ref))]],
+        "exports": 1,
+    }
 
 
 @pytest.mark.slow
-def test_a_failed_write_on_one_host_fails_the_export_on_every_host(
-    tmp_path):
+def test_a_failed_write_on_one_host_fails_the_export_on_every_host(tmp_path):
   """A weight file that one host cannot write, an index the leader cannot
   write, or stale weights the leader cannot remove, ends
   ``export_hf_multihost`` with an error on every host
@@ -387,14 +442,19 @@ def test_a_failed_write_on_one_host_fails_the_export_on_every_host(
   gathers."""
   import multihost_test
 
-  multihost_test._launch(str(tmp_path), role="failing_export_worker",  # pylint: disable=protected-access
-                         script=__file__, timeout=300)
+  multihost_test._launch(
+      str(tmp_path),
+      role="failing_export_worker",  # pylint: disable=protected-access
+      script=__file__,
+      timeout=300,
+  )
   res = [json.load(open(tmp_path / f"failed{p}.json")) for p in (0, 1)]
   assert res[1]["weights"][0] == "OSError", res[1]
   assert "No space left" in res[1]["weights"][1]
   assert res[0]["weights"][0] == "RuntimeError", res[0]
   assert "process(es) [1] failed writing its weight files" in (
-      res[0]["weights"][1])
+      res[0]["weights"][1]
+  )
   assert res[0]["meta"][0] == "PermissionError"
   assert "index" in res[0]["meta"][1]
   assert res[1]["meta"][0] == "RuntimeError", res[1]
@@ -402,7 +462,8 @@ def test_a_failed_write_on_one_host_fails_the_export_on_every_host(
   assert res[0]["stale"][0] == "OSError" and "Read-only" in res[0]["stale"][1]
   assert res[1]["stale"][0] == "RuntimeError", res[1]
   assert "process(es) [0] failed preparing the directory" in (
-      res[1]["stale"][1])
+      res[1]["stale"][1]
+  )
   # 'gather' has 5 groups: process 1 owns groups 1 and 3, its write of 1
   # failed and it took part in group 3's gathers without writing it;
   # process 0 wrote its three (the 'meta' export is not counted).
@@ -410,10 +471,13 @@ def test_a_failed_write_on_one_host_fails_the_export_on_every_host(
 
 
 if __name__ == "__main__":
-  roles = {"export_worker": export_worker,
-           "failing_export_worker": failing_export_worker}
+  roles = {
+      "export_worker": export_worker,
+      "failing_export_worker": failing_export_worker,
+  }
   if len(sys.argv) == 6 and sys.argv[1] in roles:
-    roles[sys.argv[1]](sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
-                       int(sys.argv[5]))
+    roles[sys.argv[1]](
+        sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    )
   else:
     sys.exit(__doc__)

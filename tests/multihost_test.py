@@ -22,7 +22,6 @@ shared workdir and runs it to the end, recording which groups every
 update trained on and which replay shards B's collection left.
 """
 
-
 from __future__ import annotations
 
 import json
@@ -62,10 +61,16 @@ def make_batch():
   off[[3, 7]] = True  # one replayed row in each host's half
   beh = np.where(off[:, None], old + 0.05 * rng.normal(size=old.shape), old)
   return Batch(
-      tokens=tokens, positions=positions, attention_mask=attn,
-      loss_mask=loss_mask, advantages=adv, old_logp=old,
-      ref_logp=old - 0.01, behavior_logp=beh.astype(np.float32),
-      returns=np.zeros_like(old), old_values=np.zeros_like(old),
+      tokens=tokens,
+      positions=positions,
+      attention_mask=attn,
+      loss_mask=loss_mask,
+      advantages=adv,
+      old_logp=old,
+      ref_logp=old - 0.01,
+      behavior_logp=beh.astype(np.float32),
+      returns=np.zeros_like(old),
+      old_values=np.zeros_like(old),
       is_offpolicy=off,
   )
 
@@ -84,17 +89,28 @@ def make_learner(order=None, micro_batch_rows=0):
   from rspo_jax.learner import Learner
 
   cfg = models.get_model_config(
-      "tiny", vocab_size=128, num_layers=1, hidden_size=64,
-      intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
+      "tiny",
+      vocab_size=128,
+      num_layers=1,
+      hidden_size=64,
+      intermediate_size=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
   )
   devices = None if order is None else [jax.devices()[i] for i in order]
   mesh = sharding.make_mesh(MESH_SHAPE, devices)
   loss = ts.make_policy_loss(
       ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01, entropy_coef=0.001)
   )
-  return Learner(models.create_model(cfg, seed=0), ts.make_optimizer(1e-3),
-                 loss, mesh=mesh, rules=sharding.DEFAULT_RULES,
-                 micro_batch_rows=micro_batch_rows)
+  return Learner(
+      models.create_model(cfg, seed=0),
+      ts.make_optimizer(1e-3),
+      loss,
+      mesh=mesh,
+      rules=sharding.DEFAULT_RULES,
+      micro_batch_rows=micro_batch_rows,
+  )
 
 
 def host_batch(learner):
@@ -122,9 +138,12 @@ def train_two_steps(learner):
   global_batch = distributed.host_local_to_global(local, shardings)
   assert global_batch.tokens.shape == (ROWS, LENGTH)
   np.testing.assert_array_equal(
-      distributed.global_to_host(global_batch.tokens), make_batch().tokens)
-  return [learner.train(global_batch, jax.random.key(i))["loss"]
-          for i in range(STEPS)]
+      distributed.global_to_host(global_batch.tokens), make_batch().tokens
+  )
+  return [
+      learner.train(global_batch, jax.random.key(i))["loss"]
+      for i in range(STEPS)
+  ]
 
 
 def flat_params(params) -> dict:
@@ -149,8 +168,7 @@ def worker(out_dir: str, process_id: int, num_processes: int, port: int):
   from rspo_jax import distributed
   from rspo_jax.checkpoint import RunCheckpointer
 
-  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
-                                process_id)
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   assert jax.process_count() == num_processes
   assert len(jax.local_devices()) == 4 and len(jax.devices()) == 8
   learner = make_learner()
@@ -170,17 +188,25 @@ def worker(out_dir: str, process_id: int, num_processes: int, port: int):
   if distributed.is_leader():
     np.savez(os.path.join(out_dir, "params.npz"), **params)
     with open(os.path.join(out_dir, "result.json"), "w") as f:
-      json.dump({
-          "losses": losses, "restored_equal": same, "meta": meta,
-          "devices_per_process": {str(k): v for k, v in per_process.items()},
-          "step": learner.step,
-      }, f)
+      json.dump(
+          {
+              "losses": losses,
+              "restored_equal": same,
+              "meta": meta,
+              "devices_per_process": {
+                  str(k): v for k, v in per_process.items()
+              },
+              "step": learner.step,
+          },
+          f,
+      )
   distributed.barrier("done")
   distributed.shutdown()
 
 
-def permuted_worker(out_dir: str, process_id: int, num_processes: int,
-                    port: int):
+def permuted_worker(
+    out_dir: str, process_id: int, num_processes: int, port: int
+):
   """The learner on a mesh over ``PERMUTED`` devices, forwards in chunks of
   4 rows: each host feeds its two row blocks; log-probs before and after
   two steps, each host's rows (``HostBatches.apply``) and all of them."""
@@ -192,13 +218,13 @@ def permuted_worker(out_dir: str, process_id: int, num_processes: int,
   from rspo_jax import distributed
   from rspo_jax.host_batches import HostBatches
 
-  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
-                                process_id)
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   learner = make_learner(PERMUTED, micro_batch_rows=4)
   local, rows = host_batch(learner)
   cfg = SimpleNamespace(
       train=SimpleNamespace(micro_batch_rows=4),
-      rollout=SimpleNamespace(max_prompt_tokens=LENGTH, max_new_tokens=0))
+      rollout=SimpleNamespace(max_prompt_tokens=LENGTH, max_new_tokens=0),
+  )
   batches = HostBatches(cfg, multihost=True)
   before = batches.apply(learner, local)
   everyone = learner.apply(batches.to_global(learner, local))
@@ -206,10 +232,16 @@ def permuted_worker(out_dir: str, process_id: int, num_processes: int,
   after = batches.apply(learner, local)
   params = flat_params(learner.params)
   engine = engine_on_host_meshes(learner)
-  np.savez(os.path.join(out_dir, f"permuted{process_id}.npz"), rows=rows,
-           before=before, after=after, everyone=everyone,
-           losses=np.asarray(losses), chunks=learner.apply_chunks(ROWS),
-           **engine)
+  np.savez(
+      os.path.join(out_dir, f"permuted{process_id}.npz"),
+      rows=rows,
+      before=before,
+      after=after,
+      everyone=everyone,
+      losses=np.asarray(losses),
+      chunks=learner.apply_chunks(ROWS),
+      **engine,
+  )
   if distributed.is_leader():
     np.savez(os.path.join(out_dir, "params.npz"), **params)
   distributed.barrier("done")
@@ -243,12 +275,16 @@ def engine_on_host_meshes(learner) -> dict:
   bf16 = build.cast_floating(learner.params, jnp.bfloat16)
   host_tree = distributed.global_to_host(bf16)
   host = flat_params(host_tree)
-  across = sharding.make_mesh((1, 4, 2),
-                              [jax.devices()[i] for i in ACROSS_HOSTS])
+  across = sharding.make_mesh(
+      (1, 4, 2), [jax.devices()[i] for i in ACROSS_HOSTS]
+  )
   on_across = jax.tree.map(  # the learner's specs, on ACROSS_HOSTS
       lambda x, h: jax.make_array_from_callback(
-          x.shape, NamedSharding(across, x.sharding.spec),
-          lambda i, h=h: h[i]), bf16, host_tree)
+          x.shape, NamedSharding(across, x.sharding.spec), lambda i, h=h: h[i]
+      ),
+      bf16,
+      host_tree,
+  )
   real, out = distributed.global_to_host, {}
 
   def refuse(tree):
@@ -258,29 +294,55 @@ def engine_on_host_meshes(learner) -> dict:
   try:
     tp = distributed.host_mesh(across, tensor=2)  # not across's blocks
     for name, mesh, params, local, shardings in (
-        ("learner", learner.mesh, bf16, distributed.host_mesh(learner.mesh),
-         None),
+        (
+            "learner",
+            learner.mesh,
+            bf16,
+            distributed.host_mesh(learner.mesh),
+            None,
+        ),
         ("across", across, on_across, distributed.host_mesh(across), None),
-        ("across_tp", across, on_across, tp, sharding.state_shardings(
-            tp, bf16, sharding.inference_rules(sharding.DEFAULT_RULES)))):
+        (
+            "across_tp",
+            across,
+            on_across,
+            tp,
+            sharding.state_shardings(
+                tp, bf16, sharding.inference_rules(sharding.DEFAULT_RULES)
+            ),
+        ),
+    ):
       moved = distributed.to_host_mesh(params, mesh, shardings)
       leaves = jax.tree_util.tree_leaves_with_path(moved)
       out[f"{name}_mesh"] = np.asarray(local.devices.shape)
-      out[f"{name}_local"] = np.asarray([
-          x.is_fully_addressable
-          and x.sharding.mesh.devices.shape == local.devices.shape
-          and set(x.devices()) == set(local.devices.flat)
-          and not {"data", "fsdp"} & set(jax.tree.leaves(tuple(
-              x.sharding.spec)))
-          and np.array_equal(np.asarray(x), host[jax.tree_util.keystr(k)])
-          for k, x in leaves])
+      out[f"{name}_local"] = np.asarray(
+          [
+              x.is_fully_addressable
+              and x.sharding.mesh.devices.shape == local.devices.shape
+              and set(x.devices()) == set(local.devices.flat)
+              and not {"data", "fsdp"}
+              & set(jax.tree.leaves(tuple(x.sharding.spec)))
+              and np.array_equal(np.asarray(x), host[jax.tree_util.keystr(k)])
+              for k, x in leaves
+          ]
+      )
       out[f"{name}_split"] = np.asarray(
-          sum("tensor" in jax.tree.leaves(tuple(x.sharding.spec))
-              for _, x in leaves))
-      engine = JaxEngine((graphdef, moved, rest), learner.module().cfg,
-                         mesh=local, pad_id=0, eos_ids=[1])
-      res = engine.generate(list(PROMPTS), eng.SamplingParams(
-          max_new_tokens=6, temperature=0.0, seed=0))
+          sum(
+              "tensor" in jax.tree.leaves(tuple(x.sharding.spec))
+              for _, x in leaves
+          )
+      )
+      engine = JaxEngine(
+          (graphdef, moved, rest),
+          learner.module().cfg,
+          mesh=local,
+          pad_id=0,
+          eos_ids=[1],
+      )
+      res = engine.generate(
+          list(PROMPTS),
+          eng.SamplingParams(max_new_tokens=6, temperature=0.0, seed=0),
+      )
       out[f"{name}_tokens"] = padded_tokens(res)
   finally:
     distributed.global_to_host = real
@@ -291,7 +353,7 @@ def padded_tokens(results, length: int = 6) -> np.ndarray:
   """[rows, length] generated ids, -1 after a row's last."""
   out = np.full((len(results), length), -1)
   for i, r in enumerate(results):
-    out[i, :len(r.token_ids)] = r.token_ids
+    out[i, : len(r.token_ids)] = r.token_ids
   return out
 
 
@@ -310,8 +372,12 @@ def test_initialize_is_a_no_op_without_a_multi_process_job():
   # One SLURM task (salloc + python) is not a multi-process job.
   slurm1 = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
   assert distributed.initialize(environ=slurm1) is False
-  assert distributed.initialize(
-      environ={"RSPO_NUM_PROCESSES": "1", "SLURM_NTASKS": "4"}) is False
+  assert (
+      distributed.initialize(
+          environ={"RSPO_NUM_PROCESSES": "1", "SLURM_NTASKS": "4"}
+      )
+      is False
+  )
   assert not jax.distributed.is_initialized()
   assert distributed.is_leader()
 
@@ -344,7 +410,8 @@ def test_host_mesh_keeps_each_device_at_its_tensor_index():
       split += 1
       for shard in y.addressable_shards:  # the block the learner's has
         np.testing.assert_array_equal(
-            np.asarray(shard.data), np.asarray(x)[shard.index])
+            np.asarray(shard.data), np.asarray(x)[shard.index]
+        )
   assert split > 0
 
 
@@ -353,8 +420,11 @@ def test_initialize_names_bad_settings():
 
   with pytest.raises(ValueError, match=r"missing: \['process_id"):
     distributed.initialize("127.0.0.1:1234", 2, environ={})
-  env = {"RSPO_COORDINATOR": "h:1", "RSPO_NUM_PROCESSES": "2",
-         "RSPO_PROCESS_ID": "2"}
+  env = {
+      "RSPO_COORDINATOR": "h:1",
+      "RSPO_NUM_PROCESSES": "2",
+      "RSPO_PROCESS_ID": "2",
+  }
   with pytest.raises(ValueError, match=r"process_id=2 is outside \[0, "):
     distributed.initialize(environ=env)
   with pytest.raises(ValueError, match="RSPO_NUM_PROCESSES='two'"):
@@ -368,11 +438,14 @@ def test_detected_cluster():
 
   slurm = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}
   assert distributed.detected_cluster(slurm) == "slurm"
-  assert distributed.detected_cluster(
-      {**slurm, "SLURM_STEP_NUM_TASKS": "1"}) == ""
+  assert (
+      distributed.detected_cluster({**slurm, "SLURM_STEP_NUM_TASKS": "1"}) == ""
+  )
   assert distributed.detected_cluster({"OMPI_COMM_WORLD_SIZE": "4"}) == "ompi"
-  assert distributed.detected_cluster(
-      {"TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3"}) == "tpu"
+  assert (
+      distributed.detected_cluster({"TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3"})
+      == "tpu"
+  )
   assert distributed.detected_cluster({"TPU_WORKER_HOSTNAMES": "w0"}) == ""
   assert distributed.detected_cluster({"RSPO_DISTRIBUTED": "auto"}) == "auto"
   assert distributed.detected_cluster({}) == ""
@@ -381,12 +454,16 @@ def test_detected_cluster():
 def test_process_row_range_blocks():
   from rspo_jax import distributed
 
-  blocks = [distributed.process_row_range(8, process_index=p,
-                                          process_count=2) for p in (0, 1)]
+  blocks = [
+      distributed.process_row_range(8, process_index=p, process_count=2)
+      for p in (0, 1)
+  ]
   assert blocks == [(0, 4), (4, 8)]
   rows = list("abcdefgh")
   assert distributed.host_rows(rows, process_index=1, process_count=4) == [
-      "c", "d"]
+      "c",
+      "d",
+  ]
   with pytest.raises(ValueError, match="6 rows do not split evenly over 4"):
     distributed.process_row_range(6, process_index=0, process_count=4)
   with pytest.raises(ValueError, match="process_index=2 outside"):
@@ -418,12 +495,16 @@ def test_host_local_to_global_in_one_process_is_device_put():
 def test_host_share_tiles_the_items_evenly():
   from rspo_jax import distributed
 
-  shares = [distributed.host_share(5, process_index=p, process_count=2)
-            for p in (0, 1)]
+  shares = [
+      distributed.host_share(5, process_index=p, process_count=2)
+      for p in (0, 1)
+  ]
   assert shares == [(0, 2), (2, 5)]
   # Fewer items than hosts: some shares are empty, none overlap.
-  assert [distributed.host_share(1, process_index=p, process_count=3)
-          for p in range(3)] == [(0, 0), (0, 0), (0, 1)]
+  assert [
+      distributed.host_share(1, process_index=p, process_count=3)
+      for p in range(3)
+  ] == [(0, 0), (0, 0), (0, 1)]
   assert distributed.host_share(4) == (0, 4)  # one process: everything
   with pytest.raises(ValueError, match="process_index=3 outside"):
     distributed.host_share(4, process_index=3, process_count=2)
@@ -453,10 +534,24 @@ def test_pad_rows_and_length_zero_pads_both_axes():
 def test_combine_stats_of_two_hosts():
   from rspo_jax.rollout import collect
 
-  a = dict(collect.empty_stats(), success_rate=1.0, episodes=2, env_steps=6,
-           invalid_action_rate=0.5, collect_time_s=3.0, gen_tokens=10)
-  b = dict(collect.empty_stats(), success_rate=0.0, episodes=6, env_steps=2,
-           invalid_action_rate=0.0, collect_time_s=5.0, gen_tokens=4)
+  a = dict(
+      collect.empty_stats(),
+      success_rate=1.0,
+      episodes=2,
+      env_steps=6,
+      invalid_action_rate=0.5,
+      collect_time_s=3.0,
+      gen_tokens=10,
+  )
+  b = dict(
+      collect.empty_stats(),
+      success_rate=0.0,
+      episodes=6,
+      env_steps=2,
+      invalid_action_rate=0.0,
+      collect_time_s=5.0,
+      gen_tokens=4,
+  )
   out = collect.combine_stats([a, b])
   assert out["success_rate"] == pytest.approx(2 / 8)  # per episode
   assert out["invalid_action_rate"] == pytest.approx(3 / 8)  # per step
@@ -481,11 +576,20 @@ def test_replay_hosts_write_side_by_side(tmp_path):
   from rspo_jax.types import StepRecord, Trajectory
 
   def traj(tid, gid):
-    return Trajectory([StepRecord(
-        task_id=1, group_id=gid, traj_id=tid, step_idx=0,
-        prompt_ids=np.arange(3, dtype=np.int32),
-        response_ids=np.arange(2, dtype=np.int32),
-        behavior_logp=np.zeros(2, np.float32), outcome_reward=float(tid))])
+    return Trajectory(
+        [
+            StepRecord(
+                task_id=1,
+                group_id=gid,
+                traj_id=tid,
+                step_idx=0,
+                prompt_ids=np.arange(3, dtype=np.int32),
+                response_ids=np.arange(2, dtype=np.int32),
+                behavior_logp=np.zeros(2, np.float32),
+                outcome_reward=float(tid),
+            )
+        ]
+    )
 
   d = str(tmp_path)
   h0 = replay.ReplayBuffer(d, prefix="p00000")
@@ -495,7 +599,9 @@ def test_replay_hosts_write_side_by_side(tmp_path):
   assert h0.shards_by_prefix() == {"p00000": 1, "p00001": 1}
   for h in (h0, h1):
     assert [[t.steps[0].traj_id for t in g] for g in h.groups()] == [
-        [0, 1], [2]]
+        [0, 1],
+        [2],
+    ]
   stale = tmp_path / "p00001-000009-0000abcd.array_record.tmp"
   stale.write_bytes(b"")
   replay.ReplayBuffer(d, prefix="p00000")  # not its temporary
@@ -517,8 +623,13 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(out_dir: str, num_processes: int = 2, timeout: float = 600,
-            role: str = "worker", script: str = __file__):
+def _launch(
+    out_dir: str,
+    num_processes: int = 2,
+    timeout: float = 600,
+    role: str = "worker",
+    script: str = __file__,
+):
   """Runs ``python script role out_dir process_id num_processes port`` as
   ``num_processes`` workers; each must exit 0."""
   port = _free_port()
@@ -532,9 +643,18 @@ def _launch(out_dir: str, num_processes: int = 2, timeout: float = 600,
     env.pop(k, None)
   procs = [
       subprocess.Popen(
-          [sys.executable, os.path.abspath(script), role, out_dir,
-           str(i), str(num_processes), str(port)],
-          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          [
+              sys.executable,
+              os.path.abspath(script),
+              role,
+              out_dir,
+              str(i),
+              str(num_processes),
+              str(port),
+          ],
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
           text=True,
       )
       for i in range(num_processes)
@@ -614,7 +734,8 @@ def test_two_processes_on_a_permuted_mesh(tmp_path):
     np.testing.assert_allclose(g["losses"], losses, rtol=1e-5, atol=1e-5)
   assert np.abs(after - before).max() > 1e-4  # the steps moved log-probs
   multi, single = dict(np.load(tmp_path / "params.npz")), flat_params(
-      learner.params)
+      learner.params
+  )
   for k in single:
     np.testing.assert_allclose(multi[k], single[k], atol=1e-5, err_msg=k)
 
@@ -631,11 +752,18 @@ def test_two_processes_on_a_permuted_mesh(tmp_path):
 
   module = learner.module()
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-  reference = JaxEngine((graphdef, build.cast_floating(params, jnp.bfloat16),
-                         rest), module.cfg, pad_id=0, eos_ids=[1])
-  want = padded_tokens(reference.generate(
-      list(PROMPTS), eng.SamplingParams(max_new_tokens=6, temperature=0.0,
-                                        seed=0)))
+  reference = JaxEngine(
+      (graphdef, build.cast_floating(params, jnp.bfloat16), rest),
+      module.cfg,
+      pad_id=0,
+      eos_ids=[1],
+  )
+  want = padded_tokens(
+      reference.generate(
+          list(PROMPTS),
+          eng.SamplingParams(max_new_tokens=6, temperature=0.0, seed=0),
+      )
+  )
   for g in got:
     np.testing.assert_array_equal(g["learner_mesh"], [1, 2, 2])
     np.testing.assert_array_equal(g["across_mesh"], [1, 4, 1])
@@ -660,44 +788,51 @@ RSPO_OVERRIDES = (
     "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
     "train.batch_tasks=4,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
     "steps=2,env.max_steps=3,env.num_eval_tasks=4,env.num_workers=1,"
-    "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256")
+    "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256"
+)
 RSPO_STEPS, RSPO_TASKS = 2, 4
 
 
-def rspo_worker(out_dir: str, process_id: int, num_processes: int,
-                port: int):
+def rspo_worker(out_dir: str, process_id: int, num_processes: int, port: int):
   import jax
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   from rspo_jax import build, distributed
 
-  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
-                                process_id)
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   from configs import toy_grpo
 
   workdir = os.path.join(out_dir, "run")
-  run = build.build_run(toy_grpo.get_config(RSPO_OVERRIDES), workdir,
-                        progress=False)
+  run = build.build_run(
+      toy_grpo.get_config(RSPO_OVERRIDES), workdir, progress=False
+  )
   t = run.trainer
   updates, stored = [], []
   update, b_phase = t.update, t.b_phase
 
   def update_spy(learner, critic, on, off, source, step_key, **kw):
-    updates.append({
-        "step_key": step_key, "policy": "A" if learner is t.a else "B",
-        "on": sorted({r.group_id for r in on}),
-        "off": sorted({r.traj_id for r in off}),
-        "off_groups": sorted({r.group_id for r in off}),
-    })
+    updates.append(
+        {
+            "step_key": step_key,
+            "policy": "A" if learner is t.a else "B",
+            "on": sorted({r.group_id for r in on}),
+            "off": sorted({r.traj_id for r in off}),
+            "off_groups": sorted({r.group_id for r in off}),
+        }
+    )
     return update(learner, critic, on, off, source, step_key, **kw)
 
   def b_phase_spy():
     b_phase()
-    stored.append({
-        "groups": [g[0].group_id for g in t.buffer.groups()],
-        "shards": sorted(os.path.basename(p) for p in
-                         distributed_shards(t.buffer.directory)),
-    })
+    stored.append(
+        {
+            "groups": [g[0].group_id for g in t.buffer.groups()],
+            "shards": sorted(
+                os.path.basename(p)
+                for p in distributed_shards(t.buffer.directory)
+            ),
+        }
+    )
 
   t.update, t.b_phase = update_spy, b_phase_spy
   try:
@@ -707,13 +842,21 @@ def rspo_worker(out_dir: str, process_id: int, num_processes: int,
     params = flat_params(t.a.params)
     np.savez(os.path.join(out_dir, f"params{process_id}.npz"), **params)
     with open(os.path.join(out_dir, f"rspo{process_id}.json"), "w") as f:
-      json.dump({
-          "a_steps": t.state.a_steps, "policy_step": t.a.step,
-          "loop": t.state.loop, "updates": updates, "stored": stored,
-          "shards_left": len(left), "final": final,
-          "metrics_file": os.path.exists(
-              os.path.join(workdir, "metrics.jsonl")),
-      }, f)
+      json.dump(
+          {
+              "a_steps": t.state.a_steps,
+              "policy_step": t.a.step,
+              "loop": t.state.loop,
+              "updates": updates,
+              "stored": stored,
+              "shards_left": len(left),
+              "final": final,
+              "metrics_file": os.path.exists(
+                  os.path.join(workdir, "metrics.jsonl")
+              ),
+          },
+          f,
+      )
   finally:
     run.close()
   distributed.barrier("rspo_done")
@@ -764,7 +907,8 @@ def test_rspo_loop_on_two_processes(tmp_path):
   # fresh groups and the replayed trajectories of each are split between
   # the hosts, each trained once.
   assert [(u["step_key"], u["policy"]) for u in res[0]["updates"]] == [
-      (u["step_key"], u["policy"]) for u in res[1]["updates"]]
+      (u["step_key"], u["policy"]) for u in res[1]["updates"]
+  ]
   a_updates = 0
   for u0, u1 in zip(res[0]["updates"], res[1]["updates"]):
     groups = u0["on"] + u1["on"]
@@ -776,7 +920,8 @@ def test_rspo_loop_on_two_processes(tmp_path):
       assert len(groups) == RSPO_TASKS // 2
       assert len(replayed) == len(set(replayed)) == RSPO_TASKS
       assert set(u0["off_groups"] + u1["off_groups"]) <= set(
-          res[0]["stored"][a_updates]["groups"])
+          res[0]["stored"][a_updates]["groups"]
+      )
       a_updates += 1
     else:
       assert len(groups) == RSPO_TASKS and not u0["off"] + u1["off"]
@@ -797,8 +942,10 @@ def test_rspo_loop_on_two_processes(tmp_path):
 
 # 4 groups of 2 for the PRM's first fit (2 played by each host), a refit at
 # the end of each of the 2 loops.
-PRM_OVERRIDES = (",rspo.dense_reward=prm,rspo.prm_steps=20,"
-                 "rspo.prm_train_groups=4,rspo.prm_refresh_loops=1")
+PRM_OVERRIDES = (
+    ",rspo.dense_reward=prm,rspo.prm_steps=20,"
+    "rspo.prm_train_groups=4,rspo.prm_refresh_loops=1"
+)
 
 
 def probe_records(n: int = 6) -> list:
@@ -806,22 +953,27 @@ def probe_records(n: int = 6) -> list:
   from rspo_jax.types import StepRecord
 
   rng = np.random.default_rng(0)
-  return [StepRecord(task_id=i, group_id=i, traj_id=i, step_idx=0,
-                     prompt_ids=rng.integers(3, 200, 20 + i).astype(np.int32),
-                     response_ids=rng.integers(3, 200, 5).astype(np.int32),
-                     behavior_logp=np.zeros(5, np.float32))
-          for i in range(n)]
+  return [
+      StepRecord(
+          task_id=i,
+          group_id=i,
+          traj_id=i,
+          step_idx=0,
+          prompt_ids=rng.integers(3, 200, 20 + i).astype(np.int32),
+          response_ids=rng.integers(3, 200, 5).astype(np.int32),
+          behavior_logp=np.zeros(5, np.float32),
+      )
+      for i in range(n)
+  ]
 
 
-def prm_worker(out_dir: str, process_id: int, num_processes: int,
-               port: int):
+def prm_worker(out_dir: str, process_id: int, num_processes: int, port: int):
   import jax
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   from rspo_jax import build, distributed, prm
 
-  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
-                                process_id)
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   from configs import toy_grpo
 
   fits, train_prm = [], prm.train_prm
@@ -832,8 +984,11 @@ def prm_worker(out_dir: str, process_id: int, num_processes: int,
 
   prm.train_prm = train_spy  # build's refresh looks it up at each call
   workdir = os.path.join(out_dir, "run")
-  run = build.build_run(toy_grpo.get_config(RSPO_OVERRIDES + PRM_OVERRIDES),
-                        workdir, progress=False)
+  run = build.build_run(
+      toy_grpo.get_config(RSPO_OVERRIDES + PRM_OVERRIDES),
+      workdir,
+      progress=False,
+  )
   t = run.trainer
   b_dense = []
   collect = t.collect_groups
@@ -850,22 +1005,27 @@ def prm_worker(out_dir: str, process_id: int, num_processes: int,
     first_fit = list(fits)
     t.run()
     with open(os.path.join(out_dir, f"prm{process_id}.json"), "w") as f:
-      json.dump({
-          "first_fit": first_fit, "fits": fits, "b_dense": b_dense,
-          "a_steps": t.state.a_steps,
-          "probe": t.dense_fn(probe_records()).tolist(),
-          "local_mesh": list(local.devices.shape),
-          "local_devices_mine": all(
-              d.process_index == process_id for d in local.devices.flat),
-      }, f)
+      json.dump(
+          {
+              "first_fit": first_fit,
+              "fits": fits,
+              "b_dense": b_dense,
+              "a_steps": t.state.a_steps,
+              "probe": t.dense_fn(probe_records()).tolist(),
+              "local_mesh": list(local.devices.shape),
+              "local_devices_mine": all(
+                  d.process_index == process_id for d in local.devices.flat
+              ),
+          },
+          f,
+      )
   finally:
     run.close()
   distributed.barrier("prm_done")
   distributed.shutdown()
 
 
-def ppo_worker(out_dir: str, process_id: int, num_processes: int,
-               port: int):
+def ppo_worker(out_dir: str, process_id: int, num_processes: int, port: int):
   """The micro toy run as the PPO baseline (no RSPO, 2 A steps): each
   host's per-token advantages of every step, as credit returns them."""
   import jax
@@ -873,8 +1033,7 @@ def ppo_worker(out_dir: str, process_id: int, num_processes: int,
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   from rspo_jax import build, credit, distributed
 
-  assert distributed.initialize(f"127.0.0.1:{port}", num_processes,
-                                process_id)
+  assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   from configs import toy_grpo
 
   advantages, compute = [], credit.compute_advantages
@@ -885,14 +1044,17 @@ def ppo_worker(out_dir: str, process_id: int, num_processes: int,
     return adv, returns
 
   credit.compute_advantages = spy  # update.py reads it at each call
-  run = build.build_run(toy_grpo.get_config(
-      RSPO_OVERRIDES + ",algo.name=ppo,rspo=0"),
-      os.path.join(out_dir, "run"), progress=False)
+  run = build.build_run(
+      toy_grpo.get_config(RSPO_OVERRIDES + ",algo.name=ppo,rspo=0"),
+      os.path.join(out_dir, "run"),
+      progress=False,
+  )
   try:
     run.trainer.run()
     with open(os.path.join(out_dir, f"ppo{process_id}.json"), "w") as f:
-      json.dump({"advantages": advantages,
-                 "a_steps": run.trainer.state.a_steps}, f)
+      json.dump(
+          {"advantages": advantages, "a_steps": run.trainer.state.a_steps}, f
+      )
   finally:
     run.close()
   distributed.barrier("ppo_done")
@@ -935,23 +1097,29 @@ def test_prm_dense_reward_on_two_processes(tmp_path):
     assert r["local_mesh"] == [1, 4, 1] and r["local_devices_mine"]
     assert r["b_dense"] and all(
         len(d) and np.isfinite(d).all() and np.abs(d).max() < 10.0
-        for d in r["b_dense"])  # r_hat / 0.1, |r_hat| < 1
+        for d in r["b_dense"]
+    )  # r_hat / 0.1, |r_hat| < 1
   np.testing.assert_allclose(lead["probe"], other["probe"], atol=1e-6)
 
   from rspo_jax import prm
   from rspo_jax import sharding as shd
 
-  here = prm.make_prm_dense_fn(str(tmp_path / "run" / "prm"),
-                               mesh=shd.make_mesh((-1, 1, 1)),
-                               rules=shd.DEFAULT_RULES)
-  np.testing.assert_allclose(here(probe_records()), lead["probe"],
-                             atol=1e-4)
+  here = prm.make_prm_dense_fn(
+      str(tmp_path / "run" / "prm"),
+      mesh=shd.make_mesh((-1, 1, 1)),
+      rules=shd.DEFAULT_RULES,
+  )
+  np.testing.assert_allclose(here(probe_records()), lead["probe"], atol=1e-4)
 
 
 if __name__ == "__main__":
-  roles = {"worker": worker, "rspo_worker": rspo_worker,
-           "permuted_worker": permuted_worker, "prm_worker": prm_worker,
-           "ppo_worker": ppo_worker}
+  roles = {
+      "worker": worker,
+      "rspo_worker": rspo_worker,
+      "permuted_worker": permuted_worker,
+      "prm_worker": prm_worker,
+      "ppo_worker": ppo_worker,
+  }
   if len(sys.argv) == 6 and sys.argv[1] in roles:
     fn = roles[sys.argv[1]]
     fn(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

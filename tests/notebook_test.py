@@ -49,8 +49,13 @@ def _python3_kernelspec(directory):
   with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
     json.dump(
         {
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f",
-                     "{connection_file}"],
+            "argv": [
+                sys.executable,
+                "-m",
+                "ipykernel_launcher",
+                "-f",
+                "{connection_file}",
+            ],
             "display_name": "Python 3 (test)",
             "language": "python",
         },
@@ -69,15 +74,20 @@ def test_notebook_executes_and_final_loss_is_finite(tmp_path, monkeypatch):
   # display_data outputs the test can count.
   monkeypatch.delenv("MPLBACKEND", raising=False)
   nb = read_notebook()
-  nb.cells.append(nbformat.v4.new_code_cell(
-      "import json\n"
-      "probe = {'final_loss': float(history['loss'][-1]),\n"
-      "         'n_steps': len(history['loss']),\n"
-      "         'clip_frac_off': history['clip_frac_off']}\n"
-      f"print({PROBE!r}, json.dumps(probe))"
-  ))
+  nb.cells.append(
+      nbformat.v4.new_code_cell(
+          "import json\n"
+          "probe = {'final_loss': float(history['loss'][-1]),\n"
+          "         'n_steps': len(history['loss']),\n"
+          "         'clip_frac_off': history['clip_frac_off']}\n"
+          f"print({PROBE!r}, json.dumps(probe))"
+      )
+  )
   client = nbclient.NotebookClient(
-      nb, kernel_name="python3", timeout=600, allow_errors=False,
+      nb,
+      kernel_name="python3",
+      timeout=600,
+      allow_errors=False,
       resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}},
   )
   client.execute()  # raises CellExecutionError on any failing cell
@@ -85,17 +95,20 @@ def test_notebook_executes_and_final_loss_is_finite(tmp_path, monkeypatch):
     errors = [o for o in cell.outputs if o.output_type == "error"]
     assert not errors, f"cell {i}: {errors}"
   text = "".join(
-      o.get("text", "") for o in code_cells(nb)[-1].outputs
+      o.get("text", "")
+      for o in code_cells(nb)[-1].outputs
       if o.output_type == "stream"
   )
   line = next(l for l in text.splitlines() if l.startswith(PROBE))
-  probe = json.loads(line[len(PROBE):])
+  probe = json.loads(line[len(PROBE) :])
   assert math.isfinite(probe["final_loss"]), probe
   assert probe["n_steps"] == 20, probe  # N_ITERS * STEPS_PER_ITER
   # The shifted clip binds on some off-policy tokens during the updates.
   assert max(probe["clip_frac_off"]) > 0.0, probe
   figures = sum(
-      1 for c in code_cells(nb) for o in c.outputs
+      1
+      for c in code_cells(nb)
+      for o in c.outputs
       if o.output_type == "display_data" and "image/png" in o.get("data", {})
   )
   assert figures == 2, figures  # the objective curves and the training run
@@ -162,32 +175,38 @@ def test_loop_notebook_executes_and_draws_the_loop(tmp_path, monkeypatch):
   monkeypatch.setenv("RSPO_LOOP_ROOT", str(tmp_path / "runs"))
   monkeypatch.delenv("MPLBACKEND", raising=False)  # inline: display_data
   nb = read_loop_notebook()
-  nb.cells.append(nbformat.v4.new_code_cell(
-      "import json\n"
-      "probe = {name: {\n"
-      "    'phases': [r['phase'] for r in run['rows']],\n"
-      "    'b_steps': [r['b_step'] for r in phase(run['rows'], 'B')],\n"
-      "    'lift': [[r['b_lift_success'], r['b_lift_dense_return']]\n"
-      "             for r in phase(run['rows'], 'B_collect')],\n"
-      "    'held_out': {str(s): e['success_rate']\n"
-      "                 for s, e in run['held_out'].items()}}\n"
-      "    for name, run in runs.items()}\n"
-      f"print({PROBE!r}, json.dumps(probe))"
-  ))
+  nb.cells.append(
+      nbformat.v4.new_code_cell(
+          "import json\n"
+          "probe = {name: {\n"
+          "    'phases': [r['phase'] for r in run['rows']],\n"
+          "    'b_steps': [r['b_step'] for r in phase(run['rows'], 'B')],\n"
+          "    'lift': [[r['b_lift_success'], r['b_lift_dense_return']]\n"
+          "             for r in phase(run['rows'], 'B_collect')],\n"
+          "    'held_out': {str(s): e['success_rate']\n"
+          "                 for s, e in run['held_out'].items()}}\n"
+          "    for name, run in runs.items()}\n"
+          f"print({PROBE!r}, json.dumps(probe))"
+      )
+  )
   # A cell's limit: an arm's cell takes about a minute on a free 2-core
   # machine; a loaded one may need more (RSPO_NOTEBOOK_CELL_TIMEOUT_S).
   timeout = int(os.environ.get("RSPO_NOTEBOOK_CELL_TIMEOUT_S", "900"))
   client = nbclient.NotebookClient(
-      nb, kernel_name="python3", timeout=timeout, allow_errors=False,
+      nb,
+      kernel_name="python3",
+      timeout=timeout,
+      allow_errors=False,
       resources={"metadata": {"path": os.path.dirname(LOOP_NOTEBOOK)}},
   )
   client.execute()  # raises CellExecutionError on any failing cell
   text = "".join(
-      o.get("text", "") for o in code_cells(nb)[-1].outputs
+      o.get("text", "")
+      for o in code_cells(nb)[-1].outputs
       if o.output_type == "stream"
   )
   line = next(l for l in text.splitlines() if l.startswith(PROBE))
-  probe = json.loads(line[len(PROBE):])
+  probe = json.loads(line[len(PROBE) :])
   grpo, rspo = probe["GRPO"], probe["RSPO+GRPO"]
   assert grpo["phases"].count("A") == rspo["phases"].count("A") == 12
   assert "B" not in grpo["phases"] and "B_collect" not in grpo["phases"]
@@ -198,7 +217,9 @@ def test_loop_notebook_executes_and_draws_the_loop(tmp_path, monkeypatch):
   for name, run in probe.items():  # the toy study: every seed rises by 12
     assert run["held_out"]["12"] > start, (name, run["held_out"])
   figures = sum(
-      1 for c in code_cells(nb) for o in c.outputs
+      1
+      for c in code_cells(nb)
+      for o in c.outputs
       if o.output_type == "display_data" and "image/png" in o.get("data", {})
   )
   assert figures == 2, figures  # A's success; B's dense reward and lift

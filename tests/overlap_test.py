@@ -31,14 +31,29 @@ def _fresh_row(logp, old, beh):
   """One fresh row of two tokens, A = +1 (alpha 0: J_on alone)."""
   f = lambda x: jnp.log(jnp.full((1, 2), x, jnp.float32))
   ones = jnp.ones((1, 2), jnp.float32)
-  return (f(logp), f(old), f(beh), f(logp), ones, ones,
-          jnp.zeros((1,), bool), None)
+  return (
+      f(logp),
+      f(old),
+      f(beh),
+      f(logp),
+      ones,
+      ones,
+      jnp.zeros((1,), bool),
+      None,
+  )
 
 
 def _loss(args, overlap):
-  return losses.mixed_objective(*args, losses.LossConfig(
-      alpha=0.0, clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0,
-      overlap=overlap))
+  return losses.mixed_objective(
+      *args,
+      losses.LossConfig(
+          alpha=0.0,
+          clip_eps=0.2,
+          kl_coef=0.0,
+          entropy_coef=0.0,
+          overlap=overlap,
+      ),
+  )
 
 
 def test_stale_fresh_rows_clip_around_pi_old_over_pi_behaviour():
@@ -47,11 +62,11 @@ def test_stale_fresh_rows_clip_around_pi_old_over_pi_behaviour():
   ``overlap`` the row is PPO's: r = 1.6, held at 1.2 A."""
   args = _fresh_row(0.8, 0.5, 0.4)
   loss, m = _loss(args, True)
-  np.testing.assert_allclose([loss, m["ratio_mean_on"]], [-1.45, 2.0],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      [loss, m["ratio_mean_on"]], [-1.45, 2.0], rtol=1e-6
+  )
   loss, m = _loss(args, False)
-  np.testing.assert_allclose([loss, m["ratio_mean_on"]], [-1.2, 1.6],
-                             rtol=1e-6)
+  np.testing.assert_allclose([loss, m["ratio_mean_on"]], [-1.2, 1.6], rtol=1e-6)
 
 
 def test_behaviour_equal_to_pi_old_is_ppo_exactly():
@@ -93,9 +108,9 @@ def test_overlap_on_several_devices_stops_with_one_line(tmp_path):
   assert "\n" not in problem and "set rollout.overlap=0" in problem
   assert "in-process engine's prefill and decode" in problem
   sglang = toy_grpo.get_config(
-      "rollout.overlap=1,rollout.engine=sglang,rollout.turn_barriers=0")
-  assert "behaviour log-prob pass" in plan.overlap_problem(sglang,
-                                                           _layout(8))
+      "rollout.overlap=1,rollout.engine=sglang,rollout.turn_barriers=0"
+  )
+  assert "behaviour log-prob pass" in plan.overlap_problem(sglang, _layout(8))
   with sglang.unlocked():
     sglang.rspo.recompute_behavior_logp = False
   assert plan.overlap_problem(sglang, _layout(8)) is None
@@ -115,17 +130,23 @@ def test_plan_counts_the_snapshot_and_the_collection_beside_the_update():
   off = webshop_grpo.get_config("model=qwen2.5-1.5b")
   on = webshop_grpo.get_config("model=qwen2.5-1.5b,rollout.overlap=1")
   mcfg = plan.plan_model_config(off)
-  mem = {k: plan.memory_per_device(c, mcfg, (1, 1, 1))
-         for k, c in (("off", off), ("on", on))}
+  mem = {
+      k: plan.memory_per_device(c, mcfg, (1, 1, 1))
+      for k, c in (("off", off), ("on", on))
+  }
   assert mem["off"]["overlap_snapshot_GB"] == 0.0
   assert mem["on"]["overlap_snapshot_GB"] == pytest.approx(
-      4 * mcfg.num_params() / 2**30)
+      4 * mcfg.num_params() / 2**30
+  )
   assert mem["on"]["resident_GB"] == pytest.approx(
-      mem["off"]["resident_GB"] + mem["on"]["overlap_snapshot_GB"])
+      mem["off"]["resident_GB"] + mem["on"]["overlap_snapshot_GB"]
+  )
   assert mem["on"]["train_transient_GB"] == pytest.approx(
       mem["off"]["train_transient_GB"]
-      + max(mem["off"]["rollout_transient_GB"],
-            mem["off"]["logprob_transient_GB"]))
+      + max(
+          mem["off"]["rollout_transient_GB"], mem["off"]["logprob_transient_GB"]
+      )
+  )
   p = plan.make_plan(with_gpu1(on), "w", {})
   assert p["stop_by"] == "memory" or p["fits"]
   assert "| overlap: the next collection's weights |" in plan.table(p)
@@ -151,14 +172,16 @@ def _boom_in_the_environment(timer):
 
 
 def test_an_error_in_the_thread_is_raised_in_the_main_thread_with_traceback():
-  p = overlap.Prefetch(_boom_in_the_environment, weights_step=4,
-                       collection=9, task_ids=[1])
+  p = overlap.Prefetch(
+      _boom_in_the_environment, weights_step=4, collection=9, task_ids=[1]
+  )
   with pytest.raises(overlap.OverlapError, match="after A step 4") as e:
     p.result()
   assert isinstance(e.value.__cause__, ValueError)
   assert "_boom_in_the_environment" in str(e.value)  # the thread's frames
   assert "_boom_in_the_environment" in "".join(
-      traceback.format_exception(e.value.__cause__))
+      traceback.format_exception(e.value.__cause__)
+  )
 
 
 def test_the_thread_runs_beside_the_caller_and_returns_its_value():
@@ -179,8 +202,10 @@ def test_the_thread_runs_beside_the_caller_and_returns_its_value():
 
 # The base algorithm (no B phase), one group of 2, two A steps; a random
 # policy (no warm start) and a large learning rate, so one step moves it.
-TOY = (MICRO + ",rspo=0,steps=2,sft.enabled=False,train.batch_tasks=1,"
-       "env.max_steps=2,rollout.max_new_tokens=8,train.lr=1e-3")
+TOY = (
+    MICRO + ",rspo=0,steps=2,sft.enabled=False,train.batch_tasks=1,"
+    "env.max_steps=2,rollout.max_new_tokens=8,train.lr=1e-3"
+)
 
 
 def _run(tmp_dir, overlap_on: int):
@@ -195,8 +220,13 @@ def _run(tmp_dir, overlap_on: int):
   update, train = t.update, t.a.train
 
   def spy_update(learner, *args, **kw):
-    seen.append({"params": params_of(learner), "stale_on": kw["stale_on"],
-                 "batches": []})
+    seen.append(
+        {
+            "params": params_of(learner),
+            "stale_on": kw["stale_on"],
+            "batches": [],
+        }
+    )
     return update(learner, *args, **kw)
 
   def spy_train(batch, rng):
@@ -231,12 +261,18 @@ def test_off_logs_nothing_new_and_lag_0_changes_no_number(runs):
   (nothing prefetched yet: lag 0) is off's bit for bit -- its metrics and
   the weights it leaves -- while its next collection plays beside it."""
   (_, off, m_off), (_, on, m_on) = runs[0], runs[1]
-  assert not any(k.startswith("overlap") or k.startswith("collect_wait")
-                 for r in m_off for k in r)
+  assert not any(
+      k.startswith("overlap") or k.startswith("collect_wait")
+      for r in m_off
+      for k in r
+  )
   first_off, first_on = _a_rows(m_off)[0], _a_rows(m_on)[0]
   assert first_on["overlap_policy_lag"] == 0.0
-  same = {k: v for k, v in first_off.items()  # all but seconds and rates
-          if not k.endswith("_s") and k != "time"}
+  same = {
+      k: v
+      for k, v in first_off.items()  # all but seconds and rates
+      if not k.endswith("_s") and k != "time"
+  }
   assert {k: first_on[k] for k in same} == same
   for x, y in zip(off[1]["params"], on[1]["params"]):  # after step 1
     np.testing.assert_array_equal(x, y)
@@ -255,20 +291,26 @@ def test_on_the_second_step_trains_on_rows_of_the_first_steps_weights(runs):
   assert rows[1]["overlap_logp_gap_on"] > 0
   assert rows[1]["overlap_collect_s"] > 0
   batch, m = seen[1]["batches"][0]
-  mask = (np.asarray(batch.loss_mask) > 0) & ~np.asarray(
-      batch.is_offpolicy)[:, None]
-  theta_0 = jax.tree.unflatten(jax.tree.structure(run.trainer.a.params),
-                               seen[0]["params"])
+  mask = (np.asarray(batch.loss_mask) > 0) & ~np.asarray(batch.is_offpolicy)[
+      :, None
+  ]
+  theta_0 = jax.tree.unflatten(
+      jax.tree.structure(run.trainer.a.params), seen[0]["params"]
+  )
   want = np.asarray(run.trainer.a.apply(batch, params=theta_0))
   beh, old = np.asarray(batch.behavior_logp), np.asarray(batch.old_logp)
   np.testing.assert_allclose(beh[mask], want[mask], atol=1e-5)
   assert np.abs(beh[mask] - old[mask]).mean() > 1e-3
-  gaps = np.concatenate([  # every update's rows: the step's start
-      np.abs(np.asarray(b.old_logp) - np.asarray(b.behavior_logp))[
-          (np.asarray(b.loss_mask) > 0) & ~np.asarray(b.is_offpolicy)[:, None]]
-      for b, _ in seen[1]["batches"]])
-  assert rows[1]["overlap_logp_gap_on"] == pytest.approx(gaps.mean(),
-                                                         rel=1e-4)
+  gaps = np.concatenate(
+      [  # every update's rows: the step's start
+          np.abs(np.asarray(b.old_logp) - np.asarray(b.behavior_logp))[
+              (np.asarray(b.loss_mask) > 0)
+              & ~np.asarray(b.is_offpolicy)[:, None]
+          ]
+          for b, _ in seen[1]["batches"]
+      ]
+  )
+  assert rows[1]["overlap_logp_gap_on"] == pytest.approx(gaps.mean(), rel=1e-4)
   ratio = np.exp(old[mask] - beh[mask]).mean()  # logp = pi_old here
   assert abs(ratio - 1) > 1e-4
   assert m["ratio_mean_on"] == pytest.approx(ratio, rel=1e-5)
@@ -285,8 +327,9 @@ def test_an_error_in_the_background_collection_stops_the_next_step(runs):
 
   t._play = broken  # pylint: disable=protected-access
   t._start_prefetch(1)  # pylint: disable=protected-access
-  with pytest.raises(overlap.OverlapError,
-                     match="environment worker lost") as e:
+  with pytest.raises(
+      overlap.OverlapError, match="environment worker lost"
+  ) as e:
     t.a_step()
   assert "in broken" in str(e.value)
   assert t.prefetch is None

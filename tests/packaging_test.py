@@ -20,15 +20,31 @@ import zipfile
 
 import pytest
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the wheel is built from: pyproject.toml's packages and its readme.
-SOURCES = ("pyproject.toml", "README.md", "rspo_jax", "third_party_envs",
-           "configs", "launch")
-PACKAGES = {"rspo_jax": "rspo_jax", "third_party_envs": "third_party_envs",
-            "configs": "configs", "launch": "rspo_launch"}
-SCRIPTS = ("rspo-train", "rspo-eval", "rspo-export", "rspo-sft",
-           "rspo-train-prm", "rspo-serve-rollout", "rspo-plot")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "rspo_jax",
+    "third_party_envs",
+    "configs",
+    "launch",
+)
+PACKAGES = {
+    "rspo_jax": "rspo_jax",
+    "third_party_envs": "third_party_envs",
+    "configs": "configs",
+    "launch": "rspo_launch",
+}
+SCRIPTS = (
+    "rspo-train",
+    "rspo-eval",
+    "rspo-export",
+    "rspo-sft",
+    "rspo-train-prm",
+    "rspo-serve-rollout",
+    "rspo-plot",
+)
 
 
 def test_every_launch_cli_is_a_console_script():
@@ -47,8 +63,7 @@ def test_every_launch_cli_is_a_console_script():
 
 
 def _run(cmd, **kw):
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       **kw)
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
   assert out.returncode == 0, (cmd, out.stdout[-2000:], out.stderr[-3000:])
   return out
 
@@ -63,8 +78,19 @@ def _build_wheel(tmp_path) -> str:
       shutil.copytree(path, src / name, ignore=ignore)
     else:
       shutil.copy(path, src / name)
-  _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-        "-w", str(tmp_path / "dist"), str(src)])
+  _run(
+      [
+          sys.executable,
+          "-m",
+          "pip",
+          "wheel",
+          "--no-deps",
+          "-q",
+          "-w",
+          str(tmp_path / "dist"),
+          str(src),
+      ]
+  )
   [wheel] = glob.glob(str(tmp_path / "dist" / "rspo_jax-*.whl"))
   return wheel
 
@@ -74,8 +100,13 @@ def _fresh_venv(path) -> str:
   naming this interpreter's site-packages; returns its bin directory."""
   _run([sys.executable, "-m", "venv", str(path)])
   python = str(path / "bin" / "python")
-  purelib = _run([python, "-c", "import sysconfig; print(sysconfig"
-                  ".get_paths()['purelib'])"]).stdout.strip()
+  purelib = _run(
+      [
+          python,
+          "-c",
+          "import sysconfig; print(sysconfig" ".get_paths()['purelib'])",
+      ]
+  ).stdout.strip()
   with open(os.path.join(purelib, "_rspo_deps.pth"), "w") as f:
     f.write(sysconfig.get_paths()["purelib"] + "\n")
   return str(path / "bin")
@@ -87,23 +118,38 @@ def test_wheel_in_a_fresh_venv_runs_the_console_scripts(tmp_path):
   # Every module of the checkout's packages is in the wheel.
   names = set(zipfile.ZipFile(wheel).namelist())
   for top, installed in PACKAGES.items():
-    for path in glob.glob(os.path.join(ROOT, top, "**", "*.py"),
-                          recursive=True):
+    for path in glob.glob(
+        os.path.join(ROOT, top, "**", "*.py"), recursive=True
+    ):
       rel = os.path.relpath(path, os.path.join(ROOT, top))
       assert f"{installed}/{rel}" in names, (top, rel)
   bin_dir = _fresh_venv(tmp_path / "venv")
-  _run([os.path.join(bin_dir, "python"), "-m", "pip", "install", "-q",
-        "--no-deps", "--no-index", wheel])
+  _run(
+      [
+          os.path.join(bin_dir, "python"),
+          "-m",
+          "pip",
+          "install",
+          "-q",
+          "--no-deps",
+          "--no-index",
+          wheel,
+      ]
+  )
   outside = tmp_path / "elsewhere"
   outside.mkdir()
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="")
   run = lambda *cmd: _run(list(cmd), cwd=outside, env=env)
-  where = json.loads(run(
-      os.path.join(bin_dir, "python"), "-c",
-      "import json, os, configs, rspo_jax, rspo_launch, third_party_envs;"
-      "print(json.dumps({m.__name__: os.path.dirname(m.__file__) for m in"
-      " (configs, rspo_jax, rspo_launch, third_party_envs)}))").stdout)
+  where = json.loads(
+      run(
+          os.path.join(bin_dir, "python"),
+          "-c",
+          "import json, os, configs, rspo_jax, rspo_launch, third_party_envs;"
+          "print(json.dumps({m.__name__: os.path.dirname(m.__file__) for m in"
+          " (configs, rspo_jax, rspo_launch, third_party_envs)}))",
+      ).stdout
+  )
   site = os.path.realpath(tmp_path / "venv")
   assert all(os.path.realpath(d).startswith(site) for d in where.values())
   for script in SCRIPTS:

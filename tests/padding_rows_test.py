@@ -29,8 +29,14 @@ from rspo_jax.types import StepRecord
 RULES = sharding.DEFAULT_RULES
 LOSS = ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01, entropy_coef=0.001)
 CFG = models.get_model_config(
-    "tiny", vocab_size=128, num_layers=2, hidden_size=64,
-    intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
+    "tiny",
+    vocab_size=128,
+    num_layers=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
 )
 
 
@@ -42,8 +48,9 @@ def nan_kernel(monkeypatch):
   seen = []
 
   def kernel(q, k, v, *args, key_value_seq_lengths=None, **kw):
-    out = real(q, k, v, *args, key_value_seq_lengths=key_value_seq_lengths,
-               **kw)
+    out = real(
+        q, k, v, *args, key_value_seq_lengths=key_value_seq_lengths, **kw
+    )
     lengths = key_value_seq_lengths
     jax.debug.callback(lambda n: seen.append(int(np.min(n))), lengths)
     return jnp.where((lengths == 0)[:, None, None, None], jnp.nan, out)
@@ -55,9 +62,14 @@ def nan_kernel(monkeypatch):
 def learner(attention, micro_batch_rows=0):
   cfg = dataclasses.replace(CFG, attention=attention)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  return Learner(models.create_model(cfg, seed=0), optax.sgd(1.0),
-                 ts.make_policy_loss(LOSS), mesh=mesh, rules=RULES,
-                 micro_batch_rows=micro_batch_rows)
+  return Learner(
+      models.create_model(cfg, seed=0),
+      optax.sgd(1.0),
+      ts.make_policy_loss(LOSS),
+      mesh=mesh,
+      rules=RULES,
+      micro_batch_rows=micro_batch_rows,
+  )
 
 
 def records(n, seed=0):
@@ -65,22 +77,32 @@ def records(n, seed=0):
   out = []
   for i in range(n):
     p, r = 5 + 3 * i, 4 + i
-    out.append(StepRecord(
-        task_id=0, group_id=0, traj_id=i, step_idx=0,
-        prompt_ids=rng.integers(1, 128, p).astype(np.int32),
-        response_ids=rng.integers(1, 128, r).astype(np.int32),
-        behavior_logp=(-4.0 + 0.1 * rng.normal(size=r)).astype(np.float32)))
+    out.append(
+        StepRecord(
+            task_id=0,
+            group_id=0,
+            traj_id=i,
+            step_idx=0,
+            prompt_ids=rng.integers(1, 128, p).astype(np.int32),
+            response_ids=rng.integers(1, 128, r).astype(np.int32),
+            behavior_logp=(-4.0 + 0.1 * rng.normal(size=r)).astype(np.float32),
+        )
+    )
   return out
 
 
 def batch_of(n_records, row_multiple):
   batch = batching.records_to_batch(
-      records(n_records), np.linspace(-1.0, 1.0, n_records),
+      records(n_records),
+      np.linspace(-1.0, 1.0, n_records),
       is_offpolicy=[i % 2 == 1 for i in range(n_records)],
-      length_multiple=16, row_multiple=row_multiple)
+      length_multiple=16,
+      row_multiple=row_multiple,
+  )
   # pi_old near the behaviour: ratios near 1, gradients not all clipped.
-  return batch._replace(old_logp=batch.behavior_logp - 0.02,
-                        ref_logp=batch.behavior_logp - 0.05)
+  return batch._replace(
+      old_logp=batch.behavior_logp - 0.02, ref_logp=batch.behavior_logp - 0.05
+  )
 
 
 def update(learner_, batch, apply=True):
@@ -90,8 +112,9 @@ def update(learner_, batch, apply=True):
   before = jax.device_get(learner_.params)
   metrics = learner_.train(batch, jax.random.key(0))
   after = jax.device_get(learner_.params)
-  delta = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), after,
-                       before)
+  delta = jax.tree.map(
+      lambda a, b: np.asarray(a) - np.asarray(b), after, before
+  )
   return logp, metrics, delta
 
 
@@ -113,15 +136,15 @@ def test_padding_rows_reach_kernels_with_length_one(path, nan_kernel):
   batch = batch_of(n, row_multiple)
   logp, metrics, delta = update(learner("xla", micro), batch, apply)
   assert nan_kernel and min(nan_kernel) >= 1, nan_kernel
-  want_logp, want_metrics, want_delta = update(learner("plain", micro),
-                                               batch, apply)
+  want_logp, want_metrics, want_delta = update(
+      learner("plain", micro), batch, apply
+  )
   assert metrics["skipped"] == 0.0
   if apply:
     np.testing.assert_allclose(logp[:n], want_logp[:n], atol=1e-5)
   assert set(metrics) == set(want_metrics)
   for k, v in want_metrics.items():
-    np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6,
-                               err_msg=k)
+    np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
   for a, b in zip(jax.tree.leaves(delta), jax.tree.leaves(want_delta)):
     np.testing.assert_allclose(a, b, atol=1e-6)
 

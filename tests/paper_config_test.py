@@ -18,8 +18,9 @@ import pytest
 from configs import base, scales
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV_ALGOS = [(e, a) for e in ("webshop", "alfworld")
-             for a in ("grpo", "ppo", "gigpo")]
+ENV_ALGOS = [
+    (e, a) for e in ("webshop", "alfworld") for a in ("grpo", "ppo", "gigpo")
+]
 
 PAPER_COMMON = {
     "model.preset": "qwen2.5-1.5b",
@@ -53,19 +54,32 @@ PAPER_COMMON = {
     "sft.enabled": False,
 }
 PAPER_ENV = {
-    "alfworld": {"env.max_steps": 50, "rollout.max_prompt_tokens": 2048,
-                 "train.mini_batch_rows": 256},
-    "webshop": {"env.max_steps": 15, "rollout.max_prompt_tokens": 4096,
-                "train.mini_batch_rows": 64},
+    "alfworld": {
+        "env.max_steps": 50,
+        "rollout.max_prompt_tokens": 2048,
+        "train.mini_batch_rows": 256,
+    },
+    "webshop": {
+        "env.max_steps": 15,
+        "rollout.max_prompt_tokens": 4096,
+        "train.mini_batch_rows": 64,
+    },
 }
 PAPER_ALGO = {
-    "grpo": {"train.batch_tasks": 16, "train.group_size": 8,
-             "algo.normalize_std": True},  # norm_adv_by_std_in_grpo
+    "grpo": {
+        "train.batch_tasks": 16,
+        "train.group_size": 8,
+        "algo.normalize_std": True,
+    },  # norm_adv_by_std_in_grpo
     "gigpo": {"train.batch_tasks": 16, "train.group_size": 8},
     # verl-agent's PPO: 128 distinct tasks, one episode each; verl's critic:
     # cliprange_value 0.5, AdamW weight decay 0.01.
-    "ppo": {"train.batch_tasks": 128, "train.group_size": 1,
-            "algo.critic_lr": 1e-5, "algo.value_clip_eps": 0.5},
+    "ppo": {
+        "train.batch_tasks": 128,
+        "train.group_size": 1,
+        "algo.critic_lr": 1e-5,
+        "algo.value_clip_eps": 0.5,
+    },
 }
 # verl-agent's examples/gigpo_trainer: run_webshop.sh mode="mean_norm"
 # (no std divisor), run_alfworld.sh mode="mean_std_norm".
@@ -96,8 +110,12 @@ def flat(c, prefix=""):
 @pytest.mark.parametrize("env,algo", ENV_ALGOS)
 def test_paper_preset_has_every_paper_value(env, algo):
   got = flat(get(env, algo, "model=qwen2.5-1.5b"))
-  want = {**PAPER_COMMON, **PAPER_ENV[env], **PAPER_ALGO[algo],
-          **PAPER_ENV_ALGO.get((env, algo), {})}
+  want = {
+      **PAPER_COMMON,
+      **PAPER_ENV[env],
+      **PAPER_ALGO[algo],
+      **PAPER_ENV_ALGO.get((env, algo), {}),
+  }
   assert {k: got[k] for k in want} == want
 
 
@@ -114,8 +132,9 @@ def test_paper_critic_decays_weights_like_verls():
   np.testing.assert_allclose(updates["w"], -1e-5 * 0.01 * 2.0, rtol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "qwen2.5-7b",
-                                    "llama-3.2-3b"])
+@pytest.mark.parametrize(
+    "preset", ["qwen2.5-0.5b", "qwen2.5-7b", "llama-3.2-3b"]
+)
 def test_every_paper_preset_gets_the_same_table(preset):
   one = flat(get("alfworld", "gigpo", "model=qwen2.5-1.5b"))
   other = flat(get("alfworld", "gigpo", f"model={preset}"))
@@ -141,7 +160,8 @@ def test_both_tables_set_exactly_the_scale_keys_with_one_type(env, algo):
   assert set(paper) == set(cpu) == set(scales.SCALE_KEYS)
   # An override parses the same at both scales (set_by_path keeps types).
   assert {k: type(v) for k, v in paper.items()} == {
-      k: type(v) for k, v in cpu.items()}
+      k: type(v) for k, v in cpu.items()
+  }
   # _base sets none of them: a scale key comes from its table only.
   assert not set(flat(base._base(env, algo))) & set(scales.SCALE_KEYS)
   # The keys the CPU recipe takes from the paper are equal there.
@@ -153,10 +173,19 @@ def test_cpu_preset_keeps_its_budget_choices():
   # that learns) with CPU's learning rate and updates; one RSPO loop (the
   # 15-minute default run), the other environments two.
   c = get("webshop", "grpo")
-  assert (c.rspo.alpha, c.train.max_train_rows, c.env.history_length,
-          c.train.eval_every) == (0.125, 0, 1, 0)
-  assert (c.train.batch_tasks, c.train.group_size, c.train.total_steps,
-          c.train.lr, c.train.updates_per_step) == (16, 8, 3, 3e-4, 4)
+  assert (
+      c.rspo.alpha,
+      c.train.max_train_rows,
+      c.env.history_length,
+      c.train.eval_every,
+  ) == (0.125, 0, 1, 0)
+  assert (
+      c.train.batch_tasks,
+      c.train.group_size,
+      c.train.total_steps,
+      c.train.lr,
+      c.train.updates_per_step,
+  ) == (16, 8, 3, 3e-4, 4)
   assert c.train.total_steps == c.rspo.k
   assert get("alfworld", "grpo").train.total_steps == 2 * c.rspo.k
   assert c.rspo.dense_reward == "oracle"
@@ -169,10 +198,13 @@ def test_cpu_preset_keeps_its_budget_choices():
   assert c.rspo.alpha * episodes == 4 == c.train.group_size
 
 
-@pytest.mark.parametrize("arg", [
-    "model=qwen2.5-1.5b,rspo.alpha=0.25,train.max_train_rows=64",
-    "rspo.alpha=0.25,train.max_train_rows=64,model=qwen2.5-1.5b",
-])
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "model=qwen2.5-1.5b,rspo.alpha=0.25,train.max_train_rows=64",
+        "rspo.alpha=0.25,train.max_train_rows=64,model=qwen2.5-1.5b",
+    ],
+)
 def test_overrides_win_over_the_scale_wherever_they_stand(arg):
   c = get("webshop", "grpo", arg)
   assert c.rspo.alpha == 0.25 and c.train.max_train_rows == 64
@@ -197,8 +229,9 @@ def step_updates(train, rows):
   return 1
 
 
-@pytest.mark.parametrize("name", [f"{e}_{a}" for e, a in ENV_ALGOS]
-                         + ["toy_grpo"])
+@pytest.mark.parametrize(
+    "name", [f"{e}_{a}" for e, a in ENV_ALGOS] + ["toy_grpo"]
+)
 def test_cpu_configs_make_at_least_two_updates_per_step(name):
   c = importlib.import_module(f"configs.{name}").get_config()
   t = c.train
@@ -207,10 +240,13 @@ def test_cpu_configs_make_at_least_two_updates_per_step(name):
   most = episodes * c.env.max_steps
   if t.max_train_rows:
     most = min(most, t.max_train_rows)
-  assert (fewest, most) == ((128, 1024) if c.env.name == "webshop"
-                            else (16, 64))
-  assert all(step_updates(t, rows) * t.ppo_epochs >= 2
-             for rows in range(fewest, most + 1))
+  assert (fewest, most) == (
+      (128, 1024) if c.env.name == "webshop" else (16, 64)
+  )
+  assert all(
+      step_updates(t, rows) * t.ppo_epochs >= 2
+      for rows in range(fewest, most + 1)
+  )
 
 
 def test_paper_mini_batches_count_step_rows_as_verl():
@@ -240,11 +276,14 @@ def test_one_mini_batch_override_clears_the_other():
 
 def test_dense_reward_names():
   assert get("alfworld", "gigpo").rspo.dense_reward == "oracle"
-  assert get("alfworld", "gigpo",
-             "model=qwen2.5-1.5b").rspo.dense_reward == "prm"
+  assert (
+      get("alfworld", "gigpo", "model=qwen2.5-1.5b").rspo.dense_reward == "prm"
+  )
   # 'env', the former name of the oracle, is still accepted.
-  assert get("webshop", "grpo",
-             "rspo.dense_reward=env").rspo.dense_reward == "oracle"
+  assert (
+      get("webshop", "grpo", "rspo.dense_reward=env").rspo.dense_reward
+      == "oracle"
+  )
   with pytest.raises(ValueError, match="rspo.dense_reward"):
     get("webshop", "grpo", "rspo.dense_reward=heuristic")
 
@@ -261,11 +300,20 @@ def test_launch_flags_apply_after_the_scale():
   env = {k: v for k, v in os.environ.items() if not k.startswith("RSPO_")}
   env.update(JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "launch/train.py",
-       "--config=configs/alfworld_grpo.py:model=qwen2.5-1.5b",
-       "--config.train.total_steps=30", "--config.train.batch_tasks=8",
-       "--dry_run"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          "launch/train.py",
+          "--config=configs/alfworld_grpo.py:model=qwen2.5-1.5b",
+          "--config.train.total_steps=30",
+          "--config.train.batch_tasks=8",
+          "--dry_run",
+      ],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   p = json.loads(proc.stdout)
   assert p["model"] == "qwen2.5-1.5b" and p["steps_of_A"] == 30

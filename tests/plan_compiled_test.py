@@ -38,23 +38,50 @@ import pytest
 from rspo_jax import models, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_STEP = dict(kind="train_step", mesh=(1, 8, 1), rows=32, length=1024,
-             window=256, n_micro=2)
-_WIDE = dict(vocab_size=4096, num_layers=2, dtype="bfloat16",
-             param_dtype="float32", scan_layers=True)
-_F32 = dict(vocab_size=4096, num_layers=2, dtype="float32",
-            param_dtype="float32")
+_STEP = dict(
+    kind="train_step",
+    mesh=(1, 8, 1),
+    rows=32,
+    length=1024,
+    window=256,
+    n_micro=2,
+)
+_WIDE = dict(
+    vocab_size=4096,
+    num_layers=2,
+    dtype="bfloat16",
+    param_dtype="float32",
+    scan_layers=True,
+)
+_F32 = dict(
+    vocab_size=4096, num_layers=2, dtype="float32", param_dtype="float32"
+)
 CASES = {
     "remat none": dict(_STEP, model=dict(_WIDE, remat="none")),
     "remat dots": dict(_STEP, model=dict(_WIDE, remat="dots")),
     "remat full": dict(_STEP, model=dict(_WIDE, remat="full")),
     "LoRA": dict(_STEP, model=dict(_WIDE, remat="full", lora_rank=16)),
-    "prefill one pass": dict(kind="prefill", mesh=(1, 8, 1), rows=16,
-                             prompt=1024, new=32, model=_F32),
-    "prefill blocks": dict(kind="prefill", mesh=(1, 8, 1), rows=16,
-                           prompt=1024, new=32, chunk=128, model=_F32),
-    "prefill cache": dict(kind="prefill", mesh=(1, 8, 1), rows=64,
-                          prompt=256, new=1024, chunk=32, model=_F32),
+    "prefill one pass": dict(
+        kind="prefill", mesh=(1, 8, 1), rows=16, prompt=1024, new=32, model=_F32
+    ),
+    "prefill blocks": dict(
+        kind="prefill",
+        mesh=(1, 8, 1),
+        rows=16,
+        prompt=1024,
+        new=32,
+        chunk=128,
+        model=_F32,
+    ),
+    "prefill cache": dict(
+        kind="prefill",
+        mesh=(1, 8, 1),
+        rows=64,
+        prompt=256,
+        new=1024,
+        chunk=32,
+        model=_F32,
+    ),
 }
 
 
@@ -63,29 +90,53 @@ def estimate(case) -> float:
   cfg = models.get_model_config("qwen2.5-1.5b", **case["model"])
   if case["kind"] == "train_step":
     return plan.train_step_bytes(
-        cfg, case["mesh"], case["rows"], case["length"],
-        window=case["window"], n_micro=case["n_micro"],
-        platform="cpu")["peak"]
-  return plan.prefill_bytes(cfg, case["mesh"], case["rows"], case["prompt"],
-                            case["new"], chunk=case.get("chunk", 0),
-                            gathered=case.get("unique") is not None)["peak"]
+        cfg,
+        case["mesh"],
+        case["rows"],
+        case["length"],
+        window=case["window"],
+        n_micro=case["n_micro"],
+        platform="cpu",
+    )["peak"]
+  return plan.prefill_bytes(
+      cfg,
+      case["mesh"],
+      case["rows"],
+      case["prompt"],
+      case["new"],
+      chunk=case.get("chunk", 0),
+      gathered=case.get("unique") is not None,
+  )["peak"]
 
 
 @pytest.mark.slow
 def test_estimate_within_10_percent_of_compiled_memory():
   from rspo_jax import hlo
 
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
-      "--xla_force_host_platform_device_count=8 " + hlo.MEMORY_XLA_FLAGS))
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=(
+          "--xla_force_host_platform_device_count=8 " + hlo.MEMORY_XLA_FLAGS
+      ),
+  )
   proc = subprocess.run(
       [sys.executable, "-m", "rspo_jax.hlo", json.dumps(list(CASES.values()))],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  compiled = [json.loads(x) for x in proc.stdout.splitlines()
-              if x.startswith("{")]
+  compiled = [
+      json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")
+  ]
   assert len(compiled) == len(CASES)
-  ratios = {name: round(estimate(case) / got["peak"], 3)
-            for (name, case), got in zip(CASES.items(), compiled)}
+  ratios = {
+      name: round(estimate(case) / got["peak"], 3)
+      for (name, case), got in zip(CASES.items(), compiled)
+  }
   print(ratios)
   assert all(0.9 <= r <= 1.1 for r in ratios.values()), ratios
   # The prefill writes into the donated empty cache (aliased to the
@@ -101,12 +152,12 @@ def test_terms_by_hand():
   biases, gate, up, down 1536 x 8960, two norms); r = 2 rows of T = 1024
   tokens; block_width 8 d + 3 F + (H + 2K) hd = 41216 floats a token."""
   mib = 2**20
-  cfg = models.get_model_config("qwen2.5-1.5b",
-                                **CASES["remat full"]["model"])
+  cfg = models.get_model_config("qwen2.5-1.5b", **CASES["remat full"]["model"])
   x = plan._dims(cfg, (1, 8, 1))
   assert plan.block_width(x) == 8 * 1536 + 3 * 8960 + 16 * 128 == 41216
-  got = plan.train_step_bytes(cfg, (1, 8, 1), 32, 1024, window=256,
-                              n_micro=2, platform="cpu")
+  got = plan.train_step_bytes(
+      cfg, (1, 8, 1), 32, 1024, window=256, n_micro=2, platform="cpu"
+  )
   assert got["rows"] == 2 and x["p_layer"] == 46_798_592
   assert got["carries"] == 2 * 2 * 1024 * 1536 * 2  # L r T d c
   # 0.6 of the block's float32 widths and 3.5 copies of its scores.
@@ -116,17 +167,35 @@ def test_terms_by_hand():
   # compute copy (2 P / 8), the gathered block in bf16 (2 P_layer).
   p = x["p"]
   assert got["peak"] == pytest.approx(
-      12 * p / 8 + 32 // 8 * 1024 * 41 + 8 * p / 8 + 2 * p / 8
-      + 2 * x["p_layer"] + got["carries"] + block)
+      12 * p / 8
+      + 32 // 8 * 1024 * 41
+      + 8 * p / 8
+      + 2 * p / 8
+      + 2 * x["p_layer"]
+      + got["carries"]
+      + block
+  )
   assert round(got["peak"] / mib, 1) == 892.6
   lora = plan.train_step_bytes(
       models.get_model_config("qwen2.5-1.5b", **CASES["LoRA"]["model"]),
-      (1, 8, 1), 32, 1024, window=256, n_micro=2, platform="cpu")
+      (1, 8, 1),
+      32,
+      1024,
+      window=256,
+      n_micro=2,
+      platform="cpu",
+  )
   assert lora["layer"] == 4 * x["p_layer"]  # the frozen block in float32
   assert lora["block"] == got["block"]
-  pre = plan.prefill_bytes(models.get_model_config(
-      "qwen2.5-1.5b", **_F32), (1, 8, 1), 64, 256, 1024, chunk=32,
-      gathered=False)
+  pre = plan.prefill_bytes(
+      models.get_model_config("qwen2.5-1.5b", **_F32),
+      (1, 8, 1),
+      64,
+      256,
+      1024,
+      chunk=32,
+      gathered=False,
+  )
   # 8 rows a device x 1280 slots x 2 blocks x (K, V) x 2 heads x 128 x 4,
   # twice in blocks (XLA's copy of the cache being written).
   assert pre["cache"] == 8 * 1280 * 2 * 2 * 2 * 128 * 4 == 40 * mib

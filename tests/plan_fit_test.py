@@ -10,15 +10,26 @@ import itertools
 
 import pytest
 
-from configs import (alfworld_gigpo, alfworld_grpo, alfworld_ppo,
-                     webshop_gigpo, webshop_grpo, webshop_ppo)
+from configs import (
+    alfworld_gigpo,
+    alfworld_grpo,
+    alfworld_ppo,
+    webshop_gigpo,
+    webshop_grpo,
+    webshop_ppo,
+)
 from configs.mesh import gpu1, gpu8, gpu16, tpu_v5e_16
 from rspo_jax import models, plan
 
 GB = 1024**3
-CONFIGS = {"webshop_grpo": webshop_grpo, "webshop_gigpo": webshop_gigpo,
-           "webshop_ppo": webshop_ppo, "alfworld_grpo": alfworld_grpo,
-           "alfworld_gigpo": alfworld_gigpo, "alfworld_ppo": alfworld_ppo}
+CONFIGS = {
+    "webshop_grpo": webshop_grpo,
+    "webshop_gigpo": webshop_gigpo,
+    "webshop_ppo": webshop_ppo,
+    "alfworld_grpo": alfworld_grpo,
+    "alfworld_gigpo": alfworld_gigpo,
+    "alfworld_ppo": alfworld_ppo,
+}
 MESHES = {"gpu8": gpu8, "gpu16": gpu16, "tpu_v5e_16": tpu_v5e_16}
 ONE_GPU = {"gpu1": gpu1}
 MODELS = ("qwen2.5-1.5b", "qwen2.5-7b")
@@ -32,8 +43,11 @@ STOPS = {
     ("qwen2.5-7b", "webshop_ppo", "gpu16"): "set rollout.engine_tensor=2",
     ("qwen2.5-7b", "alfworld_ppo", "gpu8"): "set rollout.engine_tensor=2",
     ("qwen2.5-7b", "alfworld_ppo", "gpu16"): "set rollout.engine_tensor=2",
-    **{("qwen2.5-7b", c, "tpu_v5e_16"): "no one key fits it (closest:"
-       " rollout.engine=sglang" for c in CONFIGS},
+    **{
+        ("qwen2.5-7b", c, "tpu_v5e_16"): "no one key fits it (closest:"
+        " rollout.engine=sglang"
+        for c in CONFIGS
+    },
 }
 
 
@@ -80,7 +94,8 @@ def test_every_preset_and_mesh_fits_or_names_the_key_to_change():
       continue
     stop = p["stop"]
     assert "\n" not in stop and stop.startswith(
-        f"{model} {p['env']} {p['algorithm']} on mesh")
+        f"{model} {p['env']} {p['algorithm']} on mesh"
+    )
     assert f"exceeds the {usable:.1f} GB usable" in stop
   stops = {k: v for k, v in table.items() if v}
   assert set(stops) == set(STOPS), sorted(stops)
@@ -92,11 +107,15 @@ def test_the_named_change_fits():
   """The key a stop line names, set as it says, makes the plan fit."""
   p = plan.make_plan(paper("alfworld_ppo", "qwen2.5-7b", "gpu8"), "w", {})
   assert not p["fits"]
-  fixed = plan.make_plan(paper("alfworld_ppo", "qwen2.5-7b", "gpu8",
-                               ",rollout.engine_tensor=2"), "w", {})
+  fixed = plan.make_plan(
+      paper("alfworld_ppo", "qwen2.5-7b", "gpu8", ",rollout.engine_tensor=2"),
+      "w",
+      {},
+  )
   assert fixed["fits"] and "stop" not in fixed
   assert fixed["memory_per_device"]["engine_weights_GB"] == pytest.approx(
-      p["memory_per_device"]["engine_weights_GB"] / 2, abs=0.01)
+      p["memory_per_device"]["engine_weights_GB"] / 2, abs=0.01
+  )
 
 
 def test_prefill_chunk_is_the_widest_that_fits():
@@ -112,8 +131,7 @@ def test_prefill_chunk_is_the_widest_that_fits():
   mcfg = plan.plan_model_config(plan.resolved(cfg, p["choices"]))
 
   def rollout(c):
-    mem = plan.memory_per_device(cfg, mcfg, (1, 8, 1), layout,
-                                 prefill_chunk=c)
+    mem = plan.memory_per_device(cfg, mcfg, (1, 8, 1), layout, prefill_chunk=c)
     return mem["resident_GB"] + mem["rollout_transient_GB"]
 
   assert rollout(0) > rollout(1024) > rollout(512) > room >= rollout(342)
@@ -121,42 +139,62 @@ def test_prefill_chunk_is_the_widest_that_fits():
   # pass 4095 queries x 4608 slots; blocks of 342 (4095 / 12: the engine's
   # narrowest) over 4095 slots.
   assert p["memory_per_device"]["prefill_scores_GB"] == round(
-      3 * 16 * 28 * 342 * 4095 * 4 / GB, 2)
+      3 * 16 * 28 * 342 * 4095 * 4 / GB, 2
+  )
   # A given chunk is kept; 0 is one pass: the plan takes fewer rows a
   # call instead (16 of the 128: [2 a GPU, 28, 4095, 4608] scores).
-  given = plan.make_plan(paper("webshop_grpo", "qwen2.5-7b", "gpu8",
-                               ",rollout.prefill_chunk=0"), "w", {})
-  assert given["choices"]["rollout.prefill_chunk"] == {"value": 0,
-                                                       "by": "config"}
+  given = plan.make_plan(
+      paper("webshop_grpo", "qwen2.5-7b", "gpu8", ",rollout.prefill_chunk=0"),
+      "w",
+      {},
+  )
+  assert given["choices"]["rollout.prefill_chunk"] == {
+      "value": 0,
+      "by": "config",
+  }
   assert given["choices"]["rollout.engine_max_rows"] == {
-      "value": 16, "by": plan.ROWS_BY}
-  assert given["fits"] and given["memory_per_device"]["prefill_scores_GB"] \
-      == round(3 * 2 * 28 * 4095 * 4608 * 4 / GB, 2)
+      "value": 16,
+      "by": plan.ROWS_BY,
+  }
+  assert given["fits"] and given["memory_per_device"][
+      "prefill_scores_GB"
+  ] == round(3 * 2 * 28 * 4095 * 4608 * 4 / GB, 2)
   # Both given: one pass over all 128 rows does not fit, and the warning
   # names both keys.
-  both = plan.make_plan(paper("webshop_grpo", "qwen2.5-7b", "gpu8",
-                              ",rollout.prefill_chunk=0,"
-                              "rollout.engine_max_rows=0"), "w", {})
-  assert both["choices"]["rollout.engine_max_rows"] == {"value": 0,
-                                                        "by": "config"}
+  both = plan.make_plan(
+      paper(
+          "webshop_grpo",
+          "qwen2.5-7b",
+          "gpu8",
+          ",rollout.prefill_chunk=0," "rollout.engine_max_rows=0",
+      ),
+      "w",
+      {},
+  )
+  assert both["choices"]["rollout.engine_max_rows"] == {
+      "value": 0,
+      "by": "config",
+  }
   assert not both["fits"]
   assert "rollout.prefill_chunk" in both["warnings"][-1]
   assert "rollout.engine_max_rows" in both["warnings"][-1]
   # 1.5B ALFWorld on 8 GPUs: the whole prefill fits, one pass.
-  small = plan.make_plan(paper("alfworld_grpo", "qwen2.5-1.5b", "gpu8"), "w",
-                         {})
+  small = plan.make_plan(
+      paper("alfworld_grpo", "qwen2.5-1.5b", "gpu8"), "w", {}
+  )
   assert small["choices"]["rollout.prefill_chunk"]["value"] == 0
 
 
 def test_remat_activations_order_none_dots_full():
-  for preset, mesh in (("qwen2.5-1.5b", (1, 8, 1)), ("qwen2.5-7b",
-                                                     (1, 4, 2))):
+  for preset, mesh in (("qwen2.5-1.5b", (1, 8, 1)), ("qwen2.5-7b", (1, 4, 2))):
     acts = {}
     for policy in ("none", "dots", "full"):
-      mcfg = models.get_model_config(preset, dtype="bfloat16", remat=policy,
-                                     scan_layers=True)
+      mcfg = models.get_model_config(
+          preset, dtype="bfloat16", remat=policy, scan_layers=True
+      )
       acts[policy] = plan.train_step_bytes(
-          mcfg, mesh, 16, 2560, window=512, n_micro=2)["activations"]
+          mcfg, mesh, 16, 2560, window=512, n_micro=2
+      )["activations"]
     assert acts["none"] > acts["dots"] > acts["full"] > 0, acts
 
 
@@ -182,25 +220,30 @@ def test_remat_choice_by_hand():
   # 'none': 1.6 x every block's float32 internals (the scores fused).
   width = 8 * d + 3 * F + (H + 2 * K) * hd
   assert plan.remat_carries(x, r, T, "none", fused=True) == pytest.approx(
-      L * 1.6 * r * T * 4 * width)
+      L * 1.6 * r * T * 4 * width
+  )
   layout = plan.resolve_layout(cfg, env)
 
   def train(policy):
-    mem = plan.memory_per_device(cfg, dataclasses.replace(
-        mcfg, remat=policy), (2, 8, 1), layout)
+    mem = plan.memory_per_device(
+        cfg, dataclasses.replace(mcfg, remat=policy), (2, 8, 1), layout
+    )
     return mem["resident_GB"] + mem["train_transient_GB"]
 
   room = 0.92 * 80 * 0.9
   assert train("none") > room >= train("dots") > train("full")
   assert p["dtype"]["remat"] == "dots"
   # At JAX's default 0.75 'dots' does not fit in 0.9 of 60 GB: 'full'.
-  assert plan.make_plan(cfg, "w", {})["choices"]["model.remat"][
-      "value"] == "full"
+  assert (
+      plan.make_plan(cfg, "w", {})["choices"]["model.remat"]["value"] == "full"
+  )
   # Given, a policy is kept; the old bools still read.
-  for given, policy in (("full", "full"), ("True", "full"),
-                        ("False", "none")):
-    q = plan.make_plan(paper("alfworld_gigpo", "qwen2.5-7b", "gpu16",
-                             f",model.remat={given}"), "w", {})
+  for given, policy in (("full", "full"), ("True", "full"), ("False", "none")):
+    q = plan.make_plan(
+        paper("alfworld_gigpo", "qwen2.5-7b", "gpu16", f",model.remat={given}"),
+        "w",
+        {},
+    )
     assert q["choices"]["model.remat"] == {"value": policy, "by": "config"}
 
 
@@ -210,9 +253,9 @@ def test_remat_key_accepts_policies_and_old_bools_only():
 
   from rspo_jax.models.config import remat_policy
 
-  assert [remat_policy(v) for v in (False, True, "none", "DOTS", "full",
-                                    "true")] == [
-      "none", "full", "none", "dots", "full", "full"]
+  assert [
+      remat_policy(v) for v in (False, True, "none", "DOTS", "full", "true")
+  ] == ["none", "full", "none", "dots", "full", "full"]
   with pytest.raises(ValueError, match="remat 'some' unknown; use one of"):
     remat_policy("some")
   with pytest.raises(ValueError, match="remat 1 unknown"):
@@ -223,8 +266,9 @@ def test_remat_key_accepts_policies_and_old_bools_only():
     validate(cfg)
   cfg = paper("alfworld_gigpo", "qwen2.5-7b", "gpu16")
   cfg.rollout.prefill_chunk = -1
-  with pytest.raises(ConfigError,
-                     match="bad config value rollout.prefill_chunk=-1"):
+  with pytest.raises(
+      ConfigError, match="bad config value rollout.prefill_chunk=-1"
+  ):
     validate(cfg)
   # Without a device memory to plan with: 'auto' is 'full', the engine
   # keeps its default blocks.
@@ -235,38 +279,48 @@ def test_remat_key_accepts_policies_and_old_bools_only():
   assert chosen["rollout.prefill_chunk"]["value"] is None
   assert chosen["rollout.engine_max_rows"]["value"] is None
   cfg.rollout.engine_max_rows = -1
-  with pytest.raises(ConfigError,
-                     match="bad config value rollout.engine_max_rows=-1"):
+  with pytest.raises(
+      ConfigError, match="bad config value rollout.engine_max_rows=-1"
+  ):
     validate(cfg)
 
 
 @pytest.mark.parametrize("model,config", sorted(ONE_GPU_LORA))
 def test_lora_on_one_gpu_fits_or_names_the_key(model, config):
   """docs/scale_out.md's one-GPU rows: LoRA r=16, the plan's own answer."""
-  p = plan.make_plan(paper(config, model, "gpu1", ",model.lora_rank=16"),
-                     "w", {})
+  p = plan.make_plan(
+      paper(config, model, "gpu1", ",model.lora_rank=16"), "w", {}
+  )
   assert p["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
   assert p["usable_GB"] == 60.0 and p["lora"]["rank"] == 16
   mem, expected = p["memory_per_device"], ONE_GPU_LORA[model, config]
   n, n_a = mem["params"], mem["adapter_params"]
-  assert n_a == plan.adapter_params(plan.plan_model_config(
-      paper(config, model, "gpu1", ",model.lora_rank=16")))
+  assert n_a == plan.adapter_params(
+      plan.plan_model_config(
+          paper(config, model, "gpu1", ",model.lora_rank=16")
+      )
+  )
   # One bf16 base; float32 adapters, m, v for A and B; pi_ref = A's
   # adapters zeroed; the engine's merged bf16 weights; the PRM's backbone.
   assert mem["base_GB"] == pytest.approx(2 * n / GB, abs=0.01)
-  assert mem["policy_A_GB"] == mem["policy_B_GB"] == pytest.approx(
-      12 * n_a / GB, abs=0.01)
+  assert (
+      mem["policy_A_GB"]
+      == mem["policy_B_GB"]
+      == pytest.approx(12 * n_a / GB, abs=0.01)
+  )
   assert mem["ref_GB"] == pytest.approx(4 * n_a / GB, abs=0.01)
   assert mem["engine_weights_GB"] == mem["prm_GB"] == mem["base_GB"]
   assert mem["resident_GB"] == pytest.approx(
-      6 * n / GB + 28 * n_a / GB, abs=0.02)
+      6 * n / GB + 28 * n_a / GB, abs=0.02
+  )
   assert mem["grads_GB"] == pytest.approx(2 * 4 * n_a / GB, abs=0.01)
   if expected is None:
     assert p["fits"] and "stop" not in p
     return
   assert not p["fits"] and expected in p["stop"], p["stop"]
   assert "\n" not in p["stop"] and p["stop"].startswith(
-      f"{model} {p['env']} grpo on mesh 1x1x1 (1 gpu devices)")
+      f"{model} {p['env']} grpo on mesh 1x1x1 (1 gpu devices)"
+  )
 
 
 def test_engine_row_cap_by_hand():
@@ -283,10 +337,16 @@ def test_engine_row_cap_by_hand():
   mem = p["memory_per_device"]
   assert p["fits"] and mem["total_GB"] == 42.85
   assert {k: v["value"] for k, v in p["choices"].items()} == {
-      "model.remat": "full", "rollout.prefill_chunk": 512,
-      "rollout.engine_max_rows": 64}
-  assert mem["engine_prefill"] == {"rows": 64, "prompt": 4096, "new": 512,
-                                   "chunk": 512}
+      "model.remat": "full",
+      "rollout.prefill_chunk": 512,
+      "rollout.engine_max_rows": 64,
+  }
+  assert mem["engine_prefill"] == {
+      "rows": 64,
+      "prompt": 4096,
+      "new": 512,
+      "chunk": 512,
+  }
   cache = 64 * 4608 * 28 * 2 * 2 * 128 * 2
   scores = 3 * 64 * 12 * 512 * 4095 * 4
   assert mem["kv_cache_GB"] == round(cache / GB, 2) == 7.88
@@ -296,14 +356,17 @@ def test_engine_row_cap_by_hand():
   layout = plan.resolve_layout(cfg, {})
   assert plan.engine_row_caps(cfg, layout) == [0, 64, 32, 16, 8, 4, 2, 1]
   mcfg = plan.plan_model_config(plan.resolved(cfg, p["choices"]))
-  whole = plan.memory_per_device(cfg, mcfg, (1, 1, 1), layout,
-                                 prefill_chunk=342, max_rows=0)
+  whole = plan.memory_per_device(
+      cfg, mcfg, (1, 1, 1), layout, prefill_chunk=342, max_rows=0
+  )
   assert whole["engine_prefill"]["rows"] == 128
   assert whole["kv_cache_GB"] == round(2 * cache / GB, 2) == 15.75
-  assert whole["resident_GB"] + whole["rollout_transient_GB"] == \
-      pytest.approx(9.11 + 2 * 15.75 + 24.04, abs=0.02)
+  assert whole["resident_GB"] + whole["rollout_transient_GB"] == pytest.approx(
+      9.11 + 2 * 15.75 + 24.04, abs=0.02
+  )
   assert whole["total_GB"] > 54
   # Calls of 48 rows at most pad to a bucket: the cap is 32.
-  eng = plan.engine_shapes(plan.with_keys(
-      cfg, {"rollout.engine_max_rows": 48}), layout)
+  eng = plan.engine_shapes(
+      plan.with_keys(cfg, {"rollout.engine_max_rows": 48}), layout
+  )
   assert (eng["rows"], eng["calls_per_turn"]) == (32, 4)

@@ -19,12 +19,19 @@ P_7B = 7_615_616_512  # Qwen2.5-7B-Instruct, untied lm_head
 
 
 def dry_run(*args, **env):
-  full_env = {k: v for k, v in os.environ.items()
-              if not k.startswith(("RSPO_", "XLA_PYTHON_CLIENT_"))}
+  full_env = {
+      k: v
+      for k, v in os.environ.items()
+      if not k.startswith(("RSPO_", "XLA_PYTHON_CLIENT_"))
+  }
   full_env.update(JAX_PLATFORMS="cpu", **env)
   proc = subprocess.run(
-      [sys.executable, "launch/train.py", *args, "--dry_run"], cwd=ROOT,
-      env=full_env, capture_output=True, text=True, timeout=300,
+      [sys.executable, "launch/train.py", *args, "--dry_run"],
+      cwd=ROOT,
+      env=full_env,
+      capture_output=True,
+      text=True,
+      timeout=300,
   )
   return proc
 
@@ -47,8 +54,10 @@ def paper_7b(mesh_cfg=None, arg=""):
 
 
 def test_dry_run_prints_the_16_gpu_plan():
-  proc = dry_run("--config=configs/alfworld_gigpo.py:model=qwen2.5-7b",
-                 "--mesh=configs/mesh/gpu16.py")
+  proc = dry_run(
+      "--config=configs/alfworld_gigpo.py:model=qwen2.5-7b",
+      "--mesh=configs/mesh/gpu16.py",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   p = json.loads(proc.stdout)
   assert (p["hosts"], p["devices_per_host"], p["devices"]) == (2, 8, 16)
@@ -56,8 +65,11 @@ def test_dry_run_prints_the_16_gpu_plan():
   assert p["mesh"] == {"data": 2, "fsdp": 8, "tensor": 1}
   assert p["cross_host_axes"] == ["data"]
   assert p["model"] == "qwen2.5-7b" and p["rspo"] and p["algorithm"] == "gigpo"
-  assert p["rollout"] == {"engine": "jax", "servers": [],
-                          "where": "in the learner processes, on the mesh"}
+  assert p["rollout"] == {
+      "engine": "jax",
+      "servers": [],
+      "where": "in the learner processes, on the mesh",
+  }
   assert p["batch"]["episodes"] == 128 and p["batch"]["micro_batch_rows"] == 16
   # An update: 256 step rows (ALFWorld's mini-batch) in 16 micro-batches.
   assert p["batch"]["update_rows"] == 256
@@ -84,11 +96,17 @@ def test_dry_run_prints_the_16_gpu_plan():
   # call, in one pass over the prompt (the cache 1.5 times and the scores
   # fit in 0.9 of the device beside the resident 39 GB); remat 'full'
   # ('dots' does not fit at JAX's default 0.75; tests/plan_fit_test.py).
-  assert mem["engine_prefill"] == {"rows": 64, "prompt": 2048, "new": 512,
-                                   "chunk": 0}
+  assert mem["engine_prefill"] == {
+      "rows": 64,
+      "prompt": 2048,
+      "new": 512,
+      "chunk": 0,
+  }
   assert {k: v["value"] for k, v in p["choices"].items()} == {
-      "model.remat": "full", "rollout.prefill_chunk": 0,
-      "rollout.engine_max_rows": 0}
+      "model.remat": "full",
+      "rollout.prefill_chunk": 0,
+      "rollout.engine_max_rows": 0,
+  }
   assert p["dtype"]["remat"] == "full"
   assert mem["peak_phase"] == "rollout prefill"
   assert p["device_memory_GB"] == 80.0 and p["usable_GB"] == 60.0
@@ -97,20 +115,26 @@ def test_dry_run_prints_the_16_gpu_plan():
 
 
 def test_dry_run_env_overrides_hosts_and_rejects_a_bad_layout():
-  proc = dry_run("--config=configs/alfworld_gigpo.py:model=qwen2.5-7b",
-                 "--mesh=configs/mesh/gpu16.py",
-                 # How launch/cluster/slurm_gpu.sbatch points at its servers.
-                 "--config.rollout.engine=sglang",
-                 "--config.rollout.server_urls=http://n2:30000,http://n3:30000",
-                 RSPO_NUM_HOSTS="4", RSPO_DEVICES_PER_HOST="4")
+  proc = dry_run(
+      "--config=configs/alfworld_gigpo.py:model=qwen2.5-7b",
+      "--mesh=configs/mesh/gpu16.py",
+      # How launch/cluster/slurm_gpu.sbatch points at its servers.
+      "--config.rollout.engine=sglang",
+      "--config.rollout.server_urls=http://n2:30000,http://n3:30000",
+      RSPO_NUM_HOSTS="4",
+      RSPO_DEVICES_PER_HOST="4",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   p = json.loads(proc.stdout)
   assert (p["hosts"], p["devices_per_host"]) == (4, 4)
   assert p["rollout"]["servers"] == ["http://n2:30000", "http://n3:30000"]
   assert p["memory_per_device"]["kv_cache_GB"] == 0.0
   assert p["cross_host_axes"] == ["data", "fsdp"]
-  proc = dry_run("--config=configs/alfworld_gigpo.py:model=qwen2.5-7b",
-                 "--mesh=configs/mesh/gpu16.py", RSPO_NUM_HOSTS="3")
+  proc = dry_run(
+      "--config=configs/alfworld_gigpo.py:model=qwen2.5-7b",
+      "--mesh=configs/mesh/gpu16.py",
+      RSPO_NUM_HOSTS="3",
+  )
   assert proc.returncode != 0
   assert "mesh (2, 8, 1) needs 16 devices" in proc.stderr
   assert "3 hosts x 8 devices = 24" in proc.stderr
@@ -138,12 +162,17 @@ def test_cross_host_axes(shape, hosts, expected):
 
 def test_mesh_configs_declare_hosts_and_devices():
   for mod, shape, hosts, per in (
-      (gpu16, (2, 8, 1), 2, 8), (gpu8, (1, 8, 1), 1, 8),
-      (tpu_v5e_16, (1, 16, 1), 4, 4), (single_host, (-1, 1, 1), 0, 0),
+      (gpu16, (2, 8, 1), 2, 8),
+      (gpu8, (1, 8, 1), 1, 8),
+      (tpu_v5e_16, (1, 16, 1), 4, 4),
+      (single_host, (-1, 1, 1), 0, 0),
   ):
     c = mod.get_config()
     assert (tuple(c.shape), c.num_hosts, c.devices_per_host) == (
-        shape, hosts, per), mod.__name__
+        shape,
+        hosts,
+        per,
+    ), mod.__name__
   assert tuple(gpu8.get_config("tensor=2").shape) == (1, 4, 2)
   assert tuple(gpu16.get_config("tensor=2").shape) == (2, 4, 2)
   assert tuple(gpu16.get_config("data=1").shape) == (1, 16, 1)
@@ -160,16 +189,19 @@ def test_layout_sources_in_order():
   env = {"RSPO_NUM_HOSTS": "2", "RSPO_DEVICES_PER_HOST": "8"}
   assert plan.resolve_layout(cfg, {})["hosts"] == 2
   # Only the host count given: the explicit mesh fixes the devices per host.
-  cfg = with_mesh(alfworld_gigpo.get_config("model=qwen2.5-7b"),
-                  {"shape": (2, 8, 1)})
+  cfg = with_mesh(
+      alfworld_gigpo.get_config("model=qwen2.5-7b"), {"shape": (2, 8, 1)}
+  )
   lay = plan.resolve_layout(cfg, {"RSPO_NUM_HOSTS": "2"})
   assert (lay["hosts"], lay["devices_per_host"]) == (2, 8)
   assert plan.resolve_layout(cfg, env)["devices"] == 16
   # A -1 mesh with a declared layout takes every device.
-  cfg = with_mesh(alfworld_gigpo.get_config("model=qwen2.5-7b"),
-                  single_host.get_config())
-  lay = plan.resolve_layout(cfg, {"RSPO_NUM_HOSTS": "4",
-                                  "RSPO_DEVICES_PER_HOST": "4"})
+  cfg = with_mesh(
+      alfworld_gigpo.get_config("model=qwen2.5-7b"), single_host.get_config()
+  )
+  lay = plan.resolve_layout(
+      cfg, {"RSPO_NUM_HOSTS": "4", "RSPO_DEVICES_PER_HOST": "4"}
+  )
   assert lay["mesh"] == {"data": 16, "fsdp": 1, "tensor": 1}
   assert lay["cross_host_axes"] == ["data"]
   with pytest.raises(ValueError, match="RSPO_NUM_HOSTS='two' is not an int"):
@@ -177,7 +209,8 @@ def test_layout_sources_in_order():
   with pytest.raises(ValueError, match=r"does not divide 3 hosts x 1"):
     plan.resolve_layout(
         with_mesh(alfworld_gigpo.get_config(), {"shape": (-1, 2, 1)}),
-        {"RSPO_NUM_HOSTS": "3", "RSPO_DEVICES_PER_HOST": "1"})
+        {"RSPO_NUM_HOSTS": "3", "RSPO_DEVICES_PER_HOST": "1"},
+    )
 
 
 # --------------------------------------------------------------------------
@@ -189,13 +222,18 @@ def test_memory_terms_by_hand():
   cfg = alfworld_gigpo.get_config(
       "train.micro_batch_rows=8,rollout.engine=sglang,"
       "rollout.server_urls=http://a:1,rollout.max_prompt_tokens=384,"
-      "rollout.max_new_tokens=32")
+      "rollout.max_new_tokens=32"
+  )
   # tiny: V 2048, d 256, F 704, L 4, H 4, K 2, hd 64, tied; fp32 masters
   # and compute (w = c = 4); no remat (the CPU scale); oracle rewards. An
   # update: a quarter of a step's 64 rows (max_train_rows) = 16 rows, in 2
   # micro-batches of 8.
-  assert (plan.step_rows(cfg), plan.update_rows(cfg), plan.train_rows(cfg),
-          plan.micro_batches(cfg)) == (64, 16, 8, 2)
+  assert (
+      plan.step_rows(cfg),
+      plan.update_rows(cfg),
+      plan.train_rows(cfg),
+      plan.micro_batches(cfg),
+  ) == (64, 16, 8, 2)
   mcfg = models.get_model_config("tiny")
   p = mcfg.num_params()
   assert p == 3_477_760  # the 3.48 M of DESIGN.md section 4
@@ -224,8 +262,10 @@ def test_memory_terms_by_hand():
   kept = 1.6 * r * t * 4 * width + 2.0 * r * 2 * t * t * 4  # a block's
   # The running block's backward (remat none): the larger of 2 fp32
   # copies of its weights and 0.8 of a remat block's backward.
-  block = max(2 * layer * 4 / 2, 0.8 * (0.6 * r * t * 4 * width
-                                        + 3.5 * r * 2 * t * t * 4))
+  block = max(
+      2 * layer * 4 / 2,
+      0.8 * (0.6 * r * t * 4 * width + 3.5 * r * 2 * t * t * 4),
+  )
   assert mem["activations_GB"] == gb(4 * kept + block)
   assert mem["logits_GB"] == gb(2 * r * w * 2048 / 2 * 4)
   backward = 2 * p + layer * 2 + 4 * kept + block
@@ -235,8 +275,11 @@ def test_memory_terms_by_hand():
   # pi_old / pi_ref of the update's 16 rows in 2 chunks of 8 (r = 2 a
   # device): the gathered block, two [r, T, d] activations and the larger
   # of 3 score copies and the logits of the window.
-  logprob = layer * 2 + 2 * r * t * 256 * 4 + max(
-      3 * r * 2 * t * t * 4, r * w * 1024 * 4)
+  logprob = (
+      layer * 2
+      + 2 * r * t * 256 * 4
+      + max(3 * r * 2 * t * t * 4, r * w * 1024 * 4)
+  )
   assert mem["logprob_transient_GB"] == gb(logprob)
   assert mem["peak_phase"] == "train step"
   assert mem["total_GB"] == gb(28 * p / 4 + train)
@@ -247,9 +290,12 @@ def test_memory_follows_the_algorithm_and_engine():
   p = mcfg.num_params()
   ppo = webshop_ppo.get_config(  # PPO baseline: critic, no B; 16 episodes
       "rspo=0,rollout.max_prompt_tokens=384,rollout.max_new_tokens=32,"
-      "train.batch_tasks=16")
-  layout = plan.resolve_layout(with_mesh(ppo, {"shape": (1, 1, 1)}), {
-      "RSPO_NUM_HOSTS": "1", "RSPO_DEVICES_PER_HOST": "1"})
+      "train.batch_tasks=16"
+  )
+  layout = plan.resolve_layout(
+      with_mesh(ppo, {"shape": (1, 1, 1)}),
+      {"RSPO_NUM_HOSTS": "1", "RSPO_DEVICES_PER_HOST": "1"},
+  )
   assert layout["platform"] == "unknown"
   layout["platform"] = "gpu"
   mem = plan.memory_per_device(ppo, mcfg, (1, 1, 1), layout)
@@ -259,21 +305,28 @@ def test_memory_follows_the_algorithm_and_engine():
   # once (an accelerator's defaults) into 384 + 32 slots: the cache twice
   # (unique prompts, decode rows) and 3 fp32 score copies [16, 4, 383, 416].
   assert mem["engine_weights_GB"] == pytest.approx(4 * p / GB)
-  assert mem["engine_prefill"] == {"rows": 16, "prompt": 384, "new": 32,
-                                   "chunk": 0}
+  assert mem["engine_prefill"] == {
+      "rows": 16,
+      "prompt": 384,
+      "new": 32,
+      "chunk": 0,
+  }
   kv = 16 * 416 * 4 * 2 * 2 * 64 * 4
   scores = 3 * 16 * 4 * 383 * 416 * 4
   assert mem["kv_cache_GB"] == pytest.approx(kv / GB)
   assert mem["prefill_scores_GB"] == pytest.approx(scores / GB)
   # The cache 1.5 times: the decode rows' and, when prompts repeat, the
   # distinct ones' (at most half the rows).
-  assert mem["rollout_transient_GB"] == pytest.approx(
-      (1.5 * kv + scores) / GB)
+  assert mem["rollout_transient_GB"] == pytest.approx((1.5 * kv + scores) / GB)
   # On CPU the engine prefills chunks of 8 rows, 64 columns at a time.
   layout["platform"] = "cpu"
   cpu = plan.memory_per_device(ppo, mcfg, (1, 1, 1), layout)
-  assert cpu["engine_prefill"] == {"rows": 8, "prompt": 384, "new": 32,
-                                   "chunk": 64}
+  assert cpu["engine_prefill"] == {
+      "rows": 8,
+      "prompt": 384,
+      "new": 32,
+      "chunk": 64,
+  }
   # RSPO_H fills D from A's own history: no B.
   hist = alfworld_gigpo.get_config("rspo.data_source=history")
   assert plan.memory_per_device(hist, mcfg, (1, 1, 1))["policy_B_GB"] == 0.0
@@ -284,15 +337,16 @@ def test_bf16_compute_terms():
   pi_ref / engine weights, block inputs kept under remat; cuDNN attention
   on a GPU drops the T x T scores, XLA's (CPU; model.attention=xla) keeps
   them."""
-  mcfg = models.get_model_config("tiny", dtype="bfloat16", remat=True,
-                                 scan_layers=True)
+  mcfg = models.get_model_config(
+      "tiny", dtype="bfloat16", remat=True, scan_layers=True
+  )
   p = mcfg.num_params()
   x = dict(rows=16, length=512, window=64)
   gpu = plan.train_step_bytes(mcfg, (1, 4, 1), **x, n_micro=2)
-  cpu = plan.train_step_bytes(mcfg, (1, 4, 1), **x, n_micro=2,
-                              platform="cpu")
-  xla = plan.train_step_bytes(dataclasses.replace(mcfg, attention="xla"),
-                              (1, 4, 1), **x, n_micro=2)
+  cpu = plan.train_step_bytes(mcfg, (1, 4, 1), **x, n_micro=2, platform="cpu")
+  xla = plan.train_step_bytes(
+      dataclasses.replace(mcfg, attention="xla"), (1, 4, 1), **x, n_micro=2
+  )
   assert gpu["fused"] and not cpu["fused"] and not xla["fused"]
   r = 16 // 2 // 4
   assert gpu["rows"] == r
@@ -302,75 +356,104 @@ def test_bf16_compute_terms():
   assert gpu["carries"] == 4 * r * 512 * 256 * 2
   width = 8 * 256 + 3 * 704 + (4 + 4) * 64
   assert gpu["block"] == 0.6 * r * 512 * 4 * width
-  assert cpu["block"] == xla["block"] == (
-      gpu["block"] + 3.5 * r * 4 * 512 * 512 * 4)
+  assert (
+      cpu["block"]
+      == xla["block"]
+      == (gpu["block"] + 3.5 * r * 4 * 512 * 512 * 4)
+  )
   # Unrolled layers: the last block runs the window by the plain path.
   unrolled = dataclasses.replace(mcfg, scan_layers=False)
-  assert plan.train_step_bytes(unrolled, (1, 4, 1), **x, n_micro=2)[
-      "block"] == gpu["block"] + 3.5 * r * 4 * 64 * 512 * 4
-  ref = plan.logprob_bytes(mcfg, (1, 4, 1), 16, 512, window=64,
-                           param_dtype="bfloat16")
+  assert (
+      plan.train_step_bytes(unrolled, (1, 4, 1), **x, n_micro=2)["block"]
+      == gpu["block"] + 3.5 * r * 4 * 64 * 512 * 4
+  )
+  ref = plan.logprob_bytes(
+      mcfg, (1, 4, 1), 16, 512, window=64, param_dtype="bfloat16"
+  )
   assert ref["params"] == 2 * p / 4 and ref["compute_copy"] == 0.0
 
 
 def test_usable_memory_follows_the_preallocation_fraction():
   assert plan.mem_fraction({}) == (0.75, "JAX default")
   assert plan.mem_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"}) == (
-      0.92, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+      0.92,
+      "XLA_PYTHON_CLIENT_MEM_FRACTION",
+  )
   assert plan.mem_fraction({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})[0] == 1
-  assert plan.mem_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"},
-                           "tpu")[0] == 1.0
+  assert (
+      plan.mem_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}, "tpu")[0]
+      == 1.0
+  )
   with pytest.raises(ValueError, match="MEM_FRACTION='1.5' is not a number"):
     plan.mem_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"})
-  p = plan.make_plan(paper_7b(), "w", {
-      "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"})
+  p = plan.make_plan(
+      paper_7b(), "w", {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"}
+  )
   assert p["usable_GB"] == round(0.92 * 80, 2)
   assert p["mem_fraction"]["value"] == 0.92
-  low = plan.make_plan(paper_7b(), "w", {
-      "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
+  low = plan.make_plan(
+      paper_7b(), "w", {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+  )
   total = low["memory_per_device"]["total_GB"]
   assert total > 40 and not low["fits"]
   assert low["warnings"] == [
       f"estimated {total:.1f} GB a device exceeds the 40.0 GB JAX may use"
       " (0.5 of the 80 GB of mesh.device_memory_gb,"
-      " XLA_PYTHON_CLIENT_MEM_FRACTION)"]
+      " XLA_PYTHON_CLIENT_MEM_FRACTION)"
+  ]
   # The dry run's last line: the key to change (FSDP over all 16 GPUs
   # halves the resident state).
   assert low["stop"].endswith(
       "exceeds the 40.0 GB usable; set mesh.shape=(1,16,1) (FSDP over every"
-      " device (--mesh=...:data=1): 34.9 GB)")
+      " device (--mesh=...:data=1): 34.9 GB)"
+  )
   # A prefill given in one pass of all rows (rollout.prefill_chunk=0,
   # rollout.engine_max_rows=0): 3 fp32 score copies [64 / 8 rows, 28
   # heads, 2047, 2560 slots], 13.1 GB, over a quarter of the 40 GB.
-  one = plan.make_plan(paper_7b(arg=",rollout.prefill_chunk=0,"
-                                "rollout.engine_max_rows=0"), "w", {
-      "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
+  one = plan.make_plan(
+      paper_7b(arg=",rollout.prefill_chunk=0," "rollout.engine_max_rows=0"),
+      "w",
+      {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"},
+  )
   scores = 3 * 8 * 28 * 2047 * 2560 * 4 / GB
   assert one["warnings"][-1] == (
       f"the in-process engine's prefill holds {scores:.1f} GB of attention"
       " scores (64 rows of a 2048-token prompt bucket, blocks of all"
       " columns): a narrower rollout.prefill_chunk, fewer rows a call"
       " (rollout.engine_max_rows), fewer episodes a host,"
-      " rollout.engine=sglang, or a larger mesh cut it")
+      " rollout.engine=sglang, or a larger mesh cut it"
+  )
 
 
 def test_gpu_launchers_set_the_fraction_the_plan_uses():
   """single_node_8gpu.sh runs the dry run with the fraction it gives JAX."""
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("RSPO_", "XLA_PYTHON_CLIENT_"))}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if not k.startswith(("RSPO_", "XLA_PYTHON_CLIENT_"))
+  }
   env.update(JAX_PLATFORMS="cpu", PYTHON=sys.executable)
   proc = subprocess.run(
-      ["bash", "launch/cluster/single_node_8gpu.sh", "--dry_run"], cwd=ROOT,
-      env=env, capture_output=True, text=True, timeout=300)
+      ["bash", "launch/cluster/single_node_8gpu.sh", "--dry_run"],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   p = json.loads(proc.stdout)
-  assert p["mem_fraction"] == {"value": 0.92,
-                               "from": "XLA_PYTHON_CLIENT_MEM_FRACTION"}
+  assert p["mem_fraction"] == {
+      "value": 0.92,
+      "from": "XLA_PYTHON_CLIENT_MEM_FRACTION",
+  }
   assert p["usable_GB"] == 73.6
   for script in ("single_node_8gpu.sh", "slurm_gpu.sbatch"):
     text = open(os.path.join(ROOT, "launch/cluster", script)).read()
-    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION" \
-        ":-0.92}" in text, script
+    assert (
+        "XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION"
+        ":-0.92}" in text
+    ), script
 
 
 # Stand-ins for the launchers' commands: python (learner and SGLang servers
@@ -419,21 +502,39 @@ def run_launcher(tmp_path, script, **env):
   for name, text in _LAUNCH_STUBS.items():
     (stubs / name).write_text(text)
     (stubs / name).chmod(0o755)
-  full_env = dict(PATH=f"{stubs}:{os.environ['PATH']}",
-                  HOME=os.environ.get("HOME", "/"),
-                  PYTHON=str(stubs / "python"), STUB_OUT=str(out),
-                  WORKDIR=str(tmp_path / "run"), **env)
-  proc = subprocess.run(["bash", f"launch/cluster/{script}"], cwd=ROOT,
-                        env=full_env, capture_output=True, text=True,
-                        timeout=120)
-  read = lambda prefix: [(out / f).read_text().split("\n")[:-1]
-                         for f in sorted(os.listdir(out))
-                         if f.startswith(prefix)]
+  full_env = dict(
+      PATH=f"{stubs}:{os.environ['PATH']}",
+      HOME=os.environ.get("HOME", "/"),
+      PYTHON=str(stubs / "python"),
+      STUB_OUT=str(out),
+      WORKDIR=str(tmp_path / "run"),
+      **env,
+  )
+  proc = subprocess.run(
+      ["bash", f"launch/cluster/{script}"],
+      cwd=ROOT,
+      env=full_env,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
+  read = lambda prefix: [
+      (out / f).read_text().split("\n")[:-1]
+      for f in sorted(os.listdir(out))
+      if f.startswith(prefix)
+  ]
   return proc, read("server-"), read("learner-")
 
 
-ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-               "up_proj", "down_proj"]
+ALL_MODULES = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+]
 
 
 def test_gpu_launchers_start_sglang_with_lora_for_lora_rank(tmp_path):
@@ -441,62 +542,114 @@ def test_gpu_launchers_start_sglang_with_lora_for_lora_rank(tmp_path):
   too when set), and SGLang servers that take the PEFT adapter: LoRA on,
   the rank, the targets' HF names (lora.peft_config's target_modules)."""
   proc, servers, learners = run_launcher(
-      tmp_path / "one", "single_node_8gpu.sh", ROLLOUT="sglang",
-      MODEL_DIR="/m", SERVER_GPUS="2", LORA_RANK="8", LORA_ALPHA="16",
-      LORA_TARGETS="q,v,down")
+      tmp_path / "one",
+      "single_node_8gpu.sh",
+      ROLLOUT="sglang",
+      MODEL_DIR="/m",
+      SERVER_GPUS="2",
+      LORA_RANK="8",
+      LORA_ALPHA="16",
+      LORA_TARGETS="q,v,down",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   # The plan's dry run first, then the run, with the same arguments.
   assert len(servers) == 2 and len(learners) == 2
   assert learners[0] == learners[1] + ["--dry_run"]
   for argv in servers:
-    assert argv[argv.index("--enable-lora"):] == [
-        "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules",
-        "q_proj", "v_proj", "down_proj"]
-  for arg in ("--config.model.lora_rank=8", "--config.model.lora_alpha=16",
-              "--config.model.lora_targets=q,v,down",
-              "--config.rollout.engine=sglang"):
+    assert argv[argv.index("--enable-lora") :] == [
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+        "--lora-target-modules",
+        "q_proj",
+        "v_proj",
+        "down_proj",
+    ]
+  for arg in (
+      "--config.model.lora_rank=8",
+      "--config.model.lora_alpha=16",
+      "--config.model.lora_targets=q,v,down",
+      "--config.rollout.engine=sglang",
+  ):
     assert arg in learners[0]
   # Off by default.
   proc, servers, learners = run_launcher(
-      tmp_path / "off", "single_node_8gpu.sh", ROLLOUT="sglang",
-      MODEL_DIR="/m", SERVER_GPUS="1")
+      tmp_path / "off",
+      "single_node_8gpu.sh",
+      ROLLOUT="sglang",
+      MODEL_DIR="/m",
+      SERVER_GPUS="1",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "--enable-lora" not in servers[0]
   assert not any("lora" in a for a in learners[0])
-  proc, _, _ = run_launcher(tmp_path / "bad", "single_node_8gpu.sh",
-                            LORA_RANK="8", LORA_TARGETS="q,qkv")
+  proc, _, _ = run_launcher(
+      tmp_path / "bad",
+      "single_node_8gpu.sh",
+      LORA_RANK="8",
+      LORA_TARGETS="q,qkv",
+  )
   assert proc.returncode == 1 and "qkv is not one of" in proc.stderr
   # Targets separated by spaces (or ;) reach the learner joined by commas:
   # lora.parse_targets splits on , and ; only.
   proc, servers, learners = run_launcher(
-      tmp_path / "spaces", "single_node_8gpu.sh", ROLLOUT="sglang",
-      MODEL_DIR="/m", SERVER_GPUS="1", LORA_RANK="8",
-      LORA_TARGETS="q v;gate, up")
+      tmp_path / "spaces",
+      "single_node_8gpu.sh",
+      ROLLOUT="sglang",
+      MODEL_DIR="/m",
+      SERVER_GPUS="1",
+      LORA_RANK="8",
+      LORA_TARGETS="q v;gate, up",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert servers[0][servers[0].index("--lora-target-modules"):] == [
-      "--lora-target-modules", "q_proj", "v_proj", "gate_proj", "up_proj"]
+  assert servers[0][servers[0].index("--lora-target-modules") :] == [
+      "--lora-target-modules",
+      "q_proj",
+      "v_proj",
+      "gate_proj",
+      "up_proj",
+  ]
   assert "--config.model.lora_targets=q,v,gate,up" in learners[0]
   # SLURM, one training node: the default targets, all seven projections;
   # the plan's dry run and the learners both train LoRA.
-  slurm = dict(ROLLOUT="sglang", MODEL_DIR="/m", GPUS_PER_NODE="2",
-               LORA_RANK="16", REPO=ROOT, SLURM_JOB_NAME="rspo",
-               SLURM_JOB_ID="1", SLURM_JOB_NODELIST="n[0-1]")
+  slurm = dict(
+      ROLLOUT="sglang",
+      MODEL_DIR="/m",
+      GPUS_PER_NODE="2",
+      LORA_RANK="16",
+      REPO=ROOT,
+      SLURM_JOB_NAME="rspo",
+      SLURM_JOB_ID="1",
+      SLURM_JOB_NODELIST="n[0-1]",
+  )
   proc, servers, learners = run_launcher(
-      tmp_path / "slurm", "slurm_gpu.sbatch", TRAIN_NODES="1",
-      STUB_NODES="n0 n1", **slurm)
+      tmp_path / "slurm",
+      "slurm_gpu.sbatch",
+      TRAIN_NODES="1",
+      STUB_NODES="n0 n1",
+      **slurm,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert len(servers) == 2 and len(learners) == 2
   for argv in servers:
-    assert argv[argv.index("--enable-lora"):] == [
-        "--enable-lora", "--max-lora-rank", "16", "--lora-target-modules",
-        *ALL_MODULES]
+    assert argv[argv.index("--enable-lora") :] == [
+        "--enable-lora",
+        "--max-lora-rank",
+        "16",
+        "--lora-target-modules",
+        *ALL_MODULES,
+    ]
   for argv in learners:
     assert "--config.model.lora_rank=16" in argv
     assert not any("lora_targets" in a or "lora_alpha" in a for a in argv)
   # Multi-host learners sync merged weights: servers without LoRA.
   proc, servers, learners = run_launcher(
-      tmp_path / "multi", "slurm_gpu.sbatch", TRAIN_NODES="2",
-      STUB_NODES="n0 n1 n2", **slurm)
+      tmp_path / "multi",
+      "slurm_gpu.sbatch",
+      TRAIN_NODES="2",
+      STUB_NODES="n0 n1 n2",
+      **slurm,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert servers and all("--enable-lora" not in a for a in servers)
   assert all("--config.model.lora_rank=16" in a for a in learners)
@@ -508,8 +661,10 @@ def test_a_plan_that_does_not_fit_stops_the_run_unless_allowed():
   1 and one line naming the key; --allow_plan_overflow lets both go on."""
   from rspo_jax.errors import ConfigError
 
-  args = ("--config=configs/alfworld_ppo.py:model=qwen2.5-7b",
-          "--mesh=configs/mesh/gpu8.py")
+  args = (
+      "--config=configs/alfworld_ppo.py:model=qwen2.5-7b",
+      "--mesh=configs/mesh/gpu8.py",
+  )
   proc = dry_run(*args)
   assert proc.returncode == 1
   line = proc.stderr.strip().splitlines()[-1]
@@ -519,11 +674,14 @@ def test_a_plan_that_does_not_fit_stops_the_run_unless_allowed():
   proc = dry_run(*args, "--allow_plan_overflow")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert not json.loads(proc.stdout)["fits"]
-  assert "the memory plan does not fit (--allow_plan_overflow given)" in \
-      proc.stderr
+  assert (
+      "the memory plan does not fit (--allow_plan_overflow given)"
+      in proc.stderr
+  )
 
-  cfg = with_mesh(alfworld_gigpo.get_config("model=qwen2.5-7b"),
-                  gpu8.get_config())
+  cfg = with_mesh(
+      alfworld_gigpo.get_config("model=qwen2.5-7b"), gpu8.get_config()
+  )
   with cfg.unlocked():
     cfg.algo.name = "ppo"
   with pytest.raises(ConfigError, match="set rollout.engine_tensor=2") as e:
@@ -538,11 +696,14 @@ def test_table_of_the_documented_plans():
   tables for Qwen2.5-1.5B on gpu8 and 7B on gpu16 (ALFWorld, paper
   scale, the launchers' 0.92)."""
   env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"}
-  small = with_mesh(alfworld_gigpo.get_config("model=qwen2.5-1.5b"),
-                    gpu8.get_config())
+  small = with_mesh(
+      alfworld_gigpo.get_config("model=qwen2.5-1.5b"), gpu8.get_config()
+  )
   text = plan.table(plan.make_plan(small, "w", env))
-  assert text.startswith("qwen2.5-1.5b (1,543,714,304 parameters), alfworld"
-                         " gigpo + RSPO; 1 x 8 gpu devices, mesh 1x8x1")
+  assert text.startswith(
+      "qwen2.5-1.5b (1,543,714,304 parameters), alfworld"
+      " gigpo + RSPO; 1 x 8 gpu devices, mesh 1x8x1"
+  )
   assert "dtypes: params float32, optimizer_state float32," in text
   assert "| **resident** | 7.91 |" in text
   assert "| **total** = resident + train step | **46.17** |" in text
@@ -552,12 +713,18 @@ def test_table_of_the_documented_plans():
   assert "| **resident** | 39.01 |" in text
   assert "| **total** = resident + train step | **61.06** |" in text
   assert "remat dots, scan_layers True" in text
-  assert ("| usable: 80 GB x 0.92 (XLA_PYTHON_CLIENT_MEM_FRACTION) | 73.60 |"
-          in text)
+  assert (
+      "| usable: 80 GB x 0.92 (XLA_PYTHON_CLIENT_MEM_FRACTION) | 73.60 |"
+      in text
+  )
   proc = subprocess.run(
-      [sys.executable, "-m", "rspo_jax.plan"], cwd=ROOT, capture_output=True,
-      text=True, timeout=120,
-      input=json.dumps(plan.make_plan(paper_7b(), "w", env)))
+      [sys.executable, "-m", "rspo_jax.plan"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      input=json.dumps(plan.make_plan(paper_7b(), "w", env)),
+  )
   assert proc.returncode == 0 and proc.stdout.strip() == text
 
 
@@ -571,9 +738,11 @@ def test_sglang_plan_lists_servers_and_needs_them():
   assert mem["kv_cache_GB"] == mem["engine_weights_GB"] == 0.0
   assert mem["peak_phase"] == "train step"
   # A and B (12 bytes a parameter each), a bf16 pi_ref and PRM (2 each).
-  assert math.isclose(mem["resident_GB"],
-                      round((2 * 12 + 2 + 2) * P_7B / 8 / GB, 2),
-                      abs_tol=0.011)
+  assert math.isclose(
+      mem["resident_GB"],
+      round((2 * 12 + 2 + 2) * P_7B / 8 / GB, 2),
+      abs_tol=0.011,
+  )
   cfg = paper_7b(arg=",rollout.engine=sglang")
   with pytest.raises(ValueError, match="rollout.server_urls"):
     plan.make_plan(cfg, "w", {})
@@ -591,13 +760,19 @@ def test_tpu_v5e_16_plan_does_not_fit_7b_with_rspo():
   mem = p["memory_per_device"]
   assert mem["policy_A_GB"] == round(12 * P_7B / 16 / GB, 2)
   assert mem["prm_GB"] == round(2 * P_7B / 4 / GB, 2)
-  assert mem["resident_GB"] == round(
-      (2 * 12 + 2) * P_7B / 16 / GB + 2 * P_7B / 4 / GB + 2 * P_7B / GB,
-      2) == 29.26
+  assert (
+      mem["resident_GB"]
+      == round(
+          (2 * 12 + 2) * P_7B / 16 / GB + 2 * P_7B / 4 / GB + 2 * P_7B / GB, 2
+      )
+      == 29.26
+  )
   # Pallas splash attention where this version has it, else XLA's.
   from rspo_jax.models.config import ATTENTION
-  assert mem["attention"] == ("fused" if "splash" in ATTENTION
-                              else "materialised scores")
+
+  assert mem["attention"] == (
+      "fused" if "splash" in ATTENTION else "materialised scores"
+  )
   assert p["mem_fraction"]["value"] == 1.0 and not p["fits"]
   # The engine split over a host's 4 chips (rollout.engine_tensor=4):
   # 2 bytes/param over 4 instead of whole on each chip.
@@ -606,14 +781,16 @@ def test_tpu_v5e_16_plan_does_not_fit_7b_with_rspo():
   mem4 = plan.make_plan(split, "w", {})["memory_per_device"]
   assert mem4["engine_weights_GB"] == round(2 * P_7B / 4 / GB, 2)
   assert mem4["resident_GB"] == round(
-      (2 * 12 + 2) * P_7B / 16 / GB + 2 * 2 * P_7B / 4 / GB, 2)
+      (2 * 12 + 2) * P_7B / 16 / GB + 2 * 2 * P_7B / 4 / GB, 2
+  )
   split.rollout.engine_tensor = 3  # the build refuses it too
   with pytest.raises(ValueError, match="engine_tensor=3 does not divide"):
     plan.make_plan(split, "w", {})
   assert p["warnings"][0] == (
       f"estimated {mem['total_GB']:.1f} GB a device exceeds the 16.0 GB JAX"
       " may use (1 of the 16 GB of mesh.device_memory_gb, tpu: no"
-      " preallocation fraction)")
+      " preallocation fraction)"
+  )
 
 
 def test_warnings_name_dimensions_that_do_not_split():
@@ -631,17 +808,23 @@ def test_warnings_name_dimensions_that_do_not_split():
 
 def test_plan_model_config_follows_overrides_and_checkpoint(tmp_path):
   cfg = alfworld_gigpo.get_config(
-      "model.overrides=num_layers=1;hidden_size=64,model.tokenizer_vocab=512")
+      "model.overrides=num_layers=1;hidden_size=64,model.tokenizer_vocab=512"
+  )
   m = plan.plan_model_config(cfg)
   assert (m.num_layers, m.hidden_size, m.vocab_size) == (1, 64, 512)
   # A checkpoint's config.json wins over the preset.
   small = models.get_model_config("tiny", num_layers=2, vocab_size=300)
   (tmp_path / "config.json").write_text(json.dumps(small.to_hf_dict()))
   cfg = alfworld_gigpo.get_config(
-      f"model=qwen2.5-7b,model.checkpoint_dir={tmp_path}")
+      f"model=qwen2.5-7b,model.checkpoint_dir={tmp_path}"
+  )
   m = plan.plan_model_config(cfg)
   assert (m.num_layers, m.vocab_size, m.dtype, m.remat) == (
-      2, 300, "bfloat16", "full")  # model.remat=auto before the plan
+      2,
+      300,
+      "bfloat16",
+      "full",
+  )  # model.remat=auto before the plan
 
 
 # --------------------------------------------------------------------------
@@ -653,32 +836,101 @@ def test_plan_model_config_follows_overrides_and_checkpoint(tmp_path):
 # splits, log-prob chunks. ``tiny``-like widths, and Qwen2.5-1.5B widths
 # with 2 layers and a 4 k vocabulary; bf16 compute over fp32 masters,
 # remat, scanned layers (the paper's model flags; one case unrolled).
-_FLAGS = dict(dtype="bfloat16", param_dtype="float32", remat=True,
-              scan_layers=True)
-_TINY = dict(_FLAGS, vocab_size=2048, hidden_size=256, intermediate_size=704,
-             num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64)
+_FLAGS = dict(
+    dtype="bfloat16", param_dtype="float32", remat=True, scan_layers=True
+)
+_TINY = dict(
+    _FLAGS,
+    vocab_size=2048,
+    hidden_size=256,
+    intermediate_size=704,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+)
 _WIDE = dict(_FLAGS, vocab_size=4096, num_layers=2)
 MEMORY_CASES = [
     dict(kind="train_step", rows=8, length=512, window=64, model=_TINY),
-    dict(kind="train_step", rows=8, length=512, window=256,
-         model=dict(_TINY, vocab_size=32768)),
-    dict(kind="train_step", rows=8, length=32, window=16,
-         model=dict(_TINY, hidden_size=1024, intermediate_size=2816,
-                    num_heads=8, head_dim=128)),
-    dict(kind="train_step", mesh=(1, 8, 1), rows=32, length=1024,
-         window=256, n_micro=2, model=_WIDE),
-    dict(kind="train_step", mesh=(1, 4, 2), rows=32, length=1024,
-         window=256, n_micro=2, model=_WIDE),
-    dict(kind="logprob", mesh=(2, 4, 1), rows=32, length=1024, window=256,
-         model=_WIDE),
-    dict(kind="logprob", rows=8, length=512, window=384,
-         param_dtype="bfloat16", model=dict(_TINY, vocab_size=32768)),
-    dict(kind="logprob", mesh=(1, 8, 1), rows=64, length=512, window=128,
-         n_chunks=4, model=_WIDE),
-    dict(kind="train_step", rows=8, length=512, window=64, n_micro=2,
-         model=dict(_TINY, scan_layers=False)),
-    dict(kind="prefill", mesh=(1, 8, 1), rows=16, prompt=1024, new=32,
-         model=_WIDE),
+    dict(
+        kind="train_step",
+        rows=8,
+        length=512,
+        window=256,
+        model=dict(_TINY, vocab_size=32768),
+    ),
+    dict(
+        kind="train_step",
+        rows=8,
+        length=32,
+        window=16,
+        model=dict(
+            _TINY,
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_heads=8,
+            head_dim=128,
+        ),
+    ),
+    dict(
+        kind="train_step",
+        mesh=(1, 8, 1),
+        rows=32,
+        length=1024,
+        window=256,
+        n_micro=2,
+        model=_WIDE,
+    ),
+    dict(
+        kind="train_step",
+        mesh=(1, 4, 2),
+        rows=32,
+        length=1024,
+        window=256,
+        n_micro=2,
+        model=_WIDE,
+    ),
+    dict(
+        kind="logprob",
+        mesh=(2, 4, 1),
+        rows=32,
+        length=1024,
+        window=256,
+        model=_WIDE,
+    ),
+    dict(
+        kind="logprob",
+        rows=8,
+        length=512,
+        window=384,
+        param_dtype="bfloat16",
+        model=dict(_TINY, vocab_size=32768),
+    ),
+    dict(
+        kind="logprob",
+        mesh=(1, 8, 1),
+        rows=64,
+        length=512,
+        window=128,
+        n_chunks=4,
+        model=_WIDE,
+    ),
+    dict(
+        kind="train_step",
+        rows=8,
+        length=512,
+        window=64,
+        n_micro=2,
+        model=dict(_TINY, scan_layers=False),
+    ),
+    dict(
+        kind="prefill",
+        mesh=(1, 8, 1),
+        rows=16,
+        prompt=1024,
+        new=32,
+        model=_WIDE,
+    ),
 ]
 
 
@@ -689,16 +941,34 @@ def estimate(case) -> dict:
   mesh = case.get("mesh", (1, 1, 1))
   if case["kind"] == "train_step":
     return plan.train_step_bytes(
-        cfg, mesh, case["rows"], case["length"], window=case["window"],
-        n_micro=case.get("n_micro", 1), platform="cpu")
+        cfg,
+        mesh,
+        case["rows"],
+        case["length"],
+        window=case["window"],
+        n_micro=case.get("n_micro", 1),
+        platform="cpu",
+    )
   if case["kind"] == "logprob":
     return plan.logprob_bytes(
-        cfg, mesh, case["rows"], case["length"], window=case["window"],
-        n_chunks=case.get("n_chunks", 1), param_dtype=case.get("param_dtype"),
-        platform="cpu")
-  return plan.prefill_bytes(cfg, mesh, case["rows"], case["prompt"],
-                            case["new"], chunk=case.get("chunk", 0),
-                            gathered=case.get("unique") is not None)
+        cfg,
+        mesh,
+        case["rows"],
+        case["length"],
+        window=case["window"],
+        n_chunks=case.get("n_chunks", 1),
+        param_dtype=case.get("param_dtype"),
+        platform="cpu",
+    )
+  return plan.prefill_bytes(
+      cfg,
+      mesh,
+      case["rows"],
+      case["prompt"],
+      case["new"],
+      chunk=case.get("chunk", 0),
+      gathered=case.get("unique") is not None,
+  )
 
 
 @pytest.mark.slow
@@ -709,18 +979,30 @@ def test_estimate_within_25_percent_of_compiled_memory():
   memory-minimising schedule flag (hlo.MEMORY_XLA_FLAGS) at start-up."""
   from rspo_jax import hlo
 
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
-      "--xla_force_host_platform_device_count=8 " + hlo.MEMORY_XLA_FLAGS))
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=(
+          "--xla_force_host_platform_device_count=8 " + hlo.MEMORY_XLA_FLAGS
+      ),
+  )
   proc = subprocess.run(
       [sys.executable, "-m", "rspo_jax.hlo", json.dumps(MEMORY_CASES)],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  compiled = [json.loads(x) for x in proc.stdout.splitlines()
-              if x.startswith("{")]
+  compiled = [
+      json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")
+  ]
   assert len(compiled) == len(MEMORY_CASES)
   ratios = []
   for case, got in zip(MEMORY_CASES, compiled):
     est = estimate(case)["peak"]
     ratios.append(round(est / got["peak"], 3))
-  assert all(0.75 <= r <= 1.25 for r in ratios), list(zip(
-      [(c["kind"], c.get("mesh", (1, 1, 1))) for c in MEMORY_CASES], ratios))
+  assert all(0.75 <= r <= 1.25 for r in ratios), list(
+      zip([(c["kind"], c.get("mesh", (1, 1, 1))) for c in MEMORY_CASES], ratios)
+  )

@@ -22,13 +22,17 @@ def write_run(path, success, env_per_step=10, eval_every=2, extra=None):
   w = MetricsWriter(str(path), tensorboard=False)
   w.write(0, "eval", {"success_rate": 0.0})
   for s, v in enumerate(success, start=1):
-    row = {"rollout_success_rate": v, "env_steps": s * env_per_step,
-           "loss": 1.0 / s}
+    row = {
+        "rollout_success_rate": v,
+        "env_steps": s * env_per_step,
+        "loss": 1.0 / s,
+    }
     row.update(extra or {})
     w.write(s, "A", row)
     if s % eval_every == 0:
-      w.write(s, "eval", {"success_rate": v + 0.5,
-                          "success_by_type": {"pick": v}})
+      w.write(
+          s, "eval", {"success_rate": v + 0.5, "success_by_type": {"pick": v}}
+      )
   w.close()
   return str(path)
 
@@ -105,8 +109,9 @@ def test_old_phase_b_rows_on_one_step_warn_in_one_line(tmp_path, capsys):
   assert err.count("\n") == 1 and "warning" in err
   assert "all 3 rows of phase 'B' carry step 0 and no b_step" in err
   # Two loops without b_step: two steps, no warning (and two points).
-  xs, _ = plot.load_series(_b_run(tmp_path / "two", b_steps=False), "loss",
-                           "step", "B")
+  xs, _ = plot.load_series(
+      _b_run(tmp_path / "two", b_steps=False), "loss", "step", "B"
+  )
   np.testing.assert_array_equal(xs, [0, 3])
   assert capsys.readouterr().err == ""
 
@@ -132,43 +137,55 @@ def test_aggregate_interpolates_onto_shared_range():
   np.testing.assert_array_equal(c.x, [0.0, 1.0, 2.0])
   np.testing.assert_allclose(c.mean, [0.5, 1.0, 1.5])
   with pytest.raises(ValueError, match="share no x range"):
-    plot.aggregate_runs([(np.array([0.0, 1.0]), np.ones(2)),
-                         (np.array([5.0, 6.0]), np.ones(2))])
+    plot.aggregate_runs(
+        [(np.array([0.0, 1.0]), np.ones(2)), (np.array([5.0, 6.0]), np.ones(2))]
+    )
 
 
 def test_smooth_trailing_mean():
   np.testing.assert_allclose(
-      plot.smooth(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1.0, 2.0, 4.0, 6.0])
-  np.testing.assert_array_equal(plot.smooth(np.array([1.0, 2.0]), 0),
-                                [1.0, 2.0])
+      plot.smooth(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1.0, 2.0, 4.0, 6.0]
+  )
+  np.testing.assert_array_equal(
+      plot.smooth(np.array([1.0, 2.0]), 0), [1.0, 2.0]
+  )
 
 
 def test_parse_groups():
   assert plot.parse_groups("x/a,y/b", "p,q") == {"p": ["x/a"], "q": ["y/b"]}
   assert plot.parse_groups("a0,a1;b0,b1", "a,b") == {
-      "a": ["a0", "a1"], "b": ["b0", "b1"]}
+      "a": ["a0", "a1"],
+      "b": ["b0", "b1"],
+  }
   assert plot.parse_groups("runs/g0;runs/r0/") == {
-      "g0": ["runs/g0"], "r0": ["runs/r0/"]}
+      "g0": ["runs/g0"],
+      "r0": ["runs/r0/"],
+  }
   with pytest.raises(ValueError, match="2 labels for 3"):
     plot.parse_groups("a,b,c", "x,y")
 
 
 def test_plot_curves_writes_png_and_returns_curves(tmp_path):
-  g = [write_run(tmp_path / f"g{s}", list(np.linspace(0, 0.5, 6) + 0.1 * i))
-       for i, s in enumerate((0, 200, 400))]
-  r = [write_run(tmp_path / f"r{s}", list(np.linspace(0, 0.8, 6)))
-       for s in (0, 200)]
+  g = [
+      write_run(tmp_path / f"g{s}", list(np.linspace(0, 0.5, 6) + 0.1 * i))
+      for i, s in enumerate((0, 200, 400))
+  ]
+  r = [
+      write_run(tmp_path / f"r{s}", list(np.linspace(0, 0.8, 6)))
+      for s in (0, 200)
+  ]
   out = str(tmp_path / "figs" / "train.png")
-  curves = plot.plot_curves({"grpo": g, "rspo": r}, "rollout_success_rate",
-                            "step", out, "A")
+  curves = plot.plot_curves(
+      {"grpo": g, "rspo": r}, "rollout_success_rate", "step", out, "A"
+  )
   assert_png(out)
-  np.testing.assert_allclose(curves["grpo"].mean,
-                             np.linspace(0, 0.5, 6) + 0.1)
+  np.testing.assert_allclose(curves["grpo"].mean, np.linspace(0, 0.5, 6) + 0.1)
   np.testing.assert_allclose(curves["grpo"].hi - curves["grpo"].lo, 0.2)
   assert curves["rspo"].n_runs == 2
   out2 = str(tmp_path / "eval.png")
-  curves = plot.plot_curves({"grpo": g}, "success_rate", "env_steps", out2,
-                            "eval", band="std")
+  curves = plot.plot_curves(
+      {"grpo": g}, "success_rate", "env_steps", out2, "eval", band="std"
+  )
   assert_png(out2)
   np.testing.assert_array_equal(curves["grpo"].x, [0, 20, 40, 60])
 
@@ -176,8 +193,9 @@ def test_plot_curves_writes_png_and_returns_curves(tmp_path):
 def test_bad_metric_names_metric_and_lists_available(tmp_path):
   run = write_run(tmp_path / "r", [0.1, 0.2])
   with pytest.raises(ValueError) as e:
-    plot.plot_curves({"a": [run]}, "sucess_rate", "step",
-                     str(tmp_path / "x.png"), "A")
+    plot.plot_curves(
+        {"a": [run]}, "sucess_rate", "step", str(tmp_path / "x.png"), "A"
+    )
   msg = str(e.value)
   assert "'sucess_rate'" in msg and "rollout_success_rate" in msg
   assert not os.path.exists(tmp_path / "x.png")
@@ -191,18 +209,34 @@ def test_bad_metric_names_metric_and_lists_available(tmp_path):
 
 def _cli(*args):
   return subprocess.run(
-      [sys.executable, PLOT_PY, *args], capture_output=True, text=True,
-      timeout=120, cwd=ROOT,
+      [sys.executable, PLOT_PY, *args],
+      capture_output=True,
+      text=True,
+      timeout=120,
+      cwd=ROOT,
   )
 
 
 def test_cli_writes_png(tmp_path):
-  runs = [write_run(tmp_path / f"{n}{s}", [0.1 * s / 200, 0.3, 0.5])
-          for n in "ab" for s in (0, 200)]
+  runs = [
+      write_run(tmp_path / f"{n}{s}", [0.1 * s / 200, 0.3, 0.5])
+      for n in "ab"
+      for s in (0, 200)
+  ]
   out = str(tmp_path / "fig.png")
   groups = f"{runs[0]},{runs[1]};{runs[2]},{runs[3]}"
-  res = _cli("--runs", groups, "--labels", "base,rspo", "--metric",
-             "rollout_success_rate", "--x", "env_steps", "--out", out)
+  res = _cli(
+      "--runs",
+      groups,
+      "--labels",
+      "base,rspo",
+      "--metric",
+      "rollout_success_rate",
+      "--x",
+      "env_steps",
+      "--out",
+      out,
+  )
   assert res.returncode == 0, res.stderr
   assert "wrote" in res.stdout and "base: n=2" in res.stdout
   assert_png(out)
@@ -230,9 +264,17 @@ def test_metrics_file_format_is_what_plot_reads(tmp_path):
 
 def test_per_task_outcomes_stay_out_of_the_metrics_stream(tmp_path):
   from rspo_jax.metrics import MetricsWriter, read_metrics
+
   w = MetricsWriter(str(tmp_path))
-  w.write(3, "eval", {"success_rate": 0.5, "seeds": [0],
-                      "per_task": [{"seed": 0, "task_id": 1, "won": 1}]})
+  w.write(
+      3,
+      "eval",
+      {
+          "success_rate": 0.5,
+          "seeds": [0],
+          "per_task": [{"seed": 0, "task_id": 1, "won": 1}],
+      },
+  )
   w.close()
   (row,) = read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
   assert row["success_rate"] == 0.5 and row["seeds"] == [0]

@@ -30,9 +30,15 @@ _fwd = nnx.jit(lambda m, i, p, a: m(i, p, a))
 
 
 def micro_cfg(**kw):
-  shape = dict(vocab_size=128, num_layers=2, hidden_size=64,
-               intermediate_size=128, num_heads=4, num_kv_heads=2,
-               head_dim=16)
+  shape = dict(
+      vocab_size=128,
+      num_layers=2,
+      hidden_size=64,
+      intermediate_size=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+  )
   return models.get_model_config("tiny", **{**shape, **kw})
 
 
@@ -44,10 +50,19 @@ def sft_batch(rows=8, length=24, seed=0):
   loss_mask[:, 12:] = 1.0
   positions = np.tile(np.arange(length, dtype=np.int32), (rows, 1))
   z = np.zeros((rows, length), np.float32)
-  return Batch(tokens=tokens, positions=positions, attention_mask=attn,
-               loss_mask=loss_mask, advantages=z, old_logp=z, ref_logp=z,
-               behavior_logp=z, returns=z, old_values=z,
-               is_offpolicy=np.zeros(rows, bool))
+  return Batch(
+      tokens=tokens,
+      positions=positions,
+      attention_mask=attn,
+      loss_mask=loss_mask,
+      advantages=z,
+      old_logp=z,
+      ref_logp=z,
+      behavior_logp=z,
+      returns=z,
+      old_values=z,
+      is_offpolicy=np.zeros(rows, bool),
+  )
 
 
 def param_leaves(tree):
@@ -71,10 +86,11 @@ def loop_carries(jaxpr):
   for eqn in walk_eqns(jaxpr):
     if eqn.primitive.name == "scan":
       start = eqn.params["num_consts"]
-      carry = eqn.invars[start:start + eqn.params["num_carry"]]
+      carry = eqn.invars[start : start + eqn.params["num_carry"]]
     elif eqn.primitive.name == "while":
-      carry = eqn.invars[eqn.params["cond_nconsts"]
-                         + eqn.params["body_nconsts"]:]
+      carry = eqn.invars[
+          eqn.params["cond_nconsts"] + eqn.params["body_nconsts"] :
+      ]
     else:
       continue
     out += [v.aval for v in carry]
@@ -90,9 +106,14 @@ def one_step(param_dtype):
   """(fraction of weights changed by one step, learner, batch)."""
   cfg = micro_cfg(dtype="bfloat16", param_dtype=param_dtype)
   mesh = sharding.make_mesh((1, 1, 1))
-  learner = Learner(models.create_model(cfg, seed=0),
-                    ts.make_optimizer(1e-6), ts.make_sft_loss(0.0),
-                    mesh=mesh, rules=RULES, micro_batch_rows=4)
+  learner = Learner(
+      models.create_model(cfg, seed=0),
+      ts.make_optimizer(1e-6),
+      ts.make_sft_loss(0.0),
+      mesh=mesh,
+      rules=RULES,
+      micro_batch_rows=4,
+  )
   before = param_leaves(learner.params)
   batch = sft_batch()
   metrics = learner.train(batch, jax.random.key(0))
@@ -108,14 +129,14 @@ def test_bf16_compute_step_moves_every_fp32_master():
   assert frac >= 0.99, frac
   assert {x.dtype for x in jax.tree.leaves(learner.params)} == {F32}
   # Adam's m and v follow the float32 params.
-  moments = [x for x in jax.tree.leaves(learner.state.opt_state)
-             if x.ndim > 0]
+  moments = [x for x in jax.tree.leaves(learner.state.opt_state) if x.ndim > 0]
   assert moments and {x.dtype for x in moments} == {F32}
   # The micro-batch gradient sums (8 rows in 2 micro-batches of 4) are
   # loop-carried float32 arrays of the params' shapes.
   (step_fn,) = learner._steps.values()
-  carries = loop_carries(jax.make_jaxpr(step_fn)(
-      learner.state, batch, jax.random.key(0)))
+  carries = loop_carries(
+      jax.make_jaxpr(step_fn)(learner.state, batch, jax.random.key(0))
+  )
   shapes = {x.shape for x in jax.tree.leaves(learner.params)}
   sums = [a for a in carries if a.shape in shapes and a.ndim >= 1]
   assert len(sums) >= len(jax.tree.leaves(learner.params))
@@ -156,14 +177,15 @@ def test_export_defaults_to_the_compute_dtype(bf16_checkpoint, tmp_path):
   models.save_hf_model(model, cfg, str(tmp_path), dtype="float32")
   assert json.load(open(tmp_path / "config.json"))["dtype"] == "float32"
   _, exact = models.load_hf_model(str(tmp_path))
-  for a, b in zip(param_leaves(nnx.state(model, nnx.Param)),
-                  param_leaves(nnx.state(exact, nnx.Param))):
+  for a, b in zip(
+      param_leaves(nnx.state(model, nnx.Param)),
+      param_leaves(nnx.state(exact, nnx.Param)),
+  ):
     assert b.dtype == F32
     np.testing.assert_array_equal(a, b)
 
 
-def test_bf16_checkpoint_loads_fp32_masters_with_bf16_compute(
-    bf16_checkpoint):
+def test_bf16_checkpoint_loads_fp32_masters_with_bf16_compute(bf16_checkpoint):
   cfg, model, path = bf16_checkpoint
   cfg2, loaded = models.load_hf_model(path, dtype="bfloat16")
   assert (cfg2.dtype, cfg2.param_dtype) == ("bfloat16", "float32")
@@ -172,8 +194,9 @@ def test_bf16_checkpoint_loads_fp32_masters_with_bf16_compute(
   # The masters hold the file's bf16 values exactly.
   for a, b in zip(param_leaves(nnx.state(model, nnx.Param)), masters):
     np.testing.assert_array_equal(a.astype(BF16).astype(F32), b)
-  ids = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 9)),
-                    jnp.int32)
+  ids = jnp.asarray(
+      np.random.default_rng(0).integers(0, 128, (2, 9)), jnp.int32
+  )
   pos = jnp.tile(jnp.arange(9, dtype=jnp.int32), (2, 1))
   mask = jnp.ones((2, 9), jnp.int32)
   logits, hidden, _ = _fwd(loaded, ids, pos, mask)
@@ -186,10 +209,10 @@ def test_bf16_checkpoint_loads_fp32_masters_with_bf16_compute(
   for e in dots:
     assert {v.aval.dtype for v in e.invars} == {BF16}, e
   # An inference-only server may keep bf16 weights.
-  _, server = models.load_hf_model(path, dtype="bfloat16",
-                                   param_dtype="bfloat16")
-  assert {a.dtype for a in param_leaves(nnx.state(server, nnx.Param))} == {
-      BF16}
+  _, server = models.load_hf_model(
+      path, dtype="bfloat16", param_dtype="bfloat16"
+  )
+  assert {a.dtype for a in param_leaves(nnx.state(server, nnx.Param))} == {BF16}
 
 
 def test_config_names_its_dtypes():
@@ -221,9 +244,13 @@ def test_build_loads_masters_and_bf16_inference_copies(bf16_checkpoint):
   mesh = sharding.make_mesh((1, 1, 1))
   mcfg, module = build.warm_started_policy(cfg, None, path, mesh, "unused")
   assert (mcfg.dtype, mcfg.param_dtype, mcfg.remat) == (
-      "bfloat16", "float32", "full")  # model.remat=auto, no plan: full
-  policy = build.make_policy_learner(cfg, module, mesh, lr=1e-6,
-                                     loss_fn=ts.make_sft_loss(0.0))
+      "bfloat16",
+      "float32",
+      "full",
+  )  # model.remat=auto, no plan: full
+  policy = build.make_policy_learner(
+      cfg, module, mesh, lr=1e-6, loss_fn=ts.make_sft_loss(0.0)
+  )
   ref = build.inference_params(policy.params, mcfg, policy.state_sh.params)
   assert {x.dtype for x in jax.tree.leaves(ref)} == {BF16}
   assert {x.dtype for x in jax.tree.leaves(policy.params)} == {F32}
@@ -237,8 +264,12 @@ def test_build_loads_masters_and_bf16_inference_copies(bf16_checkpoint):
   # The in-process engine holds bf16 weights and casts syncs to them (in
   # the unrolled layout: the paper's policy scans its layers).
   assert mcfg.scan_layers
-  engine = JaxEngine(build.inference_model(policy.module(), mcfg),
-                     build.engine_config(mcfg), pad_id=0, eos_ids=[2])
+  engine = JaxEngine(
+      build.inference_model(policy.module(), mcfg),
+      build.engine_config(mcfg),
+      pad_id=0,
+      eos_ids=[2],
+  )
   assert {x.dtype for x in jax.tree.leaves(engine._params)} == {BF16}
   engine.update_weights(build.engine_params(policy.params, mcfg), 1)
   got = param_leaves(engine._params)
@@ -251,7 +282,10 @@ def test_cpu_run_stays_float32():
   cfg = alfworld_gigpo.get_config()
   mcfg = build.model_config(cfg, list(range(100)))
   assert (mcfg.dtype, mcfg.param_dtype, mcfg.inference_dtype) == (
-      "float32", "float32", "float32")
+      "float32",
+      "float32",
+      "float32",
+  )
 
 
 # --------------------------------------------------------------------------
@@ -262,11 +296,16 @@ def test_cpu_run_stays_float32():
 def test_plan_reports_the_dtypes():
   p = plan.make_plan(paper_cfg(), "w", {})
   assert p["dtype"] == {
-      "params": "float32", "optimizer_state": "float32",
-      "grad_accumulation": "float32", "compute": "bfloat16",
-      "reference": "bfloat16", "engine": "bfloat16", "export": "bfloat16",
-      "remat": "none", "scan_layers": True,  # the plan's choice: 1.5B
-  }                                          # fits without remat
+      "params": "float32",
+      "optimizer_state": "float32",
+      "grad_accumulation": "float32",
+      "compute": "bfloat16",
+      "reference": "bfloat16",
+      "engine": "bfloat16",
+      "export": "bfloat16",
+      "remat": "none",
+      "scan_layers": True,  # the plan's choice: 1.5B
+  }  # fits without remat
   mcfg = plan.plan_model_config(paper_cfg())
   n, gb = mcfg.num_params(), 1024**3
   mem = plan.memory_per_device(paper_cfg(), mcfg, (1, 8, 1))
@@ -286,9 +325,11 @@ def test_plan_reports_the_dtypes():
   mem = plan.memory_per_device(cfg, plan.plan_model_config(cfg), (1, 8, 1))
   assert mem["policy_A_GB"] == pytest.approx(6 * n / 8 / gb)
   # CPU recipe: float32 throughout; an SGLang engine loads the exports.
-  cpu = alfworld_gigpo.get_config("rollout.engine=sglang,"
-                                  "rollout.server_urls=http://a:1")
-  assert set(plan.make_plan(cpu, "w", {"RSPO_NUM_HOSTS": "1",
-                                       "RSPO_DEVICES_PER_HOST": "1"}
-                            )["dtype"].values()) == {"float32", "none",
-                                                      False}
+  cpu = alfworld_gigpo.get_config(
+      "rollout.engine=sglang," "rollout.server_urls=http://a:1"
+  )
+  assert set(
+      plan.make_plan(
+          cpu, "w", {"RSPO_NUM_HOSTS": "1", "RSPO_DEVICES_PER_HOST": "1"}
+      )["dtype"].values()
+  ) == {"float32", "none", False}

@@ -35,8 +35,14 @@ _hidden = nnx.jit(lambda m, t, p, a: m(t, p, a, return_logits=False)[1])
 
 def _cfg():
   return models.get_model_config(
-      "tiny", num_layers=2, vocab_size=64, hidden_size=32,
-      intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8,
+      "tiny",
+      num_layers=2,
+      vocab_size=64,
+      hidden_size=32,
+      intermediate_size=64,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=8,
   )
 
 
@@ -49,15 +55,21 @@ def make_records(n_traj: int, seed: int, traj_start: int = 0):
     for t in range(STEPS_PER_EP):
       prompt = rng.integers(30, 64, size=int(rng.integers(5, 13)))
       action = rng.choice(GOOD if good[t] else BAD)
-      records.append(StepRecord(
-          task_id=n % 7, group_id=n // 4, traj_id=traj_start + n, step_idx=t,
-          prompt_ids=prompt.astype(np.int32),
-          response_ids=np.array([action], np.int32),
-          behavior_logp=np.array([-0.5], np.float32),
-          env_reward=outcome if t == STEPS_PER_EP - 1 else 0.0,
-          outcome_reward=outcome, won=bool(good.all()),
-          done=t == STEPS_PER_EP - 1,
-      ))
+      records.append(
+          StepRecord(
+              task_id=n % 7,
+              group_id=n // 4,
+              traj_id=traj_start + n,
+              step_idx=t,
+              prompt_ids=prompt.astype(np.int32),
+              response_ids=np.array([action], np.int32),
+              behavior_logp=np.array([-0.5], np.float32),
+              env_reward=outcome if t == STEPS_PER_EP - 1 else 0.0,
+              outcome_reward=outcome,
+              won=bool(good.all()),
+              done=t == STEPS_PER_EP - 1,
+          )
+      )
   return records
 
 
@@ -74,14 +86,27 @@ def trained(backbone_dir):
   """(scorer, records, metrics) of a head trained on 96 episodes."""
   records = make_records(96, seed=0)
   _, backbone = models.load_hf_model(backbone_dir)
-  feats = prm.extract_step_features(backbone, records, batch_rows=64,
-                                    length_multiple=16)
-  head, metrics = prm.train_prm_head(
-      feats, records, hidden=32, steps=300, lr=3e-3, seed=0,
-      holdout_frac=0.25, batch_trajs=32,
+  feats = prm.extract_step_features(
+      backbone, records, batch_rows=64, length_multiple=16
   )
-  scorer = prm.PRMScorer(backbone, head, backbone_dir=backbone_dir,
-                         head_hidden=32, reward_scale=0.1, metrics=metrics)
+  head, metrics = prm.train_prm_head(
+      feats,
+      records,
+      hidden=32,
+      steps=300,
+      lr=3e-3,
+      seed=0,
+      holdout_frac=0.25,
+      batch_trajs=32,
+  )
+  scorer = prm.PRMScorer(
+      backbone,
+      head,
+      backbone_dir=backbone_dir,
+      head_hidden=32,
+      reward_scale=0.1,
+      metrics=metrics,
+  )
   return scorer, records, feats, metrics
 
 
@@ -89,13 +114,15 @@ def trained(backbone_dir):
 
 
 def test_rankdata_and_spearman_hand_values():
-  np.testing.assert_array_equal(prm.rankdata([3, 1, 3, 2]),
-                                [3.5, 1.0, 3.5, 2.0])
+  np.testing.assert_array_equal(
+      prm.rankdata([3, 1, 3, 2]), [3.5, 1.0, 3.5, 2.0]
+  )
   assert prm.spearman([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
   assert prm.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
   # Ranks x = [1,2,3,4], y = [1.5,1.5,3.5,3.5]: r = 4 / sqrt(5 * 4).
   assert prm.spearman([1, 2, 3, 4], [0, 0, 1, 1]) == pytest.approx(
-      4 / np.sqrt(20))
+      4 / np.sqrt(20)
+  )
   assert np.isnan(prm.spearman([1, 2, 3], [5, 5, 5]))
 
 
@@ -105,14 +132,16 @@ def test_rankdata_and_spearman_hand_values():
 def test_r_squared_auc_prefix_hand_values():
   # y = (1, 0, 0), mean 1/3: SS_tot = 4/9 + 1/9 + 1/9 = 2/3, SS_res = 1/4.
   assert prm.r_squared([1, 0, 0.5], [1, 0, 0]) == pytest.approx(
-      1 - 0.25 / (2 / 3))
+      1 - 0.25 / (2 / 3)
+  )
   assert np.isnan(prm.r_squared([1, 2], [3, 3]))
   # Pairs (win, loss): 0.9>0.4, 0.9>0.1, 0.4=0.4 (half), 0.4>0.1: 3.5 / 4.
   assert prm.auc([0.9, 0.4, 0.4, 0.1], [1, 1, 0, 0]) == pytest.approx(0.875)
   assert prm.auc([0.1, 0.9], [1, 0]) == 0.0
   assert np.isnan(prm.auc([1, 2], [0, 0]))
   np.testing.assert_array_equal(
-      prm.prefix_sums([np.array([1., 2, 3]), np.array([4.])], 2), [3, 4])
+      prm.prefix_sums([np.array([1.0, 2, 3]), np.array([4.0])], 2), [3, 4]
+  )
   assert prm.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
 
 
@@ -152,18 +181,21 @@ def test_quality_tiny_hand_example():
 def test_features_are_last_token_hidden_states(backbone_dir):
   _, backbone = models.load_hf_model(backbone_dir)
   records = make_records(3, seed=5)[:7]
-  feats = prm.extract_step_features(backbone, records, batch_rows=4,
-                                    length_multiple=8)
+  feats = prm.extract_step_features(
+      backbone, records, batch_rows=4, length_multiple=8
+  )
   assert feats.shape == (7, 32) and feats.dtype == np.float32
   for k in (0, 6):  # one unpadded row, straight through the model
     r = records[k]
     row = jnp.asarray(np.concatenate([r.prompt_ids, r.response_ids])[None])
-    h = _hidden(backbone, row, jnp.arange(row.shape[1])[None],
-                jnp.ones_like(row))
+    h = _hidden(
+        backbone, row, jnp.arange(row.shape[1])[None], jnp.ones_like(row)
+    )
     np.testing.assert_allclose(feats[k], np.asarray(h)[0, -1], atol=1e-5)
   # Padding, chunking and order do not change a row's features.
-  again = prm.extract_step_features(backbone, records[::-1], batch_rows=3,
-                                    length_multiple=64)
+  again = prm.extract_step_features(
+      backbone, records[::-1], batch_rows=3, length_multiple=64
+  )
   np.testing.assert_allclose(again[::-1], feats, atol=1e-5)
 
 
@@ -172,10 +204,12 @@ def test_features_on_a_mesh_match(backbone_dir):
   _, sharded = models.load_hf_model(backbone_dir, mesh=mesh)
   _, plain = models.load_hf_model(backbone_dir)
   records = make_records(2, seed=9)
-  a = prm.extract_step_features(sharded, records, batch_rows=3, mesh=mesh,
-                                length_multiple=16)
-  b = prm.extract_step_features(plain, records, batch_rows=3,
-                                length_multiple=16)
+  a = prm.extract_step_features(
+      sharded, records, batch_rows=3, mesh=mesh, length_multiple=16
+  )
+  b = prm.extract_step_features(
+      plain, records, batch_rows=3, length_multiple=16
+  )
   np.testing.assert_allclose(a, b, atol=1e-5)
 
 
@@ -268,8 +302,9 @@ def test_save_load_gives_identical_scores(trained, tmp_path):
   np.testing.assert_array_equal(loaded.score(records), scorer.score(records))
 
 
-def test_save_killed_mid_write_keeps_the_previous_head(trained, tmp_path,
-                                                      monkeypatch):
+def test_save_killed_mid_write_keeps_the_previous_head(
+    trained, tmp_path, monkeypatch
+):
   """A PRM refresh killed while writing the head leaves the saved head
   loadable (the write goes to a temporary that is renamed when whole);
   writing in place left a torn file no resumed run could load."""
@@ -299,8 +334,7 @@ def test_dense_fn_fills_dense_reward_only(trained, tmp_path):
   scorer, _, _, _ = trained
   scorer.save(str(tmp_path))
   mesh = shd.make_mesh((-1, 1, 1))
-  fn = prm.make_prm_dense_fn(str(tmp_path), mesh=mesh,
-                             rules=shd.DEFAULT_RULES)
+  fn = prm.make_prm_dense_fn(str(tmp_path), mesh=mesh, rules=shd.DEFAULT_RULES)
   records = make_records(5, seed=11)
   before = [dataclasses.replace(r) for r in records]
   values = fn(records)
@@ -308,17 +342,20 @@ def test_dense_fn_fills_dense_reward_only(trained, tmp_path):
   assert fn.tanh_unit == pytest.approx(10.0)  # r_hat / 0.1: 1 tanh = 10
   np.testing.assert_allclose(values, want, atol=1e-5)
   for r, b in zip(records, before):
-    assert r.dense_reward == pytest.approx(float(want[records.index(r)]),
-                                           abs=1e-5)
+    assert r.dense_reward == pytest.approx(
+        float(want[records.index(r)]), abs=1e-5
+    )
     assert r.outcome_reward == b.outcome_reward
     assert r.env_reward == b.env_reward
     np.testing.assert_array_equal(r.prompt_ids, b.prompt_ids)
     np.testing.assert_array_equal(r.response_ids, b.response_ids)
-  raw = prm.make_prm_dense_fn(str(tmp_path), mesh=mesh,
-                              rules=shd.DEFAULT_RULES, units="raw")
+  raw = prm.make_prm_dense_fn(
+      str(tmp_path), mesh=mesh, rules=shd.DEFAULT_RULES, units="raw"
+  )
   raw(records)
-  np.testing.assert_allclose([r.dense_reward for r in records],
-                             want * 0.1, atol=1e-5)
+  np.testing.assert_allclose(
+      [r.dense_reward for r in records], want * 0.1, atol=1e-5
+  )
   assert raw.tanh_unit == 1.0
   with pytest.raises(ValueError, match="units"):
     prm.make_prm_dense_fn(str(tmp_path), mesh=mesh, rules=(), units="x")
@@ -336,13 +373,18 @@ def test_jsonl_and_replay_shards_load_the_same(tmp_path):
       f.write(json.dumps(prm.record_to_json(r)) + "\n")
   buf = replay.ReplayBuffer(str(tmp_path / "shards"))
   buf.add_trajectories(group_trajectories(records))
-  for got in (prm.load_trajectory_records(str(path)),
-              prm.load_trajectory_records(str(tmp_path / "shards"))):
+  for got in (
+      prm.load_trajectory_records(str(path)),
+      prm.load_trajectory_records(str(tmp_path / "shards")),
+  ):
     assert len(got) == 12
     got = sorted(got, key=lambda r: (r.traj_id, r.step_idx))
     for r, w in zip(got, records[:12]):
       assert (r.traj_id, r.step_idx, r.outcome_reward) == (
-          w.traj_id, w.step_idx, w.outcome_reward)
+          w.traj_id,
+          w.step_idx,
+          w.outcome_reward,
+      )
       np.testing.assert_array_equal(r.prompt_ids, w.prompt_ids)
   with pytest.raises(ValueError, match="does not exist"):
     prm.load_trajectory_records(str(tmp_path / "nope"))
@@ -351,13 +393,17 @@ def test_jsonl_and_replay_shards_load_the_same(tmp_path):
 def test_retokenize_preserves_text(tmp_path):
   texts = ["search[red shoes] click[buy now] <think>ok</think>"] * 20
   a = models.train_tokenizer(texts, 300, str(tmp_path / "a"))
-  b = models.train_tokenizer(texts + ["zzz qqq"] * 50, 320,
-                             str(tmp_path / "b"))
+  b = models.train_tokenizer(texts + ["zzz qqq"] * 50, 320, str(tmp_path / "b"))
   text = "<|im_start|>user\nsearch[red shoes]<|im_end|>"
-  r = StepRecord(task_id=0, group_id=0, traj_id=0, step_idx=0,
-                 prompt_ids=np.array(a.encode(text), np.int32),
-                 response_ids=np.array(a.encode("click[buy now]"), np.int32),
-                 behavior_logp=np.zeros(0, np.float32))
+  r = StepRecord(
+      task_id=0,
+      group_id=0,
+      traj_id=0,
+      step_idx=0,
+      prompt_ids=np.array(a.encode(text), np.int32),
+      response_ids=np.array(a.encode("click[buy now]"), np.int32),
+      behavior_logp=np.zeros(0, np.float32),
+  )
   (out,) = prm.retokenize([r], a, b)
   assert b.decode(list(out.prompt_ids), skip_special_tokens=False) == text
   assert b.decode(list(out.response_ids)) == "click[buy now]"
@@ -366,8 +412,14 @@ def test_retokenize_preserves_text(tmp_path):
 
 def test_train_prm_driver_saves_a_loadable_prm(backbone_dir, tmp_path):
   records = make_records(16, seed=3)
-  metrics = prm.train_prm(backbone_dir, records, str(tmp_path / "out"),
-                          hidden=8, steps=30, holdout_frac=0.25)
+  metrics = prm.train_prm(
+      backbone_dir,
+      records,
+      str(tmp_path / "out"),
+      hidden=8,
+      steps=30,
+      holdout_frac=0.25,
+  )
   assert metrics["num_heldout_traj"] == 4
   loaded = prm.PRMScorer.load(str(tmp_path / "out"))
   assert loaded.metrics == json.loads(json.dumps(metrics))
@@ -380,11 +432,20 @@ def test_cli_prints_metrics(backbone_dir, tmp_path):
   buf = replay.ReplayBuffer(str(tmp_path / "shards"))
   buf.add_trajectories(group_trajectories(records))
   out = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "launch", "train_prm.py"),
-       f"--backbone_dir={backbone_dir}",
-       f"--trajectories={tmp_path / 'shards'}", f"--out={tmp_path / 'prm'}",
-       "--steps=20", "--lr=1e-3", "--hidden=8"],
-      capture_output=True, text=True, check=True, cwd=ROOT,
+      [
+          sys.executable,
+          os.path.join(ROOT, "launch", "train_prm.py"),
+          f"--backbone_dir={backbone_dir}",
+          f"--trajectories={tmp_path / 'shards'}",
+          f"--out={tmp_path / 'prm'}",
+          "--steps=20",
+          "--lr=1e-3",
+          "--hidden=8",
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+      cwd=ROOT,
       env={**os.environ, "JAX_PLATFORMS": "cpu"},
   )
   metrics = json.loads(out.stdout.strip().splitlines()[-1])

@@ -28,12 +28,15 @@ _ALF_INTRO = (
 
 def test_alfworld_first_step_snapshot():
   text = prompts.build_prompt(
-      "alfworld", "put a mug in the sink", "You are in the kitchen.",
-      ["go to sink 1", "help", "look"], [], 0,
+      "alfworld",
+      "put a mug in the sink",
+      "You are in the kitchen.",
+      ["go to sink 1", "help", "look"],
+      [],
+      0,
   )
   assert text == (
-      _ALF_INTRO
-      + "Your current observation is: You are in the kitchen.\n"
+      _ALF_INTRO + "Your current observation is: You are in the kitchen.\n"
       "Your admissible actions in the current situation are: "
       "['go to sink 1'\n 'look'].\n" + _CHOOSE.format(goal="")
   )
@@ -42,8 +45,12 @@ def test_alfworld_first_step_snapshot():
 def test_alfworld_later_step_shows_last_two_numbered():
   history = [("o1", "a1"), ("o2", "a2"), ("o3", "a3")]
   text = prompts.build_prompt(
-      "alfworld", "put a mug in the sink", "You see a sink.", ["look"],
-      history, 3,
+      "alfworld",
+      "put a mug in the sink",
+      "You see a sink.",
+      ["look"],
+      history,
+      3,
   )
   assert text == (
       _ALF_INTRO
@@ -58,8 +65,12 @@ def test_alfworld_later_step_shows_last_two_numbered():
   )
   # Only the recent entries given: same numbering, same text.
   assert text == prompts.build_prompt(
-      "alfworld", "put a mug in the sink", "You see a sink.", ["look"],
-      history[1:], 3,
+      "alfworld",
+      "put a mug in the sink",
+      "You see a sink.",
+      ["look"],
+      history[1:],
+      3,
   )
 
 
@@ -96,8 +107,12 @@ def test_webshop_snapshot_strips_instruction_and_quotes_parts():
       )
   )
   later = prompts.build_prompt(
-      "webshop", task, results, ["click[back to search]", "click[b0001]"],
-      [(obs, "search[red shirt]")], 1,
+      "webshop",
+      task,
+      results,
+      ["click[back to search]", "click[b0001]"],
+      [(obs, "search[red shirt]")],
+      1,
   )
   assert "[Observation 1: ''Search'', Action 1: 'search[red shirt]']" in later
   assert (
@@ -179,7 +194,13 @@ def test_build_prompt_ids_drops_oldest_history_then_truncates(tokenizer):
   assert build(len(full[2])) == (full[2], 2, False)
   assert build(10) == (full[2][-10:], 2, True)
   first = prompts.build_prompt_ids(
-      tokenizer, "toy", "reach 3", "x is 1", ["inc"], [], 0,
+      tokenizer,
+      "toy",
+      "reach 3",
+      "x is 1",
+      ["inc"],
+      [],
+      0,
       max_prompt_tokens=5,
   )
   assert first[1:] == (0, True) and len(first[0]) == 5
@@ -191,28 +212,55 @@ def test_build_prompt_ids_drops_oldest_history_then_truncates(tokenizer):
 @pytest.mark.parametrize(
     "reply, env_name, expected",
     [
-        ("<think>go</think><action>Go To Sink 1</action>", "alfworld",
-         ("go to sink 1", True)),
-        ("<think>a</think> <ACTION>  click[Buy Now] \n</Action>", "webshop",
-         ("click[buy now]", True)),
-        ("<think>a</think><action>inc</action><action>dec</action>", "",
-         ("inc", True)),  # the first one, as verl-agent
+        (
+            "<think>go</think><action>Go To Sink 1</action>",
+            "alfworld",
+            ("go to sink 1", True),
+        ),
+        (
+            "<think>a</think> <ACTION>  click[Buy Now] \n</Action>",
+            "webshop",
+            ("click[buy now]", True),
+        ),
+        (
+            "<think>a</think><action>inc</action><action>dec</action>",
+            "",
+            ("inc", True),
+        ),  # the first one, as verl-agent
         ("<action>inc</action>", "", ("inc", False)),  # no <think>
         ("<think>a<action>inc</action>", "", ("inc", False)),  # no </think>
         ("I will go to sink 1", "", ("I will go to sink 1", False)),
-        ("<think>a</think><action>inc", "", ("<think>a</think><action>inc",
-                                             False)),
+        (
+            "<think>a</think><action>inc",
+            "",
+            ("<think>a</think><action>inc", False),
+        ),
         ("</action>inc<action>", "", ("</action>inc<action>", False)),
-        ("<think>a</think><action>   </action>", "",
-         ("<think>a</think><action>   </action>", False)),
-        ("<think>a</think><action><action>in</action></action>", "",
-         ("<think>a</think><action><action>in</action></action>", False)),
-        ("<think>é</think><action>Click[Café ☕ Größe]</action>", "webshop",
-         ("click[café ☕ größe]", True)),
-        ("<think>去厨房</think><action>look</action>", "alfworld",
-         ("look", False)),  # verl-agent's ALFWorld rejects CJK replies
-        ("<think>去厨房</think><action>look</action>", "webshop",
-         ("look", True)),
+        (
+            "<think>a</think><action>   </action>",
+            "",
+            ("<think>a</think><action>   </action>", False),
+        ),
+        (
+            "<think>a</think><action><action>in</action></action>",
+            "",
+            ("<think>a</think><action><action>in</action></action>", False),
+        ),
+        (
+            "<think>é</think><action>Click[Café ☕ Größe]</action>",
+            "webshop",
+            ("click[café ☕ größe]", True),
+        ),
+        (
+            "<think>去厨房</think><action>look</action>",
+            "alfworld",
+            ("look", False),
+        ),  # verl-agent's ALFWorld rejects CJK replies
+        (
+            "<think>去厨房</think><action>look</action>",
+            "webshop",
+            ("look", True),
+        ),
         ("", "", ("", False)),
     ],
 )

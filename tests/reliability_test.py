@@ -71,43 +71,64 @@ class ScriptedEngine(Engine):
     out = []
     for row in range(len(prompts_)):
       r = self.reply(self.calls, row)
-      ids = (self.tokenizer.encode(r, add_special_tokens=False)
-             if isinstance(r, str) else list(r))
-      out.append(GenerationResult(np.asarray(ids, np.int32),
-                                  np.full(len(ids), -1.0, np.float32), "stop"))
+      ids = (
+          self.tokenizer.encode(r, add_special_tokens=False)
+          if isinstance(r, str)
+          else list(r)
+      )
+      out.append(
+          GenerationResult(
+              np.asarray(ids, np.int32),
+              np.full(len(ids), -1.0, np.float32),
+              "stop",
+          )
+      )
     return out
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
   texts = [
-      prompts.build_prompt("toy", f"reach the number {t}",
-                           f"The current number is {x}.", ["inc", "dec"], [],
-                           0)
-      for t in range(10) for x in range(10)
+      prompts.build_prompt(
+          "toy",
+          f"reach the number {t}",
+          f"The current number is {x}.",
+          ["inc", "dec"],
+          [],
+          0,
+      )
+      for t in range(10)
+      for x in range(10)
   ] + [THINK_INC, THINK_WAIT] * 20
-  return models.train_tokenizer(texts, 300,
-                                str(tmp_path_factory.mktemp("tok")))
+  return models.train_tokenizer(texts, 300, str(tmp_path_factory.mktemp("tok")))
 
 
 def _toy_cfg(extra=""):
   return toy_grpo.get_config(
       "train.batch_tasks=2,train.group_size=2,rspo.alpha=0.5,env.max_steps=4,"
-      "rollout.max_prompt_tokens=256,rollout.max_new_tokens=16" + extra)
+      "rollout.max_prompt_tokens=256,rollout.max_new_tokens=16" + extra
+  )
 
 
 # ------------------------------------------------------------ fault hook
 
 
 def test_fault_hook_kills_at_the_nth_arrival_only():
-  code = ("from rspo_jax import faults\n"
-          "for i in range(3):\n"
-          "  faults.maybe_fail('collect')\n"
-          "  faults.maybe_fail('a_phase')\n"
-          "  print(i, flush=True)\n")
+  code = (
+      "from rspo_jax import faults\n"
+      "for i in range(3):\n"
+      "  faults.maybe_fail('collect')\n"
+      "  faults.maybe_fail('a_phase')\n"
+      "  print(i, flush=True)\n"
+  )
   env = dict(os.environ, PYTHONPATH=ROOT, RSPO_FAULT_AT="a_phase:2")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, env=env, timeout=60)
+  out = subprocess.run(
+      [sys.executable, "-c", code],
+      capture_output=True,
+      text=True,
+      env=env,
+      timeout=60,
+  )
   assert out.returncode == -9 and out.stdout == "0\n"
   faults.maybe_fail("a_phase")  # unset here: nothing happens
   assert faults.parse("checkpoint") == ("checkpoint", 1)
@@ -144,9 +165,13 @@ class _SilentServer:
 
 
 def _sglang_item(token_ids):
-  return {"text": "", "meta_info": {
-      "output_token_logprobs": [[-0.5, t, None] for t in token_ids],
-      "finish_reason": {"type": "length"}}}
+  return {
+      "text": "",
+      "meta_info": {
+          "output_token_logprobs": [[-0.5, t, None] for t in token_ids],
+          "finish_reason": {"type": "length"},
+      },
+  }
 
 
 class _Answering(http.server.BaseHTTPRequestHandler):
@@ -178,8 +203,7 @@ def test_hung_server_times_out_every_retry_and_is_named():
   error; health() and weight sync do not hang either."""
   srv = _SilentServer()
   try:
-    client = SGLangClient(srv.url, timeout_s=0.2, max_retries=2,
-                          backoff_s=0.01)
+    client = SGLangClient(srv.url, timeout_s=0.2, max_retries=2, backoff_s=0.01)
     with pytest.raises(SGLangError) as info:
       client.generate([[1, 2]], SamplingParams(max_new_tokens=1))
     msg = str(info.value)
@@ -198,7 +222,8 @@ def test_server_dying_mid_run_fails_over_then_names_it():
   client = SGLangClient([url_a, url_b], max_retries=1, backoff_s=0.0)
   p = SamplingParams(max_new_tokens=1)
   assert [r.token_ids.tolist() for r in client.generate([[1]] * 3, p)] == [
-      [3]] * 3
+      [3]
+  ] * 3
   a.shutdown()
   a.server_close()  # server A dies
   hits = b.hits
@@ -226,13 +251,15 @@ def test_garbage_token_ids_are_refused():
 
 
 def test_crashed_env_worker_fails_its_episodes_which_are_not_trained_on(
-    tokenizer, tmp_path):
+    tokenizer, tmp_path
+):
   """SIGKILL of an environment worker during a real collection: it is
   restarted, its two episodes come back failed, counted in
   stats['failed_episodes'] and dropped from what the trainer learns from."""
   cfg = _toy_cfg()
-  venv = VectorEnv("toy", {"max_steps": 4}, 4, num_workers=2,
-                   step_timeout_s=30.0)
+  venv = VectorEnv(
+      "toy", {"max_steps": 4}, 4, num_workers=2, step_timeout_s=30.0
+  )
   victim = venv.worker_of(0)
   assert venv.worker_of(1) == victim and venv.worker_of(2) != victim
 
@@ -242,9 +269,18 @@ def test_crashed_env_worker_fails_its_episodes_which_are_not_trained_on(
 
   engine = ScriptedEngine(tokenizer, lambda c, r: THINK_WAIT, kill_at_turn_1)
   trainer = RSPOTrainer(
-      cfg, policy=None, ref_params=None, critic=None, engine=engine,
-      venv=venv, tokenizer=tokenizer, workdir=str(tmp_path),
-      sync_engine=lambda *a: None, num_train_tasks=256, progress=False)
+      cfg,
+      policy=None,
+      ref_params=None,
+      critic=None,
+      engine=engine,
+      venv=venv,
+      tokenizer=tokenizer,
+      workdir=str(tmp_path),
+      sync_engine=lambda *a: None,
+      num_train_tasks=256,
+      progress=False,
+  )
   try:
     records, stats = trainer.collect_groups(None, 2, "B")
     assert stats["failed_episodes"] == 2 and stats["episodes"] == 4
@@ -269,19 +305,32 @@ def test_long_prompts_are_left_truncated_and_counted(tokenizer):
   engine = ScriptedEngine(tokenizer, lambda c, r: THINK_INC)
   cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=40)
   records, stats = collect(
-      engine, venv, tokenizer,
-      CollectRequest([5], 2, SamplingParams(max_new_tokens=16)), cfg)
+      engine,
+      venv,
+      tokenizer,
+      CollectRequest([5], 2, SamplingParams(max_new_tokens=16)),
+      cfg,
+  )
   start, target = toy.toy_task("train", 5)
-  full = prompts.render_chat(tokenizer, prompts.build_prompt(
-      "toy", f"reach the number {target}", f"The current number is {start}.",
-      ["inc", "dec"], [], 0))
+  full = prompts.render_chat(
+      tokenizer,
+      prompts.build_prompt(
+          "toy",
+          f"reach the number {target}",
+          f"The current number is {start}.",
+          ["inc", "dec"],
+          [],
+          0,
+      ),
+  )
   assert len(full) > 40  # so every prompt of the episode is truncated
   assert stats["prompt_truncated"] == len(records) == stats["env_steps"]
-  tail = tokenizer.encode("<|im_end|>\n<|im_start|>assistant\n",
-                          add_special_tokens=False)
+  tail = tokenizer.encode(
+      "<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+  )
   for r in records:  # the newest tokens survive: generation prompt last
     assert len(r.prompt_ids) == 40
-    assert r.prompt_ids[-len(tail):].tolist() == tail
+    assert r.prompt_ids[-len(tail) :].tolist() == tail
 
 
 # ------------------------------------------------------------- bad data
@@ -293,19 +342,25 @@ def test_corrupted_shard_in_the_buffer_is_named(tmp_path):
   version, missing fields, SIGKILL mid-shard."""
   d = str(tmp_path / "replay")
   buf = replay.ReplayBuffer(d)
-  steps = [StepRecord(task_id=0, group_id=0, traj_id=t, step_idx=0,
-                      prompt_ids=np.arange(5, dtype=np.int32),
-                      response_ids=np.arange(3, dtype=np.int32),
-                      behavior_logp=np.zeros(3, np.float32))
-           for t in range(4)]
+  steps = [
+      StepRecord(
+          task_id=0,
+          group_id=0,
+          traj_id=t,
+          step_idx=0,
+          prompt_ids=np.arange(5, dtype=np.int32),
+          response_ids=np.arange(3, dtype=np.int32),
+          behavior_logp=np.zeros(3, np.float32),
+      )
+      for t in range(4)
+  ]
   buf.add_trajectories([Trajectory([s]) for s in steps])
   (path,) = replay.list_shards(d)
   data = open(path, "rb").read()
   with open(path, "wb") as f:
     f.write(data[: len(data) // 2])
   with pytest.raises(replay.ReplayFormatError, match=re.escape(path)):
-    replay.ReplayBuffer(d).sample_groups(1, "reward",
-                                         np.random.default_rng(0))
+    replay.ReplayBuffer(d).sample_groups(1, "reward", np.random.default_rng(0))
 
 
 def test_checkpoint_of_another_config_or_shape_is_refused(tmp_path):
@@ -321,8 +376,9 @@ def test_checkpoint_of_another_config_or_shape_is_refused(tmp_path):
     ck.restore({"policy": {"w": jnp.ones((3, 3))}})
   with pytest.raises(ValueError, match="critic"):  # a GRPO checkpoint as PPO
     ck.restore({"policy": w, "critic": w})
-  states, meta = ck.restore({"policy": w},
-                            fingerprint={"model": "tiny", "algo": "grpo"})
+  states, meta = ck.restore(
+      {"policy": w}, fingerprint={"model": "tiny", "algo": "grpo"}
+  )
   np.testing.assert_array_equal(states["policy"]["w"], w["w"])
   ck.close()
   with open(os.path.join(d, "1", "meta", "metadata"), "w") as f:
@@ -351,70 +407,96 @@ def test_missing_model_files_are_named(tmp_path):
 # ------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("override, match", [
-    ("train.foo=1", "unknown config key 'train.foo'"),
-    ("seed.x=1", "unknown config key 'seed.x'"),
-    ("nokey", "is not key=value"),
-    ("train.batch_tasks=abc", "'train.batch_tasks' expects type int"),
-    ("steps=1.5", "'train.total_steps' expects type int"),
-    ("mesh.shape=2", "'mesh.shape' expects type tuple"),
-    ("rspo=maybe", "'rspo.enabled' wants a bool"),
-    ("rspo.alpha=2", "bad config value rspo.alpha=2.0"),
-    ("rspo.sampling=best", "bad config value rspo.sampling='best'"),
-    ("model=gpt5", "unknown model preset 'gpt5'"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("train.foo=1", "unknown config key 'train.foo'"),
+        ("seed.x=1", "unknown config key 'seed.x'"),
+        ("nokey", "is not key=value"),
+        ("train.batch_tasks=abc", "'train.batch_tasks' expects type int"),
+        ("steps=1.5", "'train.total_steps' expects type int"),
+        ("mesh.shape=2", "'mesh.shape' expects type tuple"),
+        ("rspo=maybe", "'rspo.enabled' wants a bool"),
+        ("rspo.alpha=2", "bad config value rspo.alpha=2.0"),
+        ("rspo.sampling=best", "bad config value rspo.sampling='best'"),
+        ("model=gpt5", "unknown model preset 'gpt5'"),
+    ],
+)
 def test_bad_config_overrides_name_the_key(override, match):
   with pytest.raises(ValueError, match=re.escape(match)):
     toy_grpo.get_config(override)
 
 
-@pytest.mark.parametrize("flag, match", [
-    ("--config.foo=1", "no config field 'foo'"),
-    ("--config.rspo.alpha=2.0", "bad config value rspo.alpha=2.0"),
-])
+@pytest.mark.parametrize(
+    "flag, match",
+    [
+        ("--config.foo=1", "no config field 'foo'"),
+        ("--config.rspo.alpha=2.0", "bad config value rspo.alpha=2.0"),
+    ],
+)
 def test_train_cli_refuses_bad_flags_before_running(flag, match):
-  cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
-         f"--config={ROOT}/configs/toy_grpo.py", flag, "--dry_run"]
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, XLA_FLAGS=""))
+  cmd = [
+      sys.executable,
+      os.path.join(ROOT, "launch/train.py"),
+      f"--config={ROOT}/configs/toy_grpo.py",
+      flag,
+      "--dry_run",
+  ]
+  out = subprocess.run(
+      cmd,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env=dict(os.environ, XLA_FLAGS=""),
+  )
   assert out.returncode != 0 and match in out.stderr, out.stderr[-2000:]
   assert not out.stdout.strip()  # no plan printed, nothing trained
 
 
-@pytest.mark.parametrize("shape, match", [
-    ((16, 1, 1), "does not fit the 8 available devices"),
-    ((3, -1, 1), "does not fit the 8 available devices"),
-    ((-1, -1, 1), "at most one -1"),
-    ((0, 1, 1), "does not fit"),
-    ((8, 1), "3 entries"),
-])
+@pytest.mark.parametrize(
+    "shape, match",
+    [
+        ((16, 1, 1), "does not fit the 8 available devices"),
+        ((3, -1, 1), "does not fit the 8 available devices"),
+        ((-1, -1, 1), "at most one -1"),
+        ((0, 1, 1), "does not fit"),
+        ((8, 1), "3 entries"),
+    ],
+)
 def test_impossible_meshes_are_refused(shape, match):
   assert len(jax.devices()) == 8  # conftest
   with pytest.raises(ValueError, match=re.escape(match)):
     sharding.make_mesh(shape)
 
 
-@pytest.mark.parametrize("reply, penalised", [
-    ("just text, no tags", True),
-    ("<think>t</think><action></action>", True),
-    ("<action>inc", True),  # never closed
-    ("\x00\x01\ufffd binary-ish \x7f", True),
-    pytest.param("x" * 2000, True, id="2000-chars"),  # > max_new_tokens
-    ([2, 2, 2], True),  # only special tokens: decodes to ""
-    ([], True),  # an empty reply
-    ([299, 5000, 1 << 20], True),  # ids past the tokenizer (padded vocab)
-    # Well formed, but not an action of this environment: not penalised
-    # (verl-agent's rule), and nothing moves.
-    ("<think>向上</think><action>增加</action>", False),
-    ("<think>t</think><action>זוז ימינה</action>", False),
-])
+@pytest.mark.parametrize(
+    "reply, penalised",
+    [
+        ("just text, no tags", True),
+        ("<think>t</think><action></action>", True),
+        ("<action>inc", True),  # never closed
+        ("\x00\x01\ufffd binary-ish \x7f", True),
+        pytest.param("x" * 2000, True, id="2000-chars"),  # > max_new_tokens
+        ([2, 2, 2], True),  # only special tokens: decodes to ""
+        ([], True),  # an empty reply
+        ([299, 5000, 1 << 20], True),  # ids past the tokenizer (padded vocab)
+        # Well formed, but not an action of this environment: not penalised
+        # (verl-agent's rule), and nothing moves.
+        ("<think>向上</think><action>增加</action>", False),
+        ("<think>t</think><action>זוז ימינה</action>", False),
+    ],
+)
 def test_malformed_replies_change_nothing(tokenizer, reply, penalised):
   venv = VectorEnv("toy", {"max_steps": 3}, 2, use_processes=False)
   engine = ScriptedEngine(tokenizer, lambda c, r: reply)
   cfg = CollectConfig(env_name="toy", max_steps=3, max_prompt_tokens=256)
   records, stats = collect(
-      engine, venv, tokenizer,
-      CollectRequest([7], 2, SamplingParams(max_new_tokens=16)), cfg)
+      engine,
+      venv,
+      tokenizer,
+      CollectRequest([7], 2, SamplingParams(max_new_tokens=16)),
+      cfg,
+  )
   assert len(records) == 6 and stats["failed_episodes"] == 0
   assert stats["invalid_action_rate"] == float(penalised)
   for r in records:
@@ -430,11 +512,16 @@ def test_action_without_think_is_sent_but_penalised(tokenizer):
   engine = ScriptedEngine(tokenizer, lambda c, r: "<action>inc</action>")
   cfg = CollectConfig(env_name="toy", max_steps=2, max_prompt_tokens=256)
   records, _ = collect(
-      engine, venv, tokenizer,
-      CollectRequest([7], 1, SamplingParams(max_new_tokens=16)), cfg)
+      engine,
+      venv,
+      tokenizer,
+      CollectRequest([7], 1, SamplingParams(max_new_tokens=16)),
+      cfg,
+  )
   start, _ = toy.toy_task("train", 7)
   assert [r.anchor_obs for r in records] == [
-      f"The current number is {start + i}." for i in range(len(records))]
+      f"The current number is {start + i}." for i in range(len(records))
+  ]
   assert all(r.invalid and r.action == "inc" for r in records)
 
 
@@ -443,7 +530,8 @@ def test_action_without_think_is_sent_but_penalised(tokenizer):
 _UNSAFE = re.compile(
     r"\bimport pickle\b|\bpickle\.loads?\(|\bcloudpickle\b|\bdill\b|"
     r"torch\.load\(|allow_pickle\s*=\s*True|joblib\.load|"
-    r"trust_remote_code\s*=\s*True|\beval\(|\bexec\(")
+    r"trust_remote_code\s*=\s*True|\beval\(|\bexec\("
+)
 
 
 def _sources():
@@ -468,25 +556,31 @@ _ALLOWED = {
 def test_only_safe_loaders_in_the_package():
   """Weights come from safetensors, run state from orbax, replay from our
   own byte format: nothing that unpickles or runs downloaded code."""
-  hits = {(p, m.group()) for p, text in _sources()
-          for m in _UNSAFE.finditer(text)}
+  hits = {
+      (p, m.group()) for p, text in _sources() for m in _UNSAFE.finditer(text)
+  }
   assert hits <= _ALLOWED, hits - _ALLOWED
-  calls = [(p, m.group()) for p, text in _sources()
-           for m in re.finditer(r"from_pretrained\([^)]*\)", text, re.S)]
+  calls = [
+      (p, m.group())
+      for p, text in _sources()
+      for m in re.finditer(r"from_pretrained\([^)]*\)", text, re.S)
+  ]
   assert calls and all("trust_remote_code=False" in c for _, c in calls)
 
 
 def test_servers_bind_localhost_by_default(tokenizer):
   default = inspect.signature(http_server.make_server).parameters["host"]
   assert default.default == "127.0.0.1"
-  srv = http_server.make_server(ScriptedEngine(tokenizer, lambda c, r: ""),
-                                port=0)
+  srv = http_server.make_server(
+      ScriptedEngine(tokenizer, lambda c, r: ""), port=0
+  )
   try:
     assert srv.server_address[0] == "127.0.0.1"
   finally:
     srv.server_close()
   spec = importlib.util.spec_from_file_location(
-      "serve_rollout", os.path.join(ROOT, "launch/serve_rollout.py"))
+      "serve_rollout", os.path.join(ROOT, "launch/serve_rollout.py")
+  )
   serve_rollout = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(serve_rollout)
   assert serve_rollout.parse_args(["--preset", "tiny"]).host == "127.0.0.1"

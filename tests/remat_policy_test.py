@@ -10,8 +10,15 @@ from jax._src.ad_checkpoint import saved_residuals
 from rspo_jax import models
 
 POLICIES = ("none", "dots", "full")
-SHAPE = dict(num_layers=2, hidden_size=64, intermediate_size=128,
-             num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=256)
+SHAPE = dict(
+    num_layers=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    vocab_size=256,
+)
 
 
 def test_policies_keep_less_in_order_and_give_the_same_loss_and_grads():
@@ -26,8 +33,11 @@ def test_policies_keep_less_in_order_and_give_the_same_loss_and_grads():
 
   def loss_of(policy, **kw):
     cfg = models.get_model_config("tiny", remat=policy, **SHAPE, **kw)
-    graphdef, p, rest = nnx.split(nnx.eval_shape(
-        lambda: models.Transformer(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    graphdef, p, rest = nnx.split(
+        nnx.eval_shape(lambda: models.Transformer(cfg, rngs=nnx.Rngs(0))),
+        nnx.Param,
+        ...,
+    )
 
     def loss(p, rest=rest):
       logits = nnx.merge(graphdef, p, rest)(ids, pos, mask)[0]
@@ -35,22 +45,26 @@ def test_policies_keep_less_in_order_and_give_the_same_loss_and_grads():
 
     return loss, p
 
-  for scan, dtype in ((True, "bfloat16"), (False, "bfloat16"),
-                      (True, "float32")):
+  for scan, dtype in (
+      (True, "bfloat16"),
+      (False, "bfloat16"),
+      (True, "float32"),
+  ):
     kept = {}
     for policy in POLICIES:
       loss, p = loss_of(policy, scan_layers=scan, dtype=dtype)
-      kept[policy] = sum(a.size * a.dtype.itemsize
-                         for a, _ in saved_residuals(loss, p))
+      kept[policy] = sum(
+          a.size * a.dtype.itemsize for a, _ in saved_residuals(loss, p)
+      )
     assert kept["none"] > kept["dots"] > kept["full"], (scan, dtype, kept)
-  losses = {policy: loss_of(policy, scan_layers=True)[0]
-            for policy in POLICIES}
+  losses = {policy: loss_of(policy, scan_layers=True)[0] for policy in POLICIES}
   model = models.create_model(
-      models.get_model_config("tiny", scan_layers=True, **SHAPE), seed=1)
+      models.get_model_config("tiny", scan_layers=True, **SHAPE), seed=1
+  )
   _, params, rest = nnx.split(model, nnx.Param, ...)
-  results = jax.jit(lambda p, r: {
-      k: jax.value_and_grad(f)(p, r) for k, f in losses.items()})(
-          params, rest)
+  results = jax.jit(
+      lambda p, r: {k: jax.value_and_grad(f)(p, r) for k, f in losses.items()}
+  )(params, rest)
   l0, g0 = results["none"]
   for policy in ("dots", "full"):
     l1, g1 = results[policy]

@@ -13,12 +13,19 @@ from rspo_jax.types import Batch
 
 def _batch(old, behavior, loss_mask, off):
   z = np.zeros_like(np.asarray(old, np.float32))
-  return Batch(tokens=z.astype(np.int32), positions=z.astype(np.int32),
-               attention_mask=np.ones_like(z), loss_mask=np.asarray(
-                   loss_mask, np.float32), advantages=z,
-               old_logp=np.asarray(old, np.float32), ref_logp=z,
-               behavior_logp=np.asarray(behavior, np.float32), returns=z,
-               old_values=z, is_offpolicy=np.asarray(off, bool))
+  return Batch(
+      tokens=z.astype(np.int32),
+      positions=z.astype(np.int32),
+      attention_mask=np.ones_like(z),
+      loss_mask=np.asarray(loss_mask, np.float32),
+      advantages=z,
+      old_logp=np.asarray(old, np.float32),
+      ref_logp=z,
+      behavior_logp=np.asarray(behavior, np.float32),
+      returns=z,
+      old_values=z,
+      is_offpolicy=np.asarray(off, bool),
+  )
 
 
 def test_gaps_are_replayed_response_tokens_only():
@@ -36,15 +43,21 @@ def test_divergence_hand_values():
   0.2 on 3 of 4; k3 = mean(exp(-g) - 1 + g)."""
   g = np.array([0.5, -0.5, 0.0, 1.0])
   m = update.replay_divergence(g)
-  k3 = ((math.exp(-0.5) - 1 + 0.5) + (math.exp(0.5) - 1 - 0.5) + 0.0
-        + (math.exp(-1.0) - 1 + 1.0)) / 4
-  assert m == pytest.approx({
-      "replay_logp_b_minus_old": 0.25,
-      "replay_logp_b_minus_old_max": 1.0,
-      "replay_logp_b_minus_old_median": 0.25,
-      "replay_kl_b_old_k3": k3,
-      "replay_log_c_big_frac": 0.75,
-  })
+  k3 = (
+      (math.exp(-0.5) - 1 + 0.5)
+      + (math.exp(0.5) - 1 - 0.5)
+      + 0.0
+      + (math.exp(-1.0) - 1 + 1.0)
+  ) / 4
+  assert m == pytest.approx(
+      {
+          "replay_logp_b_minus_old": 0.25,
+          "replay_logp_b_minus_old_max": 1.0,
+          "replay_logp_b_minus_old_median": 0.25,
+          "replay_kl_b_old_k3": k3,
+          "replay_log_c_big_frac": 0.75,
+      }
+  )
   assert k3 == pytest.approx(0.15578, abs=1e-5)  # (0.1065+0.1487+0+0.3679)/4
 
 

@@ -21,24 +21,34 @@ def tracked_sizes() -> dict[str, int]:
   """{path: bytes} of the tracked files present in the working tree."""
   if shutil.which("git") is None:
     pytest.skip("git is not installed")
-  proc = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT,
-                        capture_output=True)
+  proc = subprocess.run(
+      ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True
+  )
   if proc.returncode != 0:
     pytest.skip("not a git checkout")
   paths = [p for p in proc.stdout.decode().split("\0") if p]
-  return {p: os.path.getsize(os.path.join(ROOT, p)) for p in paths
-          if os.path.isfile(os.path.join(ROOT, p))}
+  return {
+      p: os.path.getsize(os.path.join(ROOT, p))
+      for p in paths
+      if os.path.isfile(os.path.join(ROOT, p))
+  }
 
 
 def test_no_tracked_docs_file_over_1_mib():
-  big = {p: n for p, n in tracked_sizes().items()
-         if p.startswith("docs/") and n > MAX_DOCS_FILE_BYTES}
+  big = {
+      p: n
+      for p, n in tracked_sizes().items()
+      if p.startswith("docs/") and n > MAX_DOCS_FILE_BYTES
+  }
   assert not big, f"tracked files under docs/ over 1 MiB: {big}"
 
 
 def test_no_weights_under_docs():
-  weights = [p for p in tracked_sizes()
-             if p.startswith("docs/") and p.endswith(".safetensors")]
+  weights = [
+      p
+      for p in tracked_sizes()
+      if p.startswith("docs/") and p.endswith(".safetensors")
+  ]
   assert not weights, f"weights tracked under docs/: {weights[:5]}"
 
 
@@ -48,4 +58,5 @@ def test_tracked_tree_under_40_mib():
   largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
   assert total <= MAX_TREE_BYTES, (
       f"the tracked tree holds {total} bytes, over {MAX_TREE_BYTES};"
-      f" largest: {largest}")
+      f" largest: {largest}"
+  )

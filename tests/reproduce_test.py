@@ -33,20 +33,37 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def no_policy_export(monkeypatch):
   """No test starts launch/export.py (JAX): a fake run's checkpoint is not
   one; test_final_policy_* put in a fake exporter."""
-  monkeypatch.setattr(ra, "export_policy", lambda *a, **k: {
-      "exported": False, "reason": "no export in these tests"})
+  monkeypatch.setattr(
+      ra,
+      "export_policy",
+      lambda *a, **k: {"exported": False, "reason": "no export in these tests"},
+  )
 
 
-def fake_run(root, name, success=None, score=0.0, start=0.1,
-             repeats=(1.0, 3.0), config=None):
+def fake_run(
+    root,
+    name,
+    success=None,
+    score=0.0,
+    start=0.1,
+    repeats=(1.0, 3.0),
+    config=None,
+):
   """A run dir as launch/train.py leaves it; unfinished when success=None."""
   wd = os.path.join(str(root), name)
   w = MetricsWriter(wd, tensorboard=False)
   w.write(0, "eval", {"success_rate": start})
   for s, r in enumerate(repeats, start=1):
-    w.write(s, "A", {"rollout_success_rate": 0.1 * s, "env_steps": 10 * s,
-                     "rollout_repeated_states": r,
-                     "dense_reward_mean": 0.5 * s})
+    w.write(
+        s,
+        "A",
+        {
+            "rollout_success_rate": 0.1 * s,
+            "env_steps": 10 * s,
+            "rollout_repeated_states": r,
+            "dense_reward_mean": 0.5 * s,
+        },
+    )
   w.close()
   with open(os.path.join(wd, "eval_start.json"), "w") as f:
     json.dump({"success_rate": start, "score": start}, f)
@@ -81,8 +98,10 @@ def test_main_grid_is_the_papers_table():
   (one,) = grid.main_grid(["webshop"], ["gigpo"], [200], ["baseline"])
   assert one.name == "webshop_gigpo_baseline_s200"
   arg = one.config_arg("train.lr=0.001")
-  assert arg == (os.path.join(ROOT, "configs", "webshop_gigpo.py")
-                 + ":rspo=0,seed=200,train.lr=0.001")
+  assert arg == (
+      os.path.join(ROOT, "configs", "webshop_gigpo.py")
+      + ":rspo=0,seed=200,train.lr=0.001"
+  )
   with pytest.raises(ValueError, match=r"unknown env \['webshp'\]"):
     grid.main_grid(envs=["webshp"])
   with pytest.raises(ValueError, match="unknown variant"):
@@ -133,29 +152,46 @@ def test_no_experiments_module_imports_one_that_imports_it_back():
   """experiments/'s imports (top level or in functions) form no cycle; a
   package (report/) is one node, its files' imports together."""
   folder = os.path.join(ROOT, "experiments")
-  files = {f[:-3]: [os.path.join(folder, f)] for f in os.listdir(folder)
-           if f.endswith(".py")}
-  files.update({d: [os.path.join(folder, d, f)
-                    for f in os.listdir(os.path.join(folder, d))
-                    if f.endswith(".py")]
-                for d in os.listdir(folder)
-                if os.path.isfile(os.path.join(folder, d, "__init__.py"))})
+  files = {
+      f[:-3]: [os.path.join(folder, f)]
+      for f in os.listdir(folder)
+      if f.endswith(".py")
+  }
+  files.update(
+      {
+          d: [
+              os.path.join(folder, d, f)
+              for f in os.listdir(os.path.join(folder, d))
+              if f.endswith(".py")
+          ]
+          for d in os.listdir(folder)
+          if os.path.isfile(os.path.join(folder, d, "__init__.py"))
+      }
+  )
   names = set(files)
   graph = {}
   for name, paths in files.items():
     graph[name] = set()
     for path in paths:
       tree = ast.parse(open(path).read())
-      graph[name] |= {a.name.split(".")[0] for n in ast.walk(tree)
-                      if isinstance(n, ast.Import) for a in n.names} | {
-                          n.module.split(".")[0] for n in ast.walk(tree)
-                          if isinstance(n, ast.ImportFrom) and n.module}
+      graph[name] |= {
+          a.name.split(".")[0]
+          for n in ast.walk(tree)
+          if isinstance(n, ast.Import)
+          for a in n.names
+      } | {
+          n.module.split(".")[0]
+          for n in ast.walk(tree)
+          if isinstance(n, ast.ImportFrom) and n.module
+      }
     graph[name] &= names - {name}
   assert {"grid", "runner", "reproduce", "report"} <= names  # found them
 
   def reaches(start, goal, seen):
-    return any(n == goal or (n not in seen and reaches(n, goal, seen | {n}))
-               for n in graph[start])
+    return any(
+        n == goal or (n not in seen and reaches(n, goal, seen | {n}))
+        for n in graph[start]
+    )
 
   assert [m for m in sorted(names) if reaches(m, m, set())] == []
 
@@ -170,14 +206,16 @@ def test_finished_runs_are_skipped_without_starting_anything(tmp_path):
   for s in specs:
     fake_run(tmp_path, s.name, success=0.5)
   # A nonexistent interpreter: any launch would fail the run.
-  res = runner.run_grid(specs, str(tmp_path), python="/nonexistent/python",
-                        parallel=2, echo=False)
+  res = runner.run_grid(
+      specs, str(tmp_path), python="/nonexistent/python", parallel=2, echo=False
+  )
   assert [r["status"] for r in res] == ["skipped", "skipped"]
   assert not os.path.exists(tmp_path / specs[0].name / "train.log")
   # An unfinished one is started: with that interpreter it fails, named.
   (seed1,) = grid.main_grid(["toy"], ["grpo"], [1], ["rspo"])
-  res = runner.run_grid(specs + [seed1], str(tmp_path),
-                        python="/nonexistent/python", echo=False)
+  res = runner.run_grid(
+      specs + [seed1], str(tmp_path), python="/nonexistent/python", echo=False
+  )
   assert [r["status"] for r in res] == ["skipped", "skipped", "failed"]
   assert "/nonexistent/python" in res[2]["error"]
 
@@ -185,18 +223,33 @@ def test_finished_runs_are_skipped_without_starting_anything(tmp_path):
 def test_workdir_of_another_config_is_refused(tmp_path):
   (spec,) = grid.main_grid(["toy"], ["grpo"], [0], ["rspo"])
   fake_run(tmp_path, spec.name, config="something else")
-  (res,) = runner.run_grid([spec], str(tmp_path), python="/nonexistent/python",
-                           echo=False)
+  (res,) = runner.run_grid(
+      [spec], str(tmp_path), python="/nonexistent/python", echo=False
+  )
   assert res["status"] == "failed"
   assert "something else" in res["error"] and "--root" in res["error"]
 
 
-def test_failed_run_is_reported_and_the_report_still_written(tmp_path,
-                                                             capsys):
+def test_failed_run_is_reported_and_the_report_still_written(tmp_path, capsys):
   root, out = tmp_path / "runs", tmp_path / "results"
-  rc = rp.main(["--envs", "toy", "--algos", "grpo", "--seeds", "0",
-                "--variants", "baseline", "--extra", "no.such_key=1",
-                "--root", str(root), "--out", str(out)])
+  rc = rp.main(
+      [
+          "--envs",
+          "toy",
+          "--algos",
+          "grpo",
+          "--seeds",
+          "0",
+          "--variants",
+          "baseline",
+          "--extra",
+          "no.such_key=1",
+          "--root",
+          str(root),
+          "--out",
+          str(out),
+      ]
+  )
   assert rc == 1
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   # The shared warm start fails first; the run is reported, not started.
@@ -208,9 +261,25 @@ def test_failed_run_is_reported_and_the_report_still_written(tmp_path,
   assert all(c["n"] == 0 for c in report["cells"])
   assert not os.path.exists(out / "toy_grpo_step.png")
   # Each run making its own warm start: the run itself fails, named.
-  rc = rp.main(["--envs", "toy", "--algos", "grpo", "--seeds", "0",
-                "--variants", "baseline", "--extra", "no.such_key=1",
-                "--root", str(root), "--out", str(out), "--own_warm_start"])
+  rc = rp.main(
+      [
+          "--envs",
+          "toy",
+          "--algos",
+          "grpo",
+          "--seeds",
+          "0",
+          "--variants",
+          "baseline",
+          "--extra",
+          "no.such_key=1",
+          "--root",
+          str(root),
+          "--out",
+          str(out),
+          "--own_warm_start",
+      ]
+  )
   assert rc == 1
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   assert lines[0]["status"] == "failed" and lines[0]["rc"] != 0
@@ -220,8 +289,17 @@ def test_failed_run_is_reported_and_the_report_still_written(tmp_path,
 
 def test_runs_start_from_one_shared_warm_start(tmp_path, capsys):
   root = tmp_path / "runs"
-  args = ["--envs", "toy", "--algos", "grpo,ppo", "--seeds", "0",
-          "--root", str(root), "--dry_run"]
+  args = [
+      "--envs",
+      "toy",
+      "--algos",
+      "grpo,ppo",
+      "--seeds",
+      "0",
+      "--root",
+      str(root),
+      "--dry_run",
+  ]
   assert rp.main(args) == 0
   cmds = capsys.readouterr().out.splitlines()
   policy = os.path.join(str(root), "warm_start_toy", "warm_start")
@@ -231,12 +309,14 @@ def test_runs_start_from_one_shared_warm_start(tmp_path, capsys):
   # A warm start made with another config is refused, and names both.
   os.makedirs(root / "warm_start_toy")
   (root / "warm_start_toy" / "done.json").write_text(
-      json.dumps({"config": "other"}))
+      json.dumps({"config": "other"})
+  )
   r = runner.shared_warm_start("toy", str(root), python="/nonexistent/python")
   assert r["status"] == "failed" and "other" in r["error"]
   # The same config: finished, nothing started (the interpreter is bogus).
   (root / "warm_start_toy" / "done.json").write_text(
-      json.dumps({"config": runner.sft_config_arg("toy")}))
+      json.dumps({"config": runner.sft_config_arg("toy")})
+  )
   r = runner.shared_warm_start("toy", str(root), python="/nonexistent/python")
   assert r["status"] == "skipped" and r["policy"] == policy
   # A user's own checkpoint wins: no shared warm start at all.
@@ -245,8 +325,20 @@ def test_runs_start_from_one_shared_warm_start(tmp_path, capsys):
   assert len(cmds) == 4 and all("sft.py" not in c for c in cmds)
   # Reports only: nothing is made.
   other = tmp_path / "other"
-  assert rp.main(["--envs", "toy", "--root", str(other), "--out",
-                  str(tmp_path / "out"), "--report_only"]) == 0
+  assert (
+      rp.main(
+          [
+              "--envs",
+              "toy",
+              "--root",
+              str(other),
+              "--out",
+              str(tmp_path / "out"),
+              "--report_only",
+          ]
+      )
+      == 0
+  )
   assert not os.path.exists(other / "warm_start_toy")
 
 
@@ -258,16 +350,17 @@ def test_evaluation_of_a_finished_run_uses_its_trained_config(tmp_path):
   (spec,) = grid.study_grid(["alfworld"], ["grpo"], [0], ["baseline"])
   trained = spec.config_arg("x=1") + ",model.checkpoint_dir=/ws/warm_start"
   wd = fake_run(tmp_path, spec.name, success=0.05, config=trained)
-  r = sampled_eval.sampled_final_eval(spec, str(tmp_path), "x=1",
-                                      python="/bin/true")
+  r = sampled_eval.sampled_final_eval(
+      spec, str(tmp_path), "x=1", python="/bin/true"
+  )
   assert r["status"] == "failed"  # /bin/true writes no evaluation
   (line,) = [l for l in open(os.path.join(wd, "train.log")) if "--config" in l]
   assert f"--config={trained} " in line
   # No run.json (e.g. a run dir made by hand): the spec's config.
   os.remove(os.path.join(wd, "run.json"))
-  sampled_eval.sampled_final_eval(spec, str(tmp_path), "x=1",
-                                  python="/bin/true", tag="t10",
-                                  temperature=1.0)
+  sampled_eval.sampled_final_eval(
+      spec, str(tmp_path), "x=1", python="/bin/true", tag="t10", temperature=1.0
+  )
   last = open(os.path.join(wd, "train.log")).read().splitlines()[-1]
   assert f"--config={spec.config_arg('x=1')} " in last
 
@@ -279,11 +372,18 @@ def test_evaluation_of_a_finished_run_uses_its_trained_config(tmp_path):
 
 def test_env_report_numbers_table_and_curves(tmp_path):
   root, out = tmp_path / "runs", str(tmp_path / "results")
-  fake_run(root, "webshop_grpo_baseline_s0", success=0.5, score=0.6,
-           config="cfg-b")
+  fake_run(
+      root, "webshop_grpo_baseline_s0", success=0.5, score=0.6, config="cfg-b"
+  )
   fake_run(root, "webshop_grpo_baseline_s200", success=0.7, score=0.8)
-  fake_run(root, "webshop_grpo_rspo_s0", success=0.8, score=0.9, start=0.2,
-           config=os.path.join(grid.ROOT, "configs", "webshop_grpo.py:rspo=1"))
+  fake_run(
+      root,
+      "webshop_grpo_rspo_s0",
+      success=0.8,
+      score=0.9,
+      start=0.2,
+      config=os.path.join(grid.ROOT, "configs", "webshop_grpo.py:rspo=1"),
+  )
   fake_run(root, "webshop_grpo_rspo_s400")  # unfinished: not counted
   fake_run(root, "webshop_grpo_rspo_h_s0", success=1.0)  # another cell
   reports.env_report(str(root), "webshop", out, echo=False)
@@ -292,7 +392,13 @@ def test_env_report_numbers_table_and_curves(tmp_path):
   assert report["dense_reward"] == ["oracle"]
   cells = {(c["algo"], c["variant"]): c for c in report["cells"]}
   assert [c["label"] for c in report["cells"]] == [
-      "GRPO", "RSPO+GRPO", "PPO", "RSPO+PPO", "GiGPO", "RSPO+GiGPO"]
+      "GRPO",
+      "RSPO+GRPO",
+      "PPO",
+      "RSPO+PPO",
+      "GiGPO",
+      "RSPO+GiGPO",
+  ]
   b = cells["grpo", "baseline"]
   assert b["n"] == 2 and b["seeds"] == [0, 200]
   assert b["success"] == pytest.approx({"mean": 60.0, "std": 10.0})
@@ -307,12 +413,12 @@ def test_env_report_numbers_table_and_curves(tmp_path):
   assert cells["ppo", "baseline"]["success"] == {"mean": None, "std": None}
   md = open(os.path.join(out, "webshop.md")).read()
   assert "| GRPO | 60.0 ± 10.0 | 70.0 ± 10.0 | 2 | 10.0 ± 0.0 | 65.1 |" in md
-  assert ("| RSPO+GRPO | 80.0 ± 0.0 | 90.0 ± 0.0 | 1 | 20.0 ± 0.0 | 70.6 |"
-          in md)
+  assert "| RSPO+GRPO | 80.0 ± 0.0 | 90.0 ± 0.0 | 1 | 20.0 ± 0.0 | 70.6 |" in md
   assert "| PPO | — | — | 0 | — | 57.3 |" in md
   assert "dense reward `rspo.dense_reward=oracle`" in md
   assert report["curves"] == {
-      "grpo": ["webshop_grpo_step.png", "webshop_grpo_env_steps.png"]}
+      "grpo": ["webshop_grpo_step.png", "webshop_grpo_env_steps.png"]
+  }
   for x in ("step", "env_steps"):
     assert is_png(os.path.join(out, f"webshop_grpo_{x}.png"))
     assert not os.path.exists(os.path.join(out, f"webshop_ppo_{x}.png"))
@@ -326,8 +432,7 @@ def test_ablation_report_rows_repeats_and_dense_plot(tmp_path):
   fake_run(root, "webshop_grpo_sample_random_s0", success=0.1)
   fake_run(root, "webshop_grpo_dense_only_s0", success=0.0)
   fake_run(root, "webshop_grpo_dense_only_s200", success=0.2)
-  path = reports.ablation_report(str(root), "webshop", "grpo", out,
-                                 echo=False)
+  path = reports.ablation_report(str(root), "webshop", "grpo", out, echo=False)
   assert path == os.path.join(out, "ablations.md")
   report = json.load(open(os.path.join(out, "ablations.json")))
   rows = {(r["group"], r["setting"]): r for r in report["rows"]}
@@ -336,7 +441,8 @@ def test_ablation_report_rows_repeats_and_dense_plot(tmp_path):
     assert rows[key]["success"] == pytest.approx({"mean": 60.0, "std": 10.0})
     # per run: mean(1, 3) = 2 and mean(2, 4) = 3 -> 2.5 +- 0.5
     assert rows[key]["repeated_states"] == pytest.approx(
-        {"mean": 2.5, "std": 0.5})
+        {"mean": 2.5, "std": 0.5}
+    )
     assert rows[key]["paper_success"] == 70.6
   assert rows["sampling", "random"]["paper_success"] == 12.8
   assert rows["sampling", "variance"]["n"] == 0
@@ -344,16 +450,17 @@ def test_ablation_report_rows_repeats_and_dense_plot(tmp_path):
   assert rows["data source", "RSPO_O"]["paper_success"] == 64.1
   assert rows["dense only", "dense reward alone"]["n"] == 2
   md = open(path).read()
-  assert ("| sampling | reward | 60.0 ± 10.0 | 0.0 ± 0.0 | 2 | 2.50 ± 0.50"
-          " | 70.6 |") in md
+  assert (
+      "| sampling | reward | 60.0 ± 10.0 | 0.0 ± 0.0 | 2 | 2.50 ± 0.50"
+      " | 70.6 |"
+  ) in md
   assert "| sampling | variance | — | — | 0 | — | 63.0 |" in md
   assert report["dense_only_plot"] == "ablations_dense_only.png"
   assert is_png(os.path.join(out, "ablations_dense_only.png"))
   assert no_tmp_files(out)
   # Another cell than the paper's: own file names, no paper numbers.
   fake_run(root, "toy_grpo_dense_only_s0", success=0.0)
-  path = reports.ablation_report(str(root), "toy", "grpo", out,
-                                 echo=False)
+  path = reports.ablation_report(str(root), "toy", "grpo", out, echo=False)
   assert path == os.path.join(out, "ablations_toy_grpo.md")
   report = json.load(open(os.path.join(out, "ablations_toy_grpo.json")))
   assert all(r["paper_success"] is None for r in report["rows"])
@@ -371,23 +478,41 @@ def test_two_run_grid_end_to_end_then_skips(tmp_path, capsys, monkeypatch):
 
   monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device in the runs
   root, out = tmp_path / "runs", tmp_path / "results"
-  args = ["--envs", "toy", "--algos", "grpo", "--seeds", "0", "--extra",
-          MICRO, "--root", str(root), "--out", str(out), "--parallel", "2"]
+  args = [
+      "--envs",
+      "toy",
+      "--algos",
+      "grpo",
+      "--seeds",
+      "0",
+      "--extra",
+      MICRO,
+      "--root",
+      str(root),
+      "--out",
+      str(out),
+      "--parallel",
+      "2",
+  ]
   assert rp.main(args) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   # One shared warm start first, then both runs start from it.
   assert lines[0]["run"] == "warm_start_toy" and lines[0]["status"] == "done"
   # ... evaluated once; each run takes that evaluation as its start.
   assert lines[1]["run"] == "start_eval_toy" and lines[1]["status"] == "done"
-  shared_eval = json.loads((root / "warm_start_toy" / "eval_start.json")
-                           .read_text())
+  shared_eval = json.loads(
+      (root / "warm_start_toy" / "eval_start.json").read_text()
+  )
   assert sorted(l["status"] for l in lines[2:] if "status" in l) == [
-      "done", "done"]
+      "done",
+      "done",
+  ]
   for d in ("toy_grpo_baseline_s0", "toy_grpo_rspo_s0"):
     config = json.loads((root / d / "run.json").read_text())["config"]
     assert f"model.checkpoint_dir={lines[0]['policy']}" in config
     assert json.loads((root / d / "eval_start.json").read_text()) == (
-        shared_eval)
+        shared_eval
+    )
     evals = [r for r in read_metrics(str(root / d / "metrics.jsonl"), "eval")]
     assert [r["step"] for r in evals] == [0, 2]
     assert evals[0]["success_rate"] == shared_eval["success_rate"]
@@ -405,9 +530,12 @@ def test_two_run_grid_end_to_end_then_skips(tmp_path, capsys, monkeypatch):
   assert rp.main(args) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   assert sorted(l["status"] for l in lines if "status" in l) == [
-      "skipped", "skipped"]  # the warm start is not even looked at
-  assert logs == {d: (root / d / "train.log").stat().st_size
-                  for d in os.listdir(root)}
+      "skipped",
+      "skipped",
+  ]  # the warm start is not even looked at
+  assert logs == {
+      d: (root / d / "train.log").stat().st_size for d in os.listdir(root)
+  }
 
 
 # --------------------------------------------------------------------------
@@ -417,24 +545,38 @@ def test_two_run_grid_end_to_end_then_skips(tmp_path, capsys, monkeypatch):
 
 def write_eval(path, wins, seeds=(0,)):
   """An evaluation file with per_task: ``wins[g]`` the same at every seed."""
-  per_task = [{"seed": s, "task_id": g, "won": int(w), "score": float(w)}
-              for s in seeds for g, w in enumerate(wins)]
+  per_task = [
+      {"seed": s, "task_id": g, "won": int(w), "score": float(w)}
+      for s in seeds
+      for g, w in enumerate(wins)
+  ]
   os.makedirs(os.path.dirname(str(path)), exist_ok=True)
   with open(path, "w") as f:
-    json.dump({"success_rate": sum(wins) / len(wins), "score": 0.0,
-               "per_task": per_task}, f)
+    json.dump(
+        {
+            "success_rate": sum(wins) / len(wins),
+            "score": 0.0,
+            "per_task": per_task,
+        },
+        f,
+    )
 
 
 def test_study_grid_cells_and_overrides():
   specs = grid.study_grid()
   assert len(specs) == (4 + 4) * 3 and {s.env for s in specs} == {"webshop"}
   assert {(s.algo, s.variant) for s in specs} == {
-      (algo, variant) for algo in ("grpo", "gigpo") for variant in (
-          "baseline", "rspo", "sample_variance", "sample_random")}
+      (algo, variant)
+      for algo in ("grpo", "gigpo")
+      for variant in ("baseline", "rspo", "sample_variance", "sample_random")
+  }
   assert all("rspo.dense_reward=oracle" in s.overrides for s in specs)
   by = {(s.algo, s.variant): s for s in grid.study_grid(seeds=[0])}
-  path, arg = by["grpo", "sample_random"].config_arg(
-      grid.study_extra("webshop")).split(":", 1)
+  path, arg = (
+      by["grpo", "sample_random"]
+      .config_arg(grid.study_extra("webshop"))
+      .split(":", 1)
+  )
   c = webshop_grpo.get_config(arg)
   assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
   assert c.train.total_steps == 30 and c.env.num_eval_tasks == 256
@@ -442,33 +584,36 @@ def test_study_grid_cells_and_overrides():
   assert c.rspo.enabled and c.rspo.sampling == "random"
   assert c.rspo.dense_reward == "oracle"
   assert grid.study_extra("webshop", "steps=2").endswith(",steps=2")
-  assert rp.main(["--grid", "study", "--envs", "webshop,toy",
-                  "--dry_run"]) == 2
+  assert rp.main(["--grid", "study", "--envs", "webshop,toy", "--dry_run"]) == 2
 
 
-def test_study_runs_evaluate_greedy_though_webshop_defaults_to_t04(
-    tmp_path):
+def test_study_runs_evaluate_greedy_though_webshop_defaults_to_t04(tmp_path):
   """CPU WebShop evaluates at the paper's T = 0.4; a study's own start and
   end evaluations stay greedy (its "greedy" column), by a flag beside
   --config, so its runs' config arguments are those trained before."""
   extra = grid.study_extra("webshop")
   (spec,) = grid.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
   arg = spec.config_arg(extra)
-  assert webshop_grpo.get_config(arg.split(":", 1)[1]
-                                 ).rollout.eval_temperature == 0.4
+  assert (
+      webshop_grpo.get_config(arg.split(":", 1)[1]).rollout.eval_temperature
+      == 0.4
+  )
   assert "eval_temperature" not in arg
   cmd = runner.command(spec, str(tmp_path), extra)
   assert cmd.index(f"--config={arg}") < cmd.index(
-      "--config.rollout.eval_temperature=0.0")
+      "--config.rollout.eval_temperature=0.0"
+  )
   # The warm start's shared evaluation: greedy, unless told otherwise
   # (/bin/echo writes the command line it was given into the log).
   ws = tmp_path / "warm_start_webshop"
   ws.mkdir()
-  for flags, want in (((), "--temperature=0"),
-                      (("--seeds=0,1,2", "--temperature=0.4"),
-                       "--temperature=0.4")):
-    runner.shared_start_eval("webshop", str(tmp_path), python="/bin/echo",
-                             eval_flags=flags)
+  for flags, want in (
+      ((), "--temperature=0"),
+      (("--seeds=0,1,2", "--temperature=0.4"), "--temperature=0.4"),
+  ):
+    runner.shared_start_eval(
+        "webshop", str(tmp_path), python="/bin/echo", eval_flags=flags
+    )
     last = (ws / runner.LOG).read_text().splitlines()[-1].split()
     assert [f for f in last if f.startswith("--temperature")] == [want]
 
@@ -477,8 +622,19 @@ def test_rl_extra_reaches_the_rl_runs_not_the_warm_start(tmp_path, capsys):
   """--rl_extra: another RL recipe from the same shared warm start (its
   behaviour cloning and evaluation commands unchanged)."""
   root = tmp_path / "runs"
-  args = ["--grid", "study", "--algos", "grpo", "--variants", "baseline",
-          "--seeds", "0", "--root", str(root), "--dry_run"]
+  args = [
+      "--grid",
+      "study",
+      "--algos",
+      "grpo",
+      "--variants",
+      "baseline",
+      "--seeds",
+      "0",
+      "--root",
+      str(root),
+      "--dry_run",
+  ]
   assert rp.main(args) == 0
   plain = capsys.readouterr().out.splitlines()
   assert rp.main(args + ["--rl_extra", "train.max_train_rows=0"]) == 0
@@ -490,19 +646,24 @@ def test_rl_extra_reaches_the_rl_runs_not_the_warm_start(tmp_path, capsys):
   assert run.replace(",train.max_train_rows=0", "") == plain[1]
 
 
-def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
-                                                   monkeypatch):
+def test_alfworld_study_cells_overrides_and_dry_run(
+    tmp_path, capsys, monkeypatch
+):
   """ALFWorld's study: GRPO baseline and RSPO only, 16 x 8, 30 A steps,
   140 valid_seen tasks, from the searching expert's warm start."""
   specs = grid.study_grid(envs=["alfworld"])
   assert len(specs) == 2 * 3 and {s.env for s in specs} == {"alfworld"}
   assert {(s.algo, s.variant) for s in specs} == {
-      ("grpo", "baseline"), ("grpo", "rspo")}
+      ("grpo", "baseline"),
+      ("grpo", "rspo"),
+  }
   assert grid.study_grid(envs=["alfworld"], algos=["gigpo"]) == []
-  by = {(s.algo, s.variant): s for s in grid.study_grid(["alfworld"],
-                                                       seeds=[0])}
-  path, arg = by["grpo", "rspo"].config_arg(
-      grid.study_extra("alfworld")).split(":", 1)
+  by = {
+      (s.algo, s.variant): s for s in grid.study_grid(["alfworld"], seeds=[0])
+  }
+  path, arg = (
+      by["grpo", "rspo"].config_arg(grid.study_extra("alfworld")).split(":", 1)
+  )
   assert path.endswith("configs/alfworld_grpo.py")
   c = alfworld_grpo.get_config(arg)
   assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
@@ -517,25 +678,60 @@ def test_alfworld_study_cells_overrides_and_dry_run(tmp_path, capsys,
   assert build.num_tasks(c, "valid_seen") == 140
   # The commands: the shared warm start (study overrides), then 2 runs.
   root = tmp_path / "runs"
-  assert rp.main(["--grid", "study", "--envs", "alfworld", "--seeds", "0",
-                  "--root", str(root), "--dry_run"]) == 0
+  assert (
+      rp.main(
+          [
+              "--grid",
+              "study",
+              "--envs",
+              "alfworld",
+              "--seeds",
+              "0",
+              "--root",
+              str(root),
+              "--dry_run",
+          ]
+      )
+      == 0
+  )
   cmds = capsys.readouterr().out.splitlines()
   assert len(cmds) == 1 + 2 and "launch/sft.py" in cmds[0]
   assert ":seed=0," + grid.STUDY_OVERRIDES["alfworld"] + " " in cmds[0]
   assert f"--workdir={root}/warm_start_alfworld" in cmds[0]
   policy = os.path.join(str(root), "warm_start_alfworld", "warm_start")
   assert [c.split("--workdir=")[1].split()[0] for c in cmds[1:]] == [
-      f"{root}/alfworld_grpo_baseline_s0", f"{root}/alfworld_grpo_rspo_s0"]
-  assert all(f"model.checkpoint_dir={policy}" in c and
-             "env.num_eval_tasks=140" in c for c in cmds[1:])
+      f"{root}/alfworld_grpo_baseline_s0",
+      f"{root}/alfworld_grpo_rspo_s0",
+  ]
+  assert all(
+      f"model.checkpoint_dir={policy}" in c and "env.num_eval_tasks=140" in c
+      for c in cmds[1:]
+  )
   # GiGPO has no ALFWorld study cell: nothing to run.
-  assert rp.main(["--grid", "study", "--envs", "alfworld", "--algos",
-                  "gigpo", "--root", str(root), "--dry_run"]) == 2
+  assert (
+      rp.main(
+          [
+              "--grid",
+              "study",
+              "--envs",
+              "alfworld",
+              "--algos",
+              "gigpo",
+              "--root",
+              str(root),
+              "--dry_run",
+          ]
+      )
+      == 2
+  )
   # The report lists the two cells (none finished here).
-  report = reports.study_report(str(root), "alfworld",
-                                str(tmp_path / "out"), echo=False)
+  report = reports.study_report(
+      str(root), "alfworld", str(tmp_path / "out"), echo=False
+  )
   assert [(c["label"], c["n"]) for c in report["cells"]] == [
-      ("GRPO", 0), ("RSPO+GRPO", 0)]
+      ("GRPO", 0),
+      ("RSPO+GRPO", 0),
+  ]
   assert report["overrides"] == grid.STUDY_OVERRIDES["alfworld"]
   # An env without a study recipe is refused.
   monkeypatch.delitem(grid.STUDY_OVERRIDES, "alfworld")
@@ -549,15 +745,18 @@ def test_study_report_intervals_by_hand(tmp_path):
   write_eval(ws / "eval_start.json", [0, 0, 0, 0])
   write_eval(ws / "eval_start_t04.json", [0, 0, 0, 0], seeds=(0, 1, 2))
   # GRPO wins goal 0 (seeds 0 and 200); RSPO+GRPO wins goals 0 and 1.
-  for name, wins in (("webshop_grpo_baseline_s0", [1, 0, 0, 0]),
-                     ("webshop_grpo_baseline_s200", [1, 0, 0, 0]),
-                     ("webshop_grpo_rspo_s0", [1, 1, 0, 0])):
+  for name, wins in (
+      ("webshop_grpo_baseline_s0", [1, 0, 0, 0]),
+      ("webshop_grpo_baseline_s200", [1, 0, 0, 0]),
+      ("webshop_grpo_rspo_s0", [1, 1, 0, 0]),
+  ):
     wd = fake_run(root, name, success=sum(wins) / 4, config="cfg")
     write_eval(os.path.join(wd, "eval_final.json"), wins)
   # T = 0.4 only for the baseline: the RSPO cell's intervals there are "—".
   for name in ("webshop_grpo_baseline_s0", "webshop_grpo_baseline_s200"):
-    write_eval(root / name / "eval_final_t04.json", [1, 1, 1, 1],
-               seeds=(0, 1, 2))
+    write_eval(
+        root / name / "eval_final_t04.json", [1, 1, 1, 1], seeds=(0, 1, 2)
+    )
   report = reports.study_report(str(root), "webshop", out, echo=False)
   cells = {(c["algo"], c["variant"]): c for c in report["cells"]}
   base, rspo = cells["grpo", "baseline"], cells["grpo", "rspo"]
@@ -581,8 +780,9 @@ def test_study_report_intervals_by_hand(tmp_path):
   assert rspo["T = 0.4, 3 seeds"]["success"] is None
   assert report["start"]["greedy"]["mean"] == 0.0
   md = open(os.path.join(out, "study_webshop.md")).read()
-  assert ("| GRPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — | 65.1"
-          " | — |") in md
+  assert (
+      "| GRPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — | 65.1" " | — |"
+  ) in md
   assert "| RSPO+GRPO | 1 | 50.0 [" in md and "| 70.6 | +5.5 |" in md
   assert "rspo.dense_reward=oracle" in md
   assert "| GRPO | 2 | 100.0 [100.0, 100.0] | +100.0 [+100.0, +100.0]" in md
@@ -599,16 +799,35 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
 
   monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device in the runs
   root, out = tmp_path / "runs", tmp_path / "results"
-  args = ["--grid", "study", "--envs", "toy", "--algos", "grpo",
-          "--variants", "rspo", "--seeds", "0", "--extra", MICRO,
-          "--root", str(root), "--out", str(out)]
+  args = [
+      "--grid",
+      "study",
+      "--envs",
+      "toy",
+      "--algos",
+      "grpo",
+      "--variants",
+      "rspo",
+      "--seeds",
+      "0",
+      "--extra",
+      MICRO,
+      "--root",
+      str(root),
+      "--out",
+      str(out),
+  ]
   assert rp.main(args) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   assert [(l["run"], l["status"]) for l in lines if "run" in l] == [
-      ("warm_start_toy", "done"), ("start_eval_toy", "done"),
-      ("toy_grpo_rspo_s0", "done"), ("start_eval_t04_toy", "done"),
-      ("toy_grpo_rspo_s0_t04", "done"), ("start_eval_t10_toy", "done"),
-      ("toy_grpo_rspo_s0_t10", "done")]
+      ("warm_start_toy", "done"),
+      ("start_eval_toy", "done"),
+      ("toy_grpo_rspo_s0", "done"),
+      ("start_eval_t04_toy", "done"),
+      ("toy_grpo_rspo_s0_t04", "done"),
+      ("start_eval_t10_toy", "done"),
+      ("toy_grpo_rspo_s0_t10", "done"),
+  ]
   wd = root / "toy_grpo_rspo_s0"
   final = json.loads((wd / "eval_final.json").read_text())
   t04 = json.loads((wd / "eval_final_t04.json").read_text())
@@ -617,7 +836,8 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
   assert [e["seed"] for e in t04["per_task"]] == [0] * 4 + [1] * 4 + [2] * 4
   assert [e["task_id"] for e in t04["per_task"]] == [0, 1, 2, 3] * 3
   assert sum(e["won"] for e in t04["per_task"]) / 12 == pytest.approx(
-      t04["success_rate"])
+      t04["success_rate"]
+  )
   assert t04["seeds"] == [0, 1, 2]
   # ... of the final policy: the run's last checkpoint, after its 2 steps.
   assert t04["from_checkpoint"] is True and t04["a_steps"] == 2
@@ -643,28 +863,35 @@ def test_study_cell_end_to_end(tmp_path, capsys, monkeypatch):
 
 
 def files_under(d):
-  return sorted(os.path.relpath(os.path.join(p, n), str(d))
-                for p, _, names in os.walk(str(d)) for n in names)
+  return sorted(
+      os.path.relpath(os.path.join(p, n), str(d))
+      for p, _, names in os.walk(str(d))
+      for n in names
+  )
 
 
 def study_config(name, rl_extra=""):
   """The --config the study grid gives the run ``name`` (no warm start)."""
   env, algo, rest = name.split("_", 2)
   variant, seed = rest.rsplit("_s", 1)
-  spec = grid.RunSpec(env, algo, variant, int(seed),
-                      grid.STUDY_VARIANTS[variant])
+  spec = grid.RunSpec(
+      env, algo, variant, int(seed), grid.STUDY_VARIANTS[variant]
+  )
   return grid.with_rl_extra(spec, rl_extra).config_arg(grid.study_extra(env))
 
 
 def study_run(root, name, wins, t04=None, t10=None, rl_extra=""):
   """A finished study run: greedy (and sampled) evaluations with per_task."""
-  wd = fake_run(root, name, success=sum(wins) / len(wins),
-                config=study_config(name, rl_extra))
+  wd = fake_run(
+      root,
+      name,
+      success=sum(wins) / len(wins),
+      config=study_config(name, rl_extra),
+  )
   write_eval(os.path.join(wd, "eval_final.json"), wins)
   for tag, w in (("t04", t04), ("t10", t10)):
     if w is not None:
-      write_eval(os.path.join(wd, f"eval_final_{tag}.json"), w,
-                 seeds=(0, 1, 2))
+      write_eval(os.path.join(wd, f"eval_final_{tag}.json"), w, seeds=(0, 1, 2))
   return wd
 
 
@@ -676,8 +903,13 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
   w.write(2, "compile", {"n": 3})
   w.write(2, "B", {"rollout_success_rate": 0.5})
   w.close()
-  for big in ("checkpoints/2/state.bin", "replay/loop_0/shard.bin",
-              "tb/events.out", "train.log", "tokenizer/vocab.json"):
+  for big in (
+      "checkpoints/2/state.bin",
+      "replay/loop_0/shard.bin",
+      "tb/events.out",
+      "train.log",
+      "tokenizer/vocab.json",
+  ):
     os.makedirs(os.path.dirname(os.path.join(wd, big)), exist_ok=True)
     open(os.path.join(wd, big), "w").write("x")
   open(os.path.join(wd, "command.txt"), "w").write("python launch/train.py")
@@ -692,19 +924,25 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
   written = ra.archive_root(str(root), str(arch))
   assert sorted(written) == ["warm_start_webshop", "webshop_grpo_rspo_s0"]
   assert files_under(arch) == [
-      "warm_start_webshop/done.json", "warm_start_webshop/eval_start.json",
+      "warm_start_webshop/done.json",
+      "warm_start_webshop/eval_start.json",
       "webshop_grpo_rspo_s0/command.txt",
       "webshop_grpo_rspo_s0/eval_final.json",
       "webshop_grpo_rspo_s0/eval_final_t04.json",
       "webshop_grpo_rspo_s0/eval_start.json",
-      "webshop_grpo_rspo_s0/metrics.jsonl", "webshop_grpo_rspo_s0/run.json"]
+      "webshop_grpo_rspo_s0/metrics.jsonl",
+      "webshop_grpo_rspo_s0/run.json",
+  ]
   a = arch / "webshop_grpo_rspo_s0"
   for n in ("run.json", "eval_final.json", "eval_final_t04.json"):
     assert (a / n).read_bytes() == open(os.path.join(wd, n), "rb").read()
   rows = read_metrics(str(a / "metrics.jsonl"))
   assert [r["phase"] for r in rows] == ["eval", "A", "A", "B"]
-  assert rows == [r for r in read_metrics(os.path.join(wd, "metrics.jsonl"))
-                  if r["phase"] in ("A", "B", "eval")]
+  assert rows == [
+      r
+      for r in read_metrics(os.path.join(wd, "metrics.jsonl"))
+      if r["phase"] in ("A", "B", "eval")
+  ]
   assert ra.archive_root(str(root), str(arch)) == {}  # up to date
   # Another training of the same run replaces the archived one whole.
   os.remove(os.path.join(wd, "eval_final_t04.json"))
@@ -712,7 +950,8 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
   ra.archive_run(wd, str(arch))
   assert not os.path.exists(a / "eval_final_t04.json")
   assert (a / "eval_final.json").read_bytes() == open(
-      os.path.join(wd, "eval_final.json"), "rb").read()
+      os.path.join(wd, "eval_final.json"), "rb"
+  ).read()
 
 
 def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
@@ -720,30 +959,55 @@ def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
   specs = grid.main_grid(["toy"], ["grpo"], [0], ["baseline"])
   # Trained from an earlier session's shared warm start, in a clone
   # elsewhere: the same config (config_key).
-  cfg_a = grid.from_warm_start(specs[0], "/old/clone/runs/warm_start_toy/"
-                               "warm_start").config_arg().replace(
-                                 grid.ROOT, "/old/clone")
+  cfg_a = (
+      grid.from_warm_start(
+          specs[0], "/old/clone/runs/warm_start_toy/" "warm_start"
+      )
+      .config_arg()
+      .replace(grid.ROOT, "/old/clone")
+  )
   fake_run(arch, specs[0].name, success=0.5, config=cfg_a)
   fake_run(root, specs[0].name)  # started here, unfinished: the archive's
-  (res,) = runner.run_grid(specs, str(root), python="/nonexistent/python",
-                           echo=False, archive=str(arch))
+  (res,) = runner.run_grid(
+      specs,
+      str(root),
+      python="/nonexistent/python",
+      echo=False,
+      archive=str(arch),
+  )
   assert res["status"] == "skipped"
   assert res["archived"] == str(arch / specs[0].name)
   assert not os.path.exists(root / specs[0].name / "train.log")
   assert run_files.finished_runs(str(root), "toy", "grpo", "baseline") == []
-  assert run_files.finished_runs(str(root), "toy", "grpo", "baseline",
-                                 str(arch)) == [(0, str(arch / specs[0].name))]
+  assert run_files.finished_runs(
+      str(root), "toy", "grpo", "baseline", str(arch)
+  ) == [(0, str(arch / specs[0].name))]
   # Nothing to do: no warm start, no run command.
-  args = ["--envs", "toy", "--algos", "grpo", "--variants", "baseline",
-          "--seeds", "0", "--root", str(root), "--archive", str(arch)]
+  args = [
+      "--envs",
+      "toy",
+      "--algos",
+      "grpo",
+      "--variants",
+      "baseline",
+      "--seeds",
+      "0",
+      "--root",
+      str(root),
+      "--archive",
+      str(arch),
+  ]
   assert rp.main(args + ["--dry_run"]) == 0
   assert capsys.readouterr().out == ""
   # Reported with its numbers (and its curve, from the archived metrics).
   out = tmp_path / "out"
-  assert rp.main(args + ["--out", str(out), "--python",
-                         "/nonexistent/python"]) == 0
-  (b,) = [c for c in json.loads((out / "toy.json").read_text())["cells"]
-          if c["n"]]
+  assert (
+      rp.main(args + ["--out", str(out), "--python", "/nonexistent/python"])
+      == 0
+  )
+  (b,) = [
+      c for c in json.loads((out / "toy.json").read_text())["cells"] if c["n"]
+  ]
   assert b["success"]["mean"] == 50.0 and b["configs"] == [cfg_a]
   assert is_png(out / "toy_grpo_step.png")
   assert str(arch) in (out / "toy.md").read_text()
@@ -754,12 +1018,15 @@ def test_root_overrides_the_archive(tmp_path):
   fake_run(arch, "webshop_grpo_baseline_s0", success=0.5)
   fake_run(arch, "webshop_grpo_baseline_s200", success=0.3)
   fake_run(root, "webshop_grpo_baseline_s0", success=0.9)
-  assert run_files.finished_runs(str(root), "webshop", "grpo", "baseline",
-                                 str(arch)) == [
+  assert run_files.finished_runs(
+      str(root), "webshop", "grpo", "baseline", str(arch)
+  ) == [
       (0, str(root / "webshop_grpo_baseline_s0")),
-      (200, str(arch / "webshop_grpo_baseline_s200"))]
-  report = reports.env_report(str(root), "webshop", str(out), echo=False,
-                              archive=str(arch))
+      (200, str(arch / "webshop_grpo_baseline_s200")),
+  ]
+  report = reports.env_report(
+      str(root), "webshop", str(out), echo=False, archive=str(arch)
+  )
   b = report["cells"][0]
   assert b["n"] == 2 and b["per_seed_success"] == [90.0, 30.0]
   # The warm start's evaluations: root's file, else the archive's.
@@ -767,8 +1034,9 @@ def test_root_overrides_the_archive(tmp_path):
   write_eval(aws / "eval_start.json", [0, 0])
   write_eval(aws / "eval_start_t04.json", [1, 1], seeds=(0, 1, 2))
   write_eval(ws / "eval_start.json", [1, 0])
-  report = reports.study_report(str(root), "webshop", str(out),
-                                echo=False, archive=str(arch))
+  report = reports.study_report(
+      str(root), "webshop", str(out), echo=False, archive=str(arch)
+  )
   assert report["start"]["greedy"]["mean"] == 50.0
   assert report["start"]["T = 0.4, 3 seeds"]["mean"] == 100.0
 
@@ -781,12 +1049,18 @@ def test_report_from_the_archive_alone_equals_the_report_before(tmp_path):
   write_eval(ws / "eval_start_t04.json", [0, 0, 1, 0], seeds=(0, 1, 2))
   (ws / "done.json").write_text(json.dumps({"config": "sft"}))
   study_run(root, "webshop_grpo_baseline_s0", [1, 0, 0, 0], t04=[1, 1, 0, 0])
-  study_run(root, "webshop_grpo_baseline_s200", [1, 0, 1, 0],
-            t04=[1, 0, 1, 1])
+  study_run(root, "webshop_grpo_baseline_s200", [1, 0, 1, 0], t04=[1, 0, 1, 1])
   study_run(root, "webshop_grpo_rspo_s0", [1, 1, 0, 0], t04=[1, 1, 1, 0])
   fake_run(root, "webshop_grpo_rspo_s200")  # unfinished
-  args = ["--grid", "study", "--root", str(root), "--archive", str(arch),
-          "--report_only"]
+  args = [
+      "--grid",
+      "study",
+      "--root",
+      str(root),
+      "--archive",
+      str(arch),
+      "--report_only",
+  ]
   written = []
   for i in (1, 2):
     out = tmp_path / f"out{i}"
@@ -798,14 +1072,19 @@ def test_report_from_the_archive_alone_equals_the_report_before(tmp_path):
       shutil.rmtree(root)
   before, after = written
   assert before["cells"] == after["cells"]
-  assert before["start"] == after["start"] and before["curves"] == after[
-      "curves"]
+  assert (
+      before["start"] == after["start"] and before["curves"] == after["curves"]
+  )
   assert before["md_body"] == after["md_body"]
   cells = {(c["algo"], c["variant"]): c for c in after["cells"]}
   assert cells["grpo", "baseline"]["n"] == 2 and cells["grpo", "rspo"]["n"] == 1
   assert cells["grpo", "rspo"]["T = 0.4, 3 seeds"]["minus_baseline"] is not None
-  assert after["curves"] == {"grpo": ["study_webshop_grpo_step.png",
-                                      "study_webshop_grpo_env_steps.png"]}
+  assert after["curves"] == {
+      "grpo": [
+          "study_webshop_grpo_step.png",
+          "study_webshop_grpo_env_steps.png",
+      ]
+  }
   assert no_tmp_files(arch / "webshop_grpo_rspo_s0")
 
 
@@ -821,43 +1100,74 @@ def test_study_with_an_archive_retrains_only_the_missing(tmp_path, capsys):
   (aws / "done.json").write_text(json.dumps({"config": sft}))
   study_run(arch, "webshop_grpo_baseline_s0", [1, 1], t04=[1, 0], t10=[0, 0])
   study_run(arch, "webshop_grpo_baseline_s200", [1, 0])  # no sampled evals
-  args = ["--grid", "study", "--algos", "grpo", "--variants", "baseline",
-          "--root", str(root), "--archive", str(arch), "--out", str(out),
-          "--python", "/bin/false"]
+  args = [
+      "--grid",
+      "study",
+      "--algos",
+      "grpo",
+      "--variants",
+      "baseline",
+      "--root",
+      str(root),
+      "--archive",
+      str(arch),
+      "--out",
+      str(out),
+      "--python",
+      "/bin/false",
+  ]
   assert rp.main(args + ["--seeds", "0,200"]) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   by = {(l["run"], l["status"]) for l in lines if "run" in l}
-  assert by == {("webshop_grpo_baseline_s0", "skipped"),
-                ("webshop_grpo_baseline_s200", "skipped"),
-                ("webshop_grpo_baseline_s0_t04", "skipped"),
-                ("webshop_grpo_baseline_s0_t10", "skipped"),
-                ("webshop_grpo_baseline_s200_t04", "unavailable"),
-                ("webshop_grpo_baseline_s200_t10", "unavailable")}
+  assert by == {
+      ("webshop_grpo_baseline_s0", "skipped"),
+      ("webshop_grpo_baseline_s200", "skipped"),
+      ("webshop_grpo_baseline_s0_t04", "skipped"),
+      ("webshop_grpo_baseline_s0_t10", "skipped"),
+      ("webshop_grpo_baseline_s200_t04", "unavailable"),
+      ("webshop_grpo_baseline_s200_t10", "unavailable"),
+  }
   assert not os.path.exists(root / "warm_start_webshop")  # no SFT
   # Seed 400 is new: the warm start is behaviour-cloned again (/bin/true
   # "succeeds"); its archived evaluations are copied, not recomputed.
   assert rp.main(args[:-1] + ["/bin/true", "--seeds", "0,400"]) == 1
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
-  assert (lines[0]["run"], lines[0]["status"]) == ("warm_start_webshop",
-                                                   "done")
+  assert (lines[0]["run"], lines[0]["status"]) == ("warm_start_webshop", "done")
   assert lines[1]["run"] == "start_eval_webshop"
-  assert (lines[1]["status"], lines[1]["from_archive"]) == ("skipped",
-                                                            str(arch))
+  assert (lines[1]["status"], lines[1]["from_archive"]) == (
+      "skipped",
+      str(arch),
+  )
   ws = str(root / "warm_start_webshop")
-  assert open(os.path.join(ws, "eval_start.json")).read() == (
-      aws / "eval_start.json").read_text()
+  assert (
+      open(os.path.join(ws, "eval_start.json")).read()
+      == (aws / "eval_start.json").read_text()
+  )
   assert "eval.py" not in open(os.path.join(ws, "train.log")).read()
-  r = runner.shared_start_eval("webshop", str(root), python="/bin/false",
-                               out_name="eval_start_t04.json",
-                               archive=str(arch))
+  r = runner.shared_start_eval(
+      "webshop",
+      str(root),
+      python="/bin/false",
+      out_name="eval_start_t04.json",
+      archive=str(arch),
+  )
   assert r["status"] == "skipped" and r["from_archive"] == str(arch)
-  r = runner.shared_start_eval("webshop", str(root), python="/bin/false",
-                               out_name="eval_start_t10.json",
-                               archive=str(arch))
+  r = runner.shared_start_eval(
+      "webshop",
+      str(root),
+      python="/bin/false",
+      out_name="eval_start_t10.json",
+      archive=str(arch),
+  )
   assert r["status"] == "failed"  # not archived: computed (here: fails)
   # A warm start of another config than the archived one is refused.
-  r = runner.shared_warm_start("webshop", str(tmp_path / "root2"), "other=1",
-                               python="/bin/false", archive=str(arch))
+  r = runner.shared_warm_start(
+      "webshop",
+      str(tmp_path / "root2"),
+      "other=1",
+      python="/bin/false",
+      archive=str(arch),
+  )
   assert r["status"] == "failed" and "--archive" in r["error"]
 
 
@@ -866,17 +1176,18 @@ def test_sampled_eval_of_a_root_run_taken_from_its_archived_copy(tmp_path):
   (spec,) = grid.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
   wd = study_run(root, spec.name, [1, 0])
   ra.archive_run(wd, str(arch))
-  write_eval(arch / spec.name / "eval_final_t04.json", [1, 1],
-             seeds=(0, 1, 2))
-  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
-                                      archive=str(arch))
+  write_eval(arch / spec.name / "eval_final_t04.json", [1, 1], seeds=(0, 1, 2))
+  r = sampled_eval.sampled_final_eval(
+      spec, str(root), python="/bin/false", archive=str(arch)
+  )
   assert r["status"] == "skipped" and r["from_archive"] == str(arch)
   assert os.path.isfile(os.path.join(wd, "eval_final_t04.json"))
   # Another training under root (another eval_final.json): evaluated.
   os.remove(os.path.join(wd, "eval_final_t04.json"))
   write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
-  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
-                                      archive=str(arch))
+  r = sampled_eval.sampled_final_eval(
+      spec, str(root), python="/bin/false", archive=str(arch)
+  )
   assert r["status"] == "failed" and r["rc"] == 1
 
 
@@ -892,23 +1203,44 @@ def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
   for n in ("eval_start.json", "eval_start_t04.json", "eval_start_t10.json"):
     write_eval(aws / n, [0, 1])
   sft = runner.sft_config_arg("webshop", grid.study_extra("webshop"))
-  (aws / "done.json").write_text(json.dumps(
-      {"config": sft.replace(grid.ROOT, "/old/clone")}))
+  (aws / "done.json").write_text(
+      json.dumps({"config": sft.replace(grid.ROOT, "/old/clone")})
+  )
   for v in ("baseline", "rspo"):
-    wd = study_run(arch, f"webshop_gigpo_{v}_s0", [1, 0], t04=[1, 0],
-                   t10=[0, 0], rl_extra=rl)
+    wd = study_run(
+        arch,
+        f"webshop_gigpo_{v}_s0",
+        [1, 0],
+        t04=[1, 0],
+        t10=[0, 0],
+        rl_extra=rl,
+    )
     meta = json.loads(open(os.path.join(wd, "run.json")).read())
     meta["config"] = meta["config"].replace(grid.ROOT, "/old/clone")
     open(os.path.join(wd, "run.json"), "w").write(json.dumps(meta))
-  args = ["--grid", "study", "--root", str(root), "--archive", str(arch),
-          "--out", str(out), "--seeds", "0", "--python", "/bin/true"]
+  args = [
+      "--grid",
+      "study",
+      "--root",
+      str(root),
+      "--archive",
+      str(arch),
+      "--out",
+      str(out),
+      "--seeds",
+      "0",
+      "--python",
+      "/bin/true",
+  ]
   gigpo = ["--algos", "gigpo", "--variants", "baseline,rspo"]
   # The same recipe: skipped, nothing made.
   assert rp.main(args + gigpo + ["--rl_extra", rl]) == 0
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   assert {(l["run"], l["status"]) for l in lines if "run" in l} == {
       (f"webshop_gigpo_{v}_s0{t}", "skipped")
-      for v in ("baseline", "rspo") for t in ("", "_t04", "_t10")}
+      for v in ("baseline", "rspo")
+      for t in ("", "_t04", "_t10")
+  }
   assert not os.path.exists(root / "warm_start_webshop")
   md = (out / "study_webshop.md").read_text()
   assert "other overrides" not in md
@@ -918,19 +1250,33 @@ def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
   failed = [l for l in lines if l.get("status") == "failed"]
   assert sorted(l["run"] for l in failed) == [
-      "webshop_gigpo_baseline_s0", "webshop_gigpo_rspo_s0"]
-  assert all("--archive" in l["error"] and "centre_cap" in l["error"]
-             for l in failed)
+      "webshop_gigpo_baseline_s0",
+      "webshop_gigpo_rspo_s0",
+  ]
+  assert all(
+      "--archive" in l["error"] and "centre_cap" in l["error"] for l in failed
+  )
   assert not os.path.exists(root / "warm_start_webshop")
   assert not os.path.exists(root / "webshop_gigpo_rspo_s0")
   # New cells with that recipe: the warm start is re-created (the archived
   # one's config, from a clone elsewhere), the report holds all cells and
   # names the archived ones as trained with other overrides.
-  assert rp.main(args + ["--algos", "grpo", "--variants", "baseline,rspo",
-                         "--rl_extra", other]) == 1  # /bin/true trains none
+  assert (
+      rp.main(
+          args
+          + [
+              "--algos",
+              "grpo",
+              "--variants",
+              "baseline,rspo",
+              "--rl_extra",
+              other,
+          ]
+      )
+      == 1
+  )  # /bin/true trains none
   lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
-  assert (lines[0]["run"], lines[0]["status"]) == ("warm_start_webshop",
-                                                   "done")
+  assert (lines[0]["run"], lines[0]["status"]) == ("warm_start_webshop", "done")
   assert lines[1]["from_archive"] == str(arch)
   report = json.loads((out / "study_webshop.json").read_text())
   cells = {(c["algo"], c["variant"]): c for c in report["cells"]}
@@ -941,11 +1287,18 @@ def test_archive_of_another_rl_extra_is_refused_and_flagged(tmp_path, capsys):
   assert "other overrides than these" in md and "RSPO+GiGPO (seeds 0)" in md
   # A finished run under root of another config is refused too.
   study_run(root, "webshop_grpo_baseline_s200", [1, 0])
-  (spec,) = [grid.with_rl_extra(s, other) for s in grid.study_grid(
-      ["webshop"], ["grpo"], [200], ["baseline"])]
-  (res,) = runner.run_grid([spec], str(root), grid.study_extra("webshop"),
-                           python="/nonexistent/python", echo=False,
-                       archive=str(arch))
+  (spec,) = [
+      grid.with_rl_extra(s, other)
+      for s in grid.study_grid(["webshop"], ["grpo"], [200], ["baseline"])
+  ]
+  (res,) = runner.run_grid(
+      [spec],
+      str(root),
+      grid.study_extra("webshop"),
+      python="/nonexistent/python",
+      echo=False,
+      archive=str(arch),
+  )
   assert res["status"] == "failed" and "--root" in res["error"]
 
 
@@ -963,18 +1316,27 @@ def test_archive_copy_cut_short_is_not_a_finished_run(tmp_path, monkeypatch):
       if os.path.basename(path) == name:
         raise KeyboardInterrupt
       return write_atomic(path, data)
+
     monkeypatch.setattr(ra, "_write_atomic", write)
 
   cut_at("run.json")
   with pytest.raises(KeyboardInterrupt):
     ra.archive_run(wd, str(arch))
   assert not ra.is_finished(str(dst))
-  assert run_files.finished_runs(str(tmp_path / "none"), "webshop", "grpo",
-                                 "rspo", str(arch)) == []
+  assert (
+      run_files.finished_runs(
+          str(tmp_path / "none"), "webshop", "grpo", "rspo", str(arch)
+      )
+      == []
+  )
   monkeypatch.setattr(ra, "_write_atomic", write_atomic)
   ra.archive_run(wd, str(arch))
-  assert set(files_under(dst)) >= {"eval_final.json", "run.json",
-                                   "metrics.jsonl", "eval_final_t04.json"}
+  assert set(files_under(dst)) >= {
+      "eval_final.json",
+      "run.json",
+      "metrics.jsonl",
+      "eval_final_t04.json",
+  }
   # Another training, cut short while replacing: not finished either, and
   # the next copy leaves none of the old training's files.
   os.remove(os.path.join(wd, "eval_final_t04.json"))
@@ -1000,7 +1362,8 @@ def fake_sft_python(tmp_path, weights):
       "os.makedirs(os.path.join(wd, 'warm_start'), exist_ok=True)\n"
       "open(os.path.join(wd, 'warm_start', 'config.json'), 'w').write('{}')\n"
       "open(os.path.join(wd, 'warm_start', 'model.safetensors'), 'wb')"
-      f".write({weights!r})\n")
+      f".write({weights!r})\n"
+  )
   fake.chmod(0o755)
   return str(fake)
 
@@ -1020,28 +1383,42 @@ def test_archived_warm_start_is_described_not_kept(tmp_path, monkeypatch):
   write_eval(ws / "eval_start.json", [1, 0])
   written = ra.archive_root(str(root), str(arch))
   assert written["warm_start_webshop"] == [
-      "policy.json", "done.json", "eval_start.json"]
+      "policy.json",
+      "done.json",
+      "eval_start.json",
+  ]
   assert files_under(arch) == [
-      "warm_start_webshop/done.json", "warm_start_webshop/eval_start.json",
-      "warm_start_webshop/policy.json"]
+      "warm_start_webshop/done.json",
+      "warm_start_webshop/eval_start.json",
+      "warm_start_webshop/policy.json",
+  ]
   record = json.load(open(arch / "warm_start_webshop" / "policy.json"))
   assert record["policy"] == "warm_start" and record["bytes"] == 102
   assert record["sha256"]["model.safetensors"] == (
-      hashlib.sha256(b"w" * 100).hexdigest())
+      hashlib.sha256(b"w" * 100).hexdigest()
+  )
   assert record["command"] == (
-      f"python launch/sft.py --config={ra.relative(sft)}"
-      f" --workdir={ws}")  # outside the clone: absolute
+      f"python launch/sft.py --config={ra.relative(sft)}" f" --workdir={ws}"
+  )  # outside the clone: absolute
   monkeypatch.setattr(ra, "code_commit", lambda: "a later commit")
   assert ra.archive_root(str(root), str(arch)) == {}  # the same policy
   for weights, matches in ((b"w" * 100, True), (b"v" * 100, False)):
     fresh = tmp_path / f"fresh_{matches}"
     r = runner.shared_warm_start(
-        "webshop", str(fresh), grid.study_extra("webshop"),
-        python=fake_sft_python(tmp_path, weights), archive=str(arch))
+        "webshop",
+        str(fresh),
+        grid.study_extra("webshop"),
+        python=fake_sft_python(tmp_path, weights),
+        archive=str(arch),
+    )
     assert r["status"] == "done" and r["matches_archive"] is matches
-    r = runner.shared_start_eval("webshop", str(fresh),
-                                 grid.study_extra("webshop"),
-                                 python="/bin/false", archive=str(arch))
+    r = runner.shared_start_eval(
+        "webshop",
+        str(fresh),
+        grid.study_extra("webshop"),
+        python="/bin/false",
+        archive=str(arch),
+    )
     # The archived evaluation when it is the same policy, else a new one
     # (which /bin/false fails).
     assert r["status"] == ("skipped" if matches else "failed")
@@ -1050,15 +1427,20 @@ def test_archived_warm_start_is_described_not_kept(tmp_path, monkeypatch):
 def fake_export(calls):
   """An exporter writing a 100-byte 'policy' (the real one, launch/export.py,
   is checked on a real run: its evaluation equals the checkpoint's)."""
+
   def export(workdir, config, out, python=sys.executable):
     calls.append((workdir, config, out))
     os.makedirs(out)
-    for n, data in (("config.json", b"{}"), ("tokenizer.json", b"{}"),
-                    ("export.json", b'{"a_steps": 30}'),
-                    ("model.safetensors", b"w" * 100)):
+    for n, data in (
+        ("config.json", b"{}"),
+        ("tokenizer.json", b"{}"),
+        ("export.json", b'{"a_steps": 30}'),
+        ("model.safetensors", b"w" * 100),
+    ):
       with open(os.path.join(out, n), "wb") as f:
         f.write(data)
     return {"exported": True, "bytes": 100, "step": 60, "a_steps": 30}
+
   return export
 
 
@@ -1070,13 +1452,15 @@ def fake_eval_python(tmp_path):
       "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--out=')]\n"
       f"json.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n"
       "json.dump({'success_rate': 0.5, 'a_steps': 0, 'per_task': [{'seed': 0,"
-      " 'task_id': 0, 'won': 1, 'score': 1.0}]}, open(out[0], 'w'))\n")
+      " 'task_id': 0, 'won': 1, 'score': 1.0}]}, open(out[0], 'w'))\n"
+  )
   fake.chmod(0o755)
   return str(fake)
 
 
 def test_final_policy_described_and_evaluated_from_a_local_copy(
-    tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
   """A finished run's policy A is exported once into its workdir's
   final_policy/ (the local copy) and described in the archive's
   policy.json (sha256s, the command that regenerates it), no weights
@@ -1088,8 +1472,10 @@ def test_final_policy_described_and_evaluated_from_a_local_copy(
   root, arch = tmp_path / "runs", tmp_path / "archive"
   (spec,) = grid.study_grid(["webshop"], ["grpo"], [0], ["baseline"])
   wd = study_run(root, spec.name, [1, 0])
-  trained = (study_config(spec.name).replace(grid.ROOT, "/old/clone")
-             + ",model.checkpoint_dir=/old/clone/runs/ws/warm_start")
+  trained = (
+      study_config(spec.name).replace(grid.ROOT, "/old/clone")
+      + ",model.checkpoint_dir=/old/clone/runs/ws/warm_start"
+  )
   with open(os.path.join(wd, "run.json"), "w") as f:
     json.dump({"config": trained}, f)
   os.makedirs(os.path.join(wd, "checkpoints", "60"))
@@ -1098,18 +1484,21 @@ def test_final_policy_described_and_evaluated_from_a_local_copy(
   written = ra.archive_root(str(root), str(arch))[spec.name]
   assert written[0] == "policy.json"
   assert written[-1] == "eval_final.json" and calls == [
-      (wd, trained, os.path.join(wd, "final_policy.tmp"))]
+      (wd, trained, os.path.join(wd, "final_policy.tmp"))
+  ]
   assert not [n for n in files_under(arch) if "safetensors" in n]
   local = os.path.join(wd, "final_policy")
   assert ra.local_policy(str(root), spec.name) == local
   record = json.load(open(arch / spec.name / "policy.json"))
   assert record["sha256"]["model.safetensors"] == (
-      hashlib.sha256(b"w" * 100).hexdigest())
+      hashlib.sha256(b"w" * 100).hexdigest()
+  )
   assert record["export"] == {"a_steps": 30} and record["bytes"] == 119
   assert record["command"] == (
       f"python launch/train.py --config={trained} --workdir={wd} && python"
       f" launch/export.py --config={trained} --workdir={wd}"
-      f" --out={local}")
+      f" --out={local}"
+  )
   assert ra.archive_root(str(root), str(arch)) == {}  # not exported again
   assert len(calls) == 1
   # A later session: the run is gone, its local policy kept; the T = 0.4
@@ -1117,33 +1506,43 @@ def test_final_policy_described_and_evaluated_from_a_local_copy(
   saved = tmp_path / "saved_policy"
   shutil.copytree(local, saved)
   shutil.rmtree(root)
-  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
-                                      archive=str(arch))
+  r = sampled_eval.sampled_final_eval(
+      spec, str(root), python="/bin/false", archive=str(arch)
+  )
   assert r["status"] == "unavailable" and r["error"] == (
       f"no policy at {local}; regenerate it (code of commit"
-      f" {record['code']}): {record['command']}")
+      f" {record['code']}): {record['command']}"
+  )
   shutil.copytree(saved, local)
   python = fake_eval_python(tmp_path)
-  r = sampled_eval.sampled_final_eval(spec, str(root), python=python,
-                                      archive=str(arch))
+  r = sampled_eval.sampled_final_eval(
+      spec, str(root), python=python, archive=str(arch)
+  )
   assert r["status"] == "done" and local in r["evaluated"]
   argv = json.load(open(tmp_path / "argv.json"))
   config = [a for a in argv if a.startswith("--config=")][0]
   assert config == "--config=" + study_config(spec.name) + (
-      f",model.checkpoint_dir={local}")
+      f",model.checkpoint_dir={local}"
+  )
   scratch = os.path.join(str(root), f"{spec.name}.final_policy_eval_t04")
   assert f"--workdir={scratch}" in argv and not os.path.exists(scratch)
   got = json.load(open(arch / spec.name / "eval_final_t04.json"))
   assert got["a_steps"] == 30 and got["policy"] == "final_policy"
-  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
-                                      archive=str(arch))
+  r = sampled_eval.sampled_final_eval(
+      spec, str(root), python="/bin/false", archive=str(arch)
+  )
   assert r["status"] == "skipped" and r["archived"] == str(arch / spec.name)
   # Other weights at the local path: not the archived policy, refused.
   with open(os.path.join(local, "model.safetensors"), "wb") as f:
     f.write(b"v" * 100)
-  r = sampled_eval.sampled_final_eval(spec, str(root), python=python,
-                                      tag="t10", temperature=1.0,
-                                      archive=str(arch))
+  r = sampled_eval.sampled_final_eval(
+      spec,
+      str(root),
+      python=python,
+      tag="t10",
+      temperature=1.0,
+      archive=str(arch),
+  )
   assert r["status"] == "failed" and "not the archived policy" in r["error"]
   shutil.rmtree(root)
   # Over the size limit: nothing recorded, no evaluation possible.
@@ -1155,13 +1554,19 @@ def test_final_policy_described_and_evaluated_from_a_local_copy(
   ra.archive_root(str(root), str(arch2))
   assert not os.path.exists(arch2 / spec.name / "policy.json")
   assert json.load(open(arch2 / spec.name / ra.TOO_LARGE)) == {
-      "bytes": 119, "max_bytes": 99}  # the exported files' bytes
+      "bytes": 119,
+      "max_bytes": 99,
+  }  # the exported files' bytes
   ra.archive_root(str(root), str(arch2))
   assert len(calls) == n + 1  # exported once, not on every pass
   # launch/export.py itself declines params over --max_bytes: marked too.
   arch3 = tmp_path / "archive3"
-  monkeypatch.setattr(ra, "export_policy", lambda *a, **k: calls.append(
-      a) or {"exported": False, "bytes": 5000, "reason": "> max_bytes"})
+  monkeypatch.setattr(
+      ra,
+      "export_policy",
+      lambda *a, **k: calls.append(a)
+      or {"exported": False, "bytes": 5000, "reason": "> max_bytes"},
+  )
   ra.archive_root(str(root), str(arch3))
   ra.archive_root(str(root), str(arch3))
   assert len(calls) == n + 2
@@ -1175,8 +1580,9 @@ def test_final_policy_described_and_evaluated_from_a_local_copy(
   assert not os.path.exists(arch3 / spec.name / ra.TOO_LARGE)
   monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 99)
   shutil.rmtree(root)
-  r = sampled_eval.sampled_final_eval(spec, str(root), python="/bin/false",
-                                      archive=str(arch2))
+  r = sampled_eval.sampled_final_eval(
+      spec, str(root), python="/bin/false", archive=str(arch2)
+  )
   assert r["status"] == "unavailable" and "policy.json" in r["error"]
   # Another training of the run: its policy.json is replaced.
   monkeypatch.setattr(ra, "MAX_POLICY_BYTES", 32 << 20)
@@ -1193,13 +1599,16 @@ def test_with_policy_points_the_trained_config_at_the_archived_policy():
   """The trained config, from another clone, evaluated from an exported
   policy: this clone's config file, the policy as checkpoint, no stale
   tokenizer path (the policy holds its tokenizer), other overrides kept."""
-  trained = ("/old/clone/configs/webshop_gigpo.py:rspo=1,seed=200,"
-             "model.checkpoint_dir=/old/clone/runs/ws/warm_start,"
-             "model.tokenizer_dir=/old/clone/runs/ws/tokenizer,train.lr=0.001")
+  trained = (
+      "/old/clone/configs/webshop_gigpo.py:rspo=1,seed=200,"
+      "model.checkpoint_dir=/old/clone/runs/ws/warm_start,"
+      "model.tokenizer_dir=/old/clone/runs/ws/tokenizer,train.lr=0.001"
+  )
   assert sampled_eval.with_policy(trained, "/arch/final_policy") == (
       os.path.join(ROOT, "configs", "webshop_gigpo.py")
       + ":rspo=1,seed=200,train.lr=0.001,"
-      "model.checkpoint_dir=/arch/final_policy")
+      "model.checkpoint_dir=/arch/final_policy"
+  )
 
 
 def test_runs_import_this_checkouts_code_first(tmp_path, monkeypatch):
@@ -1208,9 +1617,15 @@ def test_runs_import_this_checkouts_code_first(tmp_path, monkeypatch):
   PYTHONPATH (python launch/train.py adds only launch/ to sys.path)."""
   monkeypatch.setenv("PYTHONPATH", str(tmp_path))
   rc, _ = runner.run_logged(
-      [sys.executable, "-c", "import sys, rspo_jax;"
-       " print(rspo_jax.__file__); print(sys.path[1])"],
-      str(tmp_path), None)
+      [
+          sys.executable,
+          "-c",
+          "import sys, rspo_jax;"
+          " print(rspo_jax.__file__); print(sys.path[1])",
+      ],
+      str(tmp_path),
+      None,
+  )
   assert rc == 0
   lines = open(tmp_path / runner.LOG).read().splitlines()
   assert lines[1] == os.path.join(runner.ROOT, "rspo_jax", "__init__.py")

@@ -43,12 +43,17 @@ def _train(workdir: str, fault: str = "") -> subprocess.CompletedProcess:
   env.pop(faults.ENV_VAR, None)
   if fault:
     env[faults.ENV_VAR] = fault
-  cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
-         f"--config={ROOT}/configs/toy_grpo.py:{MICRO}",
-         f"--workdir={workdir}", "--no_progress",
-         "--log_level=info"]  # the checkpoint and resume lines
-  return subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        timeout=900)
+  cmd = [
+      sys.executable,
+      os.path.join(ROOT, "launch/train.py"),
+      f"--config={ROOT}/configs/toy_grpo.py:{MICRO}",
+      f"--workdir={workdir}",
+      "--no_progress",
+      "--log_level=info",
+  ]  # the checkpoint and resume lines
+  return subprocess.run(
+      cmd, capture_output=True, text=True, env=env, timeout=900
+  )
 
 
 def _copy_warm(warm: str, workdir: str) -> str:
@@ -72,8 +77,12 @@ def _summary(workdir: str) -> dict:
   ckpt_dir = os.path.join(workdir, "checkpoints")
   mgr = ocp.CheckpointManager(ckpt_dir)
   step = mgr.latest_step()
-  out = mgr.restore(step, args=ocp.args.Composite(
-      policy=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  out = mgr.restore(
+      step,
+      args=ocp.args.Composite(
+          policy=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()
+      ),
+  )
   mgr.close()
   params = [np.asarray(x) for x in _leaves(out["policy"]["params"])]
   return {
@@ -84,8 +93,7 @@ def _summary(workdir: str) -> dict:
       "params": params,
       "leftovers": glob.glob(os.path.join(ckpt_dir, "*tmp*"))
       + glob.glob(os.path.join(workdir, "replay*", "*.tmp")),
-      "final_eval": json.load(open(os.path.join(workdir,
-                                                "eval_final.json"))),
+      "final_eval": json.load(open(os.path.join(workdir, "eval_final.json"))),
   }
 
 
@@ -140,7 +148,8 @@ CASES = {
 
 @pytest.mark.parametrize("fault", list(CASES))
 def test_sigkill_then_restart_matches_an_uninterrupted_run(
-    fault, warm, baseline, tmp_path):
+    fault, warm, baseline, tmp_path
+):
   left, resumes_from = CASES[fault]
   run = _copy_warm(warm, str(tmp_path / "run"))
   killed = _train(run, fault)
@@ -165,18 +174,27 @@ def test_sigkill_then_restart_matches_an_uninterrupted_run(
   # Same step counts: A steps, distinct 'A' rows, optimizer steps.
   assert got["meta"]["a_steps"] == baseline["meta"]["a_steps"] == TOTAL_STEPS
   assert sorted(got["a_rows"]) == sorted(baseline["a_rows"])
-  assert got["policy_step"] == baseline["policy_step"] == sum(
-      r["updates"] for r in baseline["a_rows"].values())  # optimizer steps
+  assert (
+      got["policy_step"]
+      == baseline["policy_step"]
+      == sum(r["updates"] for r in baseline["a_rows"].values())
+  )  # optimizer steps
   assert got["meta"]["loop"] == baseline["meta"]["loop"]
   # Same data per step (nothing lost, nothing stale replayed) and the same
   # numbers.
   for step, want in baseline["a_rows"].items():
     row = got["a_rows"][step]
-    for key in ("rows_on", "rows_off", "rollout_gen_tokens",
-                "rollout_env_steps", "skipped"):
+    for key in (
+        "rows_on",
+        "rows_off",
+        "rollout_gen_tokens",
+        "rollout_env_steps",
+        "skipped",
+    ):
       assert row[key] == want[key], (step, key)
     assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-8)
   for a, b in zip(got["params"], baseline["params"]):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   assert got["final_eval"]["success_rate"] == (
-      baseline["final_eval"]["success_rate"])
+      baseline["final_eval"]["success_rate"]
+  )

@@ -20,12 +20,14 @@ from rspo_jax import build, replay
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MICRO = ("model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
-         "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
-         "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
-         "train.batch_tasks=2,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
-         "steps=2,env.max_steps=4,env.num_eval_tasks=4,env.num_workers=1,"
-         "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256")
+MICRO = (
+    "model.overrides=num_layers=1;hidden_size=64;intermediate_size=128;"
+    "num_heads=2;num_kv_heads=1;head_dim=32,model.tokenizer_vocab=300,"
+    "sft.steps=8,sft.num_episodes=16,sft.batch_rows=16,"
+    "train.batch_tasks=2,train.group_size=2,rspo.alpha=0.5,rspo.k=1,"
+    "steps=2,env.max_steps=4,env.num_eval_tasks=4,env.num_workers=1,"
+    "rollout.max_new_tokens=16,rollout.max_prompt_tokens=256"
+)
 
 
 def micro_config(algo: str, extra: str = ""):
@@ -36,8 +38,9 @@ def micro_config(algo: str, extra: str = ""):
 
 
 def params_of(learner):
-  return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(
-      learner.params))]
+  return [
+      np.asarray(x) for x in jax.tree.leaves(jax.device_get(learner.params))
+  ]
 
 
 def record_train_batches(learner):
@@ -88,8 +91,9 @@ def test_two_rspo_loops(algo, tmp_path):
         assert r.policy_tag == "B"
         assert np.isnan(r.dense_reward)
         assert r.outcome_reward == pytest.approx(
-            10.0 * r.won + sum(-0.1 for s in stored
-                               if s.traj_id == r.traj_id and s.invalid))
+            10.0 * r.won
+            + sum(-0.1 for s in stored if s.traj_id == r.traj_id and s.invalid)
+        )
         assert len(r.behavior_logp) == len(r.response_ids)
       t.state.phase = "A"
       n_seen = len(seen)
@@ -98,8 +102,12 @@ def test_two_rspo_loops(algo, tmp_path):
       step = seen[n_seen:]  # the step's updates
       assert len(step) == m["updates"] >= 1
       a_updates += len(step)
-      off = np.concatenate([np.asarray(b.is_offpolicy)[
-          np.asarray(b.loss_mask).sum(1) > 0] for b in step])
+      off = np.concatenate(
+          [
+              np.asarray(b.is_offpolicy)[np.asarray(b.loss_mask).sum(1) > 0]
+              for b in step
+          ]
+      )
       # Half the samples replayed: the step holds both sources.
       assert off.any() and (~off).any()
       assert m["rows_off"] == off.sum() and m["rows_on"] == (~off).sum()
@@ -112,8 +120,9 @@ def test_two_rspo_loops(algo, tmp_path):
         beh = np.asarray(batch.behavior_logp)
         old = np.asarray(batch.old_logp)
         gaps += list(np.abs(beh - old)[rows_off & mask])
-        np.testing.assert_array_equal(beh[~rows_off & mask],
-                                      old[~rows_off & mask])
+        np.testing.assert_array_equal(
+            beh[~rows_off & mask], old[~rows_off & mask]
+        )
       assert max(gaps) > 1e-4
       assert changed(a_before, params_of(t.a))
       t.end_loop()
@@ -128,12 +137,17 @@ def test_two_rspo_loops(algo, tmp_path):
 def test_train_cli_runs_and_resumes(tmp_path):
   """launch/train.py end to end; a second start resumes and does nothing."""
   workdir = str(tmp_path / "run")
-  cmd = [sys.executable, os.path.join(ROOT, "launch/train.py"),
-         f"--config={ROOT}/configs/toy_grpo.py:{MICRO}",
-         f"--workdir={workdir}", "--no_progress"]
+  cmd = [
+      sys.executable,
+      os.path.join(ROOT, "launch/train.py"),
+      f"--config={ROOT}/configs/toy_grpo.py:{MICRO}",
+      f"--workdir={workdir}",
+      "--no_progress",
+  ]
   env = dict(os.environ, XLA_FLAGS="")
-  out = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                       timeout=1200)
+  out = subprocess.run(
+      cmd, capture_output=True, text=True, env=env, timeout=1200
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   final = json.load(open(os.path.join(workdir, "eval_final.json")))
   assert 0.0 <= final["success_rate"] <= 1.0
@@ -147,8 +161,11 @@ def test_prm_dense_reward_in_the_loop(tmp_path):
   trajectories, saved, and B's dense rewards are its scores."""
   # 5 groups of 2 = 10 episodes, more than the 4 environments: played in
   # rounds of 2 groups.
-  cfg = micro_config("grpo", "rspo.dense_reward=prm,rspo.prm_steps=20,"
-                     "rspo.prm_train_groups=5,rspo.prm_refresh_loops=1")
+  cfg = micro_config(
+      "grpo",
+      "rspo.dense_reward=prm,rspo.prm_steps=20,"
+      "rspo.prm_train_groups=5,rspo.prm_refresh_loops=1",
+  )
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   try:
@@ -194,10 +211,21 @@ def test_decoupled_placement_runs_two_loops(tmp_path):
     times = [r for r in rows if r["phase"] == "time"]
     assert [r["step"] for r in times] == [1, 2]
     for r in times:
-      phases = {k[:-2] for k in r if k.endswith("_s") and k != "wall_s"
-                and not k.endswith("_per_s")}
-      assert {"weight_sync", "generation", "environment", "prompts",
-              "logprobs", "update", "checkpoint", "other"} <= phases
+      phases = {
+          k[:-2]
+          for k in r
+          if k.endswith("_s") and k != "wall_s" and not k.endswith("_per_s")
+      }
+      assert {
+          "weight_sync",
+          "generation",
+          "environment",
+          "prompts",
+          "logprobs",
+          "update",
+          "checkpoint",
+          "other",
+      } <= phases
       assert all(r[f"{p}_s"] >= 0 for p in phases)
       assert sum(r[f"{p}_s"] for p in phases) == pytest.approx(r["wall_s"])
       assert r["generation_s"] > 0 and r["update_s"] > 0
@@ -207,7 +235,8 @@ def test_decoupled_placement_runs_two_loops(tmp_path):
       assert 0.0 <= r["behavior_logp_max_gap"] < 0.1
       assert 0.0 <= r["replay_nonzero_adv_frac"] <= 1.0
     assert not os.listdir(tmp_path / "replay_b") or not any(
-        f.endswith(".array_record") for f in os.listdir(tmp_path / "replay_b"))
+        f.endswith(".array_record") for f in os.listdir(tmp_path / "replay_b")
+    )
   finally:
     run.close()
 
@@ -228,12 +257,14 @@ def test_mini_batches_train_every_row_once_from_the_rollout_policy(tmp_path):
     n_rows = int(m["rows_on"] + m["rows_off"])
     assert len(seen) == m["updates"] == -(-n_rows // 4) >= 2
     assert [int(r.sum()) for r in real] == [
-        len(c) for c in np.array_split(np.arange(n_rows), len(seen))]
+        len(c) for c in np.array_split(np.arange(n_rows), len(seen))
+    ]
     for batch in seen:  # old log-probs: the params before the first update
       mask = np.asarray(batch.loss_mask) > 0
       want = t.batches.apply(t.a, batch, params=before)
-      np.testing.assert_allclose(np.asarray(batch.old_logp)[mask],
-                                 want[mask], atol=1e-5)
+      np.testing.assert_allclose(
+          np.asarray(batch.old_logp)[mask], want[mask], atol=1e-5
+      )
     assert changed(jax.tree.leaves(before), params_of(t.a))
   finally:
     run.close()
@@ -244,15 +275,19 @@ def test_drop_zero_advantage_rows(tmp_path):
   advantage only; a batch of tied groups is no update at all."""
   import dataclasses  # noqa: PLC0415
 
-  cfg = micro_config("grpo", "train.drop_zero_advantage_rows=1,"
-                     "train.batch_tasks=4,train.group_size=2")
+  cfg = micro_config(
+      "grpo",
+      "train.drop_zero_advantage_rows=1,"
+      "train.batch_tasks=4,train.group_size=2",
+  )
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   seen = record_train_batches(t.a)
   try:
     records, _ = t.collect_groups(t.a, 4, "A")
-    tied = [dataclasses.replace(r, env_reward=0.0, invalid=False)
-            for r in records]
+    tied = [
+        dataclasses.replace(r, env_reward=0.0, invalid=False) for r in records
+    ]
     before = params_of(t.a)
     m = t.update(t.a, None, tied, [], "outcome", 1)
     assert m["skipped_no_signal"] == 1.0 and not seen
@@ -261,9 +296,12 @@ def test_drop_zero_advantage_rows(tmp_path):
     # One group wins, the others tie: only the winner's group is trained.
     won_group, winner = tied[0].group_id, tied[0].traj_id
     last = max(r.step_idx for r in tied if r.traj_id == winner)
-    mixed = [dataclasses.replace(r, env_reward=10.0)
-             if r.traj_id == winner and r.step_idx == last else r
-             for r in tied]
+    mixed = [
+        dataclasses.replace(r, env_reward=10.0)
+        if r.traj_id == winner and r.step_idx == last
+        else r
+        for r in tied
+    ]
     m = t.update(t.a, None, mixed, [], "outcome", 2)
     assert len(seen) == m["updates"]
     n_group = sum(r.group_id == won_group for r in mixed)

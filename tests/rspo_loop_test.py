@@ -65,8 +65,10 @@ def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
   other 2 in the second step; each carries its advantage against its
   whole group of D."""
   # One update per step: the step's batch holds its rows in order.
-  cfg = micro_config("grpo", "rspo.k=2,steps=2,train.updates_per_step=1,"
-                     "rspo.replay_reuse=pass")
+  cfg = micro_config(
+      "grpo",
+      "rspo.k=2,steps=2,train.updates_per_step=1," "rspo.replay_reuse=pass",
+  )
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   seen = record_train_batches(t.a)
@@ -75,7 +77,8 @@ def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
     winner = make_one_win(t)
     d = t.buffer.trajectories()
     want = replayed.advantages_in_buffer(
-        d, cfg.algo, invalid_action_penalty=cfg.algo.invalid_action_penalty)
+        d, cfg.algo, invalid_action_penalty=cfg.algo.invalid_action_penalty
+    )
     assert (want[winner] > 0).all()  # beside a failure in its group
     t.state.phase = "A"
     calls = spy_updates(t)
@@ -90,8 +93,11 @@ def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
       drawn.append(ids)
       assert t.state.replay_used == sorted(sum(drawn, []))
       np.testing.assert_allclose(
-          off_adv, np.concatenate([want[i] for i in
-                                   dict.fromkeys(r.traj_id for r in off)]))
+          off_adv,
+          np.concatenate(
+              [want[i] for i in dict.fromkeys(r.traj_id for r in off)]
+          ),
+      )
       # A's batch: fresh rows then replayed rows, one update.
       batch = seen[-1]
       mask = np.asarray(batch.loss_mask) > 0
@@ -99,17 +105,22 @@ def test_a_steps_replay_unused_trajectories_with_group_advantages(tmp_path):
       assert len(off_rows) == len(off) == m["rows_off"]
       for row, a in zip(off_rows, off_adv):
         np.testing.assert_allclose(
-            np.asarray(batch.advantages)[row][mask[row]], a, rtol=1e-6)
+            np.asarray(batch.advantages)[row][mask[row]], a, rtol=1e-6
+        )
       tokens = np.array([len(r.response_ids) for r in off])
       assert m["replay_nonzero_adv_frac"] == pytest.approx(
-          tokens[off_adv != 0].sum() / tokens.sum())
+          tokens[off_adv != 0].sum() / tokens.sum()
+      )
       assert m["replay_adv_mean"] == pytest.approx(
-          (tokens * off_adv).sum() / tokens.sum(), rel=1e-5)
+          (tokens * off_adv).sum() / tokens.sum(), rel=1e-5
+      )
       assert m["replay_success_frac"] == np.mean(
-          [any(r.won for r in off if r.traj_id == i) for i in ids])
+          [any(r.won for r in off if r.traj_id == i) for i in ids]
+      )
     assert winner in drawn[0]  # successful trajectories first
     assert sorted(sum(drawn, [])) == sorted(
-        t_.steps[0].traj_id for t_ in d)  # then the unused ones
+        t_.steps[0].traj_id for t_ in d
+    )  # then the unused ones
     t.end_loop()
     assert t.state.replay_used == []
   finally:
@@ -149,27 +160,31 @@ def test_ppo_epochs_repeat_mini_batches_with_pi_old_of_the_step_start(tmp_path):
     def rows_of(batches):
       out = []
       for b in batches:
-        for row, n in zip(np.asarray(b.tokens),
-                          np.asarray(b.attention_mask).sum(1)):
+        for row, n in zip(
+            np.asarray(b.tokens), np.asarray(b.attention_mask).sum(1)
+        ):
           if n:
             out.append(row[:n].tobytes())
       return out
 
     for ep in epochs:
-      real = [int((np.asarray(b.attention_mask).sum(1) > 0).sum())
-              for b in ep]
+      real = [int((np.asarray(b.attention_mask).sum(1) > 0).sum()) for b in ep]
       assert real == sizes
     assert collections.Counter(rows_of(epochs[0])) == collections.Counter(
-        rows_of(epochs[1]))  # every row once per epoch
+        rows_of(epochs[1])
+    )  # every row once per epoch
     assert [set(rows_of([b])) for b in epochs[0]] == [
-        set(rows_of([b])) for b in epochs[1]]  # verl: same mini-batches
+        set(rows_of([b])) for b in epochs[1]
+    ]  # verl: same mini-batches
     for batch in seen:  # pi_old: the params before the first update
       mask = np.asarray(batch.loss_mask) > 0
       want = t.batches.apply(t.a, batch, params=before)
-      np.testing.assert_allclose(np.asarray(batch.old_logp)[mask],
-                                 want[mask], atol=1e-5)
+      np.testing.assert_allclose(
+          np.asarray(batch.old_logp)[mask], want[mask], atol=1e-5
+      )
     assert m["loss"] == pytest.approx(
-        np.mean([u["loss"] for u in per_update]), rel=1e-6)
+        np.mean([u["loss"] for u in per_update]), rel=1e-6
+    )
     clip_keys = [k for k in per_update[-1] if k.startswith("clip_frac")]
     assert clip_keys
     for k in clip_keys:
@@ -208,11 +223,13 @@ def _capture_b(t):
 
 
 def _learner_logp(t, learner, records):
-  batch = t.batches.build(records, np.zeros(len(records)),
-                          np.zeros(len(records), bool))
+  batch = t.batches.build(
+      records, np.zeros(len(records)), np.zeros(len(records), bool)
+  )
   logp = t.batches.apply(learner, batch)
-  return [logp[i][np.asarray(batch.loss_mask[i]) > 0]
-          for i in range(len(records))]
+  return [
+      logp[i][np.asarray(batch.loss_mask[i]) > 0] for i in range(len(records))
+  ]
 
 
 @pytest.mark.parametrize("recompute", [True, False])
@@ -241,7 +258,8 @@ def test_b_learner_log_probs_replace_noisy_engine_ones(recompute, tmp_path):
       # Engine vs learner in float32 on CPU: ~1e-6; the rest is the noise
       # of the stored collection (the last len(stored) draws).
       assert collect_row["behavior_logp_max_gap"] == pytest.approx(
-          max(noise[-t.buffer.stats()["num_steps"]:]), abs=1e-3)
+          max(noise[-t.buffer.stats()["num_steps"] :]), abs=1e-3
+      )
       assert collect_row["behavior_logp_max_gap"] > 0.5
     else:
       assert min(gaps) > 0 and max(gaps) > 0.5
@@ -249,8 +267,10 @@ def test_b_learner_log_probs_replace_noisy_engine_ones(recompute, tmp_path):
     t.state.phase = "A"
     n_seen = len(seen)
     m = t.a_step()
-    by_row = {(tuple(r.prompt_ids), tuple(r.response_ids)): l
-              for r, l in zip(stored, learner)}
+    by_row = {
+        (tuple(r.prompt_ids), tuple(r.response_ids)): l
+        for r, l in zip(stored, learner)
+    }
     n_off = 0
     for batch in seen[n_seen:]:  # every update of A's step
       off = np.flatnonzero(np.asarray(batch.is_offpolicy))
@@ -260,7 +280,7 @@ def test_b_learner_log_probs_replace_noisy_engine_ones(recompute, tmp_path):
       for row in off:  # A's behaviour log-probs for replayed rows: pi_B's
         n = int(np.asarray(batch.attention_mask)[row].sum())
         resp = tokens[row][mask[row]]
-        prompt = tokens[row][:n - len(resp)]
+        prompt = tokens[row][: n - len(resp)]
         want = by_row[(tuple(prompt), tuple(resp))]
         got = beh[row][mask[row]]
         if recompute:
@@ -299,9 +319,9 @@ def test_rspo_h_replays_a_own_previous_loop_with_learner_log_probs(tmp_path):
     assert len({r.traj_id for r in off2}) == 2
     assert {r.traj_id for r in off2} <= {r.traj_id for r in on1}
     for r in off2:
-      np.testing.assert_allclose(r.behavior_logp,
-                                 learner_logp[(r.traj_id, r.step_idx)],
-                                 atol=1e-5)
+      np.testing.assert_allclose(
+          r.behavior_logp, learner_logp[(r.traj_id, r.step_idx)], atol=1e-5
+      )
   finally:
     run.close()
 
@@ -339,8 +359,9 @@ def _success_and_dense(records):
 
 
 @pytest.mark.parametrize("lift_tasks", ["first", "fresh"])
-def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(lift_tasks,
-                                                              tmp_path):
+def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(
+    lift_tasks, tmp_path
+):
   """B's phase: its rows count B's steps (b_step 1..k, one loop); the
   stored collection plays the tasks and sampling seeds of B's first
   training collection (rspo.b_lift_tasks='first') and B_collect logs
@@ -348,8 +369,9 @@ def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(lift_tasks,
   trajectory, computed here from the records themselves. A's step then
   logs log pi_B - log pi_old of the replayed tokens, by hand from its
   batch."""
-  cfg = micro_config("grpo", f"rspo.b_lift_tasks={lift_tasks},"
-                     "train.updates_per_step=1")
+  cfg = micro_config(
+      "grpo", f"rspo.b_lift_tasks={lift_tasks}," "train.updates_per_step=1"
+  )
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   rows, collected = spy_metrics(t), []
@@ -358,8 +380,9 @@ def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(lift_tasks,
   def spy(learner, n, tag, *a, **kw):
     records, stats = collect(learner, n, tag, *a, **kw)
     if tag == POLICY_B:
-      collected.append((stats["task_ids"],
-                        [dataclasses.replace(r) for r in records]))
+      collected.append(
+          (stats["task_ids"], [dataclasses.replace(r) for r in records])
+      )
     return records, stats
 
   t.collect_groups = spy
@@ -380,16 +403,22 @@ def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(lift_tasks,
     assert row["b_lift_success"] == pytest.approx(s1 - s0)
     assert row["b_lift_dense_return"] == pytest.approx(d1 - d0)
     if lift_tasks == "first":  # won episodes per task, in the tasks' order
-      for key, records in (("b_first_wins_by_task", first),
-                           ("b_stored_wins_by_task", stored)):
+      for key, records in (
+          ("b_first_wins_by_task", first),
+          ("b_stored_wins_by_task", stored),
+      ):
         won = collections.defaultdict(bool)
         for r in records:
           won[r.task_id, r.traj_id] |= bool(r.won)
-        assert row[key] == [sum(w for (task, _), w in won.items()
-                                if task == i) for i in first_ids]
+        assert row[key] == [
+            sum(w for (task, _), w in won.items() if task == i)
+            for i in first_ids
+        ]
       assert sum(row["b_stored_wins_by_task"]) - sum(
-          row["b_first_wins_by_task"]) == pytest.approx(
-              row["b_lift_success"] * len(first_ids) * cfg.train.group_size)
+          row["b_first_wins_by_task"]
+      ) == pytest.approx(
+          row["b_lift_success"] * len(first_ids) * cfg.train.group_size
+      )
     else:
       assert "b_first_wins_by_task" not in row
     t.state.phase = "A"
@@ -398,10 +427,12 @@ def test_b_lift_is_logged_on_the_tasks_of_b_first_collection(lift_tasks,
     off = np.asarray(batch.is_offpolicy, bool)
     mask = (np.asarray(batch.loss_mask) > 0) & off[:, None]
     gap = np.asarray(batch.behavior_logp) - np.asarray(batch.old_logp)
-    assert m["replay_logp_b_minus_old"] == pytest.approx(gap[mask].mean(),
-                                                         rel=1e-5)
+    assert m["replay_logp_b_minus_old"] == pytest.approx(
+        gap[mask].mean(), rel=1e-5
+    )
     assert m["replay_log_c_big_frac"] == pytest.approx(
-        (np.abs(gap[mask]) > 0.2).mean())
+        (np.abs(gap[mask]) > 0.2).mean()
+    )
   finally:
     run.close()
 
@@ -411,19 +442,20 @@ def test_b_own_learning_rate_moves_each_weight_by_it_first(tmp_path):
   first update is lr * g / (|g| + eps) per weight: no weight of B moves
   by more than b_lr, and the largest moves by about b_lr; the steps B's
   optimizer compiles are kept for the next loop's B."""
-  cfg = micro_config("grpo", "rspo.b_lr=0.003,rspo.k=1,"
-                     "train.updates_per_step=1,train.weight_decay=0.0")
+  cfg = micro_config(
+      "grpo",
+      "rspo.b_lr=0.003,rspo.k=1,"
+      "train.updates_per_step=1,train.weight_decay=0.0",
+  )
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   try:
     b = t.make_b()
     assert b.tx is not t.a.tx
-    before = [np.asarray(x) for x in jax.tree.leaves(
-        jax.device_get(b.params))]
+    before = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(b.params))]
     on, _ = t.collect_groups(b, 2, POLICY_B)
     t.update(b, None, on, [], "dense", step_key=1)
-    after = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(
-        b.params))]
+    after = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(b.params))]
     move = max(np.abs(x - y).max() for x, y in zip(before, after))
     assert move == pytest.approx(0.003, rel=0.01)
     assert t._b_steps and t.make_b()._steps is t._b_steps
@@ -437,18 +469,17 @@ def test_b_warmup_gives_b_a_schedule_state_of_its_own(tmp_path):
   state has a schedule count A's lacks; B := A builds it with its own
   shardings and B's first update (lr 0 at count 0) leaves B unchanged.
   With rspo.copy_optimizer_state the shapes differ: one clear error."""
-  cfg = micro_config("grpo", "rspo.b_warmup_steps=4,rspo.k=1,"
-                     "train.updates_per_step=1")
+  cfg = micro_config(
+      "grpo", "rspo.b_warmup_steps=4,rspo.k=1," "train.updates_per_step=1"
+  )
   run = build.build_run(cfg, str(tmp_path), progress=False)
   t = run.trainer
   try:
     b = t.make_b()
-    before = [np.asarray(x) for x in jax.tree.leaves(
-        jax.device_get(b.params))]
+    before = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(b.params))]
     on, _ = t.collect_groups(b, 2, POLICY_B)
     t.update(b, None, on, [], "dense", step_key=1)
-    after = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(
-        b.params))]
+    after = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(b.params))]
     assert all(np.array_equal(x, y) for x, y in zip(before, after))
     with t.cfg.unlocked():
       t.cfg.rspo.copy_optimizer_state = True

@@ -34,9 +34,11 @@ from rspo_jax import build, replay
 from rspo_jax.metrics import read_metrics
 
 HISTORY = MICRO + ",rspo.data_source=history"
-PRM = (MICRO.replace("rspo.k=1,", "rspo.k=2,")
-       + ",train.checkpoint_every=1,rspo.dense_reward=prm,rspo.prm_steps=20,"
-       "rspo.prm_train_groups=4,rspo.prm_refresh_loops=1")
+PRM = (
+    MICRO.replace("rspo.k=1,", "rspo.k=2,")
+    + ",train.checkpoint_every=1,rspo.dense_reward=prm,rspo.prm_steps=20,"
+    "rspo.prm_train_groups=4,rspo.prm_refresh_loops=1"
+)
 WARM = ("tokenizer", "warm_start", "prm")
 
 
@@ -62,8 +64,7 @@ def train(workdir: str, cfg: str, kill=None, refits=None):
     except Killed:
       return None
     t.ckpt.wait()
-    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(
-        t.a.params))]
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(t.a.params))]
   finally:
     run.close()
 
@@ -72,14 +73,14 @@ def warm_copy(template: str, workdir: str) -> str:
   os.makedirs(workdir)
   for name in WARM:
     if os.path.exists(os.path.join(template, name)):
-      shutil.copytree(os.path.join(template, name),
-                      os.path.join(workdir, name))
+      shutil.copytree(os.path.join(template, name), os.path.join(workdir, name))
   return workdir
 
 
 def kill_in_save(phase: str, a_steps: int, after: bool = False):
   """Killed in the save of (``phase``, ``a_steps``): before it is written,
   or (``after``) once it is on disk."""
+
   def arm(t, monkeypatch=None):
     save = t.save
 
@@ -91,7 +92,9 @@ def kill_in_save(phase: str, a_steps: int, after: bool = False):
       if hit:
         t.ckpt.wait()
         raise Killed
+
     t.save = killing_save
+
   return arm
 
 
@@ -105,11 +108,15 @@ def assert_same_run(run: str, params, base: str, base_params) -> None:
   want, got = a_rows(base), a_rows(run)
   assert sorted(got) == sorted(want) == [1, 2]
   for step, row in want.items():
-    for key in ("rows_on", "rows_off", "rollout_gen_tokens",
-                "rollout_env_steps", "updates"):
+    for key in (
+        "rows_on",
+        "rows_off",
+        "rollout_gen_tokens",
+        "rollout_env_steps",
+        "updates",
+    ):
       assert got[step][key] == row[key], (step, key)
-    assert got[step]["loss"] == pytest.approx(row["loss"], rel=1e-5,
-                                              abs=1e-8)
+    assert got[step]["loss"] == pytest.approx(row["loss"], rel=1e-5, abs=1e-8)
   for a, b in zip(params, base_params):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
@@ -132,8 +139,9 @@ def template(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def history_baseline(template, tmp_path_factory):
-  run = warm_copy(template(HISTORY),
-                  str(tmp_path_factory.mktemp("base_h") / "run"))
+  run = warm_copy(
+      template(HISTORY), str(tmp_path_factory.mktemp("base_h") / "run")
+  )
   params = train(run, HISTORY)
   rows = a_rows(run)
   assert rows[1]["rows_off"] == 0 and rows[2]["rows_off"] > 0  # D: loop 0's
@@ -148,6 +156,7 @@ def kill_mid_move(t, monkeypatch):
     rmtree(path, *args, **kw)
     if path == t.buffer.directory:
       raise Killed
+
   monkeypatch.setattr(shutil, "rmtree", killing_rmtree)
 
 
@@ -165,7 +174,8 @@ HISTORY_KILLS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("point", list(HISTORY_KILLS))
 def test_rspo_h_killed_around_the_loop_end_resumes_exactly(
-    point, template, history_baseline, tmp_path, monkeypatch):
+    point, template, history_baseline, tmp_path, monkeypatch
+):
   kill, resumes_from = HISTORY_KILLS[point]
   base, base_params = history_baseline
   run = warm_copy(template(HISTORY), str(tmp_path / "run"))
@@ -178,6 +188,7 @@ def test_rspo_h_killed_around_the_loop_end_resumes_exactly(
     if resumed["at"][0] == "B":  # a loop's start: D is loop 0's 4 episodes
       ids = [tr.steps[0].traj_id for tr in t.buffer.trajectories()]
       assert len(ids) == 4 and {i // 100_000 for i in ids} == {1}
+
   params = train(run, HISTORY, note)
   assert_same_run(run, params, base, base_params)
   assert resumed["at"] == resumes_from
@@ -185,33 +196,42 @@ def test_rspo_h_killed_around_the_loop_end_resumes_exactly(
 
 # ------------------------------------------------------------- PRM refresh
 
+
 def refit_summary(refits) -> list:
   """Per refit: [(traj_id, step_idx, outcome reward)] sorted."""
-  return [sorted((r.traj_id, r.step_idx, r.outcome_reward) for r in rs)
-          for rs in refits]
+  return [
+      sorted((r.traj_id, r.step_idx, r.outcome_reward) for r in rs)
+      for rs in refits
+  ]
 
 
 @pytest.fixture(scope="module")
 def prm_baseline(template, tmp_path_factory):
-  run = warm_copy(template(PRM), str(tmp_path_factory.mktemp("base_p") /
-                                     "run"))
+  run = warm_copy(template(PRM), str(tmp_path_factory.mktemp("base_p") / "run"))
   refits = []
   train(run, PRM, refits=refits)
   summary = refit_summary(refits)
   # One loop (k = 2): one refit, on A's fresh group (2 episodes; 2 more
   # replayed) of each step: collections 4 and 5 (B: 1-2, its store: 3).
   assert len(summary) == 1
-  assert {tid for tid, _, _ in summary[0]} == {400_000, 400_001, 500_000,
-                                               500_001}
+  assert {tid for tid, _, _ in summary[0]} == {
+      400_000,
+      400_001,
+      500_000,
+      500_001,
+  }
   return summary
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill", [kill_in_save("A", 1, after=True),
-                                  kill_in_save("B", 2)],
-                         ids=["after_step_1_saved", "in_loop_end_save"])
+@pytest.mark.parametrize(
+    "kill",
+    [kill_in_save("A", 1, after=True), kill_in_save("B", 2)],
+    ids=["after_step_1_saved", "in_loop_end_save"],
+)
 def test_prm_refit_after_a_resume_sees_the_whole_loop(
-    kill, template, prm_baseline, tmp_path):
+    kill, template, prm_baseline, tmp_path
+):
   run = warm_copy(template(PRM), str(tmp_path / "run"))
   assert train(run, PRM, kill) is None
   refits = []

@@ -18,8 +18,10 @@ from rspo_e2e_test import MICRO
 from rspo_jax import build, update
 from rspo_jax.types import POLICY_A
 
-TOY = (MICRO + ",rspo=0,steps=1,sft.enabled=False,train.batch_tasks=2,"
-       "env.max_steps=2,rollout.max_new_tokens=8,train.lr=1e-3")
+TOY = (
+    MICRO + ",rspo=0,steps=1,sft.enabled=False,train.batch_tasks=2,"
+    "env.max_steps=2,rollout.max_new_tokens=8,train.lr=1e-3"
+)
 # |sampled - recomputed| on a response token: float32 on CPU, the engine's
 # KV-cache attention against the learner's full-sequence pass.
 NUMERICS = 2e-5
@@ -54,7 +56,8 @@ def runs(tmp_path_factory):
     for name, shape, extra in (
         ("sampled", (1, 1, 1), ""),
         ("recomputed", (1, 1, 1), ",algo.recompute_old_logprobs=True"),
-        ("sharded", (-1, 1, 1), "")):
+        ("sharded", (-1, 1, 1), ""),
+    ):
       run = _build(tmp_path_factory.mktemp(name), shape, extra)
       made[name] = (run, *_one_a_step(run))
     yield made
@@ -65,7 +68,8 @@ def runs(tmp_path_factory):
 
 def _fresh(batch):
   return (np.asarray(batch.loss_mask) > 0) & ~np.asarray(
-      batch.is_offpolicy, bool)[:, None]
+      batch.is_offpolicy, bool
+  )[:, None]
 
 
 def test_the_key_defaults_to_sampling_with_the_in_process_engine():
@@ -87,8 +91,10 @@ def test_sampled_pi_old_is_the_recomputed_one_within_numerics(runs):
   old_s, old_r = np.asarray(a.old_logp), np.asarray(b.old_logp)
   np.testing.assert_array_equal(old_s[mask], np.asarray(a.behavior_logp)[mask])
   np.testing.assert_allclose(old_s[mask], old_r[mask], atol=NUMERICS)
-  assert (m_s["old_logp_recomputed_frac"],
-          m_r["old_logp_recomputed_frac"]) == (0.0, 1.0)
+  assert (m_s["old_logp_recomputed_frac"], m_r["old_logp_recomputed_frac"]) == (
+      0.0,
+      1.0,
+  )
   assert abs(first_s["ratio_mean_on"] - 1) < NUMERICS
 
 
@@ -98,8 +104,9 @@ def test_sharded_equals_unsharded(runs):
   a, b = runs["sampled"][2][0][0], runs["sharded"][2][0][0]
   np.testing.assert_array_equal(a.tokens, b.tokens)
   mask = _fresh(a)
-  np.testing.assert_allclose(np.asarray(a.old_logp)[mask],
-                             np.asarray(b.old_logp)[mask], atol=NUMERICS)
+  np.testing.assert_allclose(
+      np.asarray(a.old_logp)[mask], np.asarray(b.old_logp)[mask], atol=NUMERICS
+  )
   assert runs["sharded"][0].trainer.a.mesh.size == 8
 
 
@@ -117,17 +124,24 @@ def test_replayed_and_cut_rows_keep_the_learners_pass(runs):
   idx = np.arange(n)
   batch = t.batches.build(records, np.zeros(n), off)
   full = t.batches.apply(t.a, batch)
-  got = updater._old_logp(t.a, rows, idx, batch,  # pylint: disable=protected-access
-                          updater.needs_old_pass(rows), True)
+  got = updater._old_logp(
+      t.a,
+      rows,
+      idx,
+      batch,  # pylint: disable=protected-access
+      updater.needs_old_pass(rows),
+      True,
+  )
   mask = np.asarray(batch.loss_mask) > 0
   for i in range(n):
     want = full[i] if off[i] else np.asarray(batch.behavior_logp)[i]
     tol = 1e-6 if off[i] else NUMERICS
     np.testing.assert_allclose(got[i][mask[i]], want[mask[i]], atol=tol)
-    np.testing.assert_allclose(got[i][mask[i]], full[i][mask[i]],
-                               atol=NUMERICS)
-  long = dataclasses.replace(records[0], prompt_ids=np.zeros(
-      updater.max_len, np.int32))  # + its response: cut to max_len
-  cut = update.Rows([long, records[0]], np.zeros(2, bool),
-                    np.zeros(2, np.float32), None)
+    np.testing.assert_allclose(got[i][mask[i]], full[i][mask[i]], atol=NUMERICS)
+  long = dataclasses.replace(
+      records[0], prompt_ids=np.zeros(updater.max_len, np.int32)
+  )  # + its response: cut to max_len
+  cut = update.Rows(
+      [long, records[0]], np.zeros(2, bool), np.zeros(2, np.float32), None
+  )
   assert updater.needs_old_pass(cut).tolist() == [True, False]

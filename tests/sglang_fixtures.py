@@ -37,9 +37,16 @@ STARTUP_TIMEOUT_S = 300.0
 # distributions are peaked rather than near uniform.
 TOKENIZER_VOCAB = 300
 TINY = dict(
-    vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2,
-    num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512,
-    eos_token_id=2, bos_token_id=None,
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    eos_token_id=2,
+    bos_token_id=None,
 )
 WEIGHT_SCALE = 3.0
 TEXTS = [
@@ -85,7 +92,7 @@ def our_logprobs(model, prompts, results):
     tokens = jnp.asarray([list(p) + r.token_ids.tolist()], jnp.int32)
     t = tokens.shape[1]
     logits, _, _ = model(tokens, jnp.arange(t)[None], jnp.ones((1, t), bool))
-    out.append(np.asarray(token_logprobs(logits, tokens)[0, len(p):]))
+    out.append(np.asarray(token_logprobs(logits, tokens)[0, len(p) :]))
   return out
 
 
@@ -131,8 +138,12 @@ class ServerProcess:
     self.log_path = log_path
     self._log = open(log_path, "wb")
     self.proc = subprocess.Popen(
-        cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        start_new_session=True, cwd=REPO,
+        cmd,
+        env=env,
+        stdout=self._log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=REPO,
     )
 
   def log_tail(self, n: int = 4000) -> str:
@@ -178,8 +189,9 @@ class ServerProcess:
     self._log.close()
 
 
-def start_sglang_server(python, model_path, log_path, extra_args=(),
-                        extra_path=()) -> ServerProcess:
+def start_sglang_server(
+    python, model_path, log_path, extra_args=(), extra_path=()
+) -> ServerProcess:
   port = free_port()
   env = dict(os.environ)
   env.update(
@@ -190,11 +202,28 @@ def start_sglang_server(python, model_path, log_path, extra_args=(),
   )
   env.pop("XLA_FLAGS", None)
   cmd = [
-      python, "-m", "sglang.launch_server", "--model-path", model_path,
-      "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-      "--attention-backend", "torch_native", "--dtype", "float32",
-      "--max-total-tokens", "4096", "--max-running-requests", "16",
-      "--disable-overlap-schedule", "--sleep-on-idle", *extra_args,
+      python,
+      "-m",
+      "sglang.launch_server",
+      "--model-path",
+      model_path,
+      "--device",
+      "cpu",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      str(port),
+      "--attention-backend",
+      "torch_native",
+      "--dtype",
+      "float32",
+      "--max-total-tokens",
+      "4096",
+      "--max-running-requests",
+      "16",
+      "--disable-overlap-schedule",
+      "--sleep-on-idle",
+      *extra_args,
   ]
   return ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}")
 
@@ -205,10 +234,21 @@ def start_sglang_server(python, model_path, log_path, extra_args=(),
 LORA_CPU_SHIM = os.path.join(REPO, "tests", "sglang_cpu_lora")
 LORA_RANK, LORA_ALPHA = 4, 8.0
 LORA_SERVER_ARGS = (
-    "--enable-lora", "--lora-backend", "torch_native",
-    "--max-lora-rank", str(LORA_RANK), "--max-loras-per-batch", "2",
-    "--lora-target-modules", "q_proj", "k_proj", "v_proj", "o_proj",
-    "gate_proj", "up_proj", "down_proj",
+    "--enable-lora",
+    "--lora-backend",
+    "torch_native",
+    "--max-lora-rank",
+    str(LORA_RANK),
+    "--max-loras-per-batch",
+    "2",
+    "--lora-target-modules",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
 )
 
 
@@ -223,8 +263,9 @@ def lora_sglang_server(tmp_path_factory, tiny_checkpoint):
         f" {SGLANG_PYTHON_ENV} to its bin/python"
     )
   log = str(tmp_path_factory.mktemp("sglang_lora_server") / "server.log")
-  server = start_sglang_server(python, tiny_checkpoint.path, log,
-                               LORA_SERVER_ARGS, (LORA_CPU_SHIM,))
+  server = start_sglang_server(
+      python, tiny_checkpoint.path, log, LORA_SERVER_ARGS, (LORA_CPU_SHIM,)
+  )
   try:
     server.wait_healthy()
     yield server
@@ -237,10 +278,18 @@ def start_jax_server(model_path, log_path) -> ServerProcess:
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   cmd = [
-      sys.executable, os.path.join(REPO, "launch", "serve_rollout.py"),
-      "--model_path", model_path, "--port", str(port),
-      "--batch_buckets", "4,8", "--prompt_buckets", "16,32",
-      "--new_token_multiple", "16",
+      sys.executable,
+      os.path.join(REPO, "launch", "serve_rollout.py"),
+      "--model_path",
+      model_path,
+      "--port",
+      str(port),
+      "--batch_buckets",
+      "4,8",
+      "--prompt_buckets",
+      "16,32",
+      "--new_token_multiple",
+      "16",
   ]
   return ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}")
 

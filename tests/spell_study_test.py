@@ -20,10 +20,21 @@ import report as reports  # noqa: E402
 from report import spell as spell_study  # noqa: E402
 from reproduce_test import write_eval  # noqa: E402
 
-VARIANTS = ("baseline", "rspo", "rspo_misaligned", "rspo_decoy", "rspo_o",
-            "dense_only", "dense_only_misaligned", "dense_only_decoy",
-            "rspo_k3", "rspo_k30", "rspo_decoy_nopen", "baseline_nopen",
-            "rspo_nopen")
+VARIANTS = (
+    "baseline",
+    "rspo",
+    "rspo_misaligned",
+    "rspo_decoy",
+    "rspo_o",
+    "dense_only",
+    "dense_only_misaligned",
+    "dense_only_decoy",
+    "rspo_k3",
+    "rspo_k30",
+    "rspo_decoy_nopen",
+    "baseline_nopen",
+    "rspo_nopen",
+)
 PARTIAL = tuple(grid.partial_variants())  # issue 50 item 3, by name
 
 
@@ -47,38 +58,53 @@ def test_grid_cells_seeds_and_order():
   assert specs[0].name == "spell_gigpo_baseline_s0"
   (one,) = grid.spell_grid(["spell"], ["gigpo"], [400], ["rspo_o"])
   assert one.name == "spell_gigpo_rspo_o_s400"
-  for bad in ({"envs": ["webshop"]}, {"algos": ["grpo"]},
-              {"variants": ["sample_random"]}):
+  for bad in (
+      {"envs": ["webshop"]},
+      {"algos": ["grpo"]},
+      {"variants": ["sample_random"]},
+  ):
     with pytest.raises(ValueError, match="unknown"):
       grid.spell_grid(**bad)
 
 
 def test_every_cell_parses_to_its_recipe():
   extra = grid.spell_extra()
-  by = {s.variant: parse(s, extra)
-        for s in grid.spell_grid(seeds=[200], variants=VARIANTS)}
+  by = {
+      s.variant: parse(s, extra)
+      for s in grid.spell_grid(seeds=[200], variants=VARIANTS)
+  }
   for v, c in by.items():
     assert c.seed == 200 and c.env.name == "spell" and c.algo.name == "gigpo"
     assert c.model.preset == "nano" and c.env.history_length == 0
     assert c.model.lora_rank == 0 and c.train.lr == 3e-4
     assert c.env.kwargs.word_length == 4 and c.env.max_steps == 4
     assert c.env.kwargs.expert_digits == 0 and c.env.eval_split == (
-        "valid_seen")
+        "valid_seen"
+    )
     assert c.env.kwargs.cipher_digits == 1  # one letter to find
     assert (c.train.batch_tasks, c.train.group_size) == (8, 8)
     assert c.rspo.alpha == 0.125 and c.train.total_steps == 30
     if c.rspo.enabled:
       assert c.rspo.k == {"rspo_k3": 3, "rspo_k30": 30}.get(v, 10)
     assert c.algo.invalid_action_penalty == (
-        0.0 if v.endswith("nopen") else -0.1)
+        0.0 if v.endswith("nopen") else -0.1
+    )
     assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
     assert c.rspo.dense_reward == "oracle"
     assert c.env.kwargs.dense == next(
-        (d for d in ("misaligned", "decoy") if d in v), "aligned")
+        (d for d in ("misaligned", "decoy") if d in v), "aligned"
+    )
   assert not by["baseline"].rspo.enabled and not by["baseline"].rspo.dense_only
   assert not by["baseline_nopen"].rspo.enabled
-  for v in ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_k3", "rspo_k30",
-            "rspo_decoy_nopen", "rspo_nopen"):
+  for v in (
+      "rspo",
+      "rspo_misaligned",
+      "rspo_decoy",
+      "rspo_k3",
+      "rspo_k30",
+      "rspo_decoy_nopen",
+      "rspo_nopen",
+  ):
     assert by[v].rspo.enabled and by[v].rspo.data_source == "rspo"
     assert by[v].rspo.sampling == "reward"
   assert by["rspo_o"].rspo.enabled
@@ -90,21 +116,31 @@ def test_every_cell_parses_to_its_recipe():
 def test_partial_study_cells_parse_to_their_recipe():
   m1, m2, m3 = grid.PARTIAL_M
   assert grid.partial_study() == (
-      "baseline_nopen", "baseline_long_nopen", "rspo_o_nopen",
-      f"dense_only_partial{m1}_nopen", f"rspo_partial{m1}_nopen",
-      f"dense_only_partial{m2}_nopen", f"rspo_partial{m2}_nopen",
-      f"dense_only_partial{m3}_nopen", f"rspo_partial{m3}_nopen")
+      "baseline_nopen",
+      "baseline_long_nopen",
+      "rspo_o_nopen",
+      f"dense_only_partial{m1}_nopen",
+      f"rspo_partial{m1}_nopen",
+      f"dense_only_partial{m2}_nopen",
+      f"rspo_partial{m2}_nopen",
+      f"dense_only_partial{m3}_nopen",
+      f"rspo_partial{m3}_nopen",
+  )
   check = grid.partial_study(penalty=True)
   assert check[:3] == ("baseline", "baseline_long", "rspo_o")
   assert set(PARTIAL) == set(grid.partial_study()[1:] + check[1:]) - {
-      "rspo_o"}  # rspo_o and the 30-step GiGPOs were there before
+      "rspo_o"
+  }  # rspo_o and the 30-step GiGPOs were there before
   extra = grid.spell_extra("env.kwargs.word_length=6")
-  by = {s.variant: parse(s, extra) for s in grid.spell_grid(
-      seeds=[0], variants=grid.partial_study() + check)}
+  by = {
+      s.variant: parse(s, extra)
+      for s in grid.spell_grid(seeds=[0], variants=grid.partial_study() + check)
+  }
   for v, c in by.items():
     assert c.env.kwargs.word_length == 6 and c.env.kwargs.cipher_digits == 1
     assert c.algo.invalid_action_penalty == (
-        0.0 if v.endswith("_nopen") else -0.1)
+        0.0 if v.endswith("_nopen") else -0.1
+    )
     m = next((m for m in grid.PARTIAL_M if f"partial{m}" in v), 0)
     assert c.env.kwargs.decoy_positions == m
     assert c.env.kwargs.dense == ("partial" if m else "aligned")
@@ -113,7 +149,8 @@ def test_partial_study_cells_parse_to_their_recipe():
     assert c.rspo.dense_only == v.startswith("dense_only")
     if c.rspo.enabled:
       assert c.rspo.k == 10 and c.rspo.data_source == (
-          "outcome" if "rspo_o" in v else "rspo")
+          "outcome" if "rspo_o" in v else "rspo"
+      )
   # GiGPO at RSPO's environment steps: RSPO's A collects 7 fresh groups
   # of 8 a step (alpha 1/8), B 11 collections of 8 x 8 a loop; per L
   # turns an episode, 30 x 7 x 8 + 3 x 11 x 64 = 3792 episodes = 59.25
@@ -126,22 +163,30 @@ def test_partial_study_cells_parse_to_their_recipe():
   assert long.config_arg(extra).endswith(f",{extra},steps=60")
   (base,) = grid.spell_grid(seeds=[0], variants=["baseline"])
   assert base.late_overrides == "" and base.config_arg(extra).endswith(
-      f"rspo=0,rspo.dense_reward=oracle,seed=0,{extra}")
+      f"rspo=0,rspo.dense_reward=oracle,seed=0,{extra}"
+  )
   assert not (set(PARTIAL) - {"rspo_o_nopen"}) & set(grid.SPARSE_VARIANTS)
 
 
 def test_word_length_comes_from_extra_and_picks_the_root():
   assert grid.spell_length() == grid.spell_length("steps=2") == 4
   assert grid.spell_length("env.kwargs.word_length=6") == 6
-  assert grid.spell_length("env.kwargs.word_length=3,x=1,"
-                           "env.kwargs.word_length=5") == 5  # the last
+  assert (
+      grid.spell_length(
+          "env.kwargs.word_length=3,x=1," "env.kwargs.word_length=5"
+      )
+      == 5
+  )  # the last
   assert grid.spell_root("env.kwargs.word_length=6") == os.path.join(
-      grid.SPELL_ROOT, "L6_D1")
+      grid.SPELL_ROOT, "L6_D1"
+  )
   assert grid.spell_root() == os.path.join(grid.SPELL_ROOT, "L4_D1")
   # The full cipher (the pilot's world) keeps the plain name.
   assert grid.spell_name("env.kwargs.cipher_digits=10") == "L4"
-  assert grid.spell_name("env.kwargs.cipher_digits=2,"
-                         "env.kwargs.word_length=3") == "L3_D2"
+  assert (
+      grid.spell_name("env.kwargs.cipher_digits=2," "env.kwargs.word_length=3")
+      == "L3_D2"
+  )
   for bad in ("env.kwargs.word_length=six", "env.kwargs.word_length=0"):
     with pytest.raises(ValueError, match="word_length"):
       grid.spell_length(bad)
@@ -153,6 +198,7 @@ def test_word_length_comes_from_extra_and_picks_the_root():
   assert c.train.total_steps == 2  # --extra after the recipe wins
   # The warm start's config (launch/sft.py) has the recipe and L too.
   import runner  # noqa: PLC0415
+
   sft = runner.sft_config_arg("spell", extra)
   path, arg = sft.split(":", 1)
   assert path.endswith("configs/spell_grpo.py")
@@ -166,8 +212,7 @@ def dry_run(capsys, *args):
   return capsys.readouterr().out.splitlines()
 
 
-def test_dry_run_one_warm_start_per_world(tmp_path, capsys,
-                                                monkeypatch):
+def test_dry_run_one_warm_start_per_world(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(grid, "SPELL_ROOT", str(tmp_path / "spell"))
   cmds = dry_run(capsys, "--grid", "spell", "--seeds", "0")
   root = tmp_path / "spell" / "L4_D1"
@@ -176,27 +221,75 @@ def test_dry_run_one_warm_start_per_world(tmp_path, capsys,
   assert ":seed=0," + grid.SPELL_OVERRIDES + " " in cmds[0]
   policy = f"{root}/warm_start_spell/warm_start"
   assert [c.split("--workdir=")[1].split()[0] for c in cmds[1:]] == [
-      f"{root}/spell_gigpo_{v}_s0" for v in grid.SPELL_DEFAULT_VARIANTS]
-  assert all("launch/train.py" in c and f"model.checkpoint_dir={policy},"
-             in c and "configs/spell_gigpo.py:" in c for c in cmds[1:])
+      f"{root}/spell_gigpo_{v}_s0" for v in grid.SPELL_DEFAULT_VARIANTS
+  ]
+  assert all(
+      "launch/train.py" in c
+      and f"model.checkpoint_dir={policy}," in c
+      and "configs/spell_gigpo.py:" in c
+      for c in cmds[1:]
+  )
   # L = 6: its own root and warm start, the length in every command.
-  six = dry_run(capsys, "--grid", "spell", "--seeds", "0", "--variants",
-                "baseline", "--extra", "env.kwargs.word_length=6")
+  six = dry_run(
+      capsys,
+      "--grid",
+      "spell",
+      "--seeds",
+      "0",
+      "--variants",
+      "baseline",
+      "--extra",
+      "env.kwargs.word_length=6",
+  )
   assert len(six) == 2
   assert f"--workdir={tmp_path}/spell/L6_D1/warm_start_spell" in six[0]
   assert all(",env.kwargs.word_length=6 " in c for c in six)
   # --grid study --envs spell is the same grid; other envs are refused.
-  assert dry_run(capsys, "--grid", "study", "--envs", "spell", "--seeds",
-                 "0") == cmds
-  assert dry_run(capsys, "--grid", "spell", "--envs", "spell", "--seeds",
-                 "0", "--root", str(root)) == cmds
+  assert (
+      dry_run(capsys, "--grid", "study", "--envs", "spell", "--seeds", "0")
+      == cmds
+  )
+  assert (
+      dry_run(
+          capsys,
+          "--grid",
+          "spell",
+          "--envs",
+          "spell",
+          "--seeds",
+          "0",
+          "--root",
+          str(root),
+      )
+      == cmds
+  )
   assert rp.main(["--grid", "spell", "--envs", "webshop", "--dry_run"]) == 2
-  assert rp.main(["--grid", "spell", "--extra", "env.kwargs.word_length=x",
-                  "--dry_run"]) == 2
+  assert (
+      rp.main(
+          [
+              "--grid",
+              "spell",
+              "--extra",
+              "env.kwargs.word_length=x",
+              "--dry_run",
+          ]
+      )
+      == 2
+  )
   # --rl_extra reaches the runs, not the warm start.
-  rl = dry_run(capsys, "--grid", "spell", "--seeds", "0", "--variants",
-               "rspo", "--root", str(root), "--rl_extra",
-               "rspo.dense_scale=10")
+  rl = dry_run(
+      capsys,
+      "--grid",
+      "spell",
+      "--seeds",
+      "0",
+      "--variants",
+      "rspo",
+      "--root",
+      str(root),
+      "--rl_extra",
+      "rspo.dense_scale=10",
+  )
   assert rl[0] == cmds[0] and "dense_scale" in rl[1]
 
 
@@ -206,9 +299,11 @@ def test_dry_run_one_warm_start_per_world(tmp_path, capsys,
 
 
 def test_sparse_grid_parses_to_its_recipe_and_the_gate_shortens_it(
-    tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
   from configs import webshop_gigpo, webshop_grpo  # noqa: PLC0415
   import runner  # noqa: PLC0415
+
   specs = grid.sparse_grid()
   assert [s.variant for s in specs[:5]] == list(grid.SPELL_DEFAULT_VARIANTS)
   assert {s.seed for s in specs} == set(grid.SEEDS) and len(specs) == 15
@@ -218,38 +313,53 @@ def test_sparse_grid_parses_to_its_recipe_and_the_gate_shortens_it(
   extra = grid.sparse_extra()
 
   def cfg(spec, rl_extra=""):
-    path, arg = grid.with_rl_extra(spec, rl_extra).config_arg(extra).split(
-        ":", 1)
+    path, arg = (
+        grid.with_rl_extra(spec, rl_extra).config_arg(extra).split(":", 1)
+    )
     assert path.endswith("configs/webshop_gigpo.py")
     return webshop_gigpo.get_config(arg)
 
-  by = {s.variant: cfg(s) for s in grid.sparse_grid(seeds=[0],
-                                                    variants=VARIANTS[:2])}
+  by = {
+      s.variant: cfg(s)
+      for s in grid.sparse_grid(seeds=[0], variants=VARIANTS[:2])
+  }
   for v, c in by.items():
     assert c.train.total_steps == 30 and c.rspo.alpha == 0.125
     assert (c.train.batch_tasks, c.train.group_size) == (16, 8)
     assert c.train.max_train_rows == 0 and c.env.num_eval_tasks == 256
   assert by["rspo"].rspo.enabled and by["rspo"].rspo.k == 10
   # LoRA (issue 39), by name: rank 16, lr 1e-3 against full's 3e-4.
-  lora = {s.variant: cfg(s) for s in grid.sparse_grid(
-      seeds=[0], variants=["baseline", "baseline_lora", "rspo_lora",
-                           "baseline_lora3e3"])}
+  lora = {
+      s.variant: cfg(s)
+      for s in grid.sparse_grid(
+          seeds=[0],
+          variants=[
+              "baseline",
+              "baseline_lora",
+              "rspo_lora",
+              "baseline_lora3e3",
+          ],
+      )
+  }
   assert [c.model.lora_rank for c in lora.values()] == [0, 16, 16, 16]
   assert [c.train.lr for c in lora.values()] == [3e-4, 1e-3, 1e-3, 3e-3]
   assert lora["rspo_lora"].rspo.enabled and lora["rspo_lora"].rspo.k == 10
   assert not lora["baseline_lora"].rspo.enabled
   assert "baseline_lora" not in grid.SPELL_VARIANTS
   # GRPO's cells (issue 39) are configs/webshop_grpo.py's algorithm.
-  grpo = {s.variant: cfg(s) for s in grid.sparse_grid(
-      seeds=[0], variants=["grpo", "grpo_lora", "rspo_grpo",
-                           "rspo_grpo_lora"])}
+  grpo = {
+      s.variant: cfg(s)
+      for s in grid.sparse_grid(
+          seeds=[0],
+          variants=["grpo", "grpo_lora", "rspo_grpo", "rspo_grpo_lora"],
+      )
+  }
   want = webshop_grpo.get_config("").algo
   assert webshop_gigpo.get_config("").algo != want
   for v, c in grpo.items():
     assert c.algo == want, v
   assert [c.model.lora_rank for c in grpo.values()] == [0, 16, 0, 16]
-  assert [c.rspo.enabled for c in grpo.values()] == [False, False, True,
-                                                     True]
+  assert [c.rspo.enabled for c in grpo.values()] == [False, False, True, True]
   # The gate: --rl_extra steps=12 comes after the run's own 30 steps.
   (base,) = grid.sparse_grid(seeds=[0], variants=["baseline"])
   assert cfg(base, "steps=12").train.total_steps == 12
@@ -263,11 +373,20 @@ def test_sparse_grid_parses_to_its_recipe_and_the_gate_shortens_it(
   monkeypatch.setattr(rp, "SPARSE_ROOT", str(tmp_path / "ws"))
   cmds = dry_run(capsys, "--grid", "sparse", "--seeds", "0")
   assert len(cmds) == 6 and f"--workdir={tmp_path}/ws/warm_start" in cmds[0]
-  gate = dry_run(capsys, "--grid", "sparse", "--seeds", "0", "--variants",
-                 "baseline,dense_only", "--rl_extra", "steps=12", "--root",
-                 str(tmp_path / "gate"))
-  assert len(gate) == 3 and all(",steps=30,steps=12," in c
-                                for c in gate[1:])
+  gate = dry_run(
+      capsys,
+      "--grid",
+      "sparse",
+      "--seeds",
+      "0",
+      "--variants",
+      "baseline,dense_only",
+      "--rl_extra",
+      "steps=12",
+      "--root",
+      str(tmp_path / "gate"),
+  )
+  assert len(gate) == 3 and all(",steps=30,steps=12," in c for c in gate[1:])
 
 
 def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
@@ -275,15 +394,26 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
   root, out = tmp_path / "webshop_sparse_gate", str(tmp_path / "results")
   write_eval(root / "warm_start_webshop" / "eval_start.json", [0, 0, 0, 0])
   extra = grid.sparse_extra()
-  for v, wins in (("baseline", [0, 0, 0, 0]), ("dense_only", [1, 1, 0, 0]),
-                  ("baseline_nopen", [1, 1, 1, 1]),
-                  ("rspo_nopen", [1, 1, 1, 0])):
+  for v, wins in (
+      ("baseline", [0, 0, 0, 0]),
+      ("dense_only", [1, 1, 0, 0]),
+      ("baseline_nopen", [1, 1, 1, 1]),
+      ("rspo_nopen", [1, 1, 1, 0]),
+  ):
     (spec,) = grid.sparse_grid(seeds=[0], variants=[v])
-    fake_spell_run(root, v, 0, wins, grid.with_rl_extra(
-        spec, "steps=12").config_arg(extra), success=[0.0, 0.5] * 3,
-        dense=[0.1] * 6, env="webshop")
-  report = reports.spell_report(str(root), out, env="webshop",
-                                extra=extra, rl_extra="steps=12")
+    fake_spell_run(
+        root,
+        v,
+        0,
+        wins,
+        grid.with_rl_extra(spec, "steps=12").config_arg(extra),
+        success=[0.0, 0.5] * 3,
+        dense=[0.1] * 6,
+        env="webshop",
+    )
+  report = reports.spell_report(
+      str(root), out, env="webshop", extra=extra, rl_extra="steps=12"
+  )
   assert report["markdown"].endswith("study_webshop_sparse_gate.md")
   cells = {c["variant"]: c for c in report["cells"]}
   assert tuple(cells) == grid.SPARSE_VARIANTS
@@ -299,8 +429,11 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
   assert spell_study.base_of("rspo") == "baseline"
   assert cells["dense_only"]["other_config_seeds"] == []
   assert cells["dense_only"]["early_success"]["mean"] == pytest.approx(25.0)
-  assert report["decodings"] == ["greedy", "T = 0.4, 3 seeds",
-                                 "T = 1.0 (training), 3 seeds"]
+  assert report["decodings"] == [
+      "greedy",
+      "T = 0.4, 3 seeds",
+      "T = 1.0 (training), 3 seeds",
+  ]
   md = open(report["markdown"]).read()
   assert md.startswith("# WebShop, sparse outcomes")
   assert "--grid sparse --root runs/webshop_sparse_gate" in md
@@ -313,16 +446,35 @@ def test_sparse_report_names_webshop_cells(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------
 
 
-def fake_spell_run(root, variant, seed, wins, config=None, success=(),
-                   dense=(), lifts=(), env="spell"):
+def fake_spell_run(
+    root,
+    variant,
+    seed,
+    wins,
+    config=None,
+    success=(),
+    dense=(),
+    lifts=(),
+    env="spell",
+):
   wd = os.path.join(str(root), f"{env}_gigpo_{variant}_s{seed}")
   w = MetricsWriter(wd, tensorboard=False)
   for i, (s, d) in enumerate(zip(success, dense), start=1):
-    w.write(i, "A", {"rollout_success_rate": s, "dense_reward_mean": d,
-                     "env_steps": 10 * i})
+    w.write(
+        i,
+        "A",
+        {
+            "rollout_success_rate": s,
+            "dense_reward_mean": d,
+            "env_steps": 10 * i,
+        },
+    )
   for loop, (ls, ld) in enumerate(lifts):
-    w.write(3 * loop, "B_collect", {"loop": loop, "b_lift_success": ls,
-                                    "b_lift_dense_return": ld})
+    w.write(
+        3 * loop,
+        "B_collect",
+        {"loop": loop, "b_lift_success": ls, "b_lift_dense_return": ld},
+    )
   w.close()
   with open(os.path.join(wd, "run.json"), "w") as f:
     json.dump({"config": config or "cfg"}, f)
@@ -342,9 +494,14 @@ def test_nested_interval():
 
 def test_report_numbers_by_hand(tmp_path, monkeypatch):
   plots = []
-  monkeypatch.setattr(spell_study, "plot_atomic",
-                      lambda groups, metric, x, path, **kw: plots.append(
-                          (sorted(groups), metric, x)) or True)
+  monkeypatch.setattr(
+      spell_study,
+      "plot_atomic",
+      lambda groups, metric, x, path, **kw: plots.append(
+          (sorted(groups), metric, x)
+      )
+      or True,
+  )
   root, out = tmp_path / "runs", str(tmp_path / "results")
   ws = root / "warm_start_spell"
   write_eval(ws / "eval_start.json", [0, 0, 0, 0])
@@ -353,24 +510,55 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   spec = lambda v, s: grid.spell_grid(seeds=[s], variants=[v])[0]  # noqa
   # GiGPO wins word 0 (seeds 0, 200); RSPO words 0 and 1 (seed 0).
   for seed in (0, 200):
-    fake_spell_run(root, "baseline", seed, [1, 0, 0, 0],
-                   spec("baseline", seed).config_arg(extra),
-                   success=[0.0] * 6, dense=[0.25] * 6)
-  fake_spell_run(root, "rspo", 0, [1, 1, 0, 0],
-                 spec("rspo", 0).config_arg(extra),
-                 lifts=[(0.25, 0.5), (0.75, 0.5)])
-  fake_spell_run(root, "rspo_o", 0, [1, 0, 0, 0], "another config",
-                 lifts=[(0.0, -0.1)])
+    fake_spell_run(
+        root,
+        "baseline",
+        seed,
+        [1, 0, 0, 0],
+        spec("baseline", seed).config_arg(extra),
+        success=[0.0] * 6,
+        dense=[0.25] * 6,
+    )
+  fake_spell_run(
+      root,
+      "rspo",
+      0,
+      [1, 1, 0, 0],
+      spec("rspo", 0).config_arg(extra),
+      lifts=[(0.25, 0.5), (0.75, 0.5)],
+  )
+  fake_spell_run(
+      root, "rspo_o", 0, [1, 0, 0, 0], "another config", lifts=[(0.0, -0.1)]
+  )
   # The misaligned dense reward farmed: success 0.5 -> 0, dense return up.
-  fake_spell_run(root, "dense_only_misaligned", 0, [0, 0, 0, 0],
-                 success=[0.5, 0.5, 0.5, 0.0, 0.0, 0.0],
-                 dense=[0.25, 0.25, 0.25, 0.5, 0.5, 0.5])
+  fake_spell_run(
+      root,
+      "dense_only_misaligned",
+      0,
+      [0, 0, 0, 0],
+      success=[0.5, 0.5, 0.5, 0.0, 0.0, 0.0],
+      dense=[0.25, 0.25, 0.25, 0.5, 0.5, 0.5],
+  )
   report = reports.spell_report(str(root), out, extra=extra)
   cells = {c["variant"]: c for c in report["cells"]}
   assert report["word_length"] == 4 and report["markdown"].endswith(
-      "study_spell_L4_D1.md")
-  assert [cells[v]["n"] for v in VARIANTS] == [2, 1, 0, 0, 1, 0, 1, 0, 0, 0, 0,
-                                              0, 0]
+      "study_spell_L4_D1.md"
+  )
+  assert [cells[v]["n"] for v in VARIANTS] == [
+      2,
+      1,
+      0,
+      0,
+      1,
+      0,
+      1,
+      0,
+      0,
+      0,
+      0,
+      0,
+      0,
+  ]
   base, rspo = cells["baseline"]["greedy"], cells["rspo"]["greedy"]
   assert base["success"]["mean"] == pytest.approx(25.0)
   assert base["final_minus_start"]["mean"] == pytest.approx(25.0)
@@ -396,24 +584,33 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
   assert cells["baseline"]["hacking"]["success"]["change"]["mean"] == 0.0
   assert cells["dense_only"]["hacking"]["success"]["first"] is None
   assert cells["dense_only_misaligned"]["early_success"]["mean"] == (
-      pytest.approx(25.0))
+      pytest.approx(25.0)
+  )
   # Contrasts: RSPO - RSPO_O = +25 on the greedy words.
-  (c,) = [k for k in report["contrasts"]
-          if (k["a"], k["b"]) == ("rspo", "rspo_o")]
+  (c,) = [
+      k for k in report["contrasts"] if (k["a"], k["b"]) == ("rspo", "rspo_o")
+  ]
   assert c["greedy"]["mean"] == pytest.approx(25.0)
   md = open(report["markdown"]).read()
   assert "| GiGPO | 2 | 25.0 [0.0, 75.0] | +25.0 [+0.0, +75.0] | — |" in md
   assert "| RSPO+GiGPO (aligned), k = 10 | 2 | +50.0 [" in md
   assert "| Dense only (misaligned) | 1 | 50.0 [50.0, 50.0] | 0.0 [0.0," in md
   assert "Trained with other overrides" in md and "seeds 0" in md
-  assert json.load(open(os.path.join(out, "study_spell_L4_D1.json")))[
-      "word_length"] == 4
+  assert (
+      json.load(open(os.path.join(out, "study_spell_L4_D1.json")))[
+          "word_length"
+      ]
+      == 4
+  )
   assert ("rollout_success_rate", "step") == plots[0][1:]
   assert plots[-1][1] == "dense_reward_mean" and plots[-1][0] == sorted(
-      ["GiGPO", "Dense only (misaligned)"])  # only cells that ran
-  assert report["curves"] == ["study_spell_L4_D1_success_step.png",
-                              "study_spell_L4_D1_success_env_steps.png",
-                              "study_spell_L4_D1_dense_step.png"]
+      ["GiGPO", "Dense only (misaligned)"]
+  )  # only cells that ran
+  assert report["curves"] == [
+      "study_spell_L4_D1_success_step.png",
+      "study_spell_L4_D1_success_env_steps.png",
+      "study_spell_L4_D1_dense_step.png",
+  ]
 
 
 def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
@@ -429,15 +626,25 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
   spec = lambda v: grid.spell_grid(seeds=[0], variants=[v])[0]  # noqa
   # Rise then fall: 3-step means 0, .25, .5, .667, .5, .167 -> peak
   # 66.7 % at A step 4; the dense return (L x per turn) rises 0.5 -> 1.
-  runs = {"baseline_nopen": ([1, 0, 0, 0], [0.0] * 6),
-          "baseline_long_nopen": ([1, 1, 0, 0], [0.0] * 6),
-          f"dense_only_partial{m}_nopen": ([1, 1, 1, 0],
-                                           [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]),
-          f"rspo_partial{m}_nopen": ([1, 1, 1, 1], [0.0] * 6)}
+  runs = {
+      "baseline_nopen": ([1, 0, 0, 0], [0.0] * 6),
+      "baseline_long_nopen": ([1, 1, 0, 0], [0.0] * 6),
+      f"dense_only_partial{m}_nopen": (
+          [1, 1, 1, 0],
+          [0.0, 0.5, 1.0, 0.5, 0.0, 0.0],
+      ),
+      f"rspo_partial{m}_nopen": ([1, 1, 1, 1], [0.0] * 6),
+  }
   for v, (wins, success) in runs.items():
-    fake_spell_run(root, v, 0, wins, spec(v).config_arg(extra),
-                   success=success,
-                   dense=[0.125, 0.125, 0.125, 0.25, 0.25, 0.25])
+    fake_spell_run(
+        root,
+        v,
+        0,
+        wins,
+        spec(v).config_arg(extra),
+        success=success,
+        dense=[0.125, 0.125, 0.125, 0.25, 0.25, 0.25],
+    )
   report = reports.spell_report(str(root), out, extra=extra)
   cells = {c["variant"]: c for c in report["cells"]}
   rspo = cells[f"rspo_partial{m}_nopen"]
@@ -445,10 +652,15 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
   assert rspo["greedy"]["minus_baseline"]["mean"] == pytest.approx(75.0)
   assert rspo["other_config_seeds"] == []
   assert cells["baseline_long_nopen"]["other_config_seeds"] == []
-  (cost,) = [k for k in report["equal_cost"]
-             if k["variant"] == f"rspo_partial{m}_nopen"]
-  assert (cost["long"], cost["dense"]) == ("baseline_long_nopen",
-                                           f"dense_only_partial{m}_nopen")
+  (cost,) = [
+      k
+      for k in report["equal_cost"]
+      if k["variant"] == f"rspo_partial{m}_nopen"
+  ]
+  assert (cost["long"], cost["dense"]) == (
+      "baseline_long_nopen",
+      f"dense_only_partial{m}_nopen",
+  )
   g = cost["greedy"]
   assert g["minus_long"]["mean"] == pytest.approx(50.0)
   assert g["minus_dense"]["mean"] == pytest.approx(25.0)
@@ -461,8 +673,7 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
   assert h["success"]["change"]["mean"] == pytest.approx(-100 / 3)
   assert h["dense_return"]["change"]["mean"] == pytest.approx(0.5)
   assert spell_study.peak([0.0, 1.0, 1.0, 1.0], window=2) == (1.0, 3)
-  (c,) = [k for k in report["contrasts"]
-          if k["a"] == f"rspo_partial{m}_nopen"]
+  (c,) = [k for k in report["contrasts"] if k["a"] == f"rspo_partial{m}_nopen"]
   assert c["b"] == "rspo_o_nopen" and c["greedy"] is None  # not run
   png = "study_spell_L4_D1_figure3_step.png"
   assert report["curves"][-1] == png
@@ -470,8 +681,11 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
   md = open(report["markdown"]).read()
   assert "## Equal cost, and the dense reward alone" in md
   label = spell_study.LABELS[f"rspo_partial{m}_nopen"]
-  row = next(line for line in md.splitlines()
-             if line.startswith(f"| {label} | +75.0 ["))
+  row = next(
+      line
+      for line in md.splitlines()
+      if line.startswith(f"| {label} | +75.0 [")
+  )
   cols = [c.strip().split(" ")[0] for c in row.strip("|").split("|")]
   assert cols == [label.split(" ")[0], "+75.0", "+50.0", "+25.0", "+25.0"]
   assert row.endswith("(dense alone) |")

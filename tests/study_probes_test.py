@@ -22,18 +22,29 @@ def write_run(d, a_rows, start=None, final=None):
     f.write(json.dumps({"phase": "time", "step": 1, "wall_s": 1.0}) + "\n")
   for name, won in (("eval_start.json", start), ("eval_final.json", final)):
     if won is not None:
-      per_task = [{"seed": 0, "task_id": g, "won": w, "score": w}
-                  for g, w in enumerate(won)]
+      per_task = [
+          {"seed": 0, "task_id": g, "won": w, "score": w}
+          for g, w in enumerate(won)
+      ]
       with open(os.path.join(d, name), "w") as f:
         json.dump({"per_task": per_task}, f)
 
 
 def test_summary_by_hand(tmp_path):
-  rows = [dict(step=s, approx_kl=kl, entropy=e, adv_nonzero_frac_on=a,
-               rollout_success_rate=r)
-          for s, kl, e, a, r in ((1, 0.5, 0.2, 0.5, 0.0),
-                                 (2, 0.1, 0.3, 1.0, 0.5),
-                                 (3, 0.3, 0.4, 0.0, 1.0))]
+  rows = [
+      dict(
+          step=s,
+          approx_kl=kl,
+          entropy=e,
+          adv_nonzero_frac_on=a,
+          rollout_success_rate=r,
+      )
+      for s, kl, e, a, r in (
+          (1, 0.5, 0.2, 0.5, 0.0),
+          (2, 0.1, 0.3, 1.0, 0.5),
+          (3, 0.3, 0.4, 0.0, 1.0),
+      )
+  ]
   rows.append(dict(rows[-1], approx_kl=0.2))  # step 3 redone: its last row
   d = str(tmp_path / "probe" / "a")
   write_run(d, rows, start=[0, 0, 1, 1], final=[1, 0, 1, 1])
@@ -54,12 +65,15 @@ def test_summary_by_hand(tmp_path):
 
 def test_unfinished_run_without_the_signal_metric(tmp_path):
   d = str(tmp_path / "study" / "b")
-  write_run(d, [dict(step=1, approx_kl=0.0, entropy=0.1,
-                     rollout_success_rate=0.25)])
+  write_run(
+      d, [dict(step=1, approx_kl=0.0, entropy=0.1, rollout_success_rate=0.25)]
+  )
   s = study_probes.summarize(d)
   assert s["signal"] is None and "diff" not in s
-  assert "| study/b | 1 | 0.000 | - | 0.100 -> 0.100 | - |" \
+  assert (
+      "| study/b | 1 | 0.000 | - | 0.100 -> 0.100 | - |"
       " 0.25 -> 0.25 | stopped | - | - |" in study_probes.markdown([s])
+  )
 
 
 def test_pooled_over_training_seeds_by_decoding(tmp_path):
@@ -93,11 +107,16 @@ def test_settings_versus_the_first_share_goals(tmp_path):
   write_run(y, [row], start=[0, 0, 1, 1], final=[1, 1, 1, 0])
   (r,) = study_probes.versus_first([x, y])
   assert (r["setting"], r["versus"], r["decoding"]) == (
-      "probe/y", "probe/x", "greedy")
+      "probe/y",
+      "probe/x",
+      "greedy",
+  )
   assert r["diff"]["mean"] == pytest.approx(0.0)
   assert r["diff"]["lo"] < 0 < r["diff"]["hi"]
-  assert "| probe/y | probe/x | greedy | +0.0 [" in \
-      study_probes.versus_markdown([r])
+  assert (
+      "| probe/y | probe/x | greedy | +0.0 ["
+      in study_probes.versus_markdown([r])
+  )
 
 
 def test_warm_start_probe_decision_kinds():
@@ -135,4 +154,5 @@ def test_eval_failures_sorts_alfworld_endings():
   assert ending(take, won=False, rejected=[False] * 5) == "step_limit"
   mixed = ["open drawer 1", "open drawer 2", "open drawer 3"]
   assert ending(mixed, won=False, rejected=[True, True, False]) == (
-      "step_limit")
+      "step_limit"
+  )

@@ -50,8 +50,11 @@ def test_add_books_outside_seconds_and_takes_them_from_the_open_phase():
   with timer.phase("collection"):
     clock.t += 4.0
     timer.add("generation", 3.0)  # measured elsewhere, inside collection
-  assert timer.seconds() == {"environment": 0.5, "collection": 1.0,
-                             "generation": 3.0}
+  assert timer.seconds() == {
+      "environment": 0.5,
+      "collection": 1.0,
+      "generation": 3.0,
+  }
 
 
 def test_wrap_times_every_call_even_when_it_raises():
@@ -103,34 +106,53 @@ def test_collect_books_its_phases_one_engine_call_per_turn(tmp_path):
   from rspo_jax.rollout.jax_engine import JaxEngine
   from third_party_envs.vector import VectorEnv
 
-  texts = [prompts.build_prompt("toy", f"reach the number {t}",
-                                f"The current number is {t}.", ["inc", "dec"],
-                                [], 0) for t in range(10)]
+  texts = [
+      prompts.build_prompt(
+          "toy",
+          f"reach the number {t}",
+          f"The current number is {t}.",
+          ["inc", "dec"],
+          [],
+          0,
+      )
+      for t in range(10)
+  ]
   texts += ["<think>up</think><action>inc</action>"] * 20
   tok = models.train_tokenizer(texts, 300, str(tmp_path / "tok"))
   cfg = get_model_config("nano", vocab_size=384, num_layers=1)
   engine = JaxEngine(
-      models.create_model(cfg, seed=0), cfg, pad_id=tok.pad_token_id or 0,
+      models.create_model(cfg, seed=0),
+      cfg,
+      pad_id=tok.pad_token_id or 0,
       eos_ids=[tok.convert_tokens_to_ids("<|im_end|>")],
       prompt_buckets=(256, 512),
-      decode_fn=lambda ids: tok.decode(ids, skip_special_tokens=True))
+      decode_fn=lambda ids: tok.decode(ids, skip_special_tokens=True),
+  )
   calls = []
   generate = engine.generate
   engine.generate = lambda p, s: calls.append(len(p)) or generate(p, s)
-  venv = VectorEnv("toy", {"max_steps": 3, "hang_s": 0.0}, 4,
-                   use_processes=False)
-  ccfg = collect_lib.CollectConfig(env_name="toy", max_steps=3,
-                                   max_prompt_tokens=256)
+  venv = VectorEnv(
+      "toy", {"max_steps": 3, "hang_s": 0.0}, 4, use_processes=False
+  )
+  ccfg = collect_lib.CollectConfig(
+      env_name="toy", max_steps=3, max_prompt_tokens=256
+  )
   timer = timing.PhaseTimer()
   t0 = time.perf_counter()
   with timer.phase("a_step"):
     records, stats = collect_lib.collect(
-        engine, venv, tok,
+        engine,
+        venv,
+        tok,
         collect_lib.CollectRequest(
-            [3, 5], 2,
+            [3, 5],
+            2,
             SamplingParams(max_new_tokens=8, stop_strings=("</action>",)),
-            seed=1),
-        ccfg, timer=timer)
+            seed=1,
+        ),
+        ccfg,
+        timer=timer,
+    )
   wall = time.perf_counter() - t0
   venv.close()
   # One call per turn, with every unfinished episode (4, then fewer).
@@ -140,20 +162,26 @@ def test_collect_books_its_phases_one_engine_call_per_turn(tmp_path):
   seconds = timer.seconds()
   for name in collect_lib.PHASES:
     assert stats[f"{name}_s"] == pytest.approx(seconds[name]) and (
-        seconds[name] > 0)
+        seconds[name] > 0
+    )
   assert sum(seconds.values()) == pytest.approx(wall, abs=1e-3)
   assert seconds["a_step"] < 0.5 * stats["collect_time_s"]
   # A second collection's statistics count its own seconds only.
   _, again = collect_lib.collect(
-      engine, VectorEnv("toy", {"max_steps": 3, "hang_s": 0.0}, 4,
-                        use_processes=False),
+      engine,
+      VectorEnv("toy", {"max_steps": 3, "hang_s": 0.0}, 4, use_processes=False),
       tok,
-      collect_lib.CollectRequest([3, 5], 2, SamplingParams(max_new_tokens=8),
-                                 seed=1),
-      ccfg, timer=timer)
+      collect_lib.CollectRequest(
+          [3, 5], 2, SamplingParams(max_new_tokens=8), seed=1
+      ),
+      ccfg,
+      timer=timer,
+  )
   assert again["generation_s"] == pytest.approx(
-      timer.seconds()["generation"] - seconds["generation"])
+      timer.seconds()["generation"] - seconds["generation"]
+  )
   both = collect_lib.combine_rounds([stats, again])
   assert both["generation_s"] == pytest.approx(
-      stats["generation_s"] + again["generation_s"])
+      stats["generation_s"] + again["generation_s"]
+  )
   assert np.isfinite(both["collect_time_s"])

@@ -21,9 +21,17 @@ def original_task(split, task_id):
 
 def tasks(split="train", **kwargs):
   env = toy.ToyEnv(**kwargs)
-  return [toy.toy_task(split, i, env.line_size, env.min_distance,
-                       env.max_distance, env.direction)
-          for i in range(env.num_tasks(split))]
+  return [
+      toy.toy_task(
+          split,
+          i,
+          env.line_size,
+          env.min_distance,
+          env.max_distance,
+          env.direction,
+      )
+      for i in range(env.num_tasks(split))
+  ]
 
 
 def test_defaults_are_the_original_tasks():
@@ -38,18 +46,26 @@ def test_defaults_are_the_original_tasks():
 
 def test_tasks_by_hand():
   assert tasks("valid_seen", min_distance=4)[:3] == [(8, 2), (2, 8), (4, 8)]
-  assert tasks("valid_seen", line_size=12, min_distance=3, max_distance=5,
-               direction="down")[:3] == [(11, 7), (5, 1), (7, 3)]
+  assert tasks(
+      "valid_seen",
+      line_size=12,
+      min_distance=3,
+      max_distance=5,
+      direction="down",
+  )[:3] == [(11, 7), (5, 1), (7, 3)]
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(min_distance=4),
-    dict(min_distance=5),
-    dict(line_size=20, min_distance=10),
-    dict(line_size=12, min_distance=3, max_distance=5),
-    dict(min_distance=4, direction="up"),
-    dict(line_size=14, min_distance=2, max_distance=6, direction="down"),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(min_distance=4),
+        dict(min_distance=5),
+        dict(line_size=20, min_distance=10),
+        dict(line_size=12, min_distance=3, max_distance=5),
+        dict(min_distance=4, direction="up"),
+        dict(line_size=14, min_distance=2, max_distance=6, direction="down"),
+    ],
+)
 def test_distances_and_directions_respected(kwargs):
   size = kwargs.get("line_size", 10)
   near, far = kwargs["min_distance"], kwargs.get("max_distance", size)
@@ -66,8 +82,9 @@ def test_distances_and_directions_respected(kwargs):
 
 
 def test_reset_plays_the_task_and_the_expert_wins_in_distance_steps():
-  env = toy.ToyEnv(line_size=12, min_distance=3, max_distance=5,
-                   direction="down")
+  env = toy.ToyEnv(
+      line_size=12, min_distance=3, max_distance=5, direction="down"
+  )
   step = env.reset(0, "valid_seen")  # (11, 7) above
   assert step.observation == "The current number is 11."
   assert step.task == "reach the number 7"
@@ -85,8 +102,11 @@ def test_expert_below_abstains_past_what_it_knows():
   assert env.expert_action() is None
   env.reset(1, "valid_seen")  # (2, 8): 8 >= 7
   assert env.expert_action() is None
-  known = [i for i, (s, t) in enumerate(tasks("valid_seen", min_distance=4))
-           if max(s, t) < 7]
+  known = [
+      i
+      for i, (s, t) in enumerate(tasks("valid_seen", min_distance=4))
+      if max(s, t) < 7
+  ]
   assert known
   env.reset(known[0], "valid_seen")
   assert env.expert_action() in ("inc", "dec")
@@ -123,17 +143,21 @@ def test_decoy_out_of_reach_flips_the_sign_of_progress():
   aligned = toy.ToyEnv(min_distance=4)
   aligned.reset(1, "valid_seen")
   assert play(aligned, ["dec", "dec", "inc", "bad"])[0] == pytest.approx(
-      [-1 / 6, -1 / 6, 1 / 6, 0.0])
+      [-1 / 6, -1 / 6, 1 / 6, 0.0]
+  )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(line_size=1), "line_size"),
-    (dict(min_distance=6), "min_distance"),
-    (dict(min_distance=0), "min_distance"),
-    (dict(min_distance=4, max_distance=3), "max_distance"),
-    (dict(direction="left"), "direction"),
-    (dict(dense_target_offset=1.5), "dense_target_offset"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(line_size=1), "line_size"),
+        (dict(min_distance=6), "min_distance"),
+        (dict(min_distance=0), "min_distance"),
+        (dict(min_distance=4, max_distance=3), "max_distance"),
+        (dict(direction="left"), "direction"),
+        (dict(dense_target_offset=1.5), "dense_target_offset"),
+    ],
+)
 def test_bad_knobs_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
     toy.ToyEnv(**kwargs)

@@ -17,8 +17,14 @@ RULES = sharding.DEFAULT_RULES
 
 def tiny_cfg():
   return models.get_model_config(
-      "tiny", vocab_size=128, num_layers=1, hidden_size=64,
-      intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
+      "tiny",
+      vocab_size=128,
+      num_layers=1,
+      hidden_size=64,
+      intermediate_size=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
   )
 
 
@@ -39,21 +45,36 @@ def make_batch(rows=8, length=32, seed=0, offpolicy=True, padded_row=True):
   if offpolicy:
     off[-2:] = True
   beh = np.where(off[:, None], beh, old)
-  return Batch(tokens=tokens, positions=positions, attention_mask=attn,
-               loss_mask=loss_mask, advantages=adv, old_logp=old,
-               ref_logp=old - 0.01, behavior_logp=beh,
-               returns=np.zeros_like(old), old_values=np.zeros_like(old),
-               is_offpolicy=off)
+  return Batch(
+      tokens=tokens,
+      positions=positions,
+      attention_mask=attn,
+      loss_mask=loss_mask,
+      advantages=adv,
+      old_logp=old,
+      ref_logp=old - 0.01,
+      behavior_logp=beh,
+      returns=np.zeros_like(old),
+      old_values=np.zeros_like(old),
+      is_offpolicy=off,
+  )
 
 
 def policy_learner(mesh_shape, micro_batch_rows=0):
   mesh = sharding.make_mesh(mesh_shape)
   module = models.create_model(tiny_cfg(), seed=0)
-  loss = ts.make_policy_loss(ts.PolicyLossConfig(
-      alpha=0.25, kl_coef=0.01, entropy_coef=0.001))
+  loss = ts.make_policy_loss(
+      ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01, entropy_coef=0.001)
+  )
   tx = ts.make_optimizer(1e-3)
-  return Learner(module, tx, loss, mesh=mesh, rules=RULES,
-                 micro_batch_rows=micro_batch_rows)
+  return Learner(
+      module,
+      tx,
+      loss,
+      mesh=mesh,
+      rules=RULES,
+      micro_batch_rows=micro_batch_rows,
+  )
 
 
 def run_steps(learner, batch, n=2):
@@ -80,9 +101,7 @@ def test_sharded_step_equals_unsharded():
 
 def test_params_are_sharded_on_mesh():
   learner = policy_learner((2, 2, 2))
-  specs = {
-      str(x.sharding.spec) for x in jax.tree.leaves(learner.params)
-  }
+  specs = {str(x.sharding.spec) for x in jax.tree.leaves(learner.params)}
   assert any("fsdp" in s for s in specs), specs
   assert any("tensor" in s for s in specs), specs
 
@@ -100,8 +119,7 @@ def test_micro_batches_equal_full_batch():
   mm, pm = run_steps(micro, batch)
   for a, b in zip(mf, mm):
     for k in a:
-      np.testing.assert_allclose(a[k], b[k], atol=1e-5, rtol=1e-5,
-                                 err_msg=k)
+      np.testing.assert_allclose(a[k], b[k], atol=1e-5, rtol=1e-5, err_msg=k)
   for x, y in zip(jax.tree.leaves(pf), jax.tree.leaves(pm)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
 
@@ -123,9 +141,14 @@ def test_loss_without_totals_keeps_equal_micro_batches():
   assert ts.batch_totals_of(plain) is None
   assert ts.batch_totals_of(ts.sft_loss) is not None
   mesh = sharding.make_mesh((1, 1, 1))
-  learner = Learner(models.create_model(tiny_cfg(), seed=0),
-                    ts.make_optimizer(1e-3), plain, mesh=mesh, rules=RULES,
-                    micro_batch_rows=3)
+  learner = Learner(
+      models.create_model(tiny_cfg(), seed=0),
+      ts.make_optimizer(1e-3),
+      plain,
+      mesh=mesh,
+      rules=RULES,
+      micro_batch_rows=3,
+  )
   assert learner.n_micro(16) == 1 and learner.n_micro(12) == 4
   learner.micro_batch_rows = 0
   assert learner.n_micro(16) == 1
@@ -134,8 +157,9 @@ def test_loss_without_totals_keeps_equal_micro_batches():
 def test_two_sft_steps_reduce_supervised_loss():
   mesh = sharding.make_mesh((-1, 1, 1))
   module = models.create_model(tiny_cfg(), seed=0)
-  learner = Learner(module, ts.make_optimizer(3e-3), ts.sft_loss, mesh=mesh,
-                    rules=RULES)
+  learner = Learner(
+      module, ts.make_optimizer(3e-3), ts.sft_loss, mesh=mesh, rules=RULES
+  )
   batch = make_batch(offpolicy=False)
   before = learner.train(batch, jax.random.key(0))["nll"]
   learner.train(batch, jax.random.key(1))
@@ -163,8 +187,9 @@ def test_copy_is_independent_and_sharded_alike():
   b.train(make_batch(), jax.random.key(0))
   moved = any(
       not np.array_equal(np.asarray(x), np.asarray(y))
-      for x, y in zip(jax.tree.leaves(learner.params),
-                      jax.tree.leaves(b.params))
+      for x, y in zip(
+          jax.tree.leaves(learner.params), jax.tree.leaves(b.params)
+      )
   )
   assert moved
   assert learner.step == 0 and b.step == 1
@@ -177,8 +202,11 @@ def test_logprob_fn_matches_direct_forward():
   batch = make_batch()
   lp = learner.apply(batch)
   model = learner.module()
-  logits, _, _ = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions),
-                       jnp.asarray(batch.attention_mask))
+  logits, _, _ = model(
+      jnp.asarray(batch.tokens),
+      jnp.asarray(batch.positions),
+      jnp.asarray(batch.attention_mask),
+  )
   ref = np.asarray(models.token_logprobs(logits, jnp.asarray(batch.tokens)))
   # Equal on the response window (where the loss counts), 0 elsewhere.
   np.testing.assert_allclose(lp[:, 16:], ref[:, 16:], atol=1e-5)
@@ -198,14 +226,16 @@ def ragged_batch(rows=8, length=48, seed=1):
   for b in range(rows):
     p = 9 + 3 * b
     n = min(int(rng.integers(4, 15)), length - p)
-    attn[b, :p + n] = 1
+    attn[b, : p + n] = 1
     if b != 3:
-      loss_mask[b, p:p + n] = 1.0
+      loss_mask[b, p : p + n] = 1.0
   positions = np.maximum(np.cumsum(attn, 1) - 1, 0).astype(np.int32)
   return base._replace(
-      attention_mask=attn, loss_mask=loss_mask, positions=positions,
-      advantages=base.advantages[:, :1] * 0 + rng.normal(
-          size=(rows, 1)).astype(np.float32) * loss_mask,
+      attention_mask=attn,
+      loss_mask=loss_mask,
+      positions=positions,
+      advantages=base.advantages[:, :1] * 0
+      + rng.normal(size=(rows, 1)).astype(np.float32) * loss_mask,
   )
 
 
@@ -232,7 +262,8 @@ def test_take_and_put_window_by_hand():
   np.testing.assert_array_equal(np.asarray(w), [[1, 2], [9, 10]])
   back = windows.put_window(w, s, 6)
   np.testing.assert_array_equal(
-      np.asarray(back), [[0, 1, 2, 0, 0, 0], [0, 0, 0, 9, 10, 0]])
+      np.asarray(back), [[0, 1, 2, 0, 0, 0], [0, 0, 0, 9, 10, 0]]
+  )
 
 
 def _no_window(loss_fn):
@@ -247,13 +278,18 @@ def test_windowed_loss_and_grads_equal_full_computation(which):
   assert 0 < window < batch.tokens.shape[1] - 1
   model = models.create_model(tiny_cfg(), seed=0)
   graphdef, params, rest = ts.split_trainable(model)
-  loss_fn = (ts.make_policy_loss(ts.PolicyLossConfig(
-      alpha=0.25, kl_coef=0.01, entropy_coef=0.01)) if which == "policy"
-             else ts.sft_loss)
+  loss_fn = (
+      ts.make_policy_loss(
+          ts.PolicyLossConfig(alpha=0.25, kl_coef=0.01, entropy_coef=0.01)
+      )
+      if which == "policy"
+      else ts.sft_loss
+  )
 
   def value_and_grad(w):
     def f(p):
       return loss_fn(nnx.merge(graphdef, p, rest), batch, None, window=w)
+
     return jax.value_and_grad(f, has_aux=True)(params)
 
   (l_full, m_full), g_full = value_and_grad(0)
@@ -271,8 +307,13 @@ def test_windowed_logprobs_equal_full_on_counted_tokens():
   batch = jax.tree.map(jnp.asarray, ragged_batch())
   model = models.create_model(tiny_cfg(), seed=0)
   window = ts.response_window(batch.loss_mask)
-  args = (model, batch.tokens, batch.positions, batch.attention_mask,
-          batch.loss_mask)
+  args = (
+      model,
+      batch.tokens,
+      batch.positions,
+      batch.attention_mask,
+      batch.loss_mask,
+  )
   full, _ = ts.policy_forward(*args, window=0)
   win, _ = ts.policy_forward(*args, window=window)
   full, win = np.asarray(full), np.asarray(win)
@@ -292,7 +333,9 @@ def test_sharded_windowed_learner_equals_unsharded_full_learner():
   windowed = policy_learner((2, 2, 2))
   np.testing.assert_allclose(
       windowed.apply(batch) * batch.loss_mask,
-      full.apply(batch) * batch.loss_mask, atol=1e-5)
+      full.apply(batch) * batch.loss_mask,
+      atol=1e-5,
+  )
   m1, p1 = run_steps(full, batch)
   m8, p8 = run_steps(windowed, batch)
   for a, b in zip(m1, m8):
@@ -306,13 +349,16 @@ def test_sft_prompt_loss_by_hand():
   own tokens; a row's first token and padding are in neither."""
   module = models.create_model(tiny_cfg(), seed=0)
   batch = make_batch()
-  logits, _, _ = module(jnp.asarray(batch.tokens),
-                        jnp.asarray(batch.positions),
-                        jnp.asarray(batch.attention_mask))
+  logits, _, _ = module(
+      jnp.asarray(batch.tokens),
+      jnp.asarray(batch.positions),
+      jnp.asarray(batch.attention_mask),
+  )
   logp = np.asarray(jax.nn.log_softmax(logits[:, :-1], -1))
   tok_logp = np.zeros(batch.tokens.shape, np.float32)
-  tok_logp[:, 1:] = np.take_along_axis(
-      logp, batch.tokens[:, 1:, None], -1)[..., 0]
+  tok_logp[:, 1:] = np.take_along_axis(logp, batch.tokens[:, 1:, None], -1)[
+      ..., 0
+  ]
   resp = batch.loss_mask > 0
   prompt = (batch.attention_mask > 0) & ~resp
   prompt[:, 0] = False

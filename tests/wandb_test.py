@@ -39,13 +39,13 @@ def read_records(path: str) -> list:
     if left < 7:  # the block's zero trailer
       pos += left
       continue
-    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
     if kind == 0:
       pos += left
       continue
     if pos + 7 + length > len(data):  # a chunk still being written
       break
-    part += data[pos + 7:pos + 7 + length]
+    part += data[pos + 7 : pos + 7 + length]
     pos += 7 + length
     if kind in (1, 4):
       record = wandb_internal_pb2.Record()
@@ -70,19 +70,21 @@ def finished_records(path: str, timeout_s: float = 60.0) -> list:
 def offline_runs(workdir: str) -> list[tuple[str, list[dict]]]:
   """``(run id, [history row, ...])`` of each offline run, oldest first."""
   runs = []
-  for path in sorted(glob.glob(os.path.join(
-      workdir, "wandb", "offline-run-*", "run-*.wandb")),
-      key=lambda p: os.path.getmtime(p)):
+  for path in sorted(
+      glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb")),
+      key=lambda p: os.path.getmtime(p),
+  ):
     run_id, rows = None, []
     for r in finished_records(path):
       kind = r.WhichOneof("record_type")
       if kind == "run":
         run_id = r.run.run_id
       elif kind == "history":
-        items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                 for i in r.history.item}
-        rows.append({k: v for k, v in items.items()
-                     if not k.startswith("_")})
+        items = {
+            (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+            for i in r.history.item
+        }
+        rows.append({k: v for k, v in items.items() if not k.startswith("_")})
     runs.append((run_id, rows))
   return runs
 
@@ -94,8 +96,16 @@ def test_same_keys_as_tensorboard_and_a_resume_continues_the_run(tmp_path):
   w = metrics.MetricsWriter(wd, tensorboard=False)
   w.write(0, "sft", {"nll": 2.5, "note": "text"})
   w.write(1, "sft", {"nll": 2.0})
-  w.write(1, "A", {"loss": 0.5, "rollout": {"success_rate": 0.25},
-                   "ok": True, "lens": [1, 2]})
+  w.write(
+      1,
+      "A",
+      {
+          "loss": 0.5,
+          "rollout": {"success_rate": 0.25},
+          "ok": True,
+          "lens": [1, 2],
+      },
+  )
   w.close()
   # Started again (a resumed run): the id is kept, the run continues.
   assert metrics.setup_wandb(wd, "rspo-test")["id"] == info["id"]
@@ -107,11 +117,16 @@ def test_same_keys_as_tensorboard_and_a_resume_continues_the_run(tmp_path):
   assert first == [
       {"sft/step": 0, "sft/nll": 2.5},
       {"sft/step": 1, "sft/nll": 2.0},
-      {"A/step": 1, "A/loss": 0.5, "A/rollout.success_rate": 0.25,
-       "A/ok": True},
+      {
+          "A/step": 1,
+          "A/loss": 0.5,
+          "A/rollout.success_rate": 0.25,
+          "A/ok": True,
+      },
   ]
-  assert second == [{"A/step": 2, "A/loss": 0.25,
-                     "A/rollout.success_rate": 0.5}]
+  assert second == [
+      {"A/step": 2, "A/loss": 0.25, "A/rollout.success_rate": 0.5}
+  ]
   # The keys are TensorBoard's: <phase>/<name> of the numeric fields.
   rows = metrics.read_metrics(os.path.join(wd, "metrics.jsonl"))
   for row, logged in zip(rows, first + second):
@@ -130,20 +145,32 @@ def test_writers_of_one_workdir_share_one_run(tmp_path):
   b.write(2, "B", {"loss": 3.0})  # still open: the run lives on
   b.close()
   [(_, rows)] = offline_runs(wd)
-  assert rows == [{"A/step": 1, "A/loss": 1.0}, {"B/step": 1, "B/loss": 2.0},
-                  {"B/step": 2, "B/loss": 3.0}]
+  assert rows == [
+      {"A/step": 1, "A/loss": 1.0},
+      {"B/step": 1, "B/loss": 2.0},
+      {"B/step": 2, "B/loss": 3.0},
+  ]
 
 
 def test_config_keys_turn_it_on_and_off(tmp_path):
   wd = str(tmp_path)
-  cfg = ml_collections.ConfigDict({"seed": 0, "metrics": dict(
-      wandb_project="", wandb_entity="", wandb_name="run-7")})
+  cfg = ml_collections.ConfigDict(
+      {
+          "seed": 0,
+          "metrics": dict(
+              wandb_project="", wandb_entity="", wandb_name="run-7"
+          ),
+      }
+  )
   assert metrics.setup_wandb_from_config(wd, cfg) is None  # never on
   assert not os.path.exists(os.path.join(wd, metrics.WANDB_FILE))
   cfg.metrics.wandb_project = "rspo-test"
   on = metrics.setup_wandb_from_config(wd, cfg)
   assert (on["project"], on["name"], on["config"]["seed"]) == (
-      "rspo-test", "run-7", 0)
+      "rspo-test",
+      "run-7",
+      0,
+  )
   cfg.metrics.wandb_project = ""
   off = metrics.setup_wandb_from_config(wd, cfg)
   assert (off["project"], off["id"]) == ("", on["id"])  # id kept
@@ -161,19 +188,22 @@ def test_a_training_run_and_its_resume_log_to_one_wandb_run(tmp_path):
   from configs import toy_grpo
   from rspo_jax import build
 
-  micro = ("model.overrides=num_layers=1;hidden_size=64;"
-           "intermediate_size=128;num_heads=2;num_kv_heads=1;head_dim=32,"
-           "model.tokenizer_vocab=300,sft.steps=4,sft.num_episodes=16,"
-           "sft.batch_rows=16,train.batch_tasks=2,train.group_size=2,"
-           "rspo.alpha=0.5,rspo.k=1,env.max_steps=4,env.num_eval_tasks=4,"
-           "env.num_workers=1,rollout.max_new_tokens=16,"
-           "rollout.max_prompt_tokens=256")
+  micro = (
+      "model.overrides=num_layers=1;hidden_size=64;"
+      "intermediate_size=128;num_heads=2;num_kv_heads=1;head_dim=32,"
+      "model.tokenizer_vocab=300,sft.steps=4,sft.num_episodes=16,"
+      "sft.batch_rows=16,train.batch_tasks=2,train.group_size=2,"
+      "rspo.alpha=0.5,rspo.k=1,env.max_steps=4,env.num_eval_tasks=4,"
+      "env.num_workers=1,rollout.max_new_tokens=16,"
+      "rollout.max_prompt_tokens=256"
+  )
   wd = str(tmp_path)
   for steps in (1, 2):  # then started again with one step more
     cfg = toy_grpo.get_config(f"{micro},steps={steps}")
     with cfg.unlocked():
-      cfg.metrics = ml_collections.ConfigDict(dict(
-          wandb_project="rspo-test", wandb_entity="", wandb_name=""))
+      cfg.metrics = ml_collections.ConfigDict(
+          dict(wandb_project="rspo-test", wandb_entity="", wandb_name="")
+      )
     run = build.build_run(cfg, wd, progress=False)
     try:
       assert run.trainer.try_resume() == (steps == 2)
@@ -184,8 +214,10 @@ def test_a_training_run_and_its_resume_log_to_one_wandb_run(tmp_path):
   run_id = json.load(open(os.path.join(wd, metrics.WANDB_FILE)))["id"]
   assert {r for r, _ in runs} == {run_id}
   rows = [row for _, rows in runs for row in rows]
-  steps = {p: [row[f"{p}/step"] for row in rows if f"{p}/step" in row]
-           for p in ("sft", "B", "A")}
+  steps = {
+      p: [row[f"{p}/step"] for row in rows if f"{p}/step" in row]
+      for p in ("sft", "B", "A")
+  }
   assert steps["sft"] == [0, 1, 2, 3]  # sft.steps=4, the first start only
   assert steps["A"] == [1, 2] and len(steps["B"]) == 2
   jsonl = metrics.read_metrics(os.path.join(wd, "metrics.jsonl"), "A")

@@ -13,10 +13,14 @@ from third_party_envs.webshop import search
 from third_party_envs.webshop import WebShopEnv
 from third_party_envs.webshop import parse_action
 
-SAIREED = ("Saireed UL Listed 2 Prong Power Cord for JBL Bar 3.1 Bar 2.1 "
-           "Channel 4K Ultra HD Soundbar")
-BRST = ("BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic "
-        "SC-HT830V DVD/VCR Combo Home Theater System")
+SAIREED = (
+    "Saireed UL Listed 2 Prong Power Cord for JBL Bar 3.1 Bar 2.1 "
+    "Channel 4K Ultra HD Soundbar"
+)
+BRST = (
+    "BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic "
+    "SC-HT830V DVD/VCR Combo Home Theater System"
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,62 +32,89 @@ def env():
 
 
 def test_type_reward_upstream_cases():
-  goal = {"query": "Query 1", "product_category": "a › b › c",
-          "name": "Name 1"}
+  goal = {"query": "Query 1", "product_category": "a › b › c", "name": "Name 1"}
   bought = dict(goal)
   r = R.get_type_reward(bought, goal)
-  assert (r["r_type"], r["query_match"], r["category_match"],
-          r["title_score"]) == (1.0, True, True, 1.0)
+  assert (
+      r["r_type"],
+      r["query_match"],
+      r["category_match"],
+      r["title_score"],
+  ) == (1.0, True, True, 1.0)
   bought["query"] = "Query 2"
   assert not R.get_type_reward(bought, goal)["query_match"]
-  for path, match in [("b › c › a", True), ("d › e › f", False),
-                      ("a › d › b", True), ("a › a › b", True),
-                      ("a › a › d", False)]:
+  for path, match in [
+      ("b › c › a", True),
+      ("d › e › f", False),
+      ("a › d › b", True),
+      ("a › a › b", True),
+      ("a › a › d", False),
+  ]:
     bought["product_category"] = path
     assert R.get_type_reward(bought, goal)["category_match"] == match, path
   # Title scores: upstream (spaCy) expects 0.85, 0.31, 0.17, < 0.05; the
   # offline noun rule gives 6/7, 5/16, 2/12, 0 -- within upstream's 0.01.
   cases = [
-      ("adidas Unisex-Adult D.o.n. Issue 2 Basketball Shoe",
-       "adidas Unisex-Adult D.o.n. Issue 2 Indoor Court Shoe", 6 / 7),
+      (
+          "adidas Unisex-Adult D.o.n. Issue 2 Basketball Shoe",
+          "adidas Unisex-Adult D.o.n. Issue 2 Indoor Court Shoe",
+          6 / 7,
+      ),
       (SAIREED + " Home Theater System Subwoofer", BRST, 5 / 16),
       (SAIREED, BRST, 2 / 12),
-      ("Rusticware 921ORB Kitchen and Bath Cabinet Knob",
-       "Minkissy 2pcs Stainless Steel Eyebrow Tweezers Blackhead Acne "
-       "Remover Portable Makeup Tweezers (Silver)", 0.0),
+      (
+          "Rusticware 921ORB Kitchen and Bath Cabinet Knob",
+          "Minkissy 2pcs Stainless Steel Eyebrow Tweezers Blackhead Acne "
+          "Remover Portable Makeup Tweezers (Silver)",
+          0.0,
+      ),
   ]
   for want, have, score in cases:
     goal["name"], bought["name"] = want, have
-    assert math.isclose(R.get_type_reward(bought, goal)["title_score"],
-                        score)
+    assert math.isclose(R.get_type_reward(bought, goal)["title_score"], score)
   assert math.isclose(5 / 16, 0.31, abs_tol=1e-2)
   assert math.isclose(2 / 12, 0.17, abs_tol=1e-2)
 
 
 def test_title_nouns_rule():
   assert R.title_nouns(SAIREED) == (
-      "saireed", "ul", "prong", "power", "cord", "jbl", "bar", "bar",
-      "channel", "ultra", "hd", "soundbar")
+      "saireed",
+      "ul",
+      "prong",
+      "power",
+      "cord",
+      "jbl",
+      "bar",
+      "bar",
+      "channel",
+      "ultra",
+      "hd",
+      "soundbar",
+  )
 
 
 def test_attribute_reward_upstream_cases():
   goal = {"attributes": ["tea tree", "essential oils", "natural ingredients"]}
   empty = {"Title": "", "BulletPoints": [], "Description": ""}
-  full = dict(empty, Attributes=["tea tree", "essential oil",
-                                 "natural ingredients"])
+  full = dict(
+      empty, Attributes=["tea tree", "essential oil", "natural ingredients"]
+  )
   assert R.get_attribute_reward(full, goal) == (1.0, 3)
   partial = dict(empty, Attributes=["essential oil", "natural ingredients"])
   assert R.get_attribute_reward(partial, goal) == (2 / 3, 2)
   in_text = dict(
-      Attributes=[], Title="",
+      Attributes=[],
+      Title="",
       BulletPoints=["This shampoo has essential oils and smells like lemons"],
-      Description="Best shampoo on the market, made with natural ingredients")
+      Description="Best shampoo on the market, made with natural ingredients",
+  )
   assert R.get_attribute_reward(in_text, goal) == (2 / 3, 2)
-  none = dict(Attributes=["tea bag", "earl gray", "lipton"],
-              Title="English tea for breakfast",
-              BulletPoints=["Soothing aroma", "Calming, great feeling"],
-              Description="Best tea made by Lipton, great to pair with "
-              "breakfast")
+  none = dict(
+      Attributes=["tea bag", "earl gray", "lipton"],
+      Title="English tea for breakfast",
+      BulletPoints=["Soothing aroma", "Calming, great feeling"],
+      Description="Best tea made by Lipton, great to pair with " "breakfast",
+  )
   assert R.get_attribute_reward(none, goal) == (0.0, 0)
 
 
@@ -97,40 +128,55 @@ def test_option_reward_upstream_cases():
   partial = {"amount": "pack of 12", "color": "blue", "size": "XL"}
   assert R.get_option_reward(product, goal, partial) == (2 / 3, 2)
   fuzzy = {"amount": "pack of 12", "color": "powder snow", "size": "XL"}
-  assert R.get_option_reward(product, ["cool powder snow", "XL",
-                                       "pack of 12"], fuzzy) == (1.0, 3)
+  assert R.get_option_reward(
+      product, ["cool powder snow", "XL", "pack of 12"], fuzzy
+  ) == (1.0, 3)
   assert R.get_option_reward(product, [], {"a": "goal 1", "b": "goal 2"}) == (
-      None, 0)
+      None,
+      0,
+  )
   assert R.get_option_reward(product, ["goal 1", "goal 2"], {}) == (0.0, 0)
   # size is matched exactly: 'x-large' is not 'large' (fuzzy would say yes)
   assert R.get_option_reward(product, ["large"], {"size": "x-large"}) == (
-      0.0, 0)
-  assert R.get_option_reward(product, ["large"], {"fit": "x-large"}) == (
-      1.0, 1)
+      0.0,
+      0,
+  )
+  assert R.get_option_reward(product, ["large"], {"fit": "x-large"}) == (1.0, 1)
 
 
 def test_get_reward_upstream_cases():
-  name = ("Mens D.O.N. Issue 2 Gca Basketball Sneakers Shoes Casual - Off "
-          "White")
-  goal = {"query": "Query 1", "product_category": "a › b › c", "name": name,
-          "attributes": ["tea tree", "essential oils", "natural ingredients"],
-          "goal_options": {"color": "grey", "size": "XL"},
-          "price_upper": 40.00}
-  bought = {"query": "Query 1", "product_category": "a › b › c",
-            "name": name,
-            "Attributes": ["tea tree", "essential oil",
-                           "natural ingredients"],
-            "Title": "", "BulletPoints": [], "Description": ""}
+  name = (
+      "Mens D.O.N. Issue 2 Gca Basketball Sneakers Shoes Casual - Off " "White"
+  )
+  goal = {
+      "query": "Query 1",
+      "product_category": "a › b › c",
+      "name": name,
+      "attributes": ["tea tree", "essential oils", "natural ingredients"],
+      "goal_options": {"color": "grey", "size": "XL"},
+      "price_upper": 40.00,
+  }
+  bought = {
+      "query": "Query 1",
+      "product_category": "a › b › c",
+      "name": name,
+      "Attributes": ["tea tree", "essential oil", "natural ingredients"],
+      "Title": "",
+      "BulletPoints": [],
+      "Description": "",
+  }
   opts = {"color": "grey", "size": "XL"}
   assert R.get_reward(bought, goal, 35, opts) == 1.0
   # upstream passes BulletPoints as a str: ' '.join spaces its letters, so
   # only the description's 'natural ingredients' matches: (1+2+1)/6
-  bought.update(Attributes=[], BulletPoints="This shampoo has essential "
-                "oils and smells like lemons", Description="Best shampoo on "
-                "the market, made with natural ingredients")
+  bought.update(
+      Attributes=[],
+      BulletPoints="This shampoo has essential " "oils and smells like lemons",
+      Description="Best shampoo on "
+      "the market, made with natural ingredients",
+  )
   assert math.isclose(R.get_reward(bought, goal, 35, opts), 2 / 3)
-  goal["goal_options"] = {"color": "grey", "size": "XL",
-                          "amount": "pack of 12"}
+  goal["goal_options"] = {"color": "grey", "size": "XL", "amount": "pack of 12"}
   assert math.isclose(R.get_reward(bought, goal, 35, opts), 4 / 7)
   assert math.isclose(4 / 7, 0.5714, abs_tol=1e-4)
   goal["name"], bought["name"] = SAIREED, BRST
@@ -143,10 +189,14 @@ def test_get_reward_upstream_cases():
 
 
 def test_normalize_color_upstream_cases():
-  for value, want in [("", ""), ("black forest", "black"),
-                      ("violet lavender", "lavender"),
-                      ("steelivy fuchsia", "fuchsia"),
-                      ("123alabaster", "alabaster"), ("webshop", "webshop")]:
+  for value, want in [
+      ("", ""),
+      ("black forest", "black"),
+      ("violet lavender", "lavender"),
+      ("steelivy fuchsia", "fuchsia"),
+      ("123alabaster", "alabaster"),
+      ("webshop", "webshop"),
+  ]:
     assert R.normalize_color(value) == want
 
 
@@ -158,8 +208,13 @@ def test_catalogue_is_deterministic_and_complete():
   assert a == catalogue.make_catalogue(seed=3, num_products=40)
   assert a != catalogue.make_catalogue(seed=4, num_products=40)
   assert len({p["asin"] for p in a}) == 40
-  assert {p["category"] for p in a} == {"beauty", "electronics", "fashion",
-                                        "food", "garden"}
+  assert {p["category"] for p in a} == {
+      "beauty",
+      "electronics",
+      "fashion",
+      "food",
+      "garden",
+  }
   for p in a:
     assert len(p["asin"]) == 10 and p["asin"].startswith("B0")
     assert p["name"] == p["Title"] and p["Attributes"] and p["BulletPoints"]
@@ -192,7 +247,8 @@ def test_default_world_goals(env):
     above = [10.0 * i for i in range(1, 100) if 10.0 * i > p["price"]][:4]
     assert g["price_upper"] in above[1:]
     assert g["instruction_text"].endswith(
-        f", and price lower than {g['price_upper']:.2f} dollars")
+        f", and price lower than {g['price_upper']:.2f} dollars"
+    )
     assert set(g["attributes"]) <= set(p["Attributes"])
     assert all(g["goal_options"][k] in v for k, v in p["options"].items())
   with pytest.raises(ValueError, match="split"):
@@ -214,9 +270,15 @@ def test_same_task_id_same_goal(env):
 
 def test_analyzer_and_bm25_scores_by_hand():
   assert search.analyze("The Essential Oils for Men's running") == [
-      "essenti", "oil", "men", "run"]
-  docs = [dict(Title=t, Description="", BulletPoints=[], options={})
-          for t in ("red shoe", "red red hat", "blue hat box")]
+      "essenti",
+      "oil",
+      "men",
+      "run",
+  ]
+  docs = [
+      dict(Title=t, Description="", BulletPoints=[], options={})
+      for t in ("red shoe", "red red hat", "blue hat box")
+  ]
   for i, d in enumerate(docs):
     d["asin"] = f"A{i}"
   engine = search.SearchEngine(docs)
@@ -247,15 +309,19 @@ def test_search_returns_50_hits_paged_by_10(env):
   assert "Page 1 (Total results: 50) [SEP] Next > [SEP] " in s.observation
   assert "< Prev" not in s.observation
   assert [a[6:-1] for a in s.admissible_actions[2:]] == [
-      h.lower() for h in hits[:10]]
+      h.lower() for h in hits[:10]
+  ]
   for page in range(2, 7):
     s = env.step("click[next >]")
-    shown = hits[(page - 1) * 10:page * 10]
-    assert (f"Page {page} (Total results: 50) [SEP] < Prev [SEP] Next >"
-            in s.observation)
+    shown = hits[(page - 1) * 10 : page * 10]
+    assert (
+        f"Page {page} (Total results: 50) [SEP] < Prev [SEP] Next >"
+        in s.observation
+    )
     assert s.admissible_actions == (
-        ["click[back to search]", "click[< prev]", "click[next >]"] +
-        [f"click[{h.lower()}]" for h in shown])
+        ["click[back to search]", "click[< prev]", "click[next >]"]
+        + [f"click[{h.lower()}]" for h in shown]
+    )
   assert s.observation.endswith("Next >")  # page 6: past the 50 hits
   s = env.step("click[< prev]")
   assert s.observation.endswith(env.world.by_asin[hits[49]]["Price"])
@@ -272,26 +338,49 @@ def test_page_observations(env):
   s = env.reset(3, "test")
   instr = env.goal["instruction_text"]
   assert s.observation == (
-      f"WebShop [SEP] Instruction: [SEP] {instr} [SEP] Search")
+      f"WebShop [SEP] Instruction: [SEP] {instr} [SEP] Search"
+  )
   assert s.admissible_actions == ["search[<your query>]"]
   assert s.task == instr and s.anchor_obs == s.observation
   s = env.step(f"search[{catalogue.search_words(env.goal)}]")
   top = [env.world.by_asin[a] for a in env.hits[:10]]
   assert s.observation == " [SEP] ".join(
-      ["Instruction:", instr, "Back to Search", "Page 1 (Total results: "
-       f"{len(env.hits)})", "Next >"] +
-      [x for p in top for x in (p["asin"], p["Title"], p["Price"])])
+      [
+          "Instruction:",
+          instr,
+          "Back to Search",
+          "Page 1 (Total results: " f"{len(env.hits)})",
+          "Next >",
+      ]
+      + [x for p in top for x in (p["asin"], p["Title"], p["Price"])]
+  )
   p = env.world.by_asin[env.goal["asin"]]
   s = env.step(f"click[{p['asin'].lower()}]")
   opts = [x for n, v in p["options"].items() for x in (n, *v)]
   assert s.observation == " [SEP] ".join(
-      ["Instruction:", instr, "Back to Search", "< Prev", *opts, p["Title"],
-       f"Price: {p['Price']}", f"Rating: {p['Rating']}", "Description",
-       "Features", "Reviews", "Buy Now"])
+      [
+          "Instruction:",
+          instr,
+          "Back to Search",
+          "< Prev",
+          *opts,
+          p["Title"],
+          f"Price: {p['Price']}",
+          f"Rating: {p['Rating']}",
+          "Description",
+          "Features",
+          "Reviews",
+          "Buy Now",
+      ]
+  )
   assert s.admissible_actions == [
-      "click[back to search]", "click[< prev]", "click[description]",
-      "click[features]", "click[reviews]", "click[buy now]"] + [
-          f"click[{v}]" for vs in p["options"].values() for v in vs]
+      "click[back to search]",
+      "click[< prev]",
+      "click[description]",
+      "click[features]",
+      "click[reviews]",
+      "click[buy now]",
+  ] + [f"click[{v}]" for vs in p["options"].values() for v in vs]
   head = f"Instruction: [SEP] {instr} [SEP] Back to Search [SEP] < Prev"
   s = env.step("click[description]")
   assert s.observation == f"{head} [SEP] {p['Description']}"
@@ -301,21 +390,27 @@ def test_page_observations(env):
   assert s.observation == " [SEP] ".join([head, *p["BulletPoints"]])
   env.step("click[< prev]")
   s = env.step("click[reviews]")
-  reviews = [x for r in p["Reviews"]
-             for x in (f'"{r["title"]}"', str(r["score"]), r["body"])]
+  reviews = [
+      x
+      for r in p["Reviews"]
+      for x in (f'"{r["title"]}"', str(r["score"]), r["body"])
+  ]
   assert s.observation == " [SEP] ".join([head, *reviews])
   env.step("click[< prev]")
   s = env.step("click[buy now]")
   assert s.done and s.admissible_actions == []
-  assert s.observation == ("Thank you for shopping with us! [SEP] Your score "
-                           f"(min 0.0, max 1.0) [SEP] {s.score}")
+  assert s.observation == (
+      "Thank you for shopping with us! [SEP] Your score "
+      f"(min 0.0, max 1.0) [SEP] {s.score}"
+  )
 
 
 def test_product_with_reviews_renders_them(env):
   p = next(p for p in env.world.products if p["Reviews"])
   r = p["Reviews"][0]
   assert p["Rating"] == round(
-      sum(x["score"] for x in p["Reviews"]) / len(p["Reviews"]), 1)
+      sum(x["score"] for x in p["Reviews"]) / len(p["Reviews"]), 1
+  )
   texts = pages.sub_page("x", p, "Reviews")
   assert texts[4:7] == [f'"{r["title"]}"', str(r["score"]), r["body"]]
 
@@ -336,7 +431,8 @@ def test_options_and_navigation(env):
   assert s.info["page"] == "results" and s.info["options"] == {}
   s = env.step("click[back to search]")
   assert s.info["page"] == "search" and s.admissible_actions == [
-      "search[<your query>]"]
+      "search[<your query>]"
+  ]
 
 
 def test_parse_action():
@@ -349,12 +445,26 @@ def test_parse_action():
 def test_invalid_actions_change_nothing(env):
   env.reset(1, "test")
   bad_by_page = {
-      "search": ["click[search]", "search[]", "click[buy now]", "nonsense",
-                 "Search[shoes]"],
-      "results": ["search[shoes]", "click[buy now]", "click[description]",
-                  "click[< prev]", "click[b000000000]"],
-      "item": ["search[shoes]", "click[next >]", "click[not an option]",
-               "<think>hmm</think>"],
+      "search": [
+          "click[search]",
+          "search[]",
+          "click[buy now]",
+          "nonsense",
+          "Search[shoes]",
+      ],
+      "results": [
+          "search[shoes]",
+          "click[buy now]",
+          "click[description]",
+          "click[< prev]",
+          "click[b000000000]",
+      ],
+      "item": [
+          "search[shoes]",
+          "click[next >]",
+          "click[not an option]",
+          "<think>hmm</think>",
+      ],
       "sub": ["click[buy now]", "click[features]", "click[description]"],
   }
   for page, expert_steps in [("search", 0), ("results", 1), ("item", 2)]:
@@ -367,7 +477,10 @@ def test_invalid_actions_change_nothing(env):
       s = env.step(bad)
       assert not s.valid_action, bad
       assert (s.observation, s.admissible_actions, s.info) == (
-          before.observation, before.admissible_actions, before.info)
+          before.observation,
+          before.admissible_actions,
+          before.info,
+      )
       assert s.reward == 0 and s.dense_reward == 0 and not s.done
   env.step("click[reviews]")
   before = env.step("noop")
@@ -391,7 +504,8 @@ def _run(env, task_id, split, policy, max_steps=15):
 def test_expert_wins_a_50_goal_sample(env):
   rng = random.Random(0)
   tasks = [(i, "test") for i in range(25)] + [
-      (i, "train") for i in rng.sample(range(env.num_tasks("train")), 25)]
+      (i, "train") for i in rng.sample(range(env.num_tasks("train")), 25)
+  ]
   for task_id, split in tasks:
     steps = _run(env, task_id, split, lambda s: env.expert_action())
     last = steps[-1]
@@ -456,7 +570,8 @@ def test_original_adapter_explains_what_is_missing(tmp_path, monkeypatch):
   (tmp_path / "items_human_ins.json").write_text("{}")
   monkeypatch.setenv(original.DATA_ENV_VAR, str(tmp_path))
   assert original.resolve_data_files()["products"].endswith(
-      "items_shuffle_1000.json")
+      "items_shuffle_1000.json"
+  )
   with pytest.raises(ImportError, match="web_agent_site"):
     original.WebShopOriginalEnv()
 
@@ -464,8 +579,12 @@ def test_original_adapter_explains_what_is_missing(tmp_path, monkeypatch):
 def test_cpu_world_splits_and_type_expert():
   """The CPU recipe's world: one product per type, 64 held-out goals, an
   expert that searches by product type and still wins every test goal."""
-  env = WebShopEnv(num_products=30, goals_per_product=12, num_test_goals=64,
-                   expert_query="type")
+  env = WebShopEnv(
+      num_products=30,
+      goals_per_product=12,
+      num_test_goals=64,
+      expert_query="type",
+  )
   assert env.num_tasks("test") == 64
   assert env.num_tasks("train") == len(env.world.goals) - 64
   assert len({p["query"] for p in env.world.products}) == 30
@@ -481,8 +600,9 @@ def test_cpu_world_splits_and_type_expert():
         break
     assert obs.won, task_id
   # Held-out goals are new goals on products the train split also covers.
-  train_asins = {env.world.goal(i, "train")["asin"]
-                 for i in range(env.num_tasks("train"))}
+  train_asins = {
+      env.world.goal(i, "train")["asin"] for i in range(env.num_tasks("train"))
+  }
   assert test_asins <= train_asins
   env.reset(0, "train")
   assert env.goal is env.world.goals[64]

@@ -48,7 +48,7 @@ _warned: set[str] = set()  # environments whose reward range was warned
 
 def _short(value, limit: int = 40) -> str:
   text = repr(value)
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_flag(value) -> bool:
@@ -65,45 +65,64 @@ def problem(out) -> Optional[str]:
   """What is wrong with ``out`` as a ``reset``/``step`` result: ``"<what
   came back>; expected <what is allowed>"``, or None when it is fine."""
   if not isinstance(out, base.EnvStep):
-    return (f"a {type(out).__name__} ({_short(out)}); expected a"
-            " third_party_envs.base.EnvStep")
+    return (
+        f"a {type(out).__name__} ({_short(out)}); expected a"
+        " third_party_envs.base.EnvStep"
+    )
   for name in _TEXT:
     value = getattr(out, name)
     if not isinstance(value, str):
-      return (f"{name}={_short(value)} (a {type(value).__name__});"
-              " expected a str")
+      return (
+          f"{name}={_short(value)} (a {type(value).__name__});"
+          " expected a str"
+      )
   actions = out.admissible_actions
-  if not (isinstance(actions, (list, tuple))
-          and all(isinstance(a, str) for a in actions)):
-    return (f"admissible_actions={_short(actions)}; expected a list of"
-            " str")
+  if not (
+      isinstance(actions, (list, tuple))
+      and all(isinstance(a, str) for a in actions)
+  ):
+    return f"admissible_actions={_short(actions)}; expected a list of" " str"
   for name in _NUMBERS:
     value = getattr(out, name)
     if not isinstance(value, numbers.Real):
-      return (f"{name}={_short(value)} (a {type(value).__name__});"
-              " expected a finite number")
+      return (
+          f"{name}={_short(value)} (a {type(value).__name__});"
+          " expected a finite number"
+      )
     if not math.isfinite(float(value)):
       return f"{name}={float(value)!r}; expected a finite number"
   for name in _FLAGS:
     value = getattr(out, name)
     if not _is_flag(value):
-      return (f"{name}={_short(value)} (a {type(value).__name__});"
-              " expected a bool")
+      return (
+          f"{name}={_short(value)} (a {type(value).__name__});"
+          " expected a bool"
+      )
   if not isinstance(out.info, dict):
     return f"info={_short(out.info)}; expected a dict"
   return None
 
 
-def where(env_name: str, class_name: str, method: str, task_id, split,
-          turn: int) -> str:
+def where(
+    env_name: str, class_name: str, method: str, task_id, split, turn: int
+) -> str:
   """``"environment 'x': Cls.step() on task 3 of 'train', turn 2"``."""
   task = f"task {task_id}" + (f" of {split!r}" if split else "")
-  return (f"environment {env_name!r}: {class_name}.{method}() on {task},"
-          f" turn {turn}")
+  return (
+      f"environment {env_name!r}: {class_name}.{method}() on {task},"
+      f" turn {turn}"
+  )
 
 
-def check(out, env_name: str, class_name: str, method: str, task_id=None,
-          split=None, turn: int = 0):
+def check(
+    out,
+    env_name: str,
+    class_name: str,
+    method: str,
+    task_id=None,
+    split=None,
+    turn: int = 0,
+):
   """``out``, or ``EnvError`` when it breaks the contract (module
   docstring)."""
   why = problem(out)
@@ -113,9 +132,15 @@ def check(out, env_name: str, class_name: str, method: str, task_id=None,
   return out
 
 
-def warn_reward_range(out: base.EnvStep, env_name: str, env_class: type,
-                      method: str, task_id=None, split=None,
-                      turn: int = 0) -> bool:
+def warn_reward_range(
+    out: base.EnvStep,
+    env_name: str,
+    env_class: type,
+    method: str,
+    task_id=None,
+    split=None,
+    turn: int = 0,
+) -> bool:
   """Logs a WARNING, once per ``env_name`` in this process, when
   ``out.reward`` is outside ``env_class.reward_range``; True if it did."""
   low, high = getattr(env_class, "reward_range", (-math.inf, math.inf))
@@ -127,7 +152,12 @@ def warn_reward_range(out: base.EnvStep, env_name: str, env_class: type,
       " outcome reward is 10 * won on the winning step (%s); if yours is"
       " meant to be, declare reward_range on the class. Told once.",
       where(env_name, env_class.__name__, method, task_id, split, turn),
-      float(out.reward), env_class.__name__, low, high, DOC)
+      float(out.reward),
+      env_class.__name__,
+      low,
+      high,
+      DOC,
+  )
   return True
 
 
@@ -144,7 +174,8 @@ def checked_dense_fn(fn, path: str):
         raise EnvError(
             f"rspo.dense_reward={path!r} set dense_reward={_short(value)} on"
             f" a record of task {r.task_id}, step {r.step_idx}; expected a"
-            " finite number (docs/custom_env.md, section 3)")
+            " finite number (docs/custom_env.md, section 3)"
+        )
     return out
 
   return checked

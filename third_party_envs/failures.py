@@ -34,8 +34,7 @@ def last_line(error: str) -> str:
 
 def error_kind(error: str) -> str:
   """Exception type and raising frame, or the digit-blanked one-liner."""
-  frames = re.findall(r'^\s*File "[^"]*", line \d+, in .*$', str(error),
-                      re.M)
+  frames = re.findall(r'^\s*File "[^"]*", line \d+, in .*$', str(error), re.M)
   last = last_line(error)
   if frames:
     return f"{last.split(':', 1)[0]} at {frames[-1].strip()}"
@@ -64,17 +63,24 @@ class FailureLog:
     if self.path is not None and self._append(where, error):
       also = f" (also in {self.path})"
     # Once per kind: the same bug in every episode is one message.
-    log.warning("environment %r failed an episode (%s); first failure of "
-                "this kind, later ones are only counted in "
-                "rollout_failed_episodes%s:\n%s", self.env_name, where, also,
-                error.rstrip())
+    log.warning(
+        "environment %r failed an episode (%s); first failure of "
+        "this kind, later ones are only counted in "
+        "rollout_failed_episodes%s:\n%s",
+        self.env_name,
+        where,
+        also,
+        error.rstrip(),
+    )
 
   def _append(self, where: str, error: str) -> bool:
     try:
       os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
       with open(self.path, "a") as f:
-        f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}"
-                f" {self.env_name}, {where}\n{error.rstrip()}\n")
+        f.write(
+            f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}"
+            f" {self.env_name}, {where}\n{error.rstrip()}\n"
+        )
       return True
     except OSError as e:  # the console log still has it
       log.warning("could not write %s: %s", self.path, e)

@@ -48,21 +48,26 @@ def import_object(path: str, what: str = "object") -> Any:
   attribute) instead of a bare ImportError.
   """
   if not is_import_path(path):
-    raise ValueError(f"{what} {path!r} is not an import path "
-                     "'package.module:name'")
+    raise ValueError(
+        f"{what} {path!r} is not an import path " "'package.module:name'"
+    )
   module_name, _, attr = path.partition(":")
   try:
     obj = importlib.import_module(module_name)
   except ImportError as e:
-    raise ValueError(f"{what} {path!r}: cannot import module "
-                     f"{module_name!r} ({e}); install its package or put "
-                     "its directory on PYTHONPATH") from e
+    raise ValueError(
+        f"{what} {path!r}: cannot import module "
+        f"{module_name!r} ({e}); install its package or put "
+        "its directory on PYTHONPATH"
+    ) from e
   for part in attr.split("."):
     try:
       obj = getattr(obj, part)
     except AttributeError:
-      raise ValueError(f"{what} {path!r}: module {module_name!r} has no "
-                       f"attribute {attr!r}") from None
+      raise ValueError(
+          f"{what} {path!r}: module {module_name!r} has no "
+          f"attribute {attr!r}"
+      ) from None
   return obj
 
 
@@ -82,19 +87,24 @@ def env_class(name: str) -> type:
     module_name, class_name = _ENVS[name]
     return getattr(importlib.import_module(module_name), class_name)
   if not is_import_path(name):
-    raise ValueError(f"unknown environment {name!r}; known: "
-                     f"{list(ENV_NAMES)} or an import path "
-                     "'package.module:ClassName' of a TextEnv subclass")
+    raise ValueError(
+        f"unknown environment {name!r}; known: "
+        f"{list(ENV_NAMES)} or an import path "
+        "'package.module:ClassName' of a TextEnv subclass"
+    )
   cls = import_object(name, "environment")
   if not (isinstance(cls, type) and issubclass(cls, base.TextEnv)):
-    raise ValueError(f"environment {name!r} is {cls!r}, not a subclass of "
-                     "third_party_envs.base.TextEnv")
+    raise ValueError(
+        f"environment {name!r} is {cls!r}, not a subclass of "
+        "third_party_envs.base.TextEnv"
+    )
   missing = sorted(getattr(cls, "__abstractmethods__", ()))
   if missing:  # else a TypeError deep in the first worker that builds one
     raise ValueError(
         f"environment {name!r}: class {cls.__name__} does not define "
         f"{', '.join(missing)} (abstract in third_party_envs.base.TextEnv;"
-        " docs/custom_env.md, section 1)")
+        " docs/custom_env.md, section 1)"
+    )
   return cls
 
 
@@ -142,8 +152,14 @@ class WithDefaults(base.TextEnv):
     return _fill(self._checked("step", self.env.step(action)))
 
   def _checked(self, method: str, out) -> base.EnvStep:
-    return contract.check(out, self.env_name, type(self.env).__name__,
-                          method, *self._task, turn=self._turn)
+    return contract.check(
+        out,
+        self.env_name,
+        type(self.env).__name__,
+        method,
+        *self._task,
+        turn=self._turn,
+    )
 
   def expert_action(self) -> Optional[str]:
     return self.env.expert_action()

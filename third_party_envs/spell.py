@@ -117,8 +117,12 @@ from typing import Optional
 
 from third_party_envs import base
 
-SPLIT_SIZES = {"train": 1024, "valid_seen": 256, "valid_unseen": 256,
-               "test": 256}
+SPLIT_SIZES = {
+    "train": 1024,
+    "valid_seen": 256,
+    "valid_unseen": 256,
+    "test": 256,
+}
 HELD_OUT = ("valid_seen", "valid_unseen", "test")
 DIGITS = 10
 DENSE = ("aligned", "misaligned", "decoy", "partial")
@@ -139,9 +143,10 @@ def _pools(word_length: int) -> tuple[list[int], list[int]]:
   held_out = sum(SPLIT_SIZES[s] for s in HELD_OUT)
   want = SPLIT_SIZES["train"] + held_out
   codes = random.Random(f"spell:codes:{word_length}").sample(
-      range(n), min(n, want))
+      range(n), min(n, want)
+  )
   if n >= want:
-    return codes[:SPLIT_SIZES["train"]], codes[SPLIT_SIZES["train"]:]
+    return codes[: SPLIT_SIZES["train"]], codes[SPLIT_SIZES["train"] :]
   cut = n - max(1, n // 5)
   return codes[:cut], codes[cut:]
 
@@ -152,38 +157,53 @@ def code_of(split: str, task_id: int, word_length: int) -> tuple[int, ...]:
   if split == "train":
     index = train[task_id % len(train)]
   else:
-    offset = sum(SPLIT_SIZES[s] for s in HELD_OUT[:HELD_OUT.index(split)])
+    offset = sum(SPLIT_SIZES[s] for s in HELD_OUT[: HELD_OUT.index(split)])
     index = held[(offset + task_id) % len(held)]
   return tuple(int(c) for c in f"{index:0{word_length}d}")
 
 
-def spell_task(split: str, task_id: int, word_length: int = 4,
-               alphabet_size: int = 5,
-               cipher_digits: int = DIGITS) -> tuple[tuple[int, ...], str]:
+def spell_task(
+    split: str,
+    task_id: int,
+    word_length: int = 4,
+    alphabet_size: int = 5,
+    cipher_digits: int = DIGITS,
+) -> tuple[tuple[int, ...], str]:
   """(code digits, hidden word) of a task; deterministic in the arguments.
   The cipher reads each digit modulo ``cipher_digits``."""
   code = code_of(split, task_id, word_length)
   table = cipher(alphabet_size)
-  return code, "".join(string.ascii_lowercase[table[d % cipher_digits]]
-                       for d in code)
+  return code, "".join(
+      string.ascii_lowercase[table[d % cipher_digits]] for d in code
+  )
 
 
-def check_partial(dense: str, decoy_positions: int, word_length: int,
-                  decoy_weight: float = 1.0) -> None:
+def check_partial(
+    dense: str,
+    decoy_positions: int,
+    word_length: int,
+    decoy_weight: float = 1.0,
+) -> None:
   """ValueError unless 0 <= decoy_positions <= word_length and
   decoy_weight > 0, and unless both keep their defaults (0, 1) where
   dense is not 'partial' (the only dense reward that reads them)."""
   if not decoy_weight > 0:
     raise ValueError(f"decoy_weight must be > 0, got {decoy_weight}")
   if decoy_weight != 1 and dense != "partial":
-    raise ValueError(f"decoy_weight={decoy_weight} needs dense='partial',"
-                     f" got dense={dense!r}")
+    raise ValueError(
+        f"decoy_weight={decoy_weight} needs dense='partial',"
+        f" got dense={dense!r}"
+    )
   if not 0 <= decoy_positions <= word_length:
-    raise ValueError(f"decoy_positions must be in [0, word_length ="
-                     f" {word_length}], got {decoy_positions}")
+    raise ValueError(
+        f"decoy_positions must be in [0, word_length ="
+        f" {word_length}], got {decoy_positions}"
+    )
   if decoy_positions and dense != "partial":
-    raise ValueError(f"decoy_positions={decoy_positions} needs"
-                     f" dense='partial', got dense={dense!r}")
+    raise ValueError(
+        f"decoy_positions={decoy_positions} needs"
+        f" dense='partial', got dense={dense!r}"
+    )
 
 
 def action_of(letter: str) -> str:
@@ -195,30 +215,43 @@ class SpellEnv(base.TextEnv):
 
   name = "spell"
 
-  def __init__(self, word_length: int = 4, alphabet_size: int = 5,
-               dense: str = "aligned", expert_digits: int = DIGITS,
-               slack: int = 0, expert_unknown: str = "abstain",
-               show_digit: bool = False, cipher_digits: int = DIGITS,
-               decoy_positions: int = 0, decoy_weight: float = 1.0):
+  def __init__(
+      self,
+      word_length: int = 4,
+      alphabet_size: int = 5,
+      dense: str = "aligned",
+      expert_digits: int = DIGITS,
+      slack: int = 0,
+      expert_unknown: str = "abstain",
+      show_digit: bool = False,
+      cipher_digits: int = DIGITS,
+      decoy_positions: int = 0,
+      decoy_weight: float = 1.0,
+  ):
     if word_length < 1:
       raise ValueError(f"word_length must be >= 1, got {word_length}")
     if not 2 <= alphabet_size <= DIGITS:  # every letter has a digit
-      raise ValueError(f"alphabet_size must be in [2, {DIGITS}], got"
-                       f" {alphabet_size}")
+      raise ValueError(
+          f"alphabet_size must be in [2, {DIGITS}], got" f" {alphabet_size}"
+      )
     if dense not in DENSE:
       raise ValueError(f"dense must be one of {DENSE}, got {dense!r}")
     if not 0 <= expert_digits <= DIGITS:
-      raise ValueError(f"expert_digits must be in [0, {DIGITS}], got"
-                       f" {expert_digits}")
+      raise ValueError(
+          f"expert_digits must be in [0, {DIGITS}], got" f" {expert_digits}"
+      )
     if not 1 <= cipher_digits <= DIGITS:
-      raise ValueError(f"cipher_digits must be in [1, {DIGITS}], got"
-                       f" {cipher_digits}")
+      raise ValueError(
+          f"cipher_digits must be in [1, {DIGITS}], got" f" {cipher_digits}"
+      )
     check_partial(dense, decoy_positions, word_length, decoy_weight)
     if slack < 0:
       raise ValueError(f"slack must be >= 0, got {slack}")
     if expert_unknown not in EXPERT_UNKNOWN:
-      raise ValueError(f"expert_unknown must be one of {EXPERT_UNKNOWN},"
-                       f" got {expert_unknown!r}")
+      raise ValueError(
+          f"expert_unknown must be one of {EXPERT_UNKNOWN},"
+          f" got {expert_unknown!r}"
+      )
     self.word_length = word_length
     self.alphabet_size = alphabet_size
     self.dense = dense
@@ -244,18 +277,21 @@ class SpellEnv(base.TextEnv):
     n = self.num_tasks(split)
     if not 0 <= task_id < n:
       raise ValueError(f"task_id {task_id} out of range [0, {n}) for {split}")
-    self.code, self.word = spell_task(split, task_id, self.word_length,
-                                      self.alphabet_size,
-                                      self.cipher_digits)
+    self.code, self.word = spell_task(
+        split, task_id, self.word_length, self.alphabet_size, self.cipher_digits
+    )
     self.typed, self._t, self._done = "", 0, False
-    self._task = (f"spell the hidden word of {self.word_length} letters,"
-                  f" code {' '.join(map(str, self.code))}")
+    self._task = (
+        f"spell the hidden word of {self.word_length} letters,"
+        f" code {' '.join(map(str, self.code))}"
+    )
     return self._env_step(False, 0.0, True)
 
   def step(self, action: str) -> base.EnvStep:
     if self._done:
-      raise ValueError("SpellEnv.step called on a finished episode; reset"
-                       " first")
+      raise ValueError(
+          "SpellEnv.step called on a finished episode; reset" " first"
+      )
     valid = action in self.actions
     dense = 0.0
     if valid:
@@ -266,23 +302,28 @@ class SpellEnv(base.TextEnv):
         hit = letter == self.decoy(len(self.typed))
       elif self.dense == "partial":
         i = len(self.typed)
-        hit = (self.word.startswith(self.typed + letter)
-               if i < self.word_length - self.decoy_positions
-               else self.decoy_weight * (letter == self.decoy(i)))
+        hit = (
+            self.word.startswith(self.typed + letter)
+            if i < self.word_length - self.decoy_positions
+            else self.decoy_weight * (letter == self.decoy(i))
+        )
       else:
         hit = letter in self.word
       dense = hit / self.word_length
       self.typed += letter
     self._t += 1
     won = self.typed == self.word
-    self._done = (len(self.typed) == self.word_length
-                  or self._t >= self.word_length + self.slack)
+    self._done = (
+        len(self.typed) == self.word_length
+        or self._t >= self.word_length + self.slack
+    )
     return self._env_step(won, dense, valid)
 
   def decoy(self, i: int) -> str:
     """The letter the 'decoy' dense reward pays for at position i."""
-    return self.letters[(self.letters.index(self.word[i]) + 1)
-                        % self.alphabet_size]
+    return self.letters[
+        (self.letters.index(self.word[i]) + 1) % self.alphabet_size
+    ]
 
   def target(self) -> str:
     """The letters the 'partial' dense reward pays most for: the hidden
@@ -290,7 +331,8 @@ class SpellEnv(base.TextEnv):
     decoys."""
     cut = self.word_length - self.decoy_positions
     return self.word[:cut] + "".join(
-        self.decoy(i) for i in range(cut, self.word_length))
+        self.decoy(i) for i in range(cut, self.word_length)
+    )
 
   def expert_action(self) -> Optional[str]:
     i = len(self.typed)

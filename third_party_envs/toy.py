@@ -56,9 +56,14 @@ _NUM_TASKS = {"train": 256, "valid_seen": 64, "valid_unseen": 64, "test": 64}
 ADMISSIBLE = ["inc", "dec"]
 
 
-def toy_task(split: str, task_id: int, line_size: int = 10,
-             min_distance: int = 1, max_distance: Optional[int] = None,
-             direction: str = "both") -> tuple[int, int]:
+def toy_task(
+    split: str,
+    task_id: int,
+    line_size: int = 10,
+    min_distance: int = 1,
+    max_distance: Optional[int] = None,
+    direction: str = "both",
+) -> tuple[int, int]:
   """(start, target) of a task: both in [0, line_size),
   ``min_distance <= |target - start| <= max_distance`` (None: any), the
   target above the start for ``direction='up'``, below for 'down';
@@ -66,17 +71,25 @@ def toy_task(split: str, task_id: int, line_size: int = 10,
   rng = random.Random(f"toy:{split}:{task_id}")  # str seeds are stable
   far = line_size if max_distance is None else max_distance
   sign = {"both": 0, "up": 1, "down": -1}[direction]
-  starts = [s for s in range(line_size)
-            if _targets(s, line_size, min_distance, far, sign)]
-  start = (rng.randrange(line_size) if sign == 0  # the original draw
-           else rng.choice(starts))
-  return start, rng.choice(_targets(start, line_size, min_distance, far,
-                                    sign))
+  starts = [
+      s
+      for s in range(line_size)
+      if _targets(s, line_size, min_distance, far, sign)
+  ]
+  start = (
+      rng.randrange(line_size)
+      if sign == 0  # the original draw
+      else rng.choice(starts)
+  )
+  return start, rng.choice(_targets(start, line_size, min_distance, far, sign))
 
 
 def _targets(start, line_size, near, far, sign) -> list[int]:
-  return [v for v in range(line_size) if near <= abs(v - start) <= far
-          and (v - start) * sign >= 0]
+  return [
+      v
+      for v in range(line_size)
+      if near <= abs(v - start) <= far and (v - start) * sign >= 0
+  ]
 
 
 class ToyEnv(base.TextEnv):
@@ -84,30 +97,44 @@ class ToyEnv(base.TextEnv):
 
   name = "toy"
 
-  def __init__(self, max_steps: int = 12, hang_s: float = 3600.0,
-               line_size: int = 10, min_distance: int = 1,
-               max_distance: Optional[int] = None, direction: str = "both",
-               expert_below: Optional[int] = None,
-               dense_target_offset: Optional[int] = None):
+  def __init__(
+      self,
+      max_steps: int = 12,
+      hang_s: float = 3600.0,
+      line_size: int = 10,
+      min_distance: int = 1,
+      max_distance: Optional[int] = None,
+      direction: str = "both",
+      expert_below: Optional[int] = None,
+      dense_target_offset: Optional[int] = None,
+  ):
     if max_steps < 1:
       raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     if line_size < 2:
       raise ValueError(f"line_size must be >= 2, got {line_size}")
     if not 1 <= min_distance <= line_size // 2:  # every start has a target
-      raise ValueError(f"min_distance must be in [1, {line_size // 2}] on a"
-                       f" line of {line_size}, got {min_distance}")
+      raise ValueError(
+          f"min_distance must be in [1, {line_size // 2}] on a"
+          f" line of {line_size}, got {min_distance}"
+      )
     if max_distance is not None and max_distance < min_distance:
-      raise ValueError(f"max_distance {max_distance} < min_distance"
-                       f" {min_distance}")
+      raise ValueError(
+          f"max_distance {max_distance} < min_distance" f" {min_distance}"
+      )
     if direction not in ("both", "up", "down"):
-      raise ValueError(f"direction must be 'both', 'up' or 'down', got"
-                       f" {direction!r}")
+      raise ValueError(
+          f"direction must be 'both', 'up' or 'down', got" f" {direction!r}"
+      )
     if dense_target_offset is not None and (
-        int(dense_target_offset) != dense_target_offset):
-      raise ValueError(f"dense_target_offset must be a whole number or None,"
-                       f" got {dense_target_offset!r}")
-    self.dense_target_offset = (None if dense_target_offset is None
-                                else int(dense_target_offset))
+        int(dense_target_offset) != dense_target_offset
+    ):
+      raise ValueError(
+          f"dense_target_offset must be a whole number or None,"
+          f" got {dense_target_offset!r}"
+      )
+    self.dense_target_offset = (
+        None if dense_target_offset is None else int(dense_target_offset)
+    )
     self.line_size = line_size
     self.direction = direction
     self.expert_below = expert_below
@@ -130,8 +157,13 @@ class ToyEnv(base.TextEnv):
     if not 0 <= task_id < n:
       raise ValueError(f"task_id {task_id} out of range [0, {n}) for {split}")
     self._start, self._target = toy_task(
-        split, task_id, self.line_size, self.min_distance, self.max_distance,
-        self.direction)
+        split,
+        task_id,
+        self.line_size,
+        self.min_distance,
+        self.max_distance,
+        self.direction,
+    )
     self._x, self._t, self._done = self._start, 0, False
     self._task = f"reach the number {self._target}"
     return self._env_step(0.0, False, 0.0, True)
@@ -163,8 +195,10 @@ class ToyEnv(base.TextEnv):
       return None
     if abs(self._target - self._x) > self.max_steps - self._t:
       return None  # out of reach: lost
-    if self.expert_below is not None and max(
-        self._start, self._target) >= self.expert_below:
+    if (
+        self.expert_below is not None
+        and max(self._start, self._target) >= self.expert_below
+    ):
       return None  # a task past what this expert knows
     return "inc" if self._x < self._target else "dec"
 

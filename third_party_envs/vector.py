@@ -416,12 +416,12 @@ class VectorEnv:
     task_id, split = self._task_of[slot] or (None, None)
     where = dict(task_id=task_id, split=split, turn=self._turn[slot])
     try:
-      contract.check(out, self.env_name, self._env_class.__name__, cmd,
-                     **where)
+      contract.check(out, self.env_name, self._env_class.__name__, cmd, **where)
     except EnvError as e:
       return e
-    contract.warn_reward_range(out, self.env_name, self._env_class, cmd,
-                               **where)
+    contract.warn_reward_range(
+        out, self.env_name, self._env_class, cmd, **where
+    )
     return None
 
   def _finish(self, handle: StepHandle) -> None:

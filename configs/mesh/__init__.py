@@ -21,12 +21,20 @@ _AXES = ("data", "fsdp", "tensor")
 
 
 def make_mesh_config(
-    shape, *, num_hosts=0, devices_per_host=0, platform="",
-    device_memory_gb=0.0, arg=None,
+    shape,
+    *,
+    num_hosts=0,
+    devices_per_host=0,
+    platform="",
+    device_memory_gb=0.0,
+    arg=None,
 ) -> ml_collections.ConfigDict:
   axes = dict(zip(_AXES, shape))
-  layout = {"hosts": num_hosts, "devices_per_host": devices_per_host,
-            "device_memory_gb": device_memory_gb}
+  layout = {
+      "hosts": num_hosts,
+      "devices_per_host": devices_per_host,
+      "device_memory_gb": device_memory_gb,
+  }
   given = set()
   for item in (arg or "").split(","):
     if not item.strip():

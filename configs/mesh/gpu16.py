@@ -12,6 +12,10 @@ from configs.mesh import make_mesh_config
 
 def get_config(arg=None):
   return make_mesh_config(
-      (2, 8, 1), num_hosts=2, devices_per_host=8, platform="gpu",
-      device_memory_gb=80.0, arg=arg,
+      (2, 8, 1),
+      num_hosts=2,
+      devices_per_host=8,
+      platform="gpu",
+      device_memory_gb=80.0,
+      arg=arg,
   )

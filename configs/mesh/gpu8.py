@@ -8,6 +8,10 @@ from configs.mesh import make_mesh_config
 
 def get_config(arg=None):
   return make_mesh_config(
-      (1, 8, 1), num_hosts=1, devices_per_host=8, platform="gpu",
-      device_memory_gb=80.0, arg=arg,
+      (1, 8, 1),
+      num_hosts=1,
+      devices_per_host=8,
+      platform="gpu",
+      device_memory_gb=80.0,
+      arg=arg,
   )

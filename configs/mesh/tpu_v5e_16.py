@@ -8,6 +8,10 @@ from configs.mesh import make_mesh_config
 
 def get_config(arg=None):
   return make_mesh_config(
-      (1, 16, 1), num_hosts=4, devices_per_host=4, platform="tpu",
-      device_memory_gb=16.0, arg=arg,
+      (1, 16, 1),
+      num_hosts=4,
+      devices_per_host=4,
+      platform="tpu",
+      device_memory_gb=16.0,
+      arg=arg,
   )

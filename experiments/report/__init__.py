@@ -24,5 +24,10 @@ from report.main_table import env_report
 from report.spell import spell_report
 from report.study import study_report
 
-__all__ = ["ablation_report", "env_report", "nested_interval",
-           "spell_report", "study_report"]
+__all__ = [
+    "ablation_report",
+    "env_report",
+    "nested_interval",
+    "spell_report",
+    "study_report",
+]

@@ -19,8 +19,13 @@ import os
 from typing import Optional, Sequence
 
 from grid import ABLATION_PAPER_CELL, ABLATION_ROWS, ALGO_LABELS, ENV_LABELS
-from report.common import (cell_stats, fmt, load_plot_module, mean_std,
-                           save_figure)
+from report.common import (
+    cell_stats,
+    fmt,
+    load_plot_module,
+    mean_std,
+    save_figure,
+)
 from run_files import finished_runs, write_json, write_text
 
 REPEAT_METRIC = "rollout_repeated_states"
@@ -37,13 +42,21 @@ def run_mean(workdir: str, metric: str, phase: str = "A") -> Optional[float]:
 
 
 def report_name(env: str, algo: str) -> str:
-  return ("ablations" if (env, algo) == ABLATION_PAPER_CELL
-          else f"ablations_{env}_{algo}")
+  return (
+      "ablations"
+      if (env, algo) == ABLATION_PAPER_CELL
+      else f"ablations_{env}_{algo}"
+  )
 
 
-def ablation_report(root: str, env: str = "webshop", algo: str = "grpo",
-                    out_dir: str = "docs/results", echo: bool = True,
-                    archive: str = "") -> str:
+def ablation_report(
+    root: str,
+    env: str = "webshop",
+    algo: str = "grpo",
+    out_dir: str = "docs/results",
+    echo: bool = True,
+    archive: str = "",
+) -> str:
   """Writes the JSON/MD tables and the dense-only plot of the finished runs
   under root or in ``archive`` (experiments/run_archive.py); returns the MD
   path."""
@@ -52,25 +65,34 @@ def ablation_report(root: str, env: str = "webshop", algo: str = "grpo",
   for group, setting, variant, paper in ABLATION_ROWS:
     runs = finished_runs(root, env, algo, variant, archive)
     repeats = [run_mean(w, REPEAT_METRIC) for _, w in runs]
-    rows.append({
-        "group": group, "setting": setting, "variant": variant,
-        "paper_success": (paper if (env, algo) == ABLATION_PAPER_CELL
-                          else None),
-        **cell_stats(runs),
-        "repeated_states": mean_std([r for r in repeats if r is not None]),
-    })
-  dense_runs = [w for _, w in finished_runs(root, env, algo, "dense_only",
-                                            archive)]
+    rows.append(
+        {
+            "group": group,
+            "setting": setting,
+            "variant": variant,
+            "paper_success": (
+                paper if (env, algo) == ABLATION_PAPER_CELL else None
+            ),
+            **cell_stats(runs),
+            "repeated_states": mean_std([r for r in repeats if r is not None]),
+        }
+    )
+  dense_runs = [
+      w for _, w in finished_runs(root, env, algo, "dense_only", archive)
+  ]
   plot = None
   if dense_runs:
     plot = f"{name}_dense_only.png" if name != "ablations" else DENSE_PLOT
     if not dense_only_plot(dense_runs, os.path.join(out_dir, plot), echo):
       plot = None
   report = {
-      "env": env, "algo": algo, "root": os.path.abspath(root),
+      "env": env,
+      "algo": algo,
+      "root": os.path.abspath(root),
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
       "units": "percent; mean and std (ddof 0) over finished seeds",
-      "rows": rows, "dense_only_plot": plot,
+      "rows": rows,
+      "dense_only_plot": plot,
   }
   write_json(os.path.join(out_dir, f"{name}.json"), report)
   md_path = os.path.join(out_dir, f"{name}.md")
@@ -102,17 +124,24 @@ def ablation_markdown(report: dict) -> str:
     lines.append(
         f"| {r['group']} | {r['setting']} | {fmt(r['success'])} |"
         f" {fmt(r['score'])} | {r['n']} |"
-        f" {fmt(r['repeated_states'], 2)} | {paper} |")
+        f" {fmt(r['repeated_states'], 2)} | {paper} |"
+    )
   if report["dense_only_plot"]:
-    lines += ["", "## Dense reward alone", "",
-              "Dense reward and rollout success of the policy trained on the"
-              " dense reward only, by A step (mean ± std over seeds).", "",
-              f"![dense-only run]({report['dense_only_plot']})"]
+    lines += [
+        "",
+        "## Dense reward alone",
+        "",
+        "Dense reward and rollout success of the policy trained on the"
+        " dense reward only, by A step (mean ± std over seeds).",
+        "",
+        f"![dense-only run]({report['dense_only_plot']})",
+    ]
   return "\n".join(lines) + "\n"
 
 
-def dense_only_plot(runs: Sequence[str], out_path: str,
-                    echo: bool = True) -> bool:
+def dense_only_plot(
+    runs: Sequence[str], out_path: str, echo: bool = True
+) -> bool:
   """dense_reward_mean (left) and rollout_success_rate (right) by A step."""
   plot = load_plot_module()
   curves = {}
@@ -132,11 +161,19 @@ def dense_only_plot(runs: Sequence[str], out_path: str,
 
   fig, left = plt.subplots(figsize=(6.4, 4.0), dpi=120)
   right = left.twinx()
-  for ax, metric, color in ((left, "dense_reward_mean", "tab:orange"),
-                            (right, "rollout_success_rate", "tab:blue")):
+  for ax, metric, color in (
+      (left, "dense_reward_mean", "tab:orange"),
+      (right, "rollout_success_rate", "tab:blue"),
+  ):
     c = curves[metric]
-    ax.plot(c.x, c.mean, color=color, lw=1.6, label=metric,
-            marker="o" if len(c.x) == 1 else None)
+    ax.plot(
+        c.x,
+        c.mean,
+        color=color,
+        lw=1.6,
+        label=metric,
+        marker="o" if len(c.x) == 1 else None,
+    )
     if c.n_runs > 1:
       ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.2, lw=0)
     ax.set_ylabel(metric, color=color)

@@ -38,13 +38,17 @@ def mean_std(xs: Sequence[float]) -> dict:
 def cell_stats(runs: Sequence[tuple[int, str]]) -> dict:
   """Success / score (%) after training and at the start of RL."""
   finals = [json.load(open(os.path.join(w, FINAL))) for _, w in runs]
-  starts = [json.load(open(os.path.join(w, START))) for _, w in runs
-            if os.path.isfile(os.path.join(w, START))]
+  starts = [
+      json.load(open(os.path.join(w, START)))
+      for _, w in runs
+      if os.path.isfile(os.path.join(w, START))
+  ]
   configs = []
   for _, w in runs:
     p = os.path.join(w, RUN_JSON)
-    configs.append(json.load(open(p)).get("config") if os.path.isfile(p)
-                   else None)
+    configs.append(
+        json.load(open(p)).get("config") if os.path.isfile(p) else None
+    )
   return {
       "n": len(runs),
       "seeds": [s for s, _ in runs],
@@ -77,11 +81,18 @@ def load_plot_module():
   """launch/plot.py (installed as rspo_launch.plot), imported on first
   use (matplotlib loads with it)."""
   from rspo_launch import plot  # noqa: PLC0415
+
   return plot
 
 
-def plot_atomic(groups: dict[str, list[str]], metric: str, x: str,
-                out_path: str, echo: bool = True, **kw) -> bool:
+def plot_atomic(
+    groups: dict[str, list[str]],
+    metric: str,
+    x: str,
+    out_path: str,
+    echo: bool = True,
+    **kw,
+) -> bool:
   """plot_curves into ``out_path`` via a tmp file; False when skipped."""
   groups = {k: v for k, v in groups.items() if v}
   if not groups:
@@ -103,6 +114,7 @@ def save_figure(fig, out_path: str) -> None:
   """Writes a matplotlib figure as a PNG to ``out_path`` via a tmp file
   (a reader never sees half a file) and closes it."""
   import matplotlib.pyplot as plt  # noqa: PLC0415  (loaded with the figure)
+
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   tmp = out_path + ".tmp"
   fig.savefig(tmp, format="png")
@@ -124,7 +136,8 @@ def decodings(sampled) -> tuple:
   """(label, start file, final file): greedy, then each of ``sampled``'s
   (label, tag, temperature)."""
   return (("greedy", START, FINAL),) + tuple(
-      (label, *sampled_names(tag)) for label, tag, _ in sampled)
+      (label, *sampled_names(tag)) for label, tag, _ in sampled
+  )
 
 
 def outcomes(paths: Sequence[str]):
@@ -166,10 +179,12 @@ def decoding_intervals(x, start, base, seed: int) -> dict:
   if start is not None and x is not None and x.shape[1] != start.shape[1]:
     start = None  # another goal set: no pairing
   return {
-      "success": None if x is None else pct(
-          intervals.success_interval(x, seed=seed)),
-      "final_minus_start": None if x is None or start is None else pct(
-          intervals.paired_difference(x, start[0], seed=seed)),
+      "success": None
+      if x is None
+      else pct(intervals.success_interval(x, seed=seed)),
+      "final_minus_start": None
+      if x is None or start is None
+      else pct(intervals.paired_difference(x, start[0], seed=seed)),
       "minus_baseline": difference(x, base, seed),
   }
 
@@ -178,14 +193,19 @@ def start_intervals(starts: dict, seed: int) -> dict:
   """{decoding: the shared warm start's success interval (%) or None}."""
   from rspo_jax import intervals  # noqa: PLC0415
 
-  return {d: None if x is None else pct(
-      intervals.success_interval(x[0], seed=seed))
-      for d, x in starts.items()}
+  return {
+      d: None if x is None else pct(intervals.success_interval(x[0], seed=seed))
+      for d, x in starts.items()
+  }
 
 
-def nested_interval(groups: Sequence[Sequence[float]], *, seed: int = 0,
-                    num_draws: int = 2000, level: float = 0.95
-                    ) -> Optional[dict]:
+def nested_interval(
+    groups: Sequence[Sequence[float]],
+    *,
+    seed: int = 0,
+    num_draws: int = 2000,
+    level: float = 0.95,
+) -> Optional[dict]:
   """Mean over groups (training seeds) of each group's mean (its loops or
   steps), with a percentile bootstrap interval: groups resampled, then
   values within each drawn group; None without values."""
@@ -201,16 +221,24 @@ def nested_interval(groups: Sequence[Sequence[float]], *, seed: int = 0,
       draws[rows] += g[rng.integers(0, len(g), (rows.sum(), len(g)))].mean(1)
   draws /= len(groups)
   lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
-  return {"mean": float(np.mean([g.mean() for g in groups])),
-          "lo": float(lo), "hi": float(hi), "level": level,
-          "draws": num_draws, "n_groups": len(groups),
-          "n_values": int(sum(len(g) for g in groups))}
+  return {
+      "mean": float(np.mean([g.mean() for g in groups])),
+      "lo": float(lo),
+      "hi": float(hi),
+      "level": level,
+      "draws": num_draws,
+      "n_groups": len(groups),
+      "n_values": int(sum(len(g) for g in groups)),
+  }
 
 
-def other_config_seeds(configs: dict, spec: Callable, extra: str
-                       ) -> list[int]:
+def other_config_seeds(configs: dict, spec: Callable, extra: str) -> list[int]:
   """The seeds of ``configs`` ({seed: run.json's config}) trained with
   another config (config_key) than ``spec(seed).config_arg(extra)``, the
   grid's (run names do not hold the overrides)."""
-  return [s for s, c in configs.items() if c is not None
-          and config_key(c) != config_key(spec(s).config_arg(extra))]
+  return [
+      s
+      for s, c in configs.items()
+      if c is not None
+      and config_key(c) != config_key(spec(s).config_arg(extra))
+  ]

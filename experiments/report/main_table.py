@@ -14,16 +14,26 @@ import os
 import re
 from typing import Iterable, Sequence
 
-from grid import (ALGO_LABELS, ALGOS, ENV_LABELS, MAIN_VARIANTS,
-                  PAPER_SUCCESS)
-from report.common import (CURVE_METRIC, X_AXES, archive_note,
-                           cell_stats, fmt, plot_atomic)
+from grid import (ALGO_LABELS, ALGOS, ENV_LABELS, MAIN_VARIANTS, PAPER_SUCCESS)
+from report.common import (
+    CURVE_METRIC,
+    X_AXES,
+    archive_note,
+    cell_stats,
+    fmt,
+    plot_atomic,
+)
 from run_files import finished_runs, run_config, write_json, write_text
 
 
-def env_report(root: str, env: str, out_dir: str,
-               algos: Sequence[str] = ALGOS, echo: bool = True,
-               archive: str = "") -> dict:
+def env_report(
+    root: str,
+    env: str,
+    out_dir: str,
+    algos: Sequence[str] = ALGOS,
+    echo: bool = True,
+    archive: str = "",
+) -> dict:
   """Writes <env>.json, <env>.md and the curves of the finished runs under
   root or in ``archive``; returns the JSON object."""
   cells, curves = [], {}
@@ -31,28 +41,47 @@ def env_report(root: str, env: str, out_dir: str,
     groups = {}
     for variant in MAIN_VARIANTS:
       runs = finished_runs(root, env, algo, variant, archive)
-      label = ALGO_LABELS[algo] if variant == "baseline" else (
-          f"RSPO+{ALGO_LABELS[algo]}")
-      cells.append({"algo": algo, "variant": variant, "label": label,
-                    "paper_success": PAPER_SUCCESS.get((env, algo, variant)),
-                    **cell_stats(runs)})
+      label = (
+          ALGO_LABELS[algo]
+          if variant == "baseline"
+          else (f"RSPO+{ALGO_LABELS[algo]}")
+      )
+      cells.append(
+          {
+              "algo": algo,
+              "variant": variant,
+              "label": label,
+              "paper_success": PAPER_SUCCESS.get((env, algo, variant)),
+              **cell_stats(runs),
+          }
+      )
       groups[label] = [w for _, w in runs]
     for x in X_AXES:
       name = f"{env}_{algo}_{x}.png"
-      if plot_atomic(groups, CURVE_METRIC, x, os.path.join(out_dir, name),
-                     echo=echo, phase="A", band="std",
-                     title=f"{ENV_LABELS[env]} {ALGO_LABELS[algo]}: "
-                     "rollout success"):
+      if plot_atomic(
+          groups,
+          CURVE_METRIC,
+          x,
+          os.path.join(out_dir, name),
+          echo=echo,
+          phase="A",
+          band="std",
+          title=f"{ENV_LABELS[env]} {ALGO_LABELS[algo]}: " "rollout success",
+      ):
         curves.setdefault(algo, []).append(name)
   report = {
-      "env": env, "root": os.path.abspath(root),
+      "env": env,
+      "root": os.path.abspath(root),
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
       "archive": os.path.abspath(archive) if archive else None,
       "units": "percent; mean and std (ddof 0) over finished seeds",
       "dense_reward": dense_rewards(
-          w for algo in algos
-          for _, w in finished_runs(root, env, algo, "rspo", archive)),
-      "cells": cells, "curves": curves,
+          w
+          for algo in algos
+          for _, w in finished_runs(root, env, algo, "rspo", archive)
+      ),
+      "cells": cells,
+      "curves": curves,
   }
   write_json(os.path.join(out_dir, f"{env}.json"), report)
   write_text(os.path.join(out_dir, f"{env}.md"), env_markdown(report))
@@ -81,12 +110,16 @@ def dense_rewards(workdirs: Iterable[str]) -> list[str]:
 def _dense_note(report: dict) -> str:
   dense = report.get("dense_reward") or []
   if not dense:
-    return ("RSPO's dense reward: unknown (no finished RSPO run with its"
-            " config in run.json).")
-  return ("RSPO's agent B trained on the dense reward "
-          + " / ".join(f"`rspo.dense_reward={d}`" for d in dense)
-          + " (oracle: the environment's own progress score; prm: a"
-          " learned process reward model).")
+    return (
+        "RSPO's dense reward: unknown (no finished RSPO run with its"
+        " config in run.json)."
+    )
+  return (
+      "RSPO's agent B trained on the dense reward "
+      + " / ".join(f"`rspo.dense_reward={d}`" for d in dense)
+      + " (oracle: the environment's own progress score; prm: a"
+      " learned process reward model)."
+  )
 
 
 def env_markdown(report: dict) -> str:
@@ -109,15 +142,23 @@ def env_markdown(report: dict) -> str:
   ]
   for c in report["cells"]:
     paper = "—" if c["paper_success"] is None else f"{c['paper_success']:.1f}"
-    lines.append(f"| {c['label']} | {fmt(c['success'])} | {fmt(c['score'])}"
-                 f" | {c['n']} | {fmt(c['start_success'])} | {paper} |")
+    lines.append(
+        f"| {c['label']} | {fmt(c['success'])} | {fmt(c['score'])}"
+        f" | {c['n']} | {fmt(c['start_success'])} | {paper} |"
+    )
   if report["curves"]:
-    lines += ["", "## Learning curves", "",
-              "Rollout success rate of A's training batches (phase 'A'),"
-              " mean ± std over seeds, by A's step and by environment steps"
-              " (all roles, B's included).", ""]
+    lines += [
+        "",
+        "## Learning curves",
+        "",
+        "Rollout success rate of A's training batches (phase 'A'),"
+        " mean ± std over seeds, by A's step and by environment steps"
+        " (all roles, B's included).",
+        "",
+    ]
     for algo, names in report["curves"].items():
       for name in names:
-        lines.append(f"![{ALGO_LABELS[algo]} vs RSPO+{ALGO_LABELS[algo]}]"
-                     f"({name})")
+        lines.append(
+            f"![{ALGO_LABELS[algo]} vs RSPO+{ALGO_LABELS[algo]}]" f"({name})"
+        )
   return "\n".join(lines) + "\n"

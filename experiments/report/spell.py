@@ -90,16 +90,47 @@ from typing import Optional, Sequence
 import numpy as np
 
 import run_archive as ra
-from grid import (DENSE, EQUAL_ENV_STEPS, PARTIAL_M, SAMPLED,
-                  SPARSE_OVERRIDES, SPARSE_VARIANTS, SPELL_ALGO, SPELL_ENV,
-                  SPELL_OVERRIDES, SPELL_SAMPLED, SPELL_VARIANTS, sparse_grid,
-                  spell_grid, spell_length, spell_name, with_rl_extra)
-from report.common import (X_AXES, archive_note, decoding_intervals,
-                           decodings, difference, fmt_ci, load_plot_module,
-                           nested_interval, other_config_seeds, outcomes, pct,
-                           plot_atomic, save_figure, start_intervals)
-from run_files import (finished_runs, run_config, warm_start_workdir,
-                       write_json, write_text)
+from grid import (
+    DENSE,
+    EQUAL_ENV_STEPS,
+    PARTIAL_M,
+    SAMPLED,
+    SPARSE_OVERRIDES,
+    SPARSE_VARIANTS,
+    SPELL_ALGO,
+    SPELL_ENV,
+    SPELL_OVERRIDES,
+    SPELL_SAMPLED,
+    SPELL_VARIANTS,
+    sparse_grid,
+    spell_grid,
+    spell_length,
+    spell_name,
+    with_rl_extra,
+)
+from report.common import (
+    X_AXES,
+    archive_note,
+    decoding_intervals,
+    decodings,
+    difference,
+    fmt_ci,
+    load_plot_module,
+    nested_interval,
+    other_config_seeds,
+    outcomes,
+    pct,
+    plot_atomic,
+    save_figure,
+    start_intervals,
+)
+from run_files import (
+    finished_runs,
+    run_config,
+    warm_start_workdir,
+    write_json,
+    write_text,
+)
 
 LABELS = {
     "baseline": "GiGPO",
@@ -126,34 +157,67 @@ LABELS = {
 NOPEN = ", no invalid-action penalty"
 LABELS.update(
     baseline_long=f"GiGPO, {EQUAL_ENV_STEPS} A steps (RSPO's environment"
-                  " steps)",
+    " steps)",
     baseline_long_nopen=f"GiGPO, {EQUAL_ENV_STEPS} A steps (RSPO's"
-                        f" environment steps){NOPEN}",
-    rspo_o_nopen=f"RSPO_O+GiGPO (B on the outcome){NOPEN}")
+    f" environment steps){NOPEN}",
+    rspo_o_nopen=f"RSPO_O+GiGPO (B on the outcome){NOPEN}",
+)
 for _m in PARTIAL_M:
   for _pen, _tail in (("", ""), ("_nopen", NOPEN)):
     LABELS[f"dense_only_partial{_m}{_pen}"] = (
-        f"Dense only (partial, m = {_m}){_tail}")
+        f"Dense only (partial, m = {_m}){_tail}"
+    )
     LABELS[f"rspo_partial{_m}{_pen}"] = (
-        f"RSPO+GiGPO (partial, m = {_m}), k = 10{_tail}")
-PARTIAL_RSPO = tuple(f"rspo_partial{m}{pen}" for pen in ("_nopen", "")
-                     for m in PARTIAL_M)
-PARTIAL_DENSE = tuple(f"dense_only_partial{m}{pen}" for pen in ("_nopen", "")
-                      for m in PARTIAL_M)
-RSPO_CELLS = ("rspo", "rspo_misaligned", "rspo_decoy", "rspo_o", "rspo_k3",
-              "rspo_k30", "rspo_decoy_nopen", "rspo_nopen", "rspo_o_nopen",
-              *PARTIAL_RSPO, "rspo_lora", "rspo_grpo", "rspo_grpo_lora")
+        f"RSPO+GiGPO (partial, m = {_m}), k = 10{_tail}"
+    )
+PARTIAL_RSPO = tuple(
+    f"rspo_partial{m}{pen}" for pen in ("_nopen", "") for m in PARTIAL_M
+)
+PARTIAL_DENSE = tuple(
+    f"dense_only_partial{m}{pen}" for pen in ("_nopen", "") for m in PARTIAL_M
+)
+RSPO_CELLS = (
+    "rspo",
+    "rspo_misaligned",
+    "rspo_decoy",
+    "rspo_o",
+    "rspo_k3",
+    "rspo_k30",
+    "rspo_decoy_nopen",
+    "rspo_nopen",
+    "rspo_o_nopen",
+    *PARTIAL_RSPO,
+    "rspo_lora",
+    "rspo_grpo",
+    "rspo_grpo_lora",
+)
 # The cell each one's "− base" column is taken against: the base algorithm
 # with the same penalty and the same LoRA setting; every other cell's is
 # GiGPO ("baseline").
-BASES = {"rspo_decoy_nopen": "baseline_nopen", "rspo_nopen": "baseline_nopen",
-         "rspo_lora": "baseline_lora", "grpo_lora": "grpo",
-         "rspo_grpo": "grpo", "rspo_grpo_lora": "grpo_lora",
-         **{v: "baseline_nopen" for v in (
-             "baseline_long_nopen", "rspo_o_nopen", *PARTIAL_RSPO,
-             *PARTIAL_DENSE) if v.endswith("_nopen")}}
-DENSE_ONLY_CELLS = ("dense_only", "dense_only_misaligned", "dense_only_decoy",
-                    *PARTIAL_DENSE)
+BASES = {
+    "rspo_decoy_nopen": "baseline_nopen",
+    "rspo_nopen": "baseline_nopen",
+    "rspo_lora": "baseline_lora",
+    "grpo_lora": "grpo",
+    "rspo_grpo": "grpo",
+    "rspo_grpo_lora": "grpo_lora",
+    **{
+        v: "baseline_nopen"
+        for v in (
+            "baseline_long_nopen",
+            "rspo_o_nopen",
+            *PARTIAL_RSPO,
+            *PARTIAL_DENSE,
+        )
+        if v.endswith("_nopen")
+    },
+}
+DENSE_ONLY_CELLS = (
+    "dense_only",
+    "dense_only_misaligned",
+    "dense_only_decoy",
+    *PARTIAL_DENSE,
+)
 # Issue 50 item 2: each RSPO cell against GiGPO at RSPO's environment
 # steps (B's included: the 60-step cell) and against the dense reward it
 # gives B, alone (None: no such cell). rspo cell -> (GiGPO long, dense).
@@ -164,40 +228,69 @@ EQUAL_COST = {
     "rspo_nopen": ("baseline_long_nopen", None),
     "rspo_decoy_nopen": ("baseline_long_nopen", None),
     "rspo_o_nopen": ("baseline_long_nopen", None),
-    **{v: ("baseline_long" + ("_nopen" if v.endswith("_nopen") else ""),
-           v.replace("rspo_", "dense_only_", 1)) for v in PARTIAL_RSPO},
+    **{
+        v: (
+            "baseline_long" + ("_nopen" if v.endswith("_nopen") else ""),
+            v.replace("rspo_", "dense_only_", 1),
+        )
+        for v in PARTIAL_RSPO
+    },
 }
 # (a, b, what a - b answers), besides every cell - its base.
 CONTRASTS = (
     ("rspo", "rspo_o", "what B's dense reward adds to RSPO's extra data"),
     ("rspo", "rspo_misaligned", "aligned vs misaligned dense reward in RSPO"),
-    ("rspo_misaligned", "dense_only_misaligned",
-     "RSPO vs the misaligned dense reward alone"),
-    ("dense_only", "dense_only_misaligned",
-     "aligned vs misaligned, dense reward alone"),
-    ("rspo_decoy", "dense_only_decoy",
-     "RSPO vs the decoy dense reward alone"),
+    (
+        "rspo_misaligned",
+        "dense_only_misaligned",
+        "RSPO vs the misaligned dense reward alone",
+    ),
+    (
+        "dense_only",
+        "dense_only_misaligned",
+        "aligned vs misaligned, dense reward alone",
+    ),
+    ("rspo_decoy", "dense_only_decoy", "RSPO vs the decoy dense reward alone"),
     ("rspo", "rspo_k3", "B's steps a loop: k = 10 vs k = 3"),
     ("rspo_k30", "rspo", "B's steps a loop: k = 30 vs k = 10"),
-    ("rspo_decoy_nopen", "baseline_nopen",
-     "RSPO (decoy) - GiGPO, both without the invalid-action penalty"),
+    (
+        "rspo_decoy_nopen",
+        "baseline_nopen",
+        "RSPO (decoy) - GiGPO, both without the invalid-action penalty",
+    ),
     ("baseline_nopen", "baseline", "GiGPO without vs with the penalty"),
-    ("rspo_nopen", "baseline_nopen",
-     "RSPO+GiGPO - GiGPO, both without the invalid-action penalty"),
+    (
+        "rspo_nopen",
+        "baseline_nopen",
+        "RSPO+GiGPO - GiGPO, both without the invalid-action penalty",
+    ),
     ("rspo_nopen", "rspo", "RSPO+GiGPO without vs with the penalty"),
-    ("rspo_decoy_nopen", "rspo_decoy",
-     "RSPO (decoy) without vs with the penalty"),
+    (
+        "rspo_decoy_nopen",
+        "rspo_decoy",
+        "RSPO (decoy) without vs with the penalty",
+    ),
     ("baseline_lora3e3", "baseline_lora", "LoRA at lr 3e-3 vs 1e-3"),
     ("rspo_lora", "rspo", "LoRA - full fine-tuning, RSPO+GiGPO"),
     ("grpo", "baseline", "GRPO - GiGPO"),
     ("rspo_grpo_lora", "rspo_grpo", "LoRA - full fine-tuning, RSPO+GRPO"),
-    ("baseline_long_nopen", "baseline_nopen",
-     f"GiGPO: {EQUAL_ENV_STEPS} vs 30 A steps, no penalty"),
+    (
+        "baseline_long_nopen",
+        "baseline_nopen",
+        f"GiGPO: {EQUAL_ENV_STEPS} vs 30 A steps, no penalty",
+    ),
     ("baseline_long", "baseline", f"GiGPO: {EQUAL_ENV_STEPS} vs 30 A steps"),
-    *((v, f"rspo_o{pen}", "what B's partly misleading dense reward adds"
-       " to RSPO's extra data")
-      for v, pen in ((v, "_nopen" if v.endswith("_nopen") else "")
-                     for v in PARTIAL_RSPO)),
+    *(
+        (
+            v,
+            f"rspo_o{pen}",
+            "what B's partly misleading dense reward adds"
+            " to RSPO's extra data",
+        )
+        for v, pen in (
+            (v, "_nopen" if v.endswith("_nopen") else "") for v in PARTIAL_RSPO
+        )
+    ),
 )
 
 
@@ -239,8 +332,9 @@ def _rows(workdir: str, phase: str) -> list[dict]:
 def lift_values(workdir: str) -> dict[str, list[float]]:
   """{key: [value of each loop]} of a run's B_collect rows (LIFT_KEYS)."""
   rows = _rows(workdir, "B_collect")
-  return {k: [float(r[k]) for r in rows if r.get(k) is not None]
-          for k in LIFT_KEYS}
+  return {
+      k: [float(r[k]) for r in rows if r.get(k) is not None] for k in LIFT_KEYS
+  }
 
 
 def a_series(workdir: str, key: str, scale: float = 1.0) -> list[float]:
@@ -253,33 +347,57 @@ def _ci_pct(ci: Optional[dict]) -> Optional[dict]:
   return None if ci is None else pct(ci)
 
 
-def _other_config_seeds(env: str, variant: str, configs: dict, extra: str,
-                        rl_extra: str) -> list[int]:
+def _other_config_seeds(
+    env: str, variant: str, configs: dict, extra: str, rl_extra: str
+) -> list[int]:
   grid = spell_grid if env == SPELL_ENV else sparse_grid
-  return other_config_seeds(configs, lambda s: with_rl_extra(
-      grid(seeds=[s], variants=[variant])[0], rl_extra), extra)
+  return other_config_seeds(
+      configs,
+      lambda s: with_rl_extra(grid(seeds=[s], variants=[variant])[0], rl_extra),
+      extra,
+  )
 
 
 def _study(env: str, root: str, extra: str) -> dict:
   """What differs between the spell study and WebShop's sparse one."""
   if env == SPELL_ENV:
     world = spell_name(extra)
-    return {"name": f"study_spell_{world}", "world": world,
-            "length": spell_length(extra), "variants": tuple(SPELL_VARIANTS),
-            "overrides": SPELL_OVERRIDES, "sampled": SPELL_SAMPLED,
-            "tasks": "words", "grid": "--grid spell",
-            "title": f"Spell, {world}"}
+    return {
+        "name": f"study_spell_{world}",
+        "world": world,
+        "length": spell_length(extra),
+        "variants": tuple(SPELL_VARIANTS),
+        "overrides": SPELL_OVERRIDES,
+        "sampled": SPELL_SAMPLED,
+        "tasks": "words",
+        "grid": "--grid spell",
+        "title": f"Spell, {world}",
+    }
   world = os.path.basename(os.path.abspath(root))
-  return {"name": f"study_{world}", "world": world, "length": 1,
-          "variants": SPARSE_VARIANTS, "overrides": SPARSE_OVERRIDES,
-          "sampled": SAMPLED, "tasks": "goals",
-          "grid": f"--grid sparse --root runs/{world}",
-          "title": "WebShop, sparse outcomes"}
+  return {
+      "name": f"study_{world}",
+      "world": world,
+      "length": 1,
+      "variants": SPARSE_VARIANTS,
+      "overrides": SPARSE_OVERRIDES,
+      "sampled": SAMPLED,
+      "tasks": "goals",
+      "grid": f"--grid sparse --root runs/{world}",
+      "title": "WebShop, sparse outcomes",
+  }
 
 
-def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
-                 extra: str = "", rl_extra: str = "", archive: str = "",
-                 seed: int = 0, echo: bool = True) -> dict:
+def spell_report(
+    root: str,
+    out_dir: str,
+    *,
+    env: str = SPELL_ENV,
+    extra: str = "",
+    rl_extra: str = "",
+    archive: str = "",
+    seed: int = 0,
+    echo: bool = True,
+) -> dict:
   """Writes ``study_spell_<world>.{json,md}`` (``spell_name``: L4_D1;
   ``env="webshop"``: ``study_<root's name>``, WebShop's sparse study) and
   its curves into ``out_dir`` from the finished runs under ``root`` (else
@@ -291,12 +409,13 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
   length, world, name = study["length"], study["world"], study["name"]
   variants, decs = study["variants"], decodings(study["sampled"])
   ws = warm_start_workdir(root, env)
-  starts = {d: outcomes([ra.find_file(ws, archive, s)])
-            for d, s, _ in decs}
-  runs = {v: finished_runs(root, env, SPELL_ALGO, v, archive)
-          for v in variants}
-  finals = {(v, d): outcomes([os.path.join(w, f) for _, w in runs[v]])
-            for v in variants for d, _, f in decs}
+  starts = {d: outcomes([ra.find_file(ws, archive, s)]) for d, s, _ in decs}
+  runs = {v: finished_runs(root, env, SPELL_ALGO, v, archive) for v in variants}
+  finals = {
+      (v, d): outcomes([os.path.join(w, f) for _, w in runs[v]])
+      for v in variants
+      for d, _, f in decs
+  }
 
   def diff(a, b):
     return difference(a, b, seed)
@@ -305,51 +424,83 @@ def spell_report(root: str, out_dir: str, *, env: str = SPELL_ENV,
   for v in variants:
     configs = {s: run_config(w) for s, w in runs[v]}
     base = None if v == "baseline" else base_of(v)
-    cell = {"variant": v, "label": LABELS[v], "n": len(runs[v]),
-            "base": base,
-            "seeds": [s for s, _ in runs[v]],
-            "configs": sorted(set(configs.values()) - {None}),
-            "other_config_seeds": _other_config_seeds(env, v, configs,
-                                                      extra, rl_extra)}
+    cell = {
+        "variant": v,
+        "label": LABELS[v],
+        "n": len(runs[v]),
+        "base": base,
+        "seeds": [s for s, _ in runs[v]],
+        "configs": sorted(set(configs.values()) - {None}),
+        "other_config_seeds": _other_config_seeds(
+            env, v, configs, extra, rl_extra
+        ),
+    }
     for d, _, _ in decs:
       cell[d] = decoding_intervals(
-          finals[v, d], starts[d],
-          None if base is None else finals[base, d], seed)
+          finals[v, d],
+          starts[d],
+          None if base is None else finals[base, d],
+          seed,
+      )
     wds = [w for _, w in runs[v]]
-    cell["early_success"] = _ci_pct(nested_interval(
-        [a_series(w, "rollout_success_rate")[:EARLY_STEPS] for w in wds],
-        seed=seed))
+    cell["early_success"] = _ci_pct(
+        nested_interval(
+            [a_series(w, "rollout_success_rate")[:EARLY_STEPS] for w in wds],
+            seed=seed,
+        )
+    )
     if v in RSPO_CELLS:
       lifts = [lift_values(w) for w in wds]
-      cell["b_lift"] = {k: nested_interval([lv[k] for lv in lifts],
-                                           seed=seed) for k in LIFT_KEYS}
+      cell["b_lift"] = {
+          k: nested_interval([lv[k] for lv in lifts], seed=seed)
+          for k in LIFT_KEYS
+      }
       cell["b_lift"]["b_lift_success"] = _ci_pct(
-          cell["b_lift"]["b_lift_success"])
+          cell["b_lift"]["b_lift_success"]
+      )
     if v in DENSE_ONLY_CELLS or v == "baseline":
       cell["hacking"] = _hacking(wds, length, seed)
     cells.append(cell)
-  contrasts = [{"a": a, "b": b, "question": q, **{
-      d: diff(finals[a, d], finals[b, d]) for d, _, _ in decs}}
-      for a, b, q in CONTRASTS if a in variants and b in variants]
+  contrasts = [
+      {
+          "a": a,
+          "b": b,
+          "question": q,
+          **{d: diff(finals[a, d], finals[b, d]) for d, _, _ in decs},
+      }
+      for a, b, q in CONTRASTS
+      if a in variants and b in variants
+  ]
   by_variant = {c["variant"]: c for c in cells}
-  equal_cost = [_equal_cost(v, by_variant, finals, decs, diff)
-                for v in EQUAL_COST if v in variants and runs[v]]
+  equal_cost = [
+      _equal_cost(v, by_variant, finals, decs, diff)
+      for v in EQUAL_COST
+      if v in variants and runs[v]
+  ]
   curves = _curves(runs, out_dir, name, study["title"], echo)
   curves += _figure3(runs, length, out_dir, name, study["title"], echo)
   report = {
-      "env": env, "algo": SPELL_ALGO, "word_length": length,
-      "world": world, "title": study["title"], "tasks": study["tasks"],
-      "grid": study["grid"], "decodings": [d for d, _, _ in decs],
+      "env": env,
+      "algo": SPELL_ALGO,
+      "word_length": length,
+      "world": world,
+      "title": study["title"],
+      "tasks": study["tasks"],
+      "grid": study["grid"],
+      "decodings": [d for d, _, _ in decs],
       "extra": extra.removeprefix(study["overrides"]).strip(","),
       "root": os.path.abspath(root),
       "archive": os.path.abspath(archive) if archive else None,
       "generated": datetime.datetime.now().isoformat(timespec="seconds"),
       "units": "percent (success) and points (differences); dense return "
-               "in units of a won episode's (1); 95 % bootstrap intervals",
+      "in units of a won episode's (1); 95 % bootstrap intervals",
       "overrides": ",".join(p for p in (extra, rl_extra) if p),
-      "rl_extra": rl_extra, "dense_reward": DENSE,
+      "rl_extra": rl_extra,
+      "dense_reward": DENSE,
       "start": start_intervals(starts, seed),
-      "cells": cells, "contrasts": contrasts, "equal_cost": equal_cost,
+      "cells": cells,
+      "contrasts": contrasts,
+      "equal_cost": equal_cost,
       "curves": curves,
   }
   md = os.path.join(out_dir, f"{name}.md")
@@ -373,13 +524,16 @@ def _equal_cost(v: str, cells: dict, finals: dict, decs, diff) -> dict:
         others[o] = cells[o][d]["success"]["mean"]
     best = max(others, key=others.get) if others else None
     out[d] = {
-        "minus_long": None if long not in others else diff(
-            finals[v, d], finals[long, d]),
-        "minus_dense": None if dense not in others else diff(
-            finals[v, d], finals[dense, d]),
+        "minus_long": None
+        if long not in others
+        else diff(finals[v, d], finals[long, d]),
+        "minus_dense": None
+        if dense not in others
+        else diff(finals[v, d], finals[dense, d]),
         "best": best,
-        "minus_best": None if best is None else diff(finals[v, d],
-                                                     finals[best, d]),
+        "minus_best": None
+        if best is None
+        else diff(finals[v, d], finals[best, d]),
     }
   return out
 
@@ -387,8 +541,9 @@ def _equal_cost(v: str, cells: dict, finals: dict, decs, diff) -> dict:
 PEAK_WINDOW = 3  # A steps averaged before a run's success peak is read
 
 
-def peak(series: Sequence[float], window: int = PEAK_WINDOW
-         ) -> tuple[float, int]:
+def peak(
+    series: Sequence[float], window: int = PEAK_WINDOW
+) -> tuple[float, int]:
   """(max, its A step) of the trailing ``window``-step mean of a run's
   series (step 1 = the first value); the first step of ties."""
   y = np.asarray(series, np.float64)
@@ -409,9 +564,10 @@ def _hacking(workdirs: Sequence[str], length: int, seed: int) -> dict:
   step of the runs' peaks): a rise then a fall puts the peak above
   both ends."""
   out = {}
-  for key, scale, unit in (("rollout_success_rate", 100.0, "success"),
-                           ("dense_reward_mean", float(length),
-                            "dense_return")):
+  for key, scale, unit in (
+      ("rollout_success_rate", 100.0, "success"),
+      ("dense_reward_mean", float(length), "dense_return"),
+  ):
     series = [a_series(w, key, scale) for w in workdirs]
     series = [s for s in series if len(s) >= 2 * EDGE_STEPS]
     first = [s[:EDGE_STEPS] for s in series]
@@ -420,38 +576,58 @@ def _hacking(workdirs: Sequence[str], length: int, seed: int) -> dict:
         "first": nested_interval(first, seed=seed),
         "last": nested_interval(last, seed=seed),
         "change": nested_interval(
-            [[np.mean(b) - np.mean(a)] for a, b in zip(first, last)],
-            seed=seed),
+            [[np.mean(b) - np.mean(a)] for a, b in zip(first, last)], seed=seed
+        ),
     }
     peaks = [peak(s) for s in series]
     out[unit]["peak"] = nested_interval([[p] for p, _ in peaks], seed=seed)
-    out[unit]["peak_step"] = (float(np.median([j for _, j in peaks]))
-                              if peaks else None)
+    out[unit]["peak_step"] = (
+        float(np.median([j for _, j in peaks])) if peaks else None
+    )
   return out
 
 
-def _curves(runs: dict, out_dir: str, name: str, title: str,
-            echo: bool) -> list[str]:
+def _curves(
+    runs: dict, out_dir: str, name: str, title: str, echo: bool
+) -> list[str]:
   groups = {LABELS[v]: [w for _, w in r] for v, r in runs.items() if r}
   made = []
   for xa in X_AXES:
     png = f"{name}_success_{xa}.png"
-    if plot_atomic(groups, "rollout_success_rate", xa,
-                   os.path.join(out_dir, png), echo=echo, phase="A",
-                   band="std", title=f"{title}: A's rollout success"):
+    if plot_atomic(
+        groups,
+        "rollout_success_rate",
+        xa,
+        os.path.join(out_dir, png),
+        echo=echo,
+        phase="A",
+        band="std",
+        title=f"{title}: A's rollout success",
+    ):
       made.append(png)
-  dense = {LABELS[v]: groups[LABELS[v]]
-           for v in ("baseline",) + DENSE_ONLY_CELLS if runs.get(v)}
+  dense = {
+      LABELS[v]: groups[LABELS[v]]
+      for v in ("baseline",) + DENSE_ONLY_CELLS
+      if runs.get(v)
+  }
   png = f"{name}_dense_step.png"
-  if plot_atomic(dense, "dense_reward_mean", "step",
-                 os.path.join(out_dir, png), echo=echo, phase="A",
-                 band="std", title=f"{title}: dense reward per turn"):
+  if plot_atomic(
+      dense,
+      "dense_reward_mean",
+      "step",
+      os.path.join(out_dir, png),
+      echo=echo,
+      phase="A",
+      band="std",
+      title=f"{title}: dense reward per turn",
+  ):
     made.append(png)
   return made
 
 
-def _figure3(runs: dict, length: int, out_dir: str, name: str, title: str,
-             echo: bool) -> list[str]:
+def _figure3(
+    runs: dict, length: int, out_dir: str, name: str, title: str, echo: bool
+) -> list[str]:
   """The paper's Figure 3 for the dense-only cells of the partly
   misleading reward (PARTIAL_DENSE), one figure without the penalty and
   one with it: dense return (L x dense reward per turn, solid) and
@@ -460,16 +636,22 @@ def _figure3(runs: dict, length: int, out_dir: str, name: str, title: str,
   rises while success falls."""
   made = []
   for tag, pen in (("", "_nopen"), ("_penalty", "")):
-    groups = {f"m = {m}": [w for _, w in runs[v]] for m, v in (
-        (m, f"dense_only_partial{m}{pen}") for m in PARTIAL_M)
-        if runs.get(v)}
+    groups = {
+        f"m = {m}": [w for _, w in runs[v]]
+        for m, v in ((m, f"dense_only_partial{m}{pen}") for m in PARTIAL_M)
+        if runs.get(v)
+    }
     if not groups:
       continue
     png = f"{name}_figure3{tag}_step.png"
     try:
-      figure3(groups, length, os.path.join(out_dir, png),
-              f"{title}: the dense reward alone"
-              + (" (no invalid-action penalty)" if pen else ""))
+      figure3(
+          groups,
+          length,
+          os.path.join(out_dir, png),
+          f"{title}: the dense reward alone"
+          + (" (no invalid-action penalty)" if pen else ""),
+      )
     except ValueError as e:
       if echo:
         print(json.dumps({"plot": png, "skipped": str(e)}), flush=True)
@@ -478,14 +660,16 @@ def _figure3(runs: dict, length: int, out_dir: str, name: str, title: str,
   return made
 
 
-def figure3(groups: dict[str, list[str]], length: int, out_path: str,
-            title: str) -> None:
+def figure3(
+    groups: dict[str, list[str]], length: int, out_path: str, title: str
+) -> None:
   """Dense return (L x ``dense_reward_mean``, solid) and rollout success
   (dashed) against A step, one colour per group (label -> run dirs),
   into the PNG ``out_path`` (atomically); ValueError when a run lacks
   them."""
   plot = load_plot_module()
   import matplotlib  # noqa: PLC0415 -- only the plotting path needs it
+
   matplotlib.use("Agg", force=True)
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
@@ -495,13 +679,20 @@ def figure3(groups: dict[str, list[str]], length: int, out_path: str,
     n = f" (n={len(wds)})" if len(wds) > 1 else ""
     for metric, scale, style, what in (
         ("dense_reward_mean", float(length), "-", "dense return"),
-        ("rollout_success_rate", 1.0, "--", "success")):
-      c = plot.aggregate_runs([
-          (xs, scale * ys) for xs, ys in (
-              plot.load_series(w, metric, "step", "A") for w in wds)],
-          band="std")
-      ax.plot(c.x, c.mean, style, color=colour, lw=1.6,
-              label=f"{label}: {what}{n}")
+        ("rollout_success_rate", 1.0, "--", "success"),
+    ):
+      c = plot.aggregate_runs(
+          [
+              (xs, scale * ys)
+              for xs, ys in (
+                  plot.load_series(w, metric, "step", "A") for w in wds
+              )
+          ],
+          band="std",
+      )
+      ax.plot(
+          c.x, c.mean, style, color=colour, lw=1.6, label=f"{label}: {what}{n}"
+      )
       if len(wds) > 1:
         ax.fill_between(c.x, c.lo, c.hi, color=colour, alpha=0.15, lw=0)
   ax.set_xlabel("A step")
@@ -530,12 +721,17 @@ def spell_markdown(report: dict) -> str:
       "",
       f"Written by `python experiments/reproduce.py {report['grid']}"
       + (f" --extra {extra}" if extra else "")
-      + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra")
-         else "") + f"` ({report['generated']}) from the finished runs"
+      + (f" --rl_extra {report['rl_extra']}" if report.get("rl_extra") else "")
+      + f"` ({report['generated']}) from the finished runs"
       f" under `{report['root']}`{archive_note(report)}. Overrides:"
       f" `{report['overrides']}`; B's dense reward: `{report['dense_reward']}`"
-      + ("" if per_turn else " (the environment's own: aligned,"
-         " misaligned or decoy by `env.kwargs.dense`)") + ".",
+      + (
+          ""
+          if per_turn
+          else " (the environment's own: aligned,"
+          " misaligned or decoy by `env.kwargs.dense`)"
+      )
+      + ".",
       "",
       "**Setting**: the RSPO cells ran at the `rspo.alpha` of the overrides"
       " above, the wins replay rule (`rspo.replay_reuse=wins`) and k = 10"
@@ -545,12 +741,18 @@ def spell_markdown(report: dict) -> str:
       " [record_intervals.json](record_intervals.json)"
       " (`python experiments/record_intervals.py`).",
   ]
-  other = [f"{c['label']} (seeds"
-           f" {', '.join(str(s) for s in c['other_config_seeds'])})"
-           for c in ran if c.get("other_config_seeds")]
+  other = [
+      f"{c['label']} (seeds"
+      f" {', '.join(str(s) for s in c['other_config_seeds'])})"
+      for c in ran
+      if c.get("other_config_seeds")
+  ]
   if other:
-    lines += ["", "**Trained with other overrides than these** (their"
-              " run.json): " + "; ".join(other) + "."]
+    lines += [
+        "",
+        "**Trained with other overrides than these** (their"
+        " run.json): " + "; ".join(other) + ".",
+    ]
   lines += [
       "",
       f"Success rate (%) of A on the 256 held-out {tasks} after training;"
@@ -563,100 +765,152 @@ def spell_markdown(report: dict) -> str:
       " within a cell (rspo_jax/intervals.py).",
   ]
   for d in decs:
-    lines += ["", f"## {d}", "",
-              f"Start (shared warm start): {fmt_ci(report['start'][d])}",
-              "", "| Method | n | Success | Final − start | − base |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"## {d}",
+        "",
+        f"Start (shared warm start): {fmt_ci(report['start'][d])}",
+        "",
+        "| Method | n | Success | Final − start | − base |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for c in ran:
       x = c[d]
-      lines.append(f"| {c['label']} | {c['n']} | {fmt_ci(x['success'])}"
-                   f" | {fmt_ci(x['final_minus_start'], True)}"
-                   f" | {fmt_ci(x['minus_baseline'], True)}"
-                   f"{_versus(c)} |")
-  contrasts = [k for k in report["contrasts"]
-               if k["a"] in cells and k["b"] in cells]
+      lines.append(
+          f"| {c['label']} | {c['n']} | {fmt_ci(x['success'])}"
+          f" | {fmt_ci(x['final_minus_start'], True)}"
+          f" | {fmt_ci(x['minus_baseline'], True)}"
+          f"{_versus(c)} |"
+      )
+  contrasts = [
+      k for k in report["contrasts"] if k["a"] in cells and k["b"] in cells
+  ]
   if contrasts:
-    lines += ["", "## Contrasts", "",
-              f"Points, a − b (method_difference, {tasks} shared).", "",
-              "| a − b | question | "
-              + " | ".join(d for d in decs) + " |",
-              "|---|---|" + "---:|" * len(decs)]
+    lines += [
+        "",
+        "## Contrasts",
+        "",
+        f"Points, a − b (method_difference, {tasks} shared).",
+        "",
+        "| a − b | question | " + " | ".join(d for d in decs) + " |",
+        "|---|---|" + "---:|" * len(decs),
+    ]
   for k in contrasts:
-    lines.append(f"| {LABELS[k['a']]} − {LABELS[k['b']]} | {k['question']}"
-                 " | " + " | ".join(fmt_ci(k[d], True)
-                                    for d in decs) + " |")
+    lines.append(
+        f"| {LABELS[k['a']]} − {LABELS[k['b']]} | {k['question']}"
+        " | " + " | ".join(fmt_ci(k[d], True) for d in decs) + " |"
+    )
   costs = [k for k in report.get("equal_cost", ()) if k["variant"] in cells]
   if costs:
-    lines += ["", "## Equal cost, and the dense reward alone", "",
-              "Points, RSPO − each (method_difference, the same held-out"
-              f" {tasks}): GiGPO at equal A steps (the *− base* column"
-              f" above), GiGPO run {EQUAL_ENV_STEPS} A steps (RSPO's"
-              " environment steps, B's included: 59.25 x GiGPO's 30-step"
-              " run's; 60 gives GiGPO 1.3 % more), the dense reward RSPO's"
-              " B trains on, alone (same m and penalty), and the stronger"
-              " of those two by mean success: does RSPO beat max(GiGPO at"
-              " equal environment steps, dense alone)? — : that cell has"
-              " not run (or has no such cell).", ""]
+    lines += [
+        "",
+        "## Equal cost, and the dense reward alone",
+        "",
+        "Points, RSPO − each (method_difference, the same held-out"
+        f" {tasks}): GiGPO at equal A steps (the *− base* column"
+        f" above), GiGPO run {EQUAL_ENV_STEPS} A steps (RSPO's"
+        " environment steps, B's included: 59.25 x GiGPO's 30-step"
+        " run's; 60 gives GiGPO 1.3 % more), the dense reward RSPO's"
+        " B trains on, alone (same m and penalty), and the stronger"
+        " of those two by mean success: does RSPO beat max(GiGPO at"
+        " equal environment steps, dense alone)? — : that cell has"
+        " not run (or has no such cell).",
+        "",
+    ]
   for d in decs if costs else ():
-    lines += [f"### {d}", "",
-              "| Method | − GiGPO, equal A steps | − GiGPO, equal env"
-              " steps | − dense alone | − the stronger (which) |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+        f"### {d}",
+        "",
+        "| Method | − GiGPO, equal A steps | − GiGPO, equal env"
+        " steps | − dense alone | − the stronger (which) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for k in costs:
       x, cell = k[d], cells[k["variant"]]
-      best = "" if x["best"] is None else (
-          " (GiGPO, equal env steps)" if x["best"] == k["long"]
-          else " (dense alone)")
-      lines.append(f"| {cell['label']}"
-                   f" | {fmt_ci(cell[d]['minus_baseline'], True)}"
-                   f" | {fmt_ci(x['minus_long'], True)}"
-                   f" | {fmt_ci(x['minus_dense'], True)}"
-                   f" | {fmt_ci(x['minus_best'], True)}{best} |")
+      best = (
+          ""
+          if x["best"] is None
+          else (
+              " (GiGPO, equal env steps)"
+              if x["best"] == k["long"]
+              else " (dense alone)"
+          )
+      )
+      lines.append(
+          f"| {cell['label']}"
+          f" | {fmt_ci(cell[d]['minus_baseline'], True)}"
+          f" | {fmt_ci(x['minus_long'], True)}"
+          f" | {fmt_ci(x['minus_dense'], True)}"
+          f" | {fmt_ci(x['minus_best'], True)}{best} |"
+      )
     lines.append("")
   if costs:
     lines.pop()
-  lines += ["", f"## Finding wins: A's rollout success, first {EARLY_STEPS}"
-            " A steps", "",
-            "Mean rollout success (%) of A's fresh training episodes over"
-            f" its first {EARLY_STEPS} steps (T = 1.0; a dense-only run's"
-            " A is the policy trained on the dense reward), 95 % interval"
-            " over seeds and steps.", "", "| Method | n | Success |",
-            "|---|---:|---:|"]
+  lines += [
+      "",
+      f"## Finding wins: A's rollout success, first {EARLY_STEPS}" " A steps",
+      "",
+      "Mean rollout success (%) of A's fresh training episodes over"
+      f" its first {EARLY_STEPS} steps (T = 1.0; a dense-only run's"
+      " A is the policy trained on the dense reward), 95 % interval"
+      " over seeds and steps.",
+      "",
+      "| Method | n | Success |",
+      "|---|---:|---:|",
+  ]
   for c in ran:
-    lines.append(f"| {c['label']} | {c['n']} |"
-                 f" {fmt_ci(c['early_success'])} |")
+    lines.append(
+        f"| {c['label']} | {c['n']} |" f" {fmt_ci(c['early_success'])} |"
+    )
   rspo_cells = [v for v in RSPO_CELLS if v in cells]
   if rspo_cells:
-    lines += ["", "## B's lift per loop", "",
-              "B's stored collection against its first training collection"
-              " (B = A), same tasks and sampling seeds: success (points) and"
-              " dense return (a won episode's = 1), mean [95 % interval over"
-              " loops within seeds and seeds]; loops counted.", "",
-              "| Method | loops | Success lift | Dense-return lift |",
-              "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "## B's lift per loop",
+        "",
+        "B's stored collection against its first training collection"
+        " (B = A), same tasks and sampling seeds: success (points) and"
+        " dense return (a won episode's = 1), mean [95 % interval over"
+        " loops within seeds and seeds]; loops counted.",
+        "",
+        "| Method | loops | Success lift | Dense-return lift |",
+        "|---|---:|---:|---:|",
+    ]
     for v in rspo_cells:
       c = cells[v]
-      s, dr = (c["b_lift"]["b_lift_success"],
-               c["b_lift"]["b_lift_dense_return"])
+      s, dr = (
+          c["b_lift"]["b_lift_success"],
+          c["b_lift"]["b_lift_dense_return"],
+      )
       n = 0 if s is None else s["n_values"]
-      lines.append(f"| {c['label']} | {n} | {fmt_ci(s, True)}"
-                   f" | {fmt_ci(dr, True, 2)} |")
-  lines += ["", "## Reward hacking: dense return against success", "",
-            f"A's first {EDGE_STEPS} and last {EDGE_STEPS} training steps:"
-            " rollout success (%) and "
-            + ("the dense reward per turn" if per_turn else
-               "dense return per episode (L x the dense reward per turn; a"
-               " won episode earns 1 under either dense reward)")
-            + ", and the change (last − first), mean [95 % interval over"
-            " seeds]. Hacked: dense reward up, success down. *Peak*: the"
-            f" highest {PEAK_WINDOW}-step mean of a run's success, mean"
-            " over seeds [interval], at the median A step of the runs'"
-            " peaks: a rise then a fall puts it above both ends (the"
-            " paper's Figure 3).", "",
-            "| Method | n | Success first | last | change"
-            f" | Dense {'per turn' if per_turn else 'return'} first | last"
-            " | change | Success peak | at A step |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+      lines.append(
+          f"| {c['label']} | {n} | {fmt_ci(s, True)}"
+          f" | {fmt_ci(dr, True, 2)} |"
+      )
+  lines += [
+      "",
+      "## Reward hacking: dense return against success",
+      "",
+      f"A's first {EDGE_STEPS} and last {EDGE_STEPS} training steps:"
+      " rollout success (%) and "
+      + (
+          "the dense reward per turn"
+          if per_turn
+          else "dense return per episode (L x the dense reward per turn; a"
+          " won episode earns 1 under either dense reward)"
+      )
+      + ", and the change (last − first), mean [95 % interval over"
+      " seeds]. Hacked: dense reward up, success down. *Peak*: the"
+      f" highest {PEAK_WINDOW}-step mean of a run's success, mean"
+      " over seeds [interval], at the median A step of the runs'"
+      " peaks: a rise then a fall puts it above both ends (the"
+      " paper's Figure 3).",
+      "",
+      "| Method | n | Success first | last | change"
+      f" | Dense {'per turn' if per_turn else 'return'} first | last"
+      " | change | Success peak | at A step |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+  ]
   for v in (v for v in ("baseline",) + DENSE_ONLY_CELLS if v in cells):
     h = cells[v]["hacking"]
     su, de = h["success"], h["dense_return"]
@@ -665,14 +919,20 @@ def spell_markdown(report: dict) -> str:
         f" | {fmt_ci(su['last'])} | {fmt_ci(su['change'], True)}"
         f" | {fmt_ci(de['first'], digits=2)} | {fmt_ci(de['last'], digits=2)}"
         f" | {fmt_ci(de['change'], True, 2)} | {fmt_ci(su.get('peak'))}"
-        f" | {_step(su.get('peak_step'))} |")
+        f" | {_step(su.get('peak_step'))} |"
+    )
   if report["curves"]:
-    lines += ["", "## Curves", "",
-              "A's rollout success by A step and by environment steps (all"
-              " roles), and the dense reward per turn of the GiGPO and"
-              " dense-only cells, mean ± std over seeds; *figure3*: the"
-              " dense reward alone on the partly misleading reward, dense"
-              " return (solid) and success (dashed) against A step, one"
-              " colour per m.", ""]
+    lines += [
+        "",
+        "## Curves",
+        "",
+        "A's rollout success by A step and by environment steps (all"
+        " roles), and the dense reward per turn of the GiGPO and"
+        " dense-only cells, mean ± std over seeds; *figure3*: the"
+        " dense reward alone on the partly misleading reward, dense"
+        " return (solid) and success (dashed) against A step, one"
+        " colour per m.",
+        "",
+    ]
     lines += [f"![{n}]({n})" for n in report["curves"]]
   return "\n".join(lines) + "\n"

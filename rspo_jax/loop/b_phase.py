@@ -28,27 +28,37 @@ def run(trainer) -> None:
   b_critic = trainer.critic.copy() if trainer.critic is not None else None
   source = "outcome" if trainer.cfg.rspo.data_source == "outcome" else "dense"
   for i in range(trainer.k):
-    on, stats = trainer.collect_groups(b, trainer.cfg.train.batch_tasks,
-                                       POLICY_B)
+    on, stats = trainer.collect_groups(
+        b, trainer.cfg.train.batch_tasks, POLICY_B
+    )
     if i == 0:  # B = A: the start of B's lift
       trainer.b_first = b_store.first_collection(
-          on, stats, trainer.state.collections, trainer.multihost)
-    m = trainer.update(b, b_critic, on, [], source,
-                       step_key=seeds.b_step_key(loop, i))
+          on, stats, trainer.state.collections, trainer.multihost
+      )
+    m = trainer.update(
+        b, b_critic, on, [], source, step_key=seeds.b_step_key(loop, i)
+    )
     faults.maybe_fail("b_phase")
     m.update({f"rollout_{k}": v for k, v in stats.items()})
     m.update(host_stats.reward_means(on, trainer.multihost))
     m.update(loop=loop, b_step=loop * trainer.k + i + 1)
     trainer.metrics.write(trainer.state.a_steps, "B", m)
     if trainer._bar is not None:
-      trainer._bar.set_postfix(loop=loop, phase="B", success=(
-          f"{m['rollout_success_rate']:.2f}"), refresh=False)
+      trainer._bar.set_postfix(
+          loop=loop,
+          phase="B",
+          success=(f"{m['rollout_success_rate']:.2f}"),
+          refresh=False,
+      )
       trainer._bar.update(1)
     trainer._stop_if_requested(save=False)  # B is redone from A on resume
   if trainer.decoupled:
     trainer.decoupled_b.start(
-        b, trainer.state, sync_engine=trainer.sync_engine,
-        replay_of=b_store.replay_of(trainer.cfg, trainer.b_first))
+        b,
+        trainer.state,
+        sync_engine=trainer.sync_engine,
+        replay_of=b_store.replay_of(trainer.cfg, trainer.b_first),
+    )
   else:
     trainer.store_replay(b)
   del b, b_critic  # B exists only during its phase (and its collection)
@@ -67,8 +77,14 @@ def make_b(trainer) -> Learner:
     return trainer.a.copy(copy_opt_state=r.copy_optimizer_state)
   if trainer._b_tx is None:
     trainer._b_tx = ts.make_optimizer(
-        lr, grad_clip=t.grad_clip, weight_decay=t.weight_decay,
-        warmup_steps=warmup, adapter_lr_multiplier=lora.lr_multiplier(
-            trainer.cfg))  # the LoRA rule, as A's
-  return trainer.a.copy(copy_opt_state=r.copy_optimizer_state,
-                        tx=trainer._b_tx, steps=trainer._b_steps)
+        lr,
+        grad_clip=t.grad_clip,
+        weight_decay=t.weight_decay,
+        warmup_steps=warmup,
+        adapter_lr_multiplier=lora.lr_multiplier(trainer.cfg),
+    )  # the LoRA rule, as A's
+  return trainer.a.copy(
+      copy_opt_state=r.copy_optimizer_state,
+      tx=trainer._b_tx,
+      steps=trainer._b_steps,
+  )

@@ -33,18 +33,22 @@ class FirstCollection:
   wins_by_task: list  # host_stats.wins_by_task, in task_ids' order
 
 
-def first_collection(records, stats: dict, collection: int,
-                     multihost: bool) -> FirstCollection:
+def first_collection(
+    records, stats: dict, collection: int, multihost: bool
+) -> FirstCollection:
   """``FirstCollection`` of B's first training collection (``records``,
   its statistics ``stats``, number ``collection``)."""
   return FirstCollection(
-      stats["task_ids"], collection,
+      stats["task_ids"],
+      collection,
       host_stats.play_stats(records, multihost),
-      host_stats.wins_by_task(records, stats["task_ids"], multihost))
+      host_stats.wins_by_task(records, stats["task_ids"], multihost),
+  )
 
 
-def replay_of(cfg, first: Optional[FirstCollection]
-              ) -> Optional[tuple[list, int]]:
+def replay_of(
+    cfg, first: Optional[FirstCollection]
+) -> Optional[tuple[list, int]]:
   """The tasks and seeds B's stored collection replays: those of its
   first training collection (``rspo.b_lift_tasks='first'``), or None (a
   fresh draw)."""
@@ -62,28 +66,38 @@ def lift(first: FirstCollection, stored: dict) -> dict:
   return out
 
 
-def store(cfg, b: Learner, first: Optional[FirstCollection], *,
-          collect_groups: Callable, updater: update.StepUpdater,
-          buffer: replay.ReplayBuffer, metrics, state, leader: bool,
-          multihost: bool) -> None:
+def store(
+    cfg,
+    b: Learner,
+    first: Optional[FirstCollection],
+    *,
+    collect_groups: Callable,
+    updater: update.StepUpdater,
+    buffer: replay.ReplayBuffer,
+    metrics,
+    state,
+    leader: bool,
+    multihost: bool,
+) -> None:
   """B plays ``batch_tasks`` groups (``collect_groups``, on the tasks of
   its first training collection: ``replay_of``); B's learner recomputes
   log pi_B of their tokens (``rspo.recompute_behavior_logp``); B's lift is
   logged; each trajectory's reward is swapped to the outcome reward; D
   (``buffer``) is written and marked complete."""
   again = replay_of(cfg, first)
-  stored, stats = collect_groups(b, cfg.train.batch_tasks, POLICY_B,
-                                 replay_of=again)
+  stored, stats = collect_groups(
+      b, cfg.train.batch_tasks, POLICY_B, replay_of=again
+  )
   extra = {}
   if first is not None:
     extra.update(lift(first, host_stats.play_stats(stored, multihost)))
     if again is not None:  # the same tasks: paired
       extra["b_first_wins_by_task"] = first.wins_by_task
       extra["b_stored_wins_by_task"] = host_stats.wins_by_task(
-          stored, first.task_ids, multihost)
+          stored, first.task_ids, multihost
+      )
   if cfg.rspo.recompute_behavior_logp:
-    extra["behavior_logp_max_gap"] = updater.recompute_behavior_logp(
-        b, stored)
+    extra["behavior_logp_max_gap"] = updater.recompute_behavior_logp(b, stored)
   for r in stored:  # the reward swap: outcome reward only, never dense
     r.dense_reward = float("nan")
   buffer.add_trajectories(group_trajectories(stored))
@@ -94,10 +108,17 @@ def store(cfg, b: Learner, first: Optional[FirstCollection], *,
     bstats = buffer.stats()
     if multihost:
       bstats["shards_by_host"] = buffer.shards_by_prefix()
-    metrics.write(state.a_steps, "B_collect", {
-        "loop": state.loop,
-        **{f"rollout_{k}": v for k, v in stats.items()},
-        **{f"buffer_{k}": v for k, v in bstats.items()
-           if isinstance(v, (int, float, dict))},
-        **extra,
-    })
+    metrics.write(
+        state.a_steps,
+        "B_collect",
+        {
+            "loop": state.loop,
+            **{f"rollout_{k}": v for k, v in stats.items()},
+            **{
+                f"buffer_{k}": v
+                for k, v in bstats.items()
+                if isinstance(v, (int, float, dict))
+            },
+            **extra,
+        },
+    )

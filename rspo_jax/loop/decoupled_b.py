@@ -18,8 +18,11 @@ import jax
 from rspo_jax import decoupled, timing, update
 from rspo_jax.learner import Learner
 from rspo_jax.loop import host_stats, seeds
-from rspo_jax.loop.collection import (GROUPS_PER_COLLECTION,
-                                      TRAJS_PER_COLLECTION, Collector)
+from rspo_jax.loop.collection import (
+    GROUPS_PER_COLLECTION,
+    TRAJS_PER_COLLECTION,
+    Collector,
+)
 from rspo_jax.rollout.collect import CollectRequest
 from rspo_jax.types import POLICY_B
 
@@ -37,8 +40,9 @@ class DecoupledB:
   """B's own rollout (``rollout``: (engine, venv, tokenizer), set by
   build.py), its running collection (``job``) and what it wrote."""
 
-  def __init__(self, cfg, workdir: str, collector: Collector,
-               updater: update.StepUpdater):
+  def __init__(
+      self, cfg, workdir: str, collector: Collector, updater: update.StepUpdater
+  ):
     self.cfg, self.collector, self.updater = cfg, collector, updater
     self.rollout = None
     self.job: Optional[decoupled.BackgroundCollection] = None
@@ -46,26 +50,35 @@ class DecoupledB:
     self._cache: dict = {}  # shard path -> records
     self.logp_gap: Optional[float] = None  # B's largest so far
 
-  def start(self, b: Learner, state, *,
-            sync_engine: Callable[[object, Learner, int], None],
-            replay_of: Optional[tuple[list, int]]) -> None:
+  def start(
+      self,
+      b: Learner,
+      state,
+      *,
+      sync_engine: Callable[[object, Learner, int], None],
+      replay_of: Optional[tuple[list, int]],
+  ) -> None:
     """B's stored collection (``batch_tasks`` groups; the tasks and seeds
     of ``replay_of``, else a fresh draw) started in the background on
     B's engine, with B's weights (``sync_engine``)."""
     engine, venv, tokenizer = self.rollout
     state.collections += 1
     sync_engine(engine, b, state.collections)
-    tasks, seed_of = self.collector.draw(self.cfg.train.batch_tasks,
-                                         state.collections, replay_of)
+    tasks, seed_of = self.collector.draw(
+        self.cfg.train.batch_tasks, state.collections, replay_of
+    )
     request = CollectRequest(
-        [int(t) for t in tasks], self.cfg.train.group_size,
-        self.collector.sampling, policy_tag=POLICY_B,
+        [int(t) for t in tasks],
+        self.cfg.train.group_size,
+        self.collector.sampling,
+        policy_tag=POLICY_B,
         traj_id_start=state.collections * TRAJS_PER_COLLECTION,
         group_id_start=state.collections * GROUPS_PER_COLLECTION,
         seed=seeds.sampling_seed(self.cfg.seed, seed_of),
     )
-    groups = decoupled.collect_b_groups(engine, venv, tokenizer, request,
-                                        self.collector.collect_cfg)
+    groups = decoupled.collect_b_groups(
+        engine, venv, tokenizer, request, self.collector.collect_cfg
+    )
     if self.cfg.rspo.recompute_behavior_logp:
       self.logp_gap = 0.0
       groups = self._recomputed(b, groups)
@@ -79,8 +92,7 @@ class DecoupledB:
       self.logp_gap = max(self.logp_gap, gap)
       yield records
 
-  def trajectories(self, n_off: int, n_used: int, a_steps: int,
-                   k: int) -> list:
+  def trajectories(self, n_off: int, n_used: int, a_steps: int, k: int) -> list:
     """D's trajectories: the groups B has written so far, once enough
     exist for ``n_off`` unused ones (``n_used`` replayed already) at A's
     step after ``a_steps``."""
@@ -90,8 +102,9 @@ class DecoupledB:
       # first ceil(n_off / G) finished groups, whatever their wins).
       g = self.cfg.train.group_size
       tasks, pos = self.cfg.train.batch_tasks, a_steps % k
-      need = min(tasks, max(-(-(n_used + n_off) // g),
-                            -(-tasks * (pos + 1) // k)))
+      need = min(
+          tasks, max(-(-(n_used + n_off) // g), -(-tasks * (pos + 1) // k))
+      )
       self.job.wait_for_groups(need, self.cfg.rollout.decoupled_timeout_s)
     return decoupled.read_trajectories(self.directory, self._cache)
 
@@ -104,13 +117,21 @@ class DecoupledB:
     self.job.join(self.cfg.rollout.decoupled_timeout_s)
     self.job = None
     if first_success is not None:
-      won = [t.steps[-1].won for t in decoupled.read_trajectories(
-          self.directory, self._cache)]
+      won = [
+          t.steps[-1].won
+          for t in decoupled.read_trajectories(self.directory, self._cache)
+      ]
       stored = host_stats.mean(won)
-      metrics.write(state.a_steps, "B_collect", {
-          "loop": state.loop, "b_first_success": first_success,
-          "b_stored_success": stored,
-          "b_lift_success": stored - first_success})
+      metrics.write(
+          state.a_steps,
+          "B_collect",
+          {
+              "loop": state.loop,
+              "b_first_success": first_success,
+              "b_stored_success": stored,
+              "b_lift_success": stored - first_success,
+          },
+      )
 
   def reset(self) -> None:
     """A new loop: nothing of B's last collection is cached."""

@@ -26,8 +26,14 @@ def run(trainer, evaluate: Optional[Callable[[Learner, int], dict]] = None):
   total = c.train.total_steps
   b_steps = trainer.k if trainer.uses_b and not c.rspo.dense_only else 0
   bar = trainer._bar = progress_lib.progress_bar(
-      total, s.a_steps, s.phase, trainer.k, b_steps, trainer.progress,
-      trainer.run_name)
+      total,
+      s.a_steps,
+      s.phase,
+      trainer.k,
+      b_steps,
+      trainer.progress,
+      trainer.run_name,
+  )
   while s.a_steps < total:
     if s.phase == "B":
       t0, steps0 = time.perf_counter(), s.env_steps
@@ -38,8 +44,11 @@ def run(trainer, evaluate: Optional[Callable[[Learner, int], dict]] = None):
       with trainer.timer.phase("checkpoint"):
         trainer.save()
       if ran_b:
-        trainer.metrics.write(s.a_steps, "B_time", progress_lib.phase_seconds(
-            trainer.timer, t0, steps0, s.env_steps))
+        trainer.metrics.write(
+            s.a_steps,
+            "B_time",
+            progress_lib.phase_seconds(trainer.timer, t0, steps0, s.env_steps),
+        )
       trainer._stop_if_requested(save=False)  # just saved
     t0, steps0 = time.perf_counter(), s.env_steps
     m = trainer.a_step()
@@ -48,8 +57,12 @@ def run(trainer, evaluate: Optional[Callable[[Learner, int], dict]] = None):
     m["episodes_per_s"] = m.get("rollout_episodes", 0.0) / m["step_time_s"]
     m.update(loop=s.loop, loop_step=(s.a_steps - 1) % trainer.k)
     trainer.metrics.write(s.a_steps, "A", m)
-    if (evaluate is not None and c.train.eval_every
-        and s.a_steps % c.train.eval_every == 0 and s.a_steps < total):
+    if (
+        evaluate is not None
+        and c.train.eval_every
+        and s.a_steps % c.train.eval_every == 0
+        and s.a_steps < total
+    ):
       with trainer.timer.phase("evaluation"):
         if trainer.prefetch is not None:  # it plays on the same engine
           trainer.prefetch.wait()
@@ -64,14 +77,19 @@ def run(trainer, evaluate: Optional[Callable[[Learner, int], dict]] = None):
         trainer.save()
       if loop_done and trainer.keeps_loop_data:
         trainer.ckpt.wait()  # the loop's checkpoint on disk before D goes
-    trainer.metrics.write(s.a_steps, "time", progress_lib.phase_seconds(
-        trainer.timer, t0, steps0, s.env_steps))
+    trainer.metrics.write(
+        s.a_steps,
+        "time",
+        progress_lib.phase_seconds(trainer.timer, t0, steps0, s.env_steps),
+    )
     if loop_done:
       trainer._after_loop_saved()  # a crash before it: finished on resume
     bar.set_postfix(
-        loop=m["loop"], phase="A",
+        loop=m["loop"],
+        phase="A",
         success=f"{m.get('rollout_success_rate', 0):.2f}",
-        loss=f"{m.get('loss', 0):.3f}", refresh=False,
+        loss=f"{m.get('loss', 0):.3f}",
+        refresh=False,
     )
     bar.update(1)
     trainer._stop_if_requested(save=not saved)

@@ -24,8 +24,9 @@ class History:
 
   def __init__(self, workdir: str, prefix: str, leader: bool):
     self.prefix, self.leader = prefix, leader
-    self.buffer = replay.ReplayBuffer(os.path.join(workdir, "replay_next"),
-                                      prefix=prefix)
+    self.buffer = replay.ReplayBuffer(
+        os.path.join(workdir, "replay_next"), prefix=prefix
+    )
 
   def add(self, records: list) -> None:
     """A's fresh step rows of the loop."""
@@ -34,12 +35,12 @@ class History:
   def drop_unsaved(self, collections: int) -> None:
     """Resume: the groups written after the restored checkpoint dropped
     (``state.drop_unsaved_shards``)."""
-    state_lib.drop_unsaved_shards(self.buffer.directory, collections,
-                                  self.leader)
+    state_lib.drop_unsaved_shards(
+        self.buffer.directory, collections, self.leader
+    )
     self.buffer = self._reopened(self.buffer)
 
-  def becomes_d(self, d: replay.ReplayBuffer,
-                loop: int) -> replay.ReplayBuffer:
+  def becomes_d(self, d: replay.ReplayBuffer, loop: int) -> replay.ReplayBuffer:
     """D (``d``) after ``replay_next``, A's groups of loop L = ``loop - 1``,
     is marked complete, given a ``_FROM_LOOP`` file holding L and renamed
     onto D. Idempotent: not redone once D holds L's groups; a move cut
@@ -49,10 +50,16 @@ class History:
     done, h = str(loop - 1), self.buffer.directory
     distributed.barrier("rspo_history_written")
     # Only the leader reads: it may be removing D while others would read.
-    d_from = (_read(os.path.join(d.directory, FROM_LOOP)) if self.leader
-              else None)
-    if self.leader and d_from != done and (
-        d_from is not None or replay.is_complete(h) or replay.list_shards(h)):
+    d_from = (
+        _read(os.path.join(d.directory, FROM_LOOP)) if self.leader else None
+    )
+    if (
+        self.leader
+        and d_from != done
+        and (
+            d_from is not None or replay.is_complete(h) or replay.list_shards(h)
+        )
+    ):
       _write(os.path.join(h, FROM_LOOP), done)
       replay.mark_complete(h)
       shutil.rmtree(d.directory, ignore_errors=True)

@@ -26,7 +26,8 @@ def global_mean(values, multihost: bool) -> float:
   if not multihost:
     return mean(values)
   total, n = distributed.global_sum(
-      np.array([np.sum(values), len(values)], np.float64))
+      np.array([np.sum(values), len(values)], np.float64)
+  )
   return float(total / n) if n else 0.0
 
 
@@ -35,7 +36,8 @@ def reward_means(records, multihost: bool) -> dict:
   return {
       "dense_reward_mean": global_mean(dense_rewards(records), multihost),
       "outcome_reward_mean": global_mean(
-          [r.outcome_reward for r in records], multihost),
+          [r.outcome_reward for r in records], multihost
+      ),
   }
 
 
@@ -47,9 +49,12 @@ def play_stats(records, multihost: bool) -> dict:
   for r in records:
     won[r.traj_id] = won.get(r.traj_id, False) or bool(r.won)
     dense[r.traj_id] = dense.get(r.traj_id, 0.0) + float(r.dense_reward)
-  return {"success": global_mean(list(won.values()), multihost),
-          "dense_return": global_mean(
-              [v for v in dense.values() if np.isfinite(v)], multihost)}
+  return {
+      "success": global_mean(list(won.values()), multihost),
+      "dense_return": global_mean(
+          [v for v in dense.values() if np.isfinite(v)], multihost
+      ),
+  }
 
 
 def wins_by_task(records, task_ids, multihost: bool) -> list:
@@ -57,8 +62,10 @@ def wins_by_task(records, task_ids, multihost: bool) -> list:
   every host's records: B's lift task by task."""
   won = {}
   for r in records:
-    won[r.traj_id] = (int(r.task_id),
-                      won.get(r.traj_id, (0, False))[1] or bool(r.won))
+    won[r.traj_id] = (
+        int(r.task_id),
+        won.get(r.traj_id, (0, False))[1] or bool(r.won),
+    )
   at = {int(t): i for i, t in enumerate(task_ids)}
   counts = np.zeros(len(at), np.float64)
   for task, w in won.values():

@@ -29,7 +29,8 @@ def check_overlap(cfg, multihost: bool, policy: Optional[Learner]) -> None:
   if multihost and overlap_on:
     raise ValueError(
         "rollout.overlap=1 runs in one process only; with"
-        f" {jax.process_count()} processes use rollout.overlap=0")
+        f" {jax.process_count()} processes use rollout.overlap=0"
+    )
   if overlap_on and policy is not None:  # plan.resolve_run checks too
     from rspo_jax import plan  # pylint: disable=g-import-not-at-top
     from rspo_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
@@ -43,8 +44,13 @@ class NextCollection:
   """A's prefetched next collection (``pending``) and its thread's seconds
   by phase (``seconds``)."""
 
-  def __init__(self, cfg, collector: Collector, updater: update.StepUpdater,
-               timer: timing.PhaseTimer):
+  def __init__(
+      self,
+      cfg,
+      collector: Collector,
+      updater: update.StepUpdater,
+      timer: timing.PhaseTimer,
+  ):
     self.cfg, self.collector, self.updater = cfg, collector, updater
     self.timer = timer
     self.pending: Optional[overlap.Prefetch] = None
@@ -64,8 +70,15 @@ class NextCollection:
       return False
     return done % k != 0 or not c.rspo.enabled
 
-  def start(self, learner: Learner, n_groups: int, state, *,
-            sync: Callable[[Learner, int], None], play: Callable) -> None:
+  def start(
+      self,
+      learner: Learner,
+      n_groups: int,
+      state,
+      *,
+      sync: Callable[[Learner, int], None],
+      play: Callable,
+  ) -> None:
     """A's next collection of ``n_groups`` groups on ``learner``'s weights
     now (``sync`` puts them on the engine), played by ``play`` (as
     ``Collector.play``) in a background thread; with
@@ -76,21 +89,31 @@ class NextCollection:
     sync(learner, collection)
     task_ids, seed_of = self.collector.draw(n_groups, collection)
     first, last = distributed.host_share(len(task_ids))
-    snapshot = (learner.frozen_params()
-                if self.cfg.rspo.recompute_behavior_logp else None)
+    snapshot = (
+        learner.frozen_params()
+        if self.cfg.rspo.recompute_behavior_logp
+        else None
+    )
 
     def play_and_recompute(timer):
-      records, rounds = play(task_ids, first, last, seed_of, collection,
-                             POLICY_A, timer)
+      records, rounds = play(
+          task_ids, first, last, seed_of, collection, POLICY_A, timer
+      )
       if snapshot is not None:
         self.updater.recompute_behavior_logp(
-            learner, [r for r in records if not r.failed], timer,
-            params=snapshot)
+            learner,
+            [r for r in records if not r.failed],
+            timer,
+            params=snapshot,
+        )
       return records, rounds
 
     self.pending = overlap.Prefetch(
-        play_and_recompute, weights_step=state.a_steps,
-        collection=collection, task_ids=task_ids)
+        play_and_recompute,
+        weights_step=state.a_steps,
+        collection=collection,
+        task_ids=task_ids,
+    )
 
   def take(self, n_groups: int, state):
     """The prefetched collection (waiting for it) as (records, each
@@ -103,7 +126,8 @@ class NextCollection:
       raise RuntimeError(
           f"the prefetched collection ({len(p.task_ids)} groups, number"
           f" {p.collection}) is not A's next ({n_groups} groups, number"
-          f" {state.collections + 1})")
+          f" {state.collections + 1})"
+      )
     state.collections = p.collection
     self.seconds = p.seconds()
     return records, rounds, p.task_ids, state.a_steps - p.weights_step

@@ -27,8 +27,9 @@ class PrmRefresh:
   def __init__(self, cfg, workdir: str, prefix: str, leader: bool):
     self.cfg, self.prefix, self.leader = cfg, prefix, leader
     self.refit: Optional[Callable[[list], DenseFn]] = None
-    self.recent = replay.ReplayBuffer(os.path.join(workdir, "prm_recent"),
-                                      prefix=prefix)
+    self.recent = replay.ReplayBuffer(
+        os.path.join(workdir, "prm_recent"), prefix=prefix
+    )
 
   @property
   def enabled(self) -> bool:
@@ -58,7 +59,7 @@ class PrmRefresh:
   def drop_unsaved(self, collections: int) -> None:
     """Resume: the groups written after the restored checkpoint dropped
     (``state.drop_unsaved_shards``)."""
-    state_lib.drop_unsaved_shards(self.recent.directory, collections,
-                                  self.leader)
-    self.recent = replay.ReplayBuffer(self.recent.directory,
-                                      prefix=self.prefix)
+    state_lib.drop_unsaved_shards(
+        self.recent.directory, collections, self.leader
+    )
+    self.recent = replay.ReplayBuffer(self.recent.directory, prefix=self.prefix)

@@ -24,35 +24,52 @@ def run_name(cfg) -> str:
   if r.dense_only:
     return f"{algo} on the dense reward"
   variant = {"history": "RSPO_H", "outcome": "RSPO_O"}.get(
-      r.data_source, "RSPO")
+      r.data_source, "RSPO"
+  )
   return f"{variant}+{algo}"
 
 
-def progress_counts(a_total: int, a_done: int, phase: str, k: int,
-                    b_steps: int) -> tuple[int, int]:
+def progress_counts(
+    a_total: int, a_done: int, phase: str, k: int, b_steps: int
+) -> tuple[int, int]:
   """(total, done) of the run's progress bar, counting B's steps beside
   A's: every loop of k A steps (the last may be shorter) has ``b_steps``
   B steps first (k; 0 without B). B's phase of the loop A is in is done
   when ``phase`` is "A"; a resume redoes an unfinished one."""
   loops = -(-a_total // k)
   loops_b_done = -(-a_done // k) + (phase == "A" and a_done % k == 0)
-  return (a_total + loops * b_steps,
-          a_done + min(loops_b_done, loops) * b_steps)
+  return (
+      a_total + loops * b_steps,
+      a_done + min(loops_b_done, loops) * b_steps,
+  )
 
 
-def progress_bar(a_total: int, a_done: int, phase: str, k: int,
-                 b_steps: int, enabled: bool, name: str):
+def progress_bar(
+    a_total: int,
+    a_done: int,
+    phase: str,
+    k: int,
+    b_steps: int,
+    enabled: bool,
+    name: str,
+):
   """The run's tqdm bar (``progress_counts``), hidden unless ``enabled``."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
 
   total, done = progress_counts(a_total, a_done, phase, k, b_steps)
   what = "B and A steps" if b_steps else "A steps"
-  return tqdm(total=total, initial=done, desc=f"{name} ({what})",
-              disable=not enabled, dynamic_ncols=True)
+  return tqdm(
+      total=total,
+      initial=done,
+      desc=f"{name} ({what})",
+      disable=not enabled,
+      dynamic_ncols=True,
+  )
 
 
-def phase_seconds(timer: timing.PhaseTimer, t0: float, env_steps0: int,
-                  env_steps: int) -> dict:
+def phase_seconds(
+    timer: timing.PhaseTimer, t0: float, env_steps0: int, env_steps: int
+) -> dict:
   """Wall seconds since ``t0`` by phase (``timing.PhaseTimer``: weight
   sync, generation, environment, prompts, logprobs, update, evaluation,
   checkpoint; ``other_s`` the rest), XLA compilations by phase, and
@@ -69,10 +86,18 @@ def phase_seconds(timer: timing.PhaseTimer, t0: float, env_steps0: int,
   return out
 
 
-def a_step_report(m: dict, cfg, stats: dict, records: list, *,
-                  env_steps: int, multihost: bool,
-                  b_logp_gap: Optional[float], lag: int,
-                  overlap_seconds: dict) -> dict:
+def a_step_report(
+    m: dict,
+    cfg,
+    stats: dict,
+    records: list,
+    *,
+    env_steps: int,
+    multihost: bool,
+    b_logp_gap: Optional[float],
+    lag: int,
+    overlap_seconds: dict,
+) -> dict:
   """A step's metrics ``m`` (update.py's) completed: its collection's
   statistics (``rollout_*``; ``records`` its fresh step rows), the run's
   environment steps, reward means over the fresh rows; with RSPO, the

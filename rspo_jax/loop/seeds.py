@@ -41,8 +41,9 @@ def rng(seed: int, *keys) -> np.random.Generator:
   return np.random.default_rng([seed, *keys])
 
 
-def host_rng(seed: int, process_index: Optional[int],
-             *keys) -> np.random.Generator:
+def host_rng(
+    seed: int, process_index: Optional[int], *keys
+) -> np.random.Generator:
   """Per-host draws (noise, row subsets): ``rng`` with the process index
   appended on a multi-host run (``process_index`` None with one)."""
   if process_index is not None:
@@ -65,8 +66,9 @@ def sampling_seed(seed: int, collection: int) -> int:
   return seed * 7919 + collection
 
 
-def host_sampling_seed(seed: int, collection: int,
-                       process_index: Optional[int]) -> int:
+def host_sampling_seed(
+    seed: int, collection: int, process_index: Optional[int]
+) -> int:
   """``sampling_seed`` of this host (``process_index`` None with one
   process): hosts draw different samples."""
   out = sampling_seed(seed, collection)

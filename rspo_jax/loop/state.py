@@ -63,8 +63,12 @@ def checkpoint_step(state: LoopState) -> int:
   return state.a_steps * 2 + (1 if state.phase == "A" else 0)
 
 
-def save(ckpt: RunCheckpointer, state: LoopState, learner_states: dict,
-         fingerprint_: dict) -> None:
+def save(
+    ckpt: RunCheckpointer,
+    state: LoopState,
+    learner_states: dict,
+    fingerprint_: dict,
+) -> None:
   """``learner_states`` and ``state`` (with the run's fingerprint) as the
   checkpoint of ``state``'s (A step, phase)."""
   meta = dataclasses.asdict(state)
@@ -72,16 +76,16 @@ def save(ckpt: RunCheckpointer, state: LoopState, learner_states: dict,
   ckpt.save(checkpoint_step(state), learner_states, meta)
 
 
-def restore(ckpt: RunCheckpointer, learner_states: dict,
-            fingerprint_: dict) -> tuple[dict, LoopState]:
+def restore(
+    ckpt: RunCheckpointer, learner_states: dict, fingerprint_: dict
+) -> tuple[dict, LoopState]:
   """(learner states, loop state) of the latest checkpoint."""
   states, meta = ckpt.restore(learner_states, fingerprint=fingerprint_)
   meta.pop("fingerprint", None)
   return states, LoopState(**meta)
 
 
-def drop_unsaved_shards(directory: str, collections: int,
-                        leader: bool) -> None:
+def drop_unsaved_shards(directory: str, collections: int, leader: bool) -> None:
   """Removes the shards of ``directory`` (A's groups of the loop) written
   after the restored checkpoint, whose ``collections`` counter it holds
   (their steps are redone). A shard holds groups of one collection, whose
@@ -95,8 +99,9 @@ def drop_unsaved_shards(directory: str, collections: int,
   distributed.barrier("rspo_loop_groups_trimmed")
 
 
-def count_non_finite(state: LoopState, metrics: dict, max_bad_steps: int,
-                     checkpoint_dir: str) -> None:
+def count_non_finite(
+    state: LoopState, metrics: dict, max_bad_steps: int, checkpoint_dir: str
+) -> None:
   """``state.bad_steps``: consecutive updates skipped as non-finite
   (``metrics["skipped"]``); ``FloatingPointError`` at ``max_bad_steps``."""
   if metrics.get("skipped", 0.0) > 0:

@@ -44,7 +44,8 @@ def remat_policy(value) -> str:
     return value.strip().lower()
   raise ValueError(
       f"remat {value!r} unknown; use one of {REMAT_POLICIES} (or the old"
-      " bools: False = 'none', True = 'full')")
+      " bools: False = 'none', True = 'full')"
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,8 +456,13 @@ PRESETS: dict[str, dict] = {
 
 # Presets without a pretrained tokenizer: their vocabulary is the locally
 # trained tokenizer's (``local_vocab_size``).
-LOCAL_TOKENIZER_PRESETS = ("nano", "tiny", "tiny-llama", "small-25m",
-                           "base-100m")
+LOCAL_TOKENIZER_PRESETS = (
+    "nano",
+    "tiny",
+    "tiny-llama",
+    "small-25m",
+    "base-100m",
+)
 
 
 def local_vocab_size(num_tokens: int, multiple: int = 128) -> int:

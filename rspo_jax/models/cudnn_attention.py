@@ -35,8 +35,13 @@ from rspo_jax.models.splash import kv_repeats
 
 def _kernel(q, k, v, lengths, implementation):
   return jax.nn.dot_product_attention(
-      q, k, v, is_causal=True, key_value_seq_lengths=lengths,
-      implementation=implementation)
+      q,
+      k,
+      v,
+      is_causal=True,
+      key_value_seq_lengths=lengths,
+      implementation=implementation,
+  )
 
 
 def attention(q, k, v, lengths, shard, implementation: str = "cudnn"):
@@ -66,6 +71,10 @@ def attention(q, k, v, lengths, shard, implementation: str = "cudnn"):
   kv_spec = fit(P(rows, None, heads or None, None), k)
   lengths_spec = fit(P(rows), lengths)
   local = jax.shard_map(
-      local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, lengths_spec),
-      out_specs=q_spec, check_vma=False)
+      local,
+      mesh=mesh,
+      in_specs=(q_spec, kv_spec, kv_spec, lengths_spec),
+      out_specs=q_spec,
+      check_vma=False,
+  )
   return local(q, k, v, lengths)

@@ -61,8 +61,9 @@ def _reference(query, key, value, q_seqlen, kv_seqlen, *, scale, mask_type):
   """(out [B, T, N, Hv] in query's dtype, stat [B, N, T] float32)."""
   b, t, n, _ = query.shape
   kv = key.shape[2]
-  scores, real_q = _masked_scores(query, key, q_seqlen, kv_seqlen, scale,
-                                  mask_type)
+  scores, real_q = _masked_scores(
+      query, key, q_seqlen, kv_seqlen, scale, mask_type
+  )
   stat = jax.nn.logsumexp(scores, axis=-1)
   safe = jnp.where(jnp.isfinite(stat), stat, 0.0)
   probs = jnp.exp(scores - safe[..., None])  # 0 on a fully masked row
@@ -72,41 +73,83 @@ def _reference(query, key, value, q_seqlen, kv_seqlen, *, scale, mask_type):
   return out.astype(query.dtype), stat
 
 
-def _check_supported(variadic_args, dropout_rate, layout, q_offsets,
-                     page_table_k):
+def _check_supported(
+    variadic_args, dropout_rate, layout, q_offsets, page_table_k
+):
   has_bias, _ = variadic_args
-  if (has_bias or dropout_rate > 0 or layout != fa.AttentionLayout.BTNH.value
+  if (
+      has_bias
+      or dropout_rate > 0
+      or layout != fa.AttentionLayout.BTNH.value
       or fa.get_max_seg_per_batch(q_offsets) > 1
-      or fa.check_is_paged_attention(page_table_k)):
+      or fa.check_is_paged_attention(page_table_k)
+  ):
     raise NotImplementedError(
         "cudnn_stub: only BTNH attention without bias, dropout, packing or"
-        " paging is stubbed")
+        " paging is stubbed"
+    )
 
 
-def _fwd(query, key, value, bias, q_seqlen, kv_seqlen, q_offsets, kv_offsets,
-         page_table_k, page_table_v, *, scale, seed, dropout_rate,
-         variadic_args, mask_type, layout, sliding_window_length,
-         is_training):
+def _fwd(
+    query,
+    key,
+    value,
+    bias,
+    q_seqlen,
+    kv_seqlen,
+    q_offsets,
+    kv_offsets,
+    page_table_k,
+    page_table_v,
+    *,
+    scale,
+    seed,
+    dropout_rate,
+    variadic_args,
+    mask_type,
+    layout,
+    sliding_window_length,
+    is_training,
+):
   del bias, kv_offsets, page_table_v, seed, sliding_window_length
   lowered["fwd"] += 1
-  _check_supported(variadic_args, dropout_rate, layout, q_offsets,
-                   page_table_k)
-  out, stat = _reference(query, key, value, q_seqlen, kv_seqlen, scale=scale,
-                         mask_type=mask_type)
+  _check_supported(variadic_args, dropout_rate, layout, q_offsets, page_table_k)
+  out, stat = _reference(
+      query, key, value, q_seqlen, kv_seqlen, scale=scale, mask_type=mask_type
+  )
   return [out, stat] if is_training else [out]
 
 
-def _bwd(query, key, value, bias, q_seqlen, kv_seqlen, q_offsets, kv_offsets,
-         page_table_k, page_table_v, activation, fwd_output, grad_output, *,
-         scale, seed, dropout_rate, variadic_args, mask_type, layout,
-         sliding_window_length):
+def _bwd(
+    query,
+    key,
+    value,
+    bias,
+    q_seqlen,
+    kv_seqlen,
+    q_offsets,
+    kv_offsets,
+    page_table_k,
+    page_table_v,
+    activation,
+    fwd_output,
+    grad_output,
+    *,
+    scale,
+    seed,
+    dropout_rate,
+    variadic_args,
+    mask_type,
+    layout,
+    sliding_window_length,
+):
   del bias, kv_offsets, page_table_v, activation, fwd_output, seed
   del sliding_window_length
   lowered["bwd"] += 1
-  _check_supported(variadic_args, dropout_rate, layout, q_offsets,
-                   page_table_k)
-  forward = lambda q, k, v: _reference(q, k, v, q_seqlen, kv_seqlen,
-                                       scale=scale, mask_type=mask_type)[0]
+  _check_supported(variadic_args, dropout_rate, layout, q_offsets, page_table_k)
+  forward = lambda q, k, v: _reference(
+      q, k, v, q_seqlen, kv_seqlen, scale=scale, mask_type=mask_type
+  )[0]
   _, vjp = jax.vjp(forward, query, key, value)
   return list(vjp(grad_output.astype(query.dtype)))
 
@@ -124,10 +167,14 @@ def install() -> None:
     fa.check_cudnn_version()
   except RuntimeError:  # "cuDNN is not detected": no CUDA libraries
     fa.check_cudnn_version = lambda: STUB_CUDNN_VERSION
-  mlir.register_lowering(fa._dot_product_attention_fwd_p,
-                         mlir.lower_fun(_fwd, multiple_results=True),
-                         platform="cpu")
-  mlir.register_lowering(fa._dot_product_attention_bwd_p,
-                         mlir.lower_fun(_bwd, multiple_results=True),
-                         platform="cpu")
+  mlir.register_lowering(
+      fa._dot_product_attention_fwd_p,
+      mlir.lower_fun(_fwd, multiple_results=True),
+      platform="cpu",
+  )
+  mlir.register_lowering(
+      fa._dot_product_attention_bwd_p,
+      mlir.lower_fun(_bwd, multiple_results=True),
+      platform="cpu",
+  )
   _installed = True

@@ -81,8 +81,9 @@ def current_umask() -> int:
   return _UMASK
 
 
-def save_safetensors(tensors: dict, path: str,
-                     metadata: Optional[dict] = None) -> None:
+def save_safetensors(
+    tensors: dict, path: str, metadata: Optional[dict] = None
+) -> None:
   """safetensors' ``save_file``, then the mode ``open()`` would have given
   (0o666 & ~umask, ``current_umask``): safetensors creates its files 0o600,
   which SGLang servers running as another user cannot read from a shared
@@ -152,8 +153,7 @@ def _from_hf(name: str, t: np.ndarray, shape) -> np.ndarray:
 def _to_hf(name: str, a):
   """Our layout -> HF tensor: numpy (C-contiguous) for numpy, a device
   array for a jax.Array (the same reshapes and transposes, on device)."""
-  out = (np.ascontiguousarray if isinstance(a, np.ndarray)
-         else lambda x: x)
+  out = np.ascontiguousarray if isinstance(a, np.ndarray) else lambda x: x
   if name.endswith("o_proj.weight"):
     return out(a.reshape(-1, a.shape[-1]).T)
   if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
@@ -306,8 +306,12 @@ def load_hf_model(
     for p, var in nnx.to_flat_state(abstract):
       shape = tuple(var.value.shape)
       if _is_stacked(p):  # scanned layers: layer i's tensors at [i]
-        arr = np.stack([read(_hf_name(_layer_path(p, i)), shape[1:])
-                        for i in range(shape[0])])
+        arr = np.stack(
+            [
+                read(_hf_name(_layer_path(p, i)), shape[1:])
+                for i in range(shape[0])
+            ]
+        )
       else:
         arr = read(_hf_name(p), shape)
       sh = flat_sh[p].value if flat_sh is not None else None
@@ -359,8 +363,11 @@ def hf_tensors(
       name = _hf_name(q)
       entries.append((q, name, _to_hf(name, a)))
   # The unrolled layout's order (layer by layer), whichever layout this is.
-  entries.sort(key=lambda e: tuple(
-      f"{x:09d}" if isinstance(x, int) else str(x) for x in e[0]))
+  entries.sort(
+      key=lambda e: tuple(
+          f"{x:09d}" if isinstance(x, int) else str(x) for x in e[0]
+      )
+  )
   tensors = {name: t for _, name, t in entries}
   if cfg.family == "qwen2" and not cfg.qkv_bias:
     # HF Qwen2 always has q/k/v biases: zeros are the exact equivalent.

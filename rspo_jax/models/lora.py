@@ -71,11 +71,25 @@ from flax import nnx
 
 from rspo_jax import sharding
 from rspo_jax.models import hf_io
+
 # The layer pieces, below models/transformer.py (which imports them).
 from rspo_jax.models.lora_layers import (  # noqa: F401  (re-exported)
-    ATTENTION_TARGETS, SUFFIX, TARGETS, TRAINABLE, Adapter, FrozenParam,
-    adapter, base_config, base_dtype, check, enabled, merge_subscripts,
-    param_kind, parse_targets, scale)
+    ATTENTION_TARGETS,
+    SUFFIX,
+    TARGETS,
+    TRAINABLE,
+    Adapter,
+    FrozenParam,
+    adapter,
+    base_config,
+    base_dtype,
+    check,
+    enabled,
+    merge_subscripts,
+    param_kind,
+    parse_targets,
+    scale,
+)
 from rspo_jax.models.transformer import Transformer, graphdef_of
 
 
@@ -106,8 +120,10 @@ def lr_line(run_cfg) -> str:
     parts.append(("B's lr", run_cfg.rspo.b_lr))
   if run_cfg.algo.name == "ppo":
     parts.append(("critic lr", run_cfg.algo.critic_lr))
-  return "; ".join(f"{name} {lr:g} x LoRA multiplier {m:g} = {lr * m:g}"
-                   " on adapters" for name, lr in parts)
+  return "; ".join(
+      f"{name} {lr:g} x LoRA multiplier {m:g} = {lr * m:g}" " on adapters"
+      for name, lr in parts
+  )
 
 
 # ------------------------------------------------------- building a model
@@ -117,8 +133,9 @@ def _transformer(cfg, seed: int = 0):
   return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
-def add_adapters(module, cfg, *, seed: int = 0, mesh=None,
-                 rules=sharding.DEFAULT_RULES):
+def add_adapters(
+    module, cfg, *, seed: int = 0, mesh=None, rules=sharding.DEFAULT_RULES
+):
   """A LoRA Transformer of ``cfg`` (``lora_rank > 0``) on the base weights
   of ``module`` (a Transformer of ``base_config(cfg)``, same layout): the
   base cast to ``base_dtype(cfg)`` (a device array keeps its sharding; with
@@ -129,7 +146,8 @@ def add_adapters(module, cfg, *, seed: int = 0, mesh=None,
     raise ValueError("add_adapters: cfg.lora_rank is 0")
 
   graphdef, adapters_abs, rest_abs = nnx.split(
-      nnx.eval_shape(lambda: _transformer(cfg, seed)), nnx.LoRAParam, ...)
+      nnx.eval_shape(lambda: _transformer(cfg, seed)), nnx.LoRAParam, ...
+  )
   out_sh = None
   if mesh is not None:
     out_sh = sharding.state_shardings(mesh, adapters_abs, rules)
@@ -141,13 +159,17 @@ def add_adapters(module, cfg, *, seed: int = 0, mesh=None,
   )()
   base = dict(nnx.to_flat_state(nnx.state(module)))
   rest_flat = nnx.to_flat_state(rest_abs)
-  missing = sorted("/".join(map(str, p)) for p, _ in rest_flat
-                   if p not in base)
+  missing = sorted("/".join(map(str, p)) for p, _ in rest_flat if p not in base)
   if missing:
-    raise ValueError(f"add_adapters: the base module lacks {missing[:4]}"
-                     " (another layout or model shape?)")
-  flat_sh = (dict(nnx.to_flat_state(sharding.state_shardings(
-      mesh, rest_abs, rules))) if mesh is not None else {})
+    raise ValueError(
+        f"add_adapters: the base module lacks {missing[:4]}"
+        " (another layout or model shape?)"
+    )
+  flat_sh = (
+      dict(nnx.to_flat_state(sharding.state_shardings(mesh, rest_abs, rules)))
+      if mesh is not None
+      else {}
+  )
   dt = jnp.dtype(base_dtype(cfg))
   out = []
   for p, var in rest_flat:
@@ -175,11 +197,17 @@ def _merge_plan(state, cfg) -> tuple:
   for path, _ in nnx.to_flat_state(state):
     if path[-1] != "a" or not str(path[-2]).endswith(SUFFIX):
       continue
-    target = str(path[-2])[:-len(SUFFIX)]
+    target = str(path[-2])[: -len(SUFFIX)]
     stacked = path[0] == "layers" and not isinstance(path[1], int)
-    plan.append((_key(path), _key(path[:-1] + ("b",)),
-                 _key(path[:-2] + (target,)),
-                 merge_subscripts(TARGETS[target][0], stacked), s))
+    plan.append(
+        (
+            _key(path),
+            _key(path[:-1] + ("b",)),
+            _key(path[:-2] + (target,)),
+            merge_subscripts(TARGETS[target][0], stacked),
+            s,
+        )
+    )
   return tuple(plan)
 
 
@@ -196,9 +224,12 @@ def _merge(flat: dict, plan: tuple, dtype: str) -> dict:
       continue
     if k in deltas:
       spec, s, a, b = deltas[k]
-      delta = jnp.einsum(spec, flat[a].astype(jnp.float32),
-                         flat[b].astype(jnp.float32),
-                         precision=jax.lax.Precision.HIGHEST)
+      delta = jnp.einsum(
+          spec,
+          flat[a].astype(jnp.float32),
+          flat[b].astype(jnp.float32),
+          precision=jax.lax.Precision.HIGHEST,
+      )
       x = x.astype(jnp.float32) + s * delta
     out[k] = x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x
   return out
@@ -217,14 +248,15 @@ def merged_params(model, cfg, dtype: Optional[str] = None):
   (``nnx.Param``) of a Transformer of the base config, in ``dtype``
   (default ``base_dtype(cfg)``), on device where the inputs are. At
   B = 0 each merged weight is its base weight exactly."""
-  state = model if isinstance(model, nnx.State) else nnx.state(model,
-                                                               nnx.Param)
+  state = model if isinstance(model, nnx.State) else nnx.state(model, nnx.Param)
   cfg0 = base_config(cfg)
   dtype = str(jnp.dtype(dtype or base_dtype(cfg)))
   flat = {_key(p): v.get_value() for p, v in nnx.to_flat_state(state)}
   out = _merge(flat, _merge_plan(state, cfg), dtype)
-  params = [(p, var.replace(out[_key(p)]))
-            for p, var in nnx.to_flat_state(_abstract_params(cfg0))]
+  params = [
+      (p, var.replace(out[_key(p)]))
+      for p, var in nnx.to_flat_state(_abstract_params(cfg0))
+  ]
   return cfg0, nnx.from_flat_state(params)
 
 
@@ -242,8 +274,9 @@ def adapters_off(params, shardings=None):
   """pi_ref of a LoRA learner: its trainable params all zero (the base with
   no adapter; a critic's head, if any, zeroed too), new buffers placed as
   ``shardings``. The adapters' size, not the model's."""
-  return jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t),
-                 out_shardings=shardings)(params)
+  return jax.jit(
+      lambda t: jax.tree.map(jnp.zeros_like, t), out_shardings=shardings
+  )(params)
 
 
 def nbytes(tree) -> int:
@@ -263,15 +296,17 @@ def peft_tensors(model, cfg, dtype: str = "float32") -> dict:
   out = {}
   for path, var in nnx.to_flat_state(state):
     host = hf_io._host_array(var.get_value(), np.dtype(dtype))  # pylint: disable=protected-access
-    target, which = str(path[-2])[:-len(SUFFIX)], path[-1]
+    target, which = str(path[-2])[: -len(SUFFIX)], path[-1]
     stacked = path[0] == "layers" and not isinstance(path[1], int)
     layers = range(host.shape[0]) if stacked else [path[1]]
     for i in layers:
       a = host[i] if stacked else host
       r = int(cfg.lora_rank)
       t = a.reshape(-1, r).T if which == "a" else a.reshape(r, -1).T
-      name = (f"base_model.model.model.layers.{i}.{TARGETS[target][1]}"
-              f".lora_{which.upper()}.weight")
+      name = (
+          f"base_model.model.model.layers.{i}.{TARGETS[target][1]}"
+          f".lora_{which.upper()}.weight"
+      )
       out[name] = np.ascontiguousarray(t)
   return dict(sorted(out.items()))
 
@@ -284,8 +319,9 @@ def peft_config(cfg, base_model: str = "") -> dict:
       "r": int(cfg.lora_rank),
       "lora_alpha": float(cfg.lora_alpha),
       "lora_dropout": 0.0,
-      "target_modules": sorted(TARGETS[t][1].split(".")[-1]
-                               for t in cfg.lora_targets),
+      "target_modules": sorted(
+          TARGETS[t][1].split(".")[-1] for t in cfg.lora_targets
+      ),
       "bias": "none",
       "fan_in_fan_out": False,
       "use_rslora": False,
@@ -295,8 +331,9 @@ def peft_config(cfg, base_model: str = "") -> dict:
   }
 
 
-def save_peft(model, cfg, path: str, *, base_model: str = "",
-              dtype: str = "float32") -> int:
+def save_peft(
+    model, cfg, path: str, *, base_model: str = "", dtype: str = "float32"
+) -> int:
   """Writes a PEFT LoRA adapter directory (adapter_config.json,
   adapter_model.safetensors) of ``model``'s adapters; returns the tensor
   bytes. All processes gather, process 0 writes."""
@@ -307,6 +344,9 @@ def save_peft(model, cfg, path: str, *, base_model: str = "",
     with open(os.path.join(path, "adapter_config.json"), "w") as f:
       json.dump(peft_config(cfg, base_model), f, indent=2, sort_keys=True)
       f.write("\n")
-    hf_io.save_safetensors(tensors, os.path.join(
-        path, "adapter_model.safetensors"), metadata={"format": "pt"})
+    hf_io.save_safetensors(
+        tensors,
+        os.path.join(path, "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
   return int(sum(t.nbytes for t in tensors.values()))

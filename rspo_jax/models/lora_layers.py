@@ -47,21 +47,27 @@ def enabled(cfg) -> bool:
 def check(cfg) -> None:
   """ValueError naming a bad ``lora_*`` field."""
   if int(cfg.lora_rank) < 0:
-    raise ValueError(f"ModelConfig.lora_rank must be >= 0, got"
-                     f" {cfg.lora_rank}")
+    raise ValueError(
+        f"ModelConfig.lora_rank must be >= 0, got" f" {cfg.lora_rank}"
+    )
   if not enabled(cfg):
     return
   if not float(cfg.lora_alpha) > 0:
-    raise ValueError(f"ModelConfig.lora_alpha must be > 0, got"
-                     f" {cfg.lora_alpha}")
+    raise ValueError(
+        f"ModelConfig.lora_alpha must be > 0, got" f" {cfg.lora_alpha}"
+    )
   targets = cfg.lora_targets
   if isinstance(targets, str) or not targets:
-    raise ValueError(f"ModelConfig.lora_targets must be a non-empty tuple of"
-                     f" {tuple(TARGETS)}, got {targets!r}")
+    raise ValueError(
+        f"ModelConfig.lora_targets must be a non-empty tuple of"
+        f" {tuple(TARGETS)}, got {targets!r}"
+    )
   bad = sorted(set(targets) - set(TARGETS))
   if bad:
-    raise ValueError(f"ModelConfig.lora_targets {bad} unknown; use some of"
-                     f" {tuple(TARGETS)}")
+    raise ValueError(
+        f"ModelConfig.lora_targets {bad} unknown; use some of"
+        f" {tuple(TARGETS)}"
+    )
 
 
 def parse_targets(text) -> tuple:
@@ -70,8 +76,9 @@ def parse_targets(text) -> tuple:
   items = {str(t).strip() for t in items if str(t).strip()}
   bad = sorted(items - set(TARGETS))
   if bad:
-    raise ValueError(f"model.lora_targets {bad} unknown; use some of"
-                     f" {tuple(TARGETS)}")
+    raise ValueError(
+        f"model.lora_targets {bad} unknown; use some of" f" {tuple(TARGETS)}"
+    )
   return tuple(t for t in TARGETS if t in items)
 
 
@@ -97,17 +104,27 @@ def base_config(cfg):
   layout of merged weights and exports."""
   if not enabled(cfg):
     return cfg
-  return dataclasses.replace(cfg, **{
-      f.name: f.default for f in dataclasses.fields(cfg)
-      if f.name.startswith("lora_")})
+  return dataclasses.replace(
+      cfg,
+      **{
+          f.name: f.default
+          for f in dataclasses.fields(cfg)
+          if f.name.startswith("lora_")
+      },
+  )
 
 
 def _terms(subscripts: str):
   """'btd,dhk->bthk' -> ('btd', 'dhk', 'bthk', in 'd', out 'hk')."""
   lhs, out = subscripts.split("->")
   x, w = lhs.split(",")
-  return x, w, out, "".join(c for c in w if c in x), "".join(
-      c for c in w if c in out)
+  return (
+      x,
+      w,
+      out,
+      "".join(c for c in w if c in x),
+      "".join(c for c in w if c in out),
+  )
 
 
 def merge_subscripts(subscripts: str, stacked: bool = False) -> str:
@@ -121,8 +138,7 @@ class Adapter(nnx.Module):
   """``(alpha / r) B(A(x))`` for one base matmul ``einsum(subscripts, x,
   W)``; A [W's input dims..., r], B [r, W's output dims...]."""
 
-  def __init__(self, cfg, subscripts: str, w_shape, w_names, *,
-               rngs: nnx.Rngs):
+  def __init__(self, cfg, subscripts: str, w_shape, w_names, *, rngs: nnx.Rngs):
     x, w, out, fin, fout = _terms(subscripts)
     assert _RANK not in subscripts, subscripts
     dims = dict(zip(w, w_shape))
@@ -132,10 +148,12 @@ class Adapter(nnx.Module):
     bound = 1.0 / math.sqrt(math.prod(dims[c] for c in fin))
     self.a = nnx.LoRAParam(
         jax.random.uniform(rngs.params(), a_shape, pdt, -bound, bound),
-        out_sharding=tuple(names[c] for c in fin) + (None,))
+        out_sharding=tuple(names[c] for c in fin) + (None,),
+    )
     self.b = nnx.LoRAParam(
         jnp.zeros((r,) + tuple(dims[c] for c in fout), pdt),
-        out_sharding=(None,) + tuple(names[c] for c in fout))
+        out_sharding=(None,) + tuple(names[c] for c in fout),
+    )
     rows = "".join(c for c in x if c not in w)
     self.down_spec = f"{x},{fin}{_RANK}->{rows}{_RANK}"
     self.up_spec = f"{rows}{_RANK},{_RANK}{fout}->{out}"
@@ -143,15 +161,21 @@ class Adapter(nnx.Module):
 
   def __call__(self, shard, x):
     """The delta in x's dtype (both einsums through ``shard.einsum``)."""
-    u = shard.einsum(self.down_spec, x, self.a.value,
-                     self.a.get_metadata().get("out_sharding"))
+    u = shard.einsum(
+        self.down_spec,
+        x,
+        self.a.value,
+        self.a.get_metadata().get("out_sharding"),
+    )
     u = u * jnp.asarray(self.scale, u.dtype)
-    return shard.einsum(self.up_spec, u, self.b.value,
-                        self.b.get_metadata().get("out_sharding"))
+    return shard.einsum(
+        self.up_spec, u, self.b.value, self.b.get_metadata().get("out_sharding")
+    )
 
 
-def adapter(cfg, target: str, w_shape, w_names, *,
-            rngs: nnx.Rngs) -> Optional[Adapter]:
+def adapter(
+    cfg, target: str, w_shape, w_names, *, rngs: nnx.Rngs
+) -> Optional[Adapter]:
   """Target ``target``'s adapter, or None (LoRA off / not a target)."""
   if not enabled(cfg) or target not in cfg.lora_targets:
     return None

@@ -69,13 +69,23 @@ def _kernel(length: int, group: int, block: int, interpret: bool):
   the cached kernel serves every program)."""
   mask = sa.MultiHeadMask([sa.CausalMask((length, length))] * group)
   sizes = sa.BlockSizes(
-      block_q=block, block_kv=block, block_kv_compute=block,
-      block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-      block_q_dq=block, block_kv_dq=block,
+      block_q=block,
+      block_kv=block,
+      block_kv_compute=block,
+      block_q_dkv=block,
+      block_kv_dkv=block,
+      block_kv_dkv_compute=block,
+      block_q_dq=block,
+      block_kv_dq=block,
   )
   with jax.ensure_compile_time_eval():
-    return sa.make_splash_mqa(mask, block_sizes=sizes, head_shards=1,
-                              q_seq_shards=1, interpret=interpret)
+    return sa.make_splash_mqa(
+        mask,
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+    )
 
 
 def kv_repeats(num_kv_heads: int, group: int, ways: int) -> Optional[int]:
@@ -110,8 +120,10 @@ def attention(q, k, v, lengths, shard):
   q = q.reshape(b, tp, kv * r, group // r, dh)
   k = pad(jnp.repeat(k.astype(q.dtype), r, axis=2))
   v = pad(jnp.repeat(v.astype(q.dtype), r, axis=2))
-  key_ids = (jnp.arange(tp, dtype=jnp.int32)[None, :]
-             < lengths.astype(jnp.int32)[:, None]).astype(jnp.int32)
+  key_ids = (
+      jnp.arange(tp, dtype=jnp.int32)[None, :]
+      < lengths.astype(jnp.int32)[:, None]
+  ).astype(jnp.int32)
   local = functools.partial(_local_attention, kernel)
   if mesh is not None:
     rows = shard.axes("batch")
@@ -121,8 +133,11 @@ def attention(q, k, v, lengths, shard):
     kv_spec = fit(P(rows, None, hd, None), k)
     ids_spec = fit(P(rows, None), key_ids)
     local = jax.shard_map(
-        local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, ids_spec),
-        out_specs=q_spec, check_vma=False,
+        local,
+        mesh=mesh,
+        in_specs=(q_spec, kv_spec, kv_spec, ids_spec),
+        out_specs=q_spec,
+        check_vma=False,
     )
   out = local(q, k, v, key_ids)
   return out.reshape(b, tp, h, dh)[:, :t]
@@ -138,7 +153,10 @@ def _local_attention(kernel, q, k, v, key_ids):
     one_head = lambda q, k, v: kernel(q, k, v, segment_ids=segments)
     return jax.vmap(one_head)(q, k, v)
 
-  out = jax.vmap(one_row)(q.transpose(0, 2, 3, 1, 4),
-                          k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                          key_ids)
+  out = jax.vmap(one_row)(
+      q.transpose(0, 2, 3, 1, 4),
+      k.transpose(0, 2, 1, 3),
+      v.transpose(0, 2, 1, 3),
+      key_ids,
+  )
   return out.transpose(0, 3, 1, 2, 4)

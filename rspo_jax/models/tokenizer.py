@@ -29,8 +29,12 @@ CHATML_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str,
-                    whole_words: Iterable[str] = ()):
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    out_dir: str,
+    whole_words: Iterable[str] = (),
+):
   """Trains a byte-level BPE on texts and writes a HF tokenizer directory.
 
   Special tokens get ids 0, 1, 2 (<|endoftext|>, <|im_start|>, <|im_end|>),
@@ -39,8 +43,14 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str,
   single tokens. eos = <|im_end|>, pad = <|endoftext|>. Returns the loaded
   tokenizer.
   """
-  from tokenizers import (AddedToken, Tokenizer, decoders, models,
-                          pre_tokenizers, trainers)
+  from tokenizers import (
+      AddedToken,
+      Tokenizer,
+      decoders,
+      models,
+      pre_tokenizers,
+      trainers,
+  )
   from transformers import PreTrainedTokenizerFast
 
   minimum = len(SPECIAL_TOKENS) + 256

@@ -136,14 +136,15 @@ class AttentionMask(NamedTuple):
   def dense(self) -> jax.Array:
     """[B, Tq, S] bool."""
     s = self.keys.shape[1]
-    causal = (jnp.arange(s, dtype=jnp.int32)[None, None, :]
-              <= self.query_slots[:, :, None])
+    causal = (
+        jnp.arange(s, dtype=jnp.int32)[None, None, :]
+        <= self.query_slots[:, :, None]
+    )
     return causal & self.keys[:, None, :]
 
   def window(self, starts, size: int) -> "AttentionMask":
     """Queries of slots [starts_b, starts_b + size) only (no kernel)."""
-    return AttentionMask(self.keys, take_window(self.query_slots, starts,
-                                                size))
+    return AttentionMask(self.keys, take_window(self.query_slots, starts, size))
 
 
 class KVCache(NamedTuple):
@@ -169,9 +170,7 @@ def init_cache(
   """An empty cache of ``max_len`` slots (no slot attendable yet)."""
   dtype = jnp.dtype(dtype or cfg.dtype)
   shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
-  zeros = lambda: tuple(
-      jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)
-  )
+  zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
   return KVCache(
       k=zeros(),
       v=zeros(),
@@ -192,7 +191,8 @@ def _einsum(shard, subscripts: str, x, var: nnx.Variable, **kw):
   """
   names = var.get_metadata().get("out_sharding")
   return jax.ad_checkpoint.checkpoint_name(
-      shard.einsum(subscripts, x, var.value, names, **kw), WEIGHT_DOT)
+      shard.einsum(subscripts, x, var.value, names, **kw), WEIGHT_DOT
+  )
 
 
 def _apply(shard, fn, x, var: nnx.Variable):
@@ -217,9 +217,7 @@ class RMSNorm(nnx.Module):
   """``y = scale * x / sqrt(mean(x^2) + eps)``, computed in float32."""
 
   def __init__(self, dim: int, eps: float, param_dtype, kind=nnx.Param):
-    self.scale = kind(
-        jnp.ones((dim,), param_dtype), out_sharding=("norm",)
-    )
+    self.scale = kind(jnp.ones((dim,), param_dtype), out_sharding=("norm",))
     self.eps = eps
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -240,15 +238,18 @@ class Attention(nnx.Module):
         cfg.head_dim,
     )
     pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
-    shapes = {"q": ((d, h, dh), ("embed", "heads", "head_dim")),
-              "k": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
-              "v": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
-              "o": ((h, dh, d), ("heads", "head_dim", "embed"))}
+    shapes = {
+        "q": ((d, h, dh), ("embed", "heads", "head_dim")),
+        "k": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
+        "v": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
+        "o": ((h, dh, d), ("heads", "head_dim", "embed")),
+    }
     for name, (shape, names) in shapes.items():
       setattr(self, name, _param(rngs, shape, names, pdt, kind=kind))
     if cfg.qkv_bias:
-      self.q_bias = _param(rngs, (h, dh), ("heads", "head_dim"), pdt, "zeros",
-                           kind)
+      self.q_bias = _param(
+          rngs, (h, dh), ("heads", "head_dim"), pdt, "zeros", kind
+      )
       self.k_bias = _param(
           rngs, (kv, dh), ("kv_heads", "head_dim"), pdt, "zeros", kind
       )
@@ -259,8 +260,11 @@ class Attention(nnx.Module):
       self.q_bias = self.k_bias = self.v_bias = None
     # LoRA adapters (lora.py): None unless cfg.lora_rank and a target.
     for name, (shape, names) in shapes.items():
-      setattr(self, name + lora.SUFFIX,
-              lora.adapter(cfg, name, shape, names, rngs=rngs))
+      setattr(
+          self,
+          name + lora.SUFFIX,
+          lora.adapter(cfg, name, shape, names, rngs=rngs),
+      )
     self.cfg = cfg
 
   def _proj(self, x, w, b, shard, adapter=None):
@@ -272,7 +276,13 @@ class Attention(nnx.Module):
     return y
 
   def __call__(
-      self, x, positions, mask, kv_cache=None, index=None, queries=None,
+      self,
+      x,
+      positions,
+      mask,
+      kv_cache=None,
+      index=None,
+      queries=None,
       shard=NO_SHARDING,
   ):
     """x [B,T,D]; mask an ``AttentionMask`` of Tq queries and S keys.
@@ -303,7 +313,11 @@ class Attention(nnx.Module):
         out = cudnn_attention.attention(q, k, v, mask.lengths, shard)
       else:
         out = jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, key_value_seq_lengths=mask.lengths,
+            q,
+            k,
+            v,
+            is_causal=True,
+            key_value_seq_lengths=mask.lengths,
             implementation=impl,
         )
       out = shard(out.astype(x.dtype), QUERY)
@@ -349,14 +363,19 @@ class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
     pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
-    shapes = {"gate": ((d, f), ("embed", "mlp")),
-              "up": ((d, f), ("embed", "mlp")),
-              "down": ((f, d), ("mlp", "embed"))}
+    shapes = {
+        "gate": ((d, f), ("embed", "mlp")),
+        "up": ((d, f), ("embed", "mlp")),
+        "down": ((f, d), ("mlp", "embed")),
+    }
     for name, (shape, names) in shapes.items():
       setattr(self, name, _param(rngs, shape, names, pdt, kind=kind))
     for name, (shape, names) in shapes.items():  # LoRA (lora.py) or None
-      setattr(self, name + lora.SUFFIX,
-              lora.adapter(cfg, name, shape, names, rngs=rngs))
+      setattr(
+          self,
+          name + lora.SUFFIX,
+          lora.adapter(cfg, name, shape, names, rngs=rngs),
+      )
 
   def _mm(self, subscripts, x, name, shard):
     y = _einsum(shard, subscripts, x, getattr(self, name))
@@ -376,13 +395,19 @@ class Block(nnx.Module):
     pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
     self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, kind)
     self.attn = Attention(cfg, rngs=rngs)
-    self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt,
-                                  kind)
+    self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, kind)
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(
-      self, x, positions, mask, kv_cache=None, index=None, starts=None,
-      window=0, shard=NO_SHARDING,
+      self,
+      x,
+      positions,
+      mask,
+      kv_cache=None,
+      index=None,
+      starts=None,
+      window=0,
+      shard=NO_SHARDING,
   ):
     """With ``window = R > 0``: the outputs of positions [starts_b, starts_b
     + R) only, [B, R, D] (their queries attend all keys as usual)."""
@@ -494,7 +519,8 @@ REMAT = {
     "full": None,
     "dots": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names(WEIGHT_DOT)),
+        jax.checkpoint_policies.save_only_these_names(WEIGHT_DOT),
+    ),
 }
 _RUN_BLOCK = {
     name: nnx.remat(_run_block, static_argnums=(7, 8), policy=policy)
@@ -511,8 +537,12 @@ class Transformer(nnx.Module):
     lora.check(cfg)
     pdt, kind = jnp.dtype(lora.base_dtype(cfg)), lora.param_kind(cfg)
     self.embedding = _param(
-        rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pdt,
-        kind=kind)
+        rngs,
+        (cfg.vocab_size, cfg.hidden_size),
+        ("vocab", "embed"),
+        pdt,
+        kind=kind,
+    )
     blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
     if cfg.scan_layers:  # one Block of [L, ...] variables, same values
       self.layers = nnx.merge(
@@ -525,8 +555,12 @@ class Transformer(nnx.Module):
       self.lm_head = None
     else:
       self.lm_head = _param(
-          rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt,
-          kind=kind)
+          rngs,
+          (cfg.hidden_size, cfg.vocab_size),
+          ("embed", "vocab"),
+          pdt,
+          kind=kind,
+      )
 
   def __call__(
       self,
@@ -620,8 +654,9 @@ class Transformer(nnx.Module):
       return block(h, positions, mask, shard=shard)[0], None
 
     if self.cfg.remat != "none":
-      body = jax.checkpoint(body, prevent_cse=False,
-                            policy=REMAT[self.cfg.remat])
+      body = jax.checkpoint(
+          body, prevent_cse=False, policy=REMAT[self.cfg.remat]
+      )
     return jax.lax.scan(body, x, stacked)[0]
 
   def _embed(self, tokens, shard) -> jax.Array:
@@ -661,11 +696,13 @@ class Transformer(nnx.Module):
     """``hidden W_out`` in float32 accumulation, [B,T,V]."""
     shard = self._activation_sharding(hidden)
     if self.lm_head is None:
-      logits = _einsum(shard, "btd,vd->btv", hidden, self.embedding,
-                       out_dtype=jnp.float32)
+      logits = _einsum(
+          shard, "btd,vd->btv", hidden, self.embedding, out_dtype=jnp.float32
+      )
     else:
-      logits = _einsum(shard, "btd,dv->btv", hidden, self.lm_head,
-                       out_dtype=jnp.float32)
+      logits = _einsum(
+          shard, "btd,dv->btv", hidden, self.lm_head, out_dtype=jnp.float32
+      )
     return shard(logits, LOGITS)
 
 
@@ -692,8 +729,9 @@ def _vocab_parallel_take(table, tokens, shard, vocab, rows) -> jax.Array:
   return shard.put(x, P(rows, None, None))
 
 
-def target_logprobs(logits: jax.Array, targets: jax.Array, *,
-                    by_gather: bool = False) -> jax.Array:
+def target_logprobs(
+    logits: jax.Array, targets: jax.Array, *, by_gather: bool = False
+) -> jax.Array:
   """``logp[..., i] = logits[..., i, y_i] - logsumexp(logits[..., i, :])``
 
   (``y = targets``), without materialising a full log-softmax. Two ways to
@@ -713,7 +751,8 @@ def target_logprobs(logits: jax.Array, targets: jax.Array, *,
   lg = logits.astype(jnp.float32)
   if by_gather:
     picked = jnp.take_along_axis(
-        lg, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        lg, targets[..., None].astype(jnp.int32), axis=-1
+    )[..., 0]
   else:
     vocab = jnp.arange(lg.shape[-1], dtype=jnp.int32)
     hit = targets[..., None].astype(jnp.int32) == vocab
@@ -721,8 +760,9 @@ def target_logprobs(logits: jax.Array, targets: jax.Array, *,
   return picked - jax.nn.logsumexp(lg, axis=-1)
 
 
-def token_logprobs(logits: jax.Array, tokens: jax.Array, *,
-                   by_gather: bool = False) -> jax.Array:
+def token_logprobs(
+    logits: jax.Array, tokens: jax.Array, *, by_gather: bool = False
+) -> jax.Array:
   """``logp[:, t] = logits[:, t-1, tokens[:, t]] - logsumexp(logits[:, t-1])``.
 
   ``logp[:, 0] = 0`` (nothing predicts the first token). Returns [B,T] f32.

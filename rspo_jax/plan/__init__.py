@@ -85,7 +85,6 @@ V vocab.) A dimension that does not divide its mesh axis is replicated
 ``warnings`` name such dimensions.
 """
 
-
 from __future__ import annotations
 
 # The plan's modules, lowest first (each imports only those above it):

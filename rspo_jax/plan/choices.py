@@ -22,19 +22,24 @@ from rspo_jax.plan.memory import (
     train_rows,
 )
 
-
 # A choice must fit in this share of the usable memory: the estimates are
 # within 10 % of what XLA compiles at the calibrated shapes
 # (tests/plan_compiled_test.py; 0.8 at short sequences), so a choice at
 # 98 % of the device would not be one.
 CHOICE_HEADROOM = 0.9
-REMAT_BY = ("plan: the lightest of none, dots, full whose train step fits"
-            f" in {CHOICE_HEADROOM:g} of the usable memory")
-CHUNK_BY = (f"plan: one pass (0) if the prefill fits in {CHOICE_HEADROOM:g}"
-            " of the usable memory, else the widest block that does")
-ROWS_BY = ("plan: no cap (0) if a prefill of a host's episodes fits in"
-           f" {CHOICE_HEADROOM:g} of the usable memory (at some prefill"
-           " block), else the most rows a call that do")
+REMAT_BY = (
+    "plan: the lightest of none, dots, full whose train step fits"
+    f" in {CHOICE_HEADROOM:g} of the usable memory"
+)
+CHUNK_BY = (
+    f"plan: one pass (0) if the prefill fits in {CHOICE_HEADROOM:g}"
+    " of the usable memory, else the widest block that does"
+)
+ROWS_BY = (
+    "plan: no cap (0) if a prefill of a host's episodes fits in"
+    f" {CHOICE_HEADROOM:g} of the usable memory (at some prefill"
+    " block), else the most rows a call that do"
+)
 
 
 def prefill_chunks(prompt: int) -> list:
@@ -69,13 +74,15 @@ def with_keys(cfg, keys: Mapping):
 
 
 def _memory(cfg, mesh, layout, mcfg=None, **kw) -> dict:
-  return memory_per_device(cfg, mcfg or plan_model_config(cfg), mesh,
-                           layout, **kw)
+  return memory_per_device(
+      cfg, mcfg or plan_model_config(cfg), mesh, layout, **kw
+  )
 
 
 def _fits(mem, usable, phase=None) -> bool:
-  key = {"train": "train_transient_GB",
-         "rollout": "rollout_transient_GB"}.get(phase)
+  key = {"train": "train_transient_GB", "rollout": "rollout_transient_GB"}.get(
+      phase
+  )
   need = mem["resident_GB"] + mem[key] if key else mem["total_GB"]
   return need <= usable
 
@@ -113,15 +120,20 @@ def choose(cfg, layout, usable: Optional[float]) -> dict:
   out = {"model.remat": {"value": remat_of(cfg), "by": "config"}}
   if in_process:
     out["rollout.prefill_chunk"] = {
-        "value": chunk, "by": "config" if chunk is not None else
-        "engine default (64 on CPU, one pass elsewhere)"}
+        "value": chunk,
+        "by": "config"
+        if chunk is not None
+        else "engine default (64 on CPU, one pass elsewhere)",
+    }
     out["rollout.engine_max_rows"] = {
-        "value": max_rows, "by": "config" if max_rows is not None else
-        "engine default (no cap)"}
+        "value": max_rows,
+        "by": "config" if max_rows is not None else "engine default (no cap)",
+    }
   if usable is None:
     if remat_auto:
-      out["model.remat"]["by"] = ("plan: no device memory to plan with"
-                                  " (mesh.device_memory_gb)")
+      out["model.remat"]["by"] = (
+          "plan: no device memory to plan with" " (mesh.device_memory_gb)"
+      )
     return out
   import dataclasses
 
@@ -129,8 +141,7 @@ def choose(cfg, layout, usable: Optional[float]) -> dict:
   room = usable * CHOICE_HEADROOM
   if remat_auto:
     for policy in REMAT_POLICIES:
-      mem = _memory(cfg, mesh, layout,
-                    dataclasses.replace(mcfg, remat=policy))
+      mem = _memory(cfg, mesh, layout, dataclasses.replace(mcfg, remat=policy))
       if _fits(mem, room, "train"):
         break
     out["model.remat"] = {"value": policy, "by": REMAT_BY}
@@ -141,8 +152,7 @@ def choose(cfg, layout, usable: Optional[float]) -> dict:
     fit = None
     for cap in caps:
       for c in chunks:
-        mem = _memory(cfg, mesh, layout, mcfg, prefill_chunk=c,
-                      max_rows=cap)
+        mem = _memory(cfg, mesh, layout, mcfg, prefill_chunk=c, max_rows=cap)
         if _fits(mem, room, "rollout"):
           fit = (cap, c)
           break
@@ -165,27 +175,37 @@ def _trial_fixes(cfg, layout) -> list:
   """One-key changes that cut a device's memory, least disruptive first:
   ({key: value}, what it does)."""
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
-  per = (layout["devices_per_host"] if layout["hosts"] > 1
-         else math.prod(mesh))
+  per = layout["devices_per_host"] if layout["hosts"] > 1 else math.prod(mesh)
   fixes = []
   if cfg.rollout.engine == "jax":
     t_now = int(cfg.rollout.engine_tensor) or mesh[2]
     for t in range(t_now + 1, per + 1):
       if per % t == 0:
-        fixes.append(({"rollout.engine_tensor": t},
-                      "the engine's weights split over more devices"))
+        fixes.append(
+            (
+                {"rollout.engine_tensor": t},
+                "the engine's weights split over more devices",
+            )
+        )
   if mesh[0] > 1:
-    fixes.append(({"mesh.shape": (1, mesh[0] * mesh[1], mesh[2])},
-                  "FSDP over every device (--mesh=...:data=1)"))
+    fixes.append(
+        (
+            {"mesh.shape": (1, mesh[0] * mesh[1], mesh[2])},
+            "FSDP over every device (--mesh=...:data=1)",
+        )
+    )
   if cfg.rollout.engine == "jax":
-    fixes.append(({"rollout.engine": "sglang"},
-                  "rollout on SGLang servers, off the learner devices"))
+    fixes.append(
+        (
+            {"rollout.engine": "sglang"},
+            "rollout on SGLang servers, off the learner devices",
+        )
+    )
   micro = train_rows(cfg)
   ways = mesh[0] * mesh[1]
   while micro // 2 >= ways and micro > 1:
     micro //= 2
-    fixes.append(({"train.micro_batch_rows": micro},
-                  "smaller micro-batches"))
+    fixes.append(({"train.micro_batch_rows": micro}, "smaller micro-batches"))
   return fixes
 
 
@@ -199,18 +219,21 @@ def fit_message(cfg, layout, usable: float) -> Optional[str]:
   mem = _memory(plan_cfg, mesh, layout)
   if _fits(mem, usable):
     return None
-  what = (f"{cfg.model.preset} {cfg.env.name} {cfg.algo.name} on mesh"
-          f" {'x'.join(map(str, mesh))} ({layout['devices']}"
-          f" {layout['platform']} devices): {mem['total_GB']:.1f} GB a device"
-          f" (resident {mem['resident_GB']:.1f} + {mem['peak_phase']})"
-          f" exceeds the {usable:.1f} GB usable")
+  what = (
+      f"{cfg.model.preset} {cfg.env.name} {cfg.algo.name} on mesh"
+      f" {'x'.join(map(str, mesh))} ({layout['devices']}"
+      f" {layout['platform']} devices): {mem['total_GB']:.1f} GB a device"
+      f" (resident {mem['resident_GB']:.1f} + {mem['peak_phase']})"
+      f" exceeds the {usable:.1f} GB usable"
+  )
   best = None
   for keys, why in _trial_fixes(cfg, layout):
     trial = with_keys(cfg, keys)
     tl = dict(layout)
     if "mesh.shape" in keys:
-      tl = dict(layout, mesh=dict(zip(("data", "fsdp", "tensor"),
-                                      keys["mesh.shape"])))
+      tl = dict(
+          layout, mesh=dict(zip(("data", "fsdp", "tensor"), keys["mesh.shape"]))
+      )
     tmesh = [tl["mesh"][a] for a in ("data", "fsdp", "tensor")]
     try:
       got = _memory(resolved(trial, choose(trial, tl, usable)), tmesh, tl)
@@ -218,13 +241,19 @@ def fit_message(cfg, layout, usable: float) -> Optional[str]:
       continue
     change = ",".join(f"{k}={v}" for k, v in keys.items()).replace(" ", "")
     if _fits(got, usable):
-      return (f"{what}; set {change} ({why}: {got['total_GB']:.1f} GB)")
+      return f"{what}; set {change} ({why}: {got['total_GB']:.1f} GB)"
     if best is None or got["total_GB"] < best[0]:
       best = (got["total_GB"], change, why)
-  closest = (f"; no one key fits it (closest: {best[1]}, {best[2]}:"
-             f" {best[0]:.1f} GB)" if best else "")
-  return (f"{what}{closest}: add devices (a larger mesh, --mesh) or take a"
-          " smaller model (model=)")
+  closest = (
+      f"; no one key fits it (closest: {best[1]}, {best[2]}:"
+      f" {best[0]:.1f} GB)"
+      if best
+      else ""
+  )
+  return (
+      f"{what}{closest}: add devices (a larger mesh, --mesh) or take a"
+      " smaller model (model=)"
+  )
 
 
 def resolve_run(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
@@ -295,12 +324,20 @@ def overlap_problem(cfg, layout) -> Optional[str]:
   recompute = bool(cfg.rspo.recompute_behavior_logp)
   if not (in_process or recompute):
     return None  # the thread only talks HTTP to SGLang servers
-  what = ("the in-process engine's prefill and decode" if in_process
-          else "the behaviour log-prob pass (rspo.recompute_behavior_logp)")
-  return (f"rollout.overlap=1 on {devices} devices: overlap's thread would"
-          f" run {what} beside the update, two threads launching"
-          " collectives on the same devices (a NCCL deadlock); set"
-          " rollout.overlap=0, or run on one device"
-          + ("" if not in_process else
-             ", or rollout.engine=sglang with"
-             " rspo.recompute_behavior_logp=False"))
+  what = (
+      "the in-process engine's prefill and decode"
+      if in_process
+      else "the behaviour log-prob pass (rspo.recompute_behavior_logp)"
+  )
+  return (
+      f"rollout.overlap=1 on {devices} devices: overlap's thread would"
+      f" run {what} beside the update, two threads launching"
+      " collectives on the same devices (a NCCL deadlock); set"
+      " rollout.overlap=0, or run on one device"
+      + (
+          ""
+          if not in_process
+          else ", or rollout.engine=sglang with"
+          " rspo.recompute_behavior_logp=False"
+      )
+  )

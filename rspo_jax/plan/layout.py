@@ -17,7 +17,6 @@ import math
 import os
 from typing import Mapping, Optional
 
-
 GB = 1024**3
 
 
@@ -44,8 +43,7 @@ def cross_host_axes(mesh_shape, num_hosts: int) -> list:
   over the row-major mesh (the trailing axes fill a host first)."""
   per_host = math.prod(mesh_shape) // max(num_hosts, 1)
   crossing = []
-  for name, size in reversed(list(zip(("data", "fsdp", "tensor"),
-                                      mesh_shape))):
+  for name, size in reversed(list(zip(("data", "fsdp", "tensor"), mesh_shape))):
     if per_host >= size and per_host % size == 0:
       per_host //= size
     else:
@@ -64,9 +62,7 @@ def resolve_layout(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
   mesh_cfg = cfg.mesh  # num_hosts, devices_per_host, platform: set by a
   # configs/mesh/*.py file; 0 / "" (the base config's) means "not declared"
   shape = [int(s) for s in mesh_cfg.shape]
-  hosts = _env_int(environ, "RSPO_NUM_HOSTS") or int(
-      mesh_cfg.num_hosts or 0
-  )
+  hosts = _env_int(environ, "RSPO_NUM_HOSTS") or int(mesh_cfg.num_hosts or 0)
   per_host = _env_int(environ, "RSPO_DEVICES_PER_HOST") or int(
       mesh_cfg.devices_per_host or 0
   )
@@ -119,8 +115,9 @@ def resolve_layout(cfg, environ: Optional[Mapping[str, str]] = None) -> dict:
 DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates 75 % of a GPU by default
 
 
-def mem_fraction(environ: Mapping[str, str],
-                 platform: str = "gpu") -> tuple[float, str]:
+def mem_fraction(
+    environ: Mapping[str, str], platform: str = "gpu"
+) -> tuple[float, str]:
   """(fraction of a device JAX may use, where it came from). GPU:
   ``XLA_PYTHON_CLIENT_MEM_FRACTION``; 1.0 without preallocation
   (``XLA_PYTHON_CLIENT_PREALLOCATE=false``); else JAX's default 0.75. TPU
@@ -134,8 +131,10 @@ def mem_fraction(environ: Mapping[str, str],
     except ValueError:
       fraction = -1.0
     if not 0.0 < fraction <= 1.0:
-      raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={value!r} is not a"
-                       " number in (0, 1]")
+      raise ValueError(
+          f"XLA_PYTHON_CLIENT_MEM_FRACTION={value!r} is not a"
+          " number in (0, 1]"
+      )
     return fraction, "XLA_PYTHON_CLIENT_MEM_FRACTION"
   if environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() == "false":
     return 1.0, "XLA_PYTHON_CLIENT_PREALLOCATE=false"

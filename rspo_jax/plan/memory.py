@@ -38,19 +38,19 @@ def engine_shapes(cfg, layout, chunk="config", max_rows="config") -> dict:
   from rspo_jax.rollout import engine_layout as je
 
   on_cpu = layout["platform"] == "cpu"
-  episodes = -(-cfg.train.batch_tasks * cfg.train.group_size
-               // layout["hosts"])
+  episodes = -(-cfg.train.batch_tasks * cfg.train.group_size // layout["hosts"])
   if max_rows == "config":
     max_rows = cfg.rollout.engine_max_rows
-  cap = je.rows_per_call(je.BATCH_BUCKETS,
-                         je.CPU_GROUP_ROWS if on_cpu else 0,
-                         int(max_rows or 0))
+  cap = je.rows_per_call(
+      je.BATCH_BUCKETS, je.CPU_GROUP_ROWS if on_cpu else 0, int(max_rows or 0)
+  )
   calls = -(-episodes // cap)
-  rows = je.bucket_size(-(-episodes // calls), je.BATCH_BUCKETS,
-                        "batch size")
-  prompt = je.bucket_size(min(cfg.rollout.max_prompt_tokens,
-                              max(je.PROMPT_BUCKETS)), je.PROMPT_BUCKETS,
-                          "prompt length")
+  rows = je.bucket_size(-(-episodes // calls), je.BATCH_BUCKETS, "batch size")
+  prompt = je.bucket_size(
+      min(cfg.rollout.max_prompt_tokens, max(je.PROMPT_BUCKETS)),
+      je.PROMPT_BUCKETS,
+      "prompt length",
+  )
   new = je.round_up(cfg.rollout.max_new_tokens, 16)
   if chunk == "config":  # else the block width to plan with
     chunk = cfg.rollout.prefill_chunk
@@ -61,15 +61,23 @@ def engine_shapes(cfg, layout, chunk="config", max_rows="config") -> dict:
   own = int(cfg.rollout.engine_tensor)  # build.make_engine_mesh
   per = layout["devices_per_host"] if layout["hosts"] > 1 else math.prod(mesh)
   if own and per % own:
-    raise ValueError(f"rollout.engine_tensor={own} does not divide the"
-                     f" {per} devices of a host")
+    raise ValueError(
+        f"rollout.engine_tensor={own} does not divide the"
+        f" {per} devices of a host"
+    )
   if layout["hosts"] > 1:  # distributed.host_mesh
     t = own or (1 if "tensor" in layout["cross_host_axes"] else mesh[2])
     mesh = [1, per // t, t]
   elif own and own != mesh[2]:
     mesh = [1, per // own, own]
-  return dict(rows=rows, prompt=prompt, new=new, chunk=chunk, mesh=mesh,
-              calls_per_turn=calls)
+  return dict(
+      rows=rows,
+      prompt=prompt,
+      new=new,
+      chunk=chunk,
+      mesh=mesh,
+      calls_per_turn=calls,
+  )
 
 
 def step_rows(cfg) -> int:
@@ -117,8 +125,9 @@ def run_dtypes(cfg, mcfg) -> dict:
       "grad_accumulation": mcfg.param_dtype,
       "compute": mcfg.dtype,
       "reference": mcfg.inference_dtype,
-      "engine": (mcfg.inference_dtype if cfg.rollout.engine == "jax"
-                 else export),
+      "engine": (
+          mcfg.inference_dtype if cfg.rollout.engine == "jax" else export
+      ),
       "export": export,
       "remat": mcfg.remat,
       "scan_layers": bool(mcfg.scan_layers),
@@ -136,19 +145,39 @@ def _update_passes(cfg, mcfg, mesh_shape, ways: int, platform: str):
   # One optimizer update: its rows in micro-batches of ``train_rows``
   # (a float32 gradient sum when there are several).
   rows, n_micro = update_rows(cfg), micro_batches(cfg)
-  train = train_step_bytes(mcfg, mesh_shape, n_micro * train_rows(cfg), seq,
-                           window=window, n_micro=n_micro,
-                           platform=platform)
+  train = train_step_bytes(
+      mcfg,
+      mesh_shape,
+      n_micro * train_rows(cfg),
+      seq,
+      window=window,
+      n_micro=n_micro,
+      platform=platform,
+  )
   # pi_old / pi_ref of an update's rows: ``Learner.apply`` in chunks of at
   # most micro-batch rows inside one call (``learner.apply_chunks``).
   from rspo_jax.learner import apply_chunks
 
   chunks = apply_chunks(rows, train_rows(cfg), ways)
-  old = logprob_bytes(mcfg, mesh_shape, rows, seq, window=window,
-                      n_chunks=chunks, platform=platform)
-  ref_pass = logprob_bytes(mcfg, mesh_shape, rows, seq, window=window,
-                           n_chunks=chunks, param_dtype=mcfg.inference_dtype,
-                           platform=platform)
+  old = logprob_bytes(
+      mcfg,
+      mesh_shape,
+      rows,
+      seq,
+      window=window,
+      n_chunks=chunks,
+      platform=platform,
+  )
+  ref_pass = logprob_bytes(
+      mcfg,
+      mesh_shape,
+      rows,
+      seq,
+      window=window,
+      n_chunks=chunks,
+      param_dtype=mcfg.inference_dtype,
+      platform=platform,
+  )
   return rows, n_micro, train, old, ref_pass
 
 
@@ -158,25 +187,41 @@ def _engine_terms(cfg, mcfg, layout, prefill_chunk, max_rows):
   if cfg.rollout.engine != "jax":
     return None, (0.0, 0.0, 0.0, 0.0)
   eng = engine_shapes(cfg, layout, prefill_chunk, max_rows)
-  pre = prefill_bytes(mcfg, eng["mesh"], eng["rows"], eng["prompt"],
-                      eng["new"], chunk=eng["chunk"])
+  pre = prefill_bytes(
+      mcfg,
+      eng["mesh"],
+      eng["rows"],
+      eng["prompt"],
+      eng["new"],
+      chunk=eng["chunk"],
+  )
   return eng, (pre["weights"], pre["cache"], pre["scores"], pre["second"])
 
 
-def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
-                      prefill_chunk="config", max_rows="config") -> dict:
+def memory_per_device(
+    cfg,
+    mcfg,
+    mesh_shape,
+    layout=None,
+    *,
+    prefill_chunk="config",
+    max_rows="config",
+) -> dict:
   """The run's bytes per device (``rspo_jax.plan``'s docstring), in GiB
   for the ``*_GB`` keys. ``layout`` (``resolve_layout``): platform and
   hosts; a one-host GPU by default."""
   layout = layout or {
-      "platform": "gpu", "hosts": 1, "devices_per_host": math.prod(
-          mesh_shape),
-      "mesh": dict(zip(("data", "fsdp", "tensor"), mesh_shape))}
+      "platform": "gpu",
+      "hosts": 1,
+      "devices_per_host": math.prod(mesh_shape),
+      "mesh": dict(zip(("data", "fsdp", "tensor"), mesh_shape)),
+  }
   platform = layout["platform"]
   x = _dims(mcfg, mesh_shape)
   p, shard = x["p"], x["shard"]
   rows, n_micro, train, old, ref_pass = _update_passes(
-      cfg, mcfg, mesh_shape, x["ways"], platform)
+      cfg, mcfg, mesh_shape, x["ways"], platform
+  )
 
   state, base = train["state"], train["base"]
   lora_p = x["p_a"]
@@ -188,28 +233,37 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
   ref = x["w"] * lora_p / shard if lora_p else ref_pass["params"]
   # The PRM's backbone: on the run's mesh with one host, else on each
   # host's own devices (build.prm_mesh), split over all of them.
-  prm_shard = (layout["devices_per_host"] if layout["hosts"] > 1
-               else shard)
-  prm = (x["c"] * p / prm_shard if cfg.rspo.enabled
-         and cfg.rspo.dense_reward == "prm" else 0.0)
+  prm_shard = layout["devices_per_host"] if layout["hosts"] > 1 else shard
+  prm = (
+      x["c"] * p / prm_shard
+      if cfg.rspo.enabled and cfg.rspo.dense_reward == "prm"
+      else 0.0
+  )
   in_process = cfg.rollout.engine == "jax"
   eng, (engine, kv_cache, prefill, second_cache) = _engine_terms(
-      cfg, mcfg, layout, prefill_chunk, max_rows)
+      cfg, mcfg, layout, prefill_chunk, max_rows
+  )
   # Overlap: the next collection's weights, copied before each update
   # (Learner.frozen_params) when its thread recomputes their log-probs.
   overlap = bool(cfg.rollout.overlap)
-  snapshot = (x["w"] * (lora_p or p) / shard if overlap
-              and cfg.rspo.recompute_behavior_logp else 0.0)
-  resident = (base + state + policy_b + critic + ref + engine + prm
-              + snapshot)
+  snapshot = (
+      x["w"] * (lora_p or p) / shard
+      if overlap and cfg.rspo.recompute_behavior_logp
+      else 0.0
+  )
+  resident = base + state + policy_b + critic + ref + engine + prm + snapshot
   train_transient = train["batch"] + train["transient"]
   logprob_transient = max(old["transient"], ref_pass["transient"])
   rollout = kv_cache + second_cache + prefill
   if overlap:  # the thread's prefill or log-prob pass beside the update
-    train_transient += max(rollout if in_process else 0.0,
-                           old["transient"] if snapshot else 0.0)
-  phases = {"train step": train_transient, "log-probs": logprob_transient,
-            "rollout prefill": rollout}
+    train_transient += max(
+        rollout if in_process else 0.0, old["transient"] if snapshot else 0.0
+    )
+  phases = {
+      "train step": train_transient,
+      "log-probs": logprob_transient,
+      "rollout prefill": rollout,
+  }
   peak_phase = max(phases, key=phases.get)
   total = resident + phases[peak_phase]
   out = {
@@ -245,8 +299,9 @@ def memory_per_device(cfg, mcfg, mesh_shape, layout=None, *,
       "peak_phase": peak_phase,
   }
   if eng is not None:
-    out["engine_prefill"] = {k: eng[k] for k in
-                             ("rows", "prompt", "new", "chunk")}
+    out["engine_prefill"] = {
+        k: eng[k] for k in ("rows", "prompt", "new", "chunk")
+    }
   return {k_: v / GB if k_.endswith("_GB") else v for k_, v in out.items()}
 
 
@@ -307,11 +362,13 @@ def plan_model_config(cfg):
   from rspo_jax.models import lora
 
   m = cfg.model
-  overrides = {"dtype": m.dtype,  # as build.model_numerics sets them
-               "param_dtype": str(m.param_dtype or "float32"),
-               "remat": remat_of(cfg),
-               "scan_layers": bool(m.scan_layers),
-               "attention": m.attention}
+  overrides = {
+      "dtype": m.dtype,  # as build.model_numerics sets them
+      "param_dtype": str(m.param_dtype or "float32"),
+      "remat": remat_of(cfg),
+      "scan_layers": bool(m.scan_layers),
+      "attention": m.attention,
+  }
   for item in filter(None, m.overrides.split(";")):
     key, _, value = item.partition("=")
     overrides[key.strip()] = int(value)
@@ -321,13 +378,17 @@ def plan_model_config(cfg):
       mcfg = models.ModelConfig.from_hf_dict(json.load(f), **overrides)
   else:
     if m.preset in models.LOCAL_TOKENIZER_PRESETS:
-      overrides.setdefault("vocab_size",
-                           models.local_vocab_size(int(m.tokenizer_vocab)))
+      overrides.setdefault(
+          "vocab_size", models.local_vocab_size(int(m.tokenizer_vocab))
+      )
     mcfg = models.get_model_config(m.preset, **overrides)
   rank = int(m.lora_rank)  # the one read of model.lora_rank in the plan
   if rank:
     mcfg = dataclasses.replace(
-        mcfg, lora_rank=rank, lora_alpha=float(m.lora_alpha),
-        lora_targets=lora.parse_targets(m.lora_targets))
+        mcfg,
+        lora_rank=rank,
+        lora_alpha=float(m.lora_alpha),
+        lora_targets=lora.parse_targets(m.lora_targets),
+    )
     lora.check(mcfg)
   return mcfg

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-
 # Live buffers at each compiled program's peak, in copies of an array.
 # Counted from XLA's buffer assignment (``memory_analysis``) of the scanned,
 # rematerialised programs compiled on CPU with a memory-minimising schedule
@@ -66,8 +65,12 @@ def attention_fused(mcfg, platform: str) -> bool:
     return False
   if platform == "tpu":
     return "splash" in ATTENTION
-  return (platform == "gpu" and mcfg.dtype in ("bfloat16", "float16")
-          and mcfg.head_dim % 8 == 0 and mcfg.head_dim <= 128)
+  return (
+      platform == "gpu"
+      and mcfg.dtype in ("bfloat16", "float16")
+      and mcfg.head_dim % 8 == 0
+      and mcfg.head_dim <= 128
+  )
 
 
 def _dims(mcfg, mesh_shape):
@@ -75,23 +78,45 @@ def _dims(mcfg, mesh_shape):
 
   data, fsdp, tensor = (int(x) for x in mesh_shape)
   p = mcfg.num_params()
-  embed = mcfg.vocab_size * mcfg.hidden_size * (
-      1 if mcfg.tie_word_embeddings else 2)
+  embed = (
+      mcfg.vocab_size
+      * mcfg.hidden_size
+      * (1 if mcfg.tie_word_embeddings else 2)
+  )
   return dict(
-      p=p, p_layer=(p - embed) / mcfg.num_layers, shard=fsdp * tensor,
-      ways=data * fsdp, fsdp=fsdp, t=tensor, w=DTYPES[mcfg.param_dtype],
-      c=DTYPES[mcfg.dtype], inf=DTYPES[mcfg.inference_dtype],
-      d=mcfg.hidden_size, f=mcfg.intermediate_size, h=mcfg.num_heads,
-      k=mcfg.num_kv_heads, hd=mcfg.head_dim, v=mcfg.vocab_size,
-      layers=mcfg.num_layers, p_a=adapter_params(mcfg))
+      p=p,
+      p_layer=(p - embed) / mcfg.num_layers,
+      shard=fsdp * tensor,
+      ways=data * fsdp,
+      fsdp=fsdp,
+      t=tensor,
+      w=DTYPES[mcfg.param_dtype],
+      c=DTYPES[mcfg.dtype],
+      inf=DTYPES[mcfg.inference_dtype],
+      d=mcfg.hidden_size,
+      f=mcfg.intermediate_size,
+      h=mcfg.num_heads,
+      k=mcfg.num_kv_heads,
+      hd=mcfg.head_dim,
+      v=mcfg.vocab_size,
+      layers=mcfg.num_layers,
+      p_a=adapter_params(mcfg),
+  )
 
 
 # target -> (input width, output width) of its base matmul (lora.TARGETS)
 def _lora_widths(mcfg) -> dict:
   d, f = mcfg.hidden_size, mcfg.intermediate_size
   q, kv = mcfg.num_heads * mcfg.head_dim, mcfg.num_kv_heads * mcfg.head_dim
-  return {"q": (d, q), "k": (d, kv), "v": (d, kv), "o": (q, d),
-          "gate": (d, f), "up": (d, f), "down": (f, d)}
+  return {
+      "q": (d, q),
+      "k": (d, kv),
+      "v": (d, kv),
+      "o": (q, d),
+      "gate": (d, f),
+      "up": (d, f),
+      "down": (f, d),
+  }
 
 
 def adapter_params(mcfg) -> int:
@@ -109,8 +134,9 @@ def block_width(x) -> float:
   8 d + 3 F / t + (H + 2K) hd / t."""
   kd, kf, kh = BLOCK_COPIES
   t = x["t"]
-  return kd * x["d"] + kf * x["f"] / t + kh * (x["h"] + 2 * x["k"]) * x[
-      "hd"] / t
+  return (
+      kd * x["d"] + kf * x["f"] / t + kh * (x["h"] + 2 * x["k"]) * x["hd"] / t
+  )
 
 
 def _block_bytes(x, rows, length, fused, backward):
@@ -128,8 +154,7 @@ def _block_bytes(x, rows, length, fused, backward):
   return BACKWARD_WIDTH_SHARE * rows * length * 4 * block_width(x) + scores
 
 
-def remat_carries(x, rows, length, policy: str,
-                  fused: bool = False) -> float:
+def remat_carries(x, rows, length, policy: str, fused: bool = False) -> float:
   """What the forward keeps of every block for the backward under the
   remat ``policy`` (``models.config.REMAT_POLICIES``), on ``rows`` x
   ``length`` tokens a device (``_dims`` ``x``):
@@ -143,20 +168,34 @@ def remat_carries(x, rows, length, policy: str,
           T^2 4 [unless ``fused``])        (every block's internals)"""
   t = x["t"]
   if policy == "none":
-    scores = 0.0 if fused else (
-        NONE_SCORE_COPIES * rows * x["h"] / t * length * length * 4)
+    scores = (
+        0.0
+        if fused
+        else (NONE_SCORE_COPIES * rows * x["h"] / t * length * length * 4)
+    )
     return x["layers"] * (
-        NONE_WIDTH_SHARE * rows * length * 4 * block_width(x) + scores)
-  per_token = {"full": x["d"] * x["c"],
-               "dots": (x["c"] * (3 * x["d"] + (x["h"] + 2 * x["k"])
-                                  * x["hd"] / t)
-                        + 4 * DOTS_F32_WIDTHS * x["f"] / t)}[policy]
+        NONE_WIDTH_SHARE * rows * length * 4 * block_width(x) + scores
+    )
+  per_token = {
+      "full": x["d"] * x["c"],
+      "dots": (
+          x["c"] * (3 * x["d"] + (x["h"] + 2 * x["k"]) * x["hd"] / t)
+          + 4 * DOTS_F32_WIDTHS * x["f"] / t
+      ),
+  }[policy]
   return x["layers"] * rows * length * per_token
 
 
-def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
-                     window: int, n_micro: int = 1,
-                     platform: str = "gpu") -> dict:
+def train_step_bytes(
+    mcfg,
+    mesh_shape,
+    rows: int,
+    length: int,
+    *,
+    window: int,
+    n_micro: int = 1,
+    platform: str = "gpu",
+) -> dict:
   """Bytes per device of the compiled policy train step on ``rows`` global
   rows of ``length`` tokens in ``n_micro`` micro-batches, logits on a
   response ``window``:
@@ -200,36 +239,59 @@ def train_step_bytes(mcfg, mesh_shape, rows: int, length: int, *,
   copy = c * pt / shard if c != w else 0.0
   if x["p_a"] and x["inf"] != c:  # a base narrower than the compute dtype
     copy += c * p / shard
-  gathered = GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 \
-      else 0.0
+  gathered = (
+      GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 else 0.0
+  )
   block = _block_bytes(x, r, length, fused, backward=True)
-  layer = (LORA_BLOCK_F32_COPIES * 4 * x["p_layer"] / x["t"] if x["p_a"]
-           else 0.0)
+  layer = LORA_BLOCK_F32_COPIES * 4 * x["p_layer"] / x["t"] if x["p_a"] else 0.0
   if mcfg.remat == "none":
-    block = max(NONE_BLOCK_COPIES * w * x["p_layer"] / x["t"],
-                NONE_BACKWARD_SHARE * block)
+    block = max(
+        NONE_BLOCK_COPIES * w * x["p_layer"] / x["t"],
+        NONE_BACKWARD_SHARE * block,
+    )
   window_scores = 0.0
   if fused and window and not mcfg.scan_layers:
     # Unrolled layers: the last block runs on the response window by the
     # plain path (an offset window): [r, H / t, W, T] float32 scores.
-    window_scores = (TRAIN_SCORE_COPIES * r * x["h"] / x["t"] * window
-                     * length * 4)
+    window_scores = (
+        TRAIN_SCORE_COPIES * r * x["h"] / x["t"] * window * length * 4
+    )
   carries = remat_carries(x, r, length, mcfg.remat, fused)
   block += window_scores
   logits = LOGIT_COPIES * r * window * x["v"] / x["t"] * 4
   acts = carries + max(block, logits)
   backward = grads + copy + gathered + layer + acts
-  return dict(base=base, state=state, batch=batch, update=update,
-              grads=grads, compute_copy=copy, gathered=gathered, layer=layer,
-              carries=carries, block=block, logits=logits,
-              activations=carries + block, transient=max(update, backward),
-              peak=base + state + batch + max(update, backward), rows=r,
-              fused=fused)
+  return dict(
+      base=base,
+      state=state,
+      batch=batch,
+      update=update,
+      grads=grads,
+      compute_copy=copy,
+      gathered=gathered,
+      layer=layer,
+      carries=carries,
+      block=block,
+      logits=logits,
+      activations=carries + block,
+      transient=max(update, backward),
+      peak=base + state + batch + max(update, backward),
+      rows=r,
+      fused=fused,
+  )
 
 
-def logprob_bytes(mcfg, mesh_shape, rows: int, length: int, *, window: int,
-                  n_chunks: int = 1, param_dtype: Optional[str] = None,
-                  platform: str = "gpu") -> dict:
+def logprob_bytes(
+    mcfg,
+    mesh_shape,
+    rows: int,
+    length: int,
+    *,
+    window: int,
+    n_chunks: int = 1,
+    param_dtype: Optional[str] = None,
+    platform: str = "gpu",
+) -> dict:
   """Bytes per device of the compiled log-prob pass (pi_old on the float32
   masters, pi_ref on its ``inference_dtype`` copy: ``param_dtype``) over
   ``rows`` rows in ``n_chunks`` calls inside one program
@@ -255,22 +317,40 @@ def logprob_bytes(mcfg, mesh_shape, rows: int, length: int, *, window: int,
   copy = c * p / shard if b != c else 0.0
   if x["p_a"]:
     params = x["inf"] * p / shard + x["w"] * x["p_a"] / shard
-    copy = ((c * p / shard if x["inf"] != c else 0.0)
-            + (c * x["p_a"] / shard if x["w"] != c else 0.0))
-  gathered = GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 \
-      else 0.0
-  block = _block_bytes(x, r, length, attention_fused(mcfg, platform),
-                       backward=False)
+    copy = (c * p / shard if x["inf"] != c else 0.0) + (
+        c * x["p_a"] / shard if x["w"] != c else 0.0
+    )
+  gathered = (
+      GATHERED_LAYERS * x["p_layer"] * c / x["t"] if x["fsdp"] > 1 else 0.0
+  )
+  block = _block_bytes(
+      x, r, length, attention_fused(mcfg, platform), backward=False
+  )
   logits = FORWARD_LOGIT_COPIES * r * window * x["v"] / x["t"] * 4
-  transient = copy + gathered + 2 * r * length * x["d"] * c + max(block,
-                                                                  logits)
-  return dict(params=params, io=io, compute_copy=copy, gathered=gathered,
-              block=block, logits=logits, transient=transient,
-              peak=params + io + transient, rows=r)
+  transient = copy + gathered + 2 * r * length * x["d"] * c + max(block, logits)
+  return dict(
+      params=params,
+      io=io,
+      compute_copy=copy,
+      gathered=gathered,
+      block=block,
+      logits=logits,
+      transient=transient,
+      peak=params + io + transient,
+      rows=r,
+  )
 
 
-def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
-                  chunk: int = 0, gathered: Optional[bool] = None) -> dict:
+def prefill_bytes(
+    mcfg,
+    mesh_shape,
+    rows: int,
+    prompt: int,
+    new: int,
+    *,
+    chunk: int = 0,
+    gathered: Optional[bool] = None,
+) -> dict:
   """Bytes per device of the engine's compiled prefill of ``rows`` prompts
   of bucket ``prompt`` into a cache of S = prompt + new slots (the KV-cache
   path: scores always materialised; ``chunk`` columns at a time, 0 = all
@@ -306,10 +386,13 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
   t_kv = x["t"] if x["k"] % x["t"] == 0 else 1
   weights = x["inf"] * x["p"] / x["t"]
   d, hd = x["d"], x["hd"]
-  unused = (2 * d * x["h"] * hd  # q, o
-            + (x["h"] * hd if mcfg.qkv_bias else 0)
-            + 3 * d * x["f"] + 2 * d  # MLP, post-attention and final norm
-            + (0 if mcfg.tie_word_embeddings else x["v"] * d))
+  unused = (
+      2 * d * x["h"] * hd  # q, o
+      + (x["h"] * hd if mcfg.qkv_bias else 0)
+      + 3 * d * x["f"]
+      + 2 * d  # MLP, post-attention and final norm
+      + (0 if mcfg.tie_word_embeddings else x["v"] * d)
+  )
   read = weights - x["inf"] * unused / x["t"]
   cache = r * s * x["layers"] * 2 * x["k"] * hd * x["c"] / t_kv
   chunk = prefill_block(chunk, prompt)
@@ -319,6 +402,13 @@ def prefill_bytes(mcfg, mesh_shape, rows: int, prompt: int, new: int, *,
   second = (copies[gathered] - 1) * cache
   q, keys = (chunk, prompt - 1) if blocks else (prompt - 1, s)
   scores = FORWARD_SCORE_COPIES * r * x["h"] / x["t"] * q * keys * 4
-  return dict(weights=weights, read=read, cache=cache, second=second,
-              scores=scores, transient=cache + second + scores,
-              peak=read + cache + second + scores, rows=r)
+  return dict(
+      weights=weights,
+      read=read,
+      cache=cache,
+      second=second,
+      scores=scores,
+      transient=cache + second + scores,
+      peak=read + cache + second + scores,
+      rows=r,
+  )

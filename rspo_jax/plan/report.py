@@ -28,8 +28,9 @@ from rspo_jax.plan.memory import (
 from rspo_jax.plan.programs import adapter_params
 
 
-def make_plan(cfg, workdir: str,
-              environ: Optional[Mapping[str, str]] = None) -> dict:
+def make_plan(
+    cfg, workdir: str, environ: Optional[Mapping[str, str]] = None
+) -> dict:
   environ = os.environ if environ is None else environ
   layout = resolve_layout(cfg, environ)
   mesh = [layout["mesh"][a] for a in ("data", "fsdp", "tensor")]
@@ -39,8 +40,7 @@ def make_plan(cfg, workdir: str,
   cfg = resolved(cfg, choices)
   mcfg = plan_model_config(cfg)
   mem = memory_per_device(cfg, mcfg, mesh, layout)
-  servers = [u.strip() for u in cfg.rollout.server_urls.split(",")
-             if u.strip()]
+  servers = [u.strip() for u in cfg.rollout.server_urls.split(",") if u.strip()]
   if cfg.rollout.engine == "sglang" and not servers:
     raise ValueError("rollout.engine=sglang needs rollout.server_urls")
   device_gb = float(cfg.mesh.device_memory_gb or 0)
@@ -56,9 +56,11 @@ def make_plan(cfg, workdir: str,
       "rollout": {
           "engine": cfg.rollout.engine,
           "servers": servers,
-          "where": ("in the learner processes, on the mesh"
-                    if cfg.rollout.engine == "jax"
-                    else f"{len(servers)} SGLang server(s) over HTTP"),
+          "where": (
+              "in the learner processes, on the mesh"
+              if cfg.rollout.engine == "jax"
+              else f"{len(servers)} SGLang server(s) over HTTP"
+          ),
       },
       "batch": {
           "tasks": cfg.train.batch_tasks,
@@ -69,13 +71,15 @@ def make_plan(cfg, workdir: str,
           "micro_batch_rows": train_rows(cfg),
           "micro_batches": micro_batches(cfg),
       },
-      **({"lora": {**lora_plan(mcfg), "learning_rate": _lora_lr_line(cfg)}}
-         if adapter_params(mcfg) else {}),
+      **(
+          {"lora": {**lora_plan(mcfg), "learning_rate": _lora_lr_line(cfg)}}
+          if adapter_params(mcfg)
+          else {}
+      ),
       "steps_of_A": cfg.train.total_steps,
       "rspo_loops": -(-cfg.train.total_steps // cfg.rspo.k),
       "memory_per_device": {
-          k: round(v, 2) if isinstance(v, float) else v
-          for k, v in mem.items()
+          k: round(v, 2) if isinstance(v, float) else v for k, v in mem.items()
       },
   }
   plan["choices"] = choices
@@ -106,7 +110,8 @@ def make_plan(cfg, workdir: str,
           f" blocks of {mem['engine_prefill']['chunk'] or 'all'} columns):"
           " a narrower rollout.prefill_chunk, fewer rows a call"
           " (rollout.engine_max_rows), fewer episodes a host,"
-          " rollout.engine=sglang, or a larger mesh cut it")
+          " rollout.engine=sglang, or a larger mesh cut it"
+      )
   if problem:  # before memory: a run would deadlock, not run out
     plan["stop"] = problem
   if plan.get("stop"):  # what --allow_plan_overflow may override: memory
@@ -129,16 +134,22 @@ def lora_plan(mcfg) -> dict:
   from rspo_jax.models.config import DTYPES
 
   p_a = adapter_params(mcfg)
-  return {"rank": int(mcfg.lora_rank), "alpha": float(mcfg.lora_alpha),
-          "targets": list(mcfg.lora_targets), "adapter_params": p_a,
-          "adapter_fraction": round(p_a / mcfg.num_params(), 5),
-          "adapter_MB": round(DTYPES[mcfg.param_dtype] * p_a / 2**20, 1),
-          "frozen_base_GB": round(DTYPES[mcfg.inference_dtype]
-                                  * mcfg.num_params() / GB, 2)}
+  return {
+      "rank": int(mcfg.lora_rank),
+      "alpha": float(mcfg.lora_alpha),
+      "targets": list(mcfg.lora_targets),
+      "adapter_params": p_a,
+      "adapter_fraction": round(p_a / mcfg.num_params(), 5),
+      "adapter_MB": round(DTYPES[mcfg.param_dtype] * p_a / 2**20, 1),
+      "frozen_base_GB": round(
+          DTYPES[mcfg.inference_dtype] * mcfg.num_params() / GB, 2
+      ),
+  }
 
 
-def describe(cfg, workdir: str,
-             environ: Optional[Mapping[str, str]] = None) -> str:
+def describe(
+    cfg, workdir: str, environ: Optional[Mapping[str, str]] = None
+) -> str:
   """The plan as indented JSON."""
   return json.dumps(make_plan(cfg, workdir, environ), indent=1)
 
@@ -162,8 +173,11 @@ _TABLE = (  # (memory_per_device key, what it holds)
     ("train_transient_GB", "**train step transient** (with the batch)"),
     ("logprob_transient_GB", "**log-prob transient** (pi_old, pi_ref)"),
     ("kv_cache_GB", "rollout: KV cache of one prefill call"),
-    ("second_cache_GB", "rollout: a second cache (repeated prompts'"
-     " or XLA's copy in blocks)"),
+    (
+        "second_cache_GB",
+        "rollout: a second cache (repeated prompts'"
+        " or XLA's copy in blocks)",
+    ),
     ("prefill_scores_GB", "rollout: prefill attention scores"),
     ("rollout_transient_GB", "**rollout transient** (caches + scores)"),
 )
@@ -184,8 +198,10 @@ def _engine_line(mem: dict) -> str:
   e = mem.get("engine_prefill")
   if not e:
     return ""
-  return (f" ({e['rows']} rows a prefill call, prompt columns in"
-          f" {'blocks of ' + str(e['chunk']) if e['chunk'] else 'one pass'})")
+  return (
+      f" ({e['rows']} rows a prefill call, prompt columns in"
+      f" {'blocks of ' + str(e['chunk']) if e['chunk'] else 'one pass'})"
+  )
 
 
 def table(p: dict) -> str:
@@ -203,27 +219,42 @@ def table(p: dict) -> str:
       f" updates of {b['update_rows']} rows in {b['micro_batches']}"
       f" micro-batches of {b['micro_batch_rows']}"
       f" ({mem['train_rows_per_device']} a device); attention"
-      f" {mem['attention']}; dtypes: " + ", ".join(
-          f"{k} {v}" for k, v in p["dtype"].items()), "",
-      "| per device | GiB |", "|---|---:|"]
+      f" {mem['attention']}; dtypes: "
+      + ", ".join(f"{k} {v}" for k, v in p["dtype"].items()),
+      "",
+      "| per device | GiB |",
+      "|---|---:|",
+  ]
   rows = list(_TABLE)
   if p.get("lora"):
     lo = p["lora"]
-    lines[0] += (f"; LoRA r={lo['rank']} on {','.join(lo['targets'])}:"
-                 f" {lo['adapter_params']:,} adapter parameters"
-                 f" ({lo['adapter_MB']:g} MB float32)")
-    rows = [("base_GB", "frozen base (LoRA): compute dtype, shared by A, B,"
-             " pi_ref, critic")] + [(k, _LORA_TABLE.get(k, what))
-                                    for k, what in rows]
-  lines += [f"| {what} | {mem[k]:.2f} |" for k, what in rows
-            if k not in ("overlap_snapshot_GB", "block_grad_GB")
-            or mem.get(k)]
-  lines.append(f"| **total** = resident + {mem['peak_phase']} |"
-               f" **{mem['total_GB']:.2f}** |")
+    lines[0] += (
+        f"; LoRA r={lo['rank']} on {','.join(lo['targets'])}:"
+        f" {lo['adapter_params']:,} adapter parameters"
+        f" ({lo['adapter_MB']:g} MB float32)"
+    )
+    rows = [
+        (
+            "base_GB",
+            "frozen base (LoRA): compute dtype, shared by A, B,"
+            " pi_ref, critic",
+        )
+    ] + [(k, _LORA_TABLE.get(k, what)) for k, what in rows]
+  lines += [
+      f"| {what} | {mem[k]:.2f} |"
+      for k, what in rows
+      if k not in ("overlap_snapshot_GB", "block_grad_GB") or mem.get(k)
+  ]
+  lines.append(
+      f"| **total** = resident + {mem['peak_phase']} |"
+      f" **{mem['total_GB']:.2f}** |"
+  )
   if "usable_GB" in p:
     f = p["mem_fraction"]
-    lines.append(f"| usable: {p['device_memory_GB']:g} GB x {f['value']:g}"
-                 f" ({f['from']}) | {p['usable_GB']:.2f} |")
+    lines.append(
+        f"| usable: {p['device_memory_GB']:g} GB x {f['value']:g}"
+        f" ({f['from']}) | {p['usable_GB']:.2f} |"
+    )
     lines.append(f"| fits | {'yes' if p['fits'] else '**no**'} |")
   lines += [f"\nwarning: {w}" for w in p["warnings"]]
   return "\n".join(lines)

@@ -86,20 +86,29 @@ class ReplayBuffer:
   only the stale temporaries of its own prefix; ``clear`` removes all.
   """
 
-  def __init__(self, directory: str, *, records_per_shard: int = 256,
-               prefix: str = "shard"):
+  def __init__(
+      self,
+      directory: str,
+      *,
+      records_per_shard: int = 256,
+      prefix: str = "shard",
+  ):
     self.directory = directory
     self.records_per_shard = records_per_shard
     self.prefix = prefix
     os.makedirs(directory, exist_ok=True)
     self.lost_on_start = recover(
-        directory, prefix=None if prefix == "shard" else prefix)
+        directory, prefix=None if prefix == "shard" else prefix
+    )
     self._writer = self._new_writer()
     self._cache: dict[str, list[StepRecord]] = {}
 
   def _new_writer(self) -> ShardWriter:
-    return ShardWriter(self.directory, prefix=self.prefix,
-                       records_per_shard=self.records_per_shard)
+    return ShardWriter(
+        self.directory,
+        prefix=self.prefix,
+        records_per_shard=self.records_per_shard,
+    )
 
   # -- writing ---------------------------------------------------------------
 
@@ -214,8 +223,12 @@ class ReplayBuffer:
     return [groups[i] for i in order[:n_groups]]
 
   def sample_trajectories(
-      self, n: int, strategy: str, rng: np.random.Generator,
-      used: Sequence[int] = (), reuse: str = "wins",
+      self,
+      n: int,
+      strategy: str,
+      rng: np.random.Generator,
+      used: Sequence[int] = (),
+      reuse: str = "wins",
   ) -> list[Trajectory]:
     """The first ``n`` trajectories under ``strategy``, best first
     (``selection.select``): 'reward' puts wins first (unused ones, then
@@ -226,8 +239,9 @@ class ReplayBuffer:
     ``min(n, available)`` trajectories.
     """
     _check_count(n, "n")
-    return selection.select(self.trajectories(), n, strategy, rng,
-                            used, reuse).trajectories
+    return selection.select(
+        self.trajectories(), n, strategy, rng, used, reuse
+    ).trajectories
 
   # -- reporting -------------------------------------------------------------
 

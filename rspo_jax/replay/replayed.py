@@ -32,7 +32,9 @@ from rspo_jax.types import StepRecord, Trajectory
 
 
 def advantages_in_buffer(
-    trajectories: Sequence[Trajectory], algo_cfg, *,
+    trajectories: Sequence[Trajectory],
+    algo_cfg,
+    *,
     invalid_action_penalty: float,
 ) -> Optional[dict[int, np.ndarray]]:
   """{traj_id: [steps] advantages, in step order} of every trajectory of
@@ -41,17 +43,19 @@ def advantages_in_buffer(
     return None
   records = [s for t in trajectories for s in t.steps]
   rewards = credit.step_rewards(
-      records, "outcome", invalid_action_penalty=invalid_action_penalty)
+      records, "outcome", invalid_action_penalty=invalid_action_penalty
+  )
   adv, _ = credit.compute_advantages(records, rewards, algo_cfg)
   out, i = {}, 0
   for t in trajectories:
-    out[t.steps[0].traj_id] = np.asarray(adv[i:i + len(t.steps)], np.float32)
+    out[t.steps[0].traj_id] = np.asarray(adv[i : i + len(t.steps)], np.float32)
     i += len(t.steps)
   return out
 
 
 def rows(
-    selected: Sequence[Trajectory], adv: Optional[dict[int, np.ndarray]],
+    selected: Sequence[Trajectory],
+    adv: Optional[dict[int, np.ndarray]],
 ) -> tuple[list[StepRecord], Optional[np.ndarray]]:
   """(step records of ``selected``, trajectory by trajectory; their
   advantages, or None when ``adv`` is None)."""
@@ -61,19 +65,29 @@ def rows(
   if not selected:
     return records, np.zeros(0, np.float32)
   return records, np.concatenate(
-      [adv[t.steps[0].traj_id] for t in selected]).astype(np.float32)
+      [adv[t.steps[0].traj_id] for t in selected]
+  ).astype(np.float32)
 
 
-def metric_sums(records: Sequence[StepRecord],
-                adv: Optional[np.ndarray]) -> np.ndarray:
+def metric_sums(
+    records: Sequence[StepRecord], adv: Optional[np.ndarray]
+) -> np.ndarray:
   """[tokens, tokens with A != 0, sum of A over tokens, trajectories, won
   trajectories] of replayed rows (``adv`` per record)."""
   tokens = np.array([len(r.response_ids) for r in records], np.float64)
   a = np.zeros(len(records)) if adv is None else np.asarray(adv, np.float64)
   trajs = {r.traj_id for r in records}
   won = {r.traj_id for r in records if r.won}  # ``won`` is on every step
-  return np.array([tokens.sum(), tokens[a != 0].sum(), (tokens * a).sum(),
-                   len(trajs), len(won)], np.float64)
+  return np.array(
+      [
+          tokens.sum(),
+          tokens[a != 0].sum(),
+          (tokens * a).sum(),
+          len(trajs),
+          len(won),
+      ],
+      np.float64,
+  )
 
 
 def metrics(sums: np.ndarray) -> dict:

@@ -62,15 +62,17 @@ STRATEGIES = ("reward", "variance", "random")
 REUSE = ("wins", "pass")
 
 
-def replay_counts(alpha: float, batch_tasks: int,
-                  group_size: int) -> tuple[int, int]:
+def replay_counts(
+    alpha: float, batch_tasks: int, group_size: int
+) -> tuple[int, int]:
   """(n_off replayed trajectories, n_on fresh groups) of one step of A
   (module docstring)."""
   if not 0.0 <= alpha <= 1.0:
     raise ValueError(f"alpha={alpha} must be in [0, 1]")
   if batch_tasks < 1 or group_size < 1:
     raise ValueError(
-        f"batch_tasks={batch_tasks}, group_size={group_size} must be >= 1")
+        f"batch_tasks={batch_tasks}, group_size={group_size} must be >= 1"
+    )
   n_off = int(math.floor(alpha * batch_tasks * group_size + 0.5))
   return n_off, batch_tasks - math.ceil(n_off / group_size)
 
@@ -92,8 +94,7 @@ def rank(
   w = np.asarray(won, bool)
   n = len(g)
   if not len(r) == len(w) == n:
-    raise ValueError(
-        f"{n} group ids, {len(r)} rewards, {len(w)} won flags")
+    raise ValueError(f"{n} group ids, {len(r)} rewards, {len(w)} won flags")
   tie = rng.permutation(n)
   if strategy == "random":
     return tie
@@ -101,8 +102,9 @@ def rank(
     return np.lexsort((tie, -r, ~w))  # the last key is the primary one
   groups, gi = np.unique(g, return_inverse=True)
   gi = gi.ravel()
-  var = np.nan_to_num([raw[gi == k].var() for k in range(len(groups))],
-                      nan=-np.inf)
+  var = np.nan_to_num(
+      [raw[gi == k].var() for k in range(len(groups))], nan=-np.inf
+  )
   group_tie = rng.permutation(len(groups))
   return np.lexsort((tie, group_tie[gi], -var[gi]))
 
@@ -135,13 +137,19 @@ def select(
   if len(set(ids)) != len(ids):
     raise ValueError("trajectories repeat a traj_id")
   won = [bool(t.steps[-1].won) for t in trajs]
-  order = rank([t.group_id for t in trajs],
-               [t.outcome_reward for t in trajs], won, strategy, rng)
+  order = rank(
+      [t.group_id for t in trajs],
+      [t.outcome_reward for t in trajs],
+      won,
+      strategy,
+      rng,
+  )
   used = set(used) & set(ids)
   if strategy == "reward" and reuse == "wins":
-    tiers = [[i for i in order if won[i] == w and (ids[i] in used) == u]
-             for w, u in ((True, False), (True, True), (False, False),
-                          (False, True))]
+    tiers = [
+        [i for i in order if won[i] == w and (ids[i] in used) == u]
+        for w, u in ((True, False), (True, True), (False, False), (False, True))
+    ]
     take = sum(tiers, [])[:n]
     restarted = any(ids[i] in used for i in take)
     used |= {ids[i] for i in take}
@@ -150,7 +158,7 @@ def select(
   restarted = len(take) < min(n, len(trajs))
   if restarted:  # D has no unused trajectory left: a new pass over D
     taken = set(take)
-    more = [i for i in order if i not in taken][:n - len(take)]
+    more = [i for i in order if i not in taken][: n - len(take)]
     take += more
     used = {ids[i] for i in more}
   else:

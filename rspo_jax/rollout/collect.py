@@ -90,6 +90,7 @@ class CollectRequest:
       batch draws from stream ``i``; ``collect_unbarriered``: episode
       ``i`` adds ``i`` to it).
   """
+
   task_ids: Sequence[int]
   group_size: int
   sampling: SamplingParams
@@ -119,7 +120,7 @@ def repeated_state_count(anchors: Sequence[str], window: int) -> int:
   """Number of steps whose state was already visited in the previous
   ``window`` steps of the same episode (the exploration metric)."""
   return sum(
-      a in anchors[max(0, i - window):i] for i, a in enumerate(anchors)
+      a in anchors[max(0, i - window) : i] for i, a in enumerate(anchors)
   )
 
 
@@ -161,8 +162,14 @@ def collect(
     e.failed = bool(e.obs.info.get("failed", False))
     e.done = e.failed
     e.anchors.append(e.obs.anchor_obs)
-  stats = dict(gen_tokens=0, gen_time=0.0, env_time=0.0, prompt_truncated=0,
-               invalid=0, steps=0)
+  stats = dict(
+      gen_tokens=0,
+      gen_time=0.0,
+      env_time=0.0,
+      prompt_truncated=0,
+      invalid=0,
+      steps=0,
+  )
 
   for turn in range(cfg.max_steps):
     active = [i for i, e in enumerate(eps) if not e.done]
@@ -186,8 +193,9 @@ def collect(
         stats["prompt_truncated"] += int(truncated)
         prompts.append(ids)
     t0 = time.perf_counter()
-    params = dataclasses.replace(request.sampling,
-                                 seed=request.seed * 1_000_003 + turn * 2)
+    params = dataclasses.replace(
+        request.sampling, seed=request.seed * 1_000_003 + turn * 2
+    )
     with timer.phase("generation"):
       results = engine.generate(prompts, params)
     stats["gen_time"] += time.perf_counter() - t0
@@ -199,22 +207,24 @@ def collect(
         actions[i] = action
         stats["gen_tokens"] += len(res.token_ids)
         stats["invalid"] += int(not valid)
-        eps[i].records.append(StepRecord(
-            task_id=eps[i].task_id,
-            group_id=eps[i].group_id,
-            traj_id=eps[i].traj_id,
-            step_idx=turn,
-            prompt_ids=np.asarray(ids, np.int32),
-            response_ids=np.asarray(res.token_ids, np.int32),
-            behavior_logp=np.asarray(res.logprobs, np.float32),
-            policy_tag=request.policy_tag,
-            weight_version=engine.weight_version,
-            env_reward=0.0 if valid else cfg.invalid_action_penalty,
-            invalid=not valid,
-            anchor_obs=eps[i].obs.anchor_obs,
-            action=action,
-            task_type=eps[i].obs.task_type,
-        ))
+        eps[i].records.append(
+            StepRecord(
+                task_id=eps[i].task_id,
+                group_id=eps[i].group_id,
+                traj_id=eps[i].traj_id,
+                step_idx=turn,
+                prompt_ids=np.asarray(ids, np.int32),
+                response_ids=np.asarray(res.token_ids, np.int32),
+                behavior_logp=np.asarray(res.logprobs, np.float32),
+                policy_tag=request.policy_tag,
+                weight_version=engine.weight_version,
+                env_reward=0.0 if valid else cfg.invalid_action_penalty,
+                invalid=not valid,
+                anchor_obs=eps[i].obs.anchor_obs,
+                action=action,
+                task_type=eps[i].obs.task_type,
+            )
+        )
     t0 = time.perf_counter()
     with timer.phase("environment"):
       out = venv.step_async(actions).wait()
@@ -229,8 +239,9 @@ def collect(
   return _finish(eps, cfg, stats, time.perf_counter() - t_start)
 
 
-def check_failures(stats: dict, limit: float, env_name: str,
-                   first_error: Optional[str] = None) -> None:
+def check_failures(
+    stats: dict, limit: float, env_name: str, first_error: Optional[str] = None
+) -> None:
   """Raises ``TooManyFailures`` when ``failed_episodes / episodes >
   limit`` (``limit >= 1``: never), naming the environment, the count, the
   last line of ``first_error`` (``VectorEnv.first_error``, whose whole
@@ -238,13 +249,17 @@ def check_failures(stats: dict, limit: float, env_name: str,
   failed, n = int(stats["failed_episodes"]), int(stats["episodes"])
   if not n or failed / n <= limit:
     return
-  why = (f"first error: {failures.last_line(first_error)} (its traceback is"
-         " logged above)" if first_error else
-         "no error text on this host (see the other hosts' logs)")
+  why = (
+      f"first error: {failures.last_line(first_error)} (its traceback is"
+      " logged above)"
+      if first_error
+      else "no error text on this host (see the other hosts' logs)"
+  )
   raise TooManyFailures(
       f"environment {env_name!r} failed {failed} of {n} episodes of a"
       f" collection, more than {FAILED_FRAC_KEY}={limit:g}; {why}; fix the"
-      f" environment or raise {FAILED_FRAC_KEY}")
+      f" environment or raise {FAILED_FRAC_KEY}"
+  )
 
 
 def _apply_env_results(eps, rows, results, stats):
@@ -310,8 +325,13 @@ def _finish(eps, cfg, stats, wall):
 
 
 # How one statistic of several hosts' collections combines (multi-host).
-_COUNT_KEYS = ("failed_episodes", "episodes", "env_steps", "gen_tokens",
-               "prompt_truncated")
+_COUNT_KEYS = (
+    "failed_episodes",
+    "episodes",
+    "env_steps",
+    "gen_tokens",
+    "prompt_truncated",
+)
 _SUM_KEYS = _COUNT_KEYS + ("gen_tokens_per_s", "env_steps_per_s")
 _TIME_KEYS = ("collect_time_s",) + tuple(f"{p}_s" for p in PHASES)
 _MAX_KEYS = _TIME_KEYS
@@ -321,9 +341,19 @@ _PER_STEP_KEYS = ("invalid_action_rate",)
 def empty_stats() -> dict:
   """The statistics of a collection of no episodes (a host whose share of
   the groups is empty)."""
-  return _finish([], CollectConfig(env_name="", max_steps=0),
-                 dict(gen_tokens=0, gen_time=0.0, env_time=0.0,
-                      prompt_truncated=0, invalid=0, steps=0), 0.0)[1]
+  return _finish(
+      [],
+      CollectConfig(env_name="", max_steps=0),
+      dict(
+          gen_tokens=0,
+          gen_time=0.0,
+          env_time=0.0,
+          prompt_truncated=0,
+          invalid=0,
+          steps=0,
+      ),
+      0.0,
+  )[1]
 
 
 def combine_rounds(rounds: Sequence[dict]) -> dict:
@@ -337,8 +367,9 @@ def combine_rounds(rounds: Sequence[dict]) -> dict:
     times = np.asarray([float(r["collect_time_s"]) for r in rounds])
     for key in ("gen_tokens_per_s", "env_steps_per_s"):
       vals = np.asarray([float(r[key]) for r in rounds])
-      out[key] = (float((vals * times).sum() / times.sum()) if times.sum()
-                  else 0.0)
+      out[key] = (
+          float((vals * times).sum() / times.sum()) if times.sum() else 0.0
+      )
   return out
 
 

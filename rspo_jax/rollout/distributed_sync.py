@@ -111,16 +111,29 @@ def rank_offsets(tp_sizes: Sequence[int]) -> tuple[list[int], int]:
   return offsets, rank
 
 
-def init_group_bodies(tp_sizes: Sequence[int], *, master_address: str,
-                      master_port: int, group_name: str,
-                      backend: str) -> list[dict]:
+def init_group_bodies(
+    tp_sizes: Sequence[int],
+    *,
+    master_address: str,
+    master_port: int,
+    group_name: str,
+    backend: str,
+) -> list[dict]:
   """The ``/init_weights_update_group`` body of each server."""
   if backend not in BACKENDS:
     raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
   offsets, world_size = rank_offsets(tp_sizes)
-  return [dict(master_address=master_address, master_port=int(master_port),
-               rank_offset=o, world_size=world_size, group_name=group_name,
-               backend=backend) for o in offsets]
+  return [
+      dict(
+          master_address=master_address,
+          master_port=int(master_port),
+          rank_offset=o,
+          world_size=world_size,
+          group_name=group_name,
+          backend=backend,
+      )
+      for o in offsets
+  ]
 
 
 def dtype_name(x) -> str:
@@ -157,13 +170,17 @@ def with_last(items: Iterable) -> Iterator[tuple]:
   yield prev, True
 
 
-def update_body(batch: Sequence, *, group_name: str, version: int,
-                last: bool) -> dict:
+def update_body(
+    batch: Sequence, *, group_name: str, version: int, last: bool
+) -> dict:
   """The ``/update_weights_from_distributed`` body of one batch."""
-  body = dict(names=[n for n, _ in batch],
-              dtypes=[dtype_name(x) for _, x in batch],
-              shapes=[[int(d) for d in x.shape] for _, x in batch],
-              group_name=group_name, flush_cache=bool(last))
+  body = dict(
+      names=[n for n, _ in batch],
+      dtypes=[dtype_name(x) for _, x in batch],
+      shapes=[[int(d) for d in x.shape] for _, x in batch],
+      group_name=group_name,
+      flush_cache=bool(last),
+  )
   if last:
     body["weight_version"] = str(version)
   return body
@@ -194,8 +211,14 @@ def free_port() -> int:
 # --------------------------------------------------------------- the group
 
 
-def _join_as_rank0(backend: str, address: str, port: int, world_size: int,
-                   group_name: str, timeout_s: float):
+def _join_as_rank0(
+    backend: str,
+    address: str,
+    port: int,
+    world_size: int,
+    group_name: str,
+    timeout_s: float,
+):
   """This process's side of SGLang's ``init_custom_process_group``: a
   process group of its own (not the default one), rank 0."""
   require_torch()
@@ -205,16 +228,23 @@ def _join_as_rank0(backend: str, address: str, port: int, world_size: int,
 
   timeout = datetime.timedelta(seconds=timeout_s)
   host = f"[{address}]" if ":" in address else address
-  store, _, _ = next(c10d.rendezvous(f"tcp://{host}:{port}", 0, world_size,
-                                     timeout=timeout))
+  store, _, _ = next(
+      c10d.rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout)
+  )
   store.set_timeout(timeout)
   store = c10d.PrefixStore(group_name, store)
   params = inspect.signature(c10d._new_process_group_helper).parameters  # pylint: disable=protected-access
-  options = ("backend_options" if "backend_options" in params
-             else "pg_options")
+  options = "backend_options" if "backend_options" in params else "pg_options"
   pg, _ = c10d._new_process_group_helper(  # pylint: disable=protected-access
-      world_size, 0, [], c10d.Backend(backend), store, group_name=group_name,
-      timeout=timeout, **{options: None})
+      world_size,
+      0,
+      [],
+      c10d.Backend(backend),
+      store,
+      group_name=group_name,
+      timeout=timeout,
+      **{options: None},
+  )
   c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}  # pylint: disable=protected-access
   return pg
 
@@ -234,11 +264,18 @@ class WeightUpdateGroup:
     timeout_s: HTTP calls and the group's collectives.
   """
 
-  def __init__(self, urls: Sequence[str], *, backend: str = "gloo",
-               master_address: str = "", master_port: int = 0,
-               group_name: str = GROUP_NAME,
-               tp_sizes: Optional[Sequence[int]] = None,
-               bucket_bytes: int = BUCKET_BYTES, timeout_s: float = 600.0):
+  def __init__(
+      self,
+      urls: Sequence[str],
+      *,
+      backend: str = "gloo",
+      master_address: str = "",
+      master_port: int = 0,
+      group_name: str = GROUP_NAME,
+      tp_sizes: Optional[Sequence[int]] = None,
+      bucket_bytes: int = BUCKET_BYTES,
+      timeout_s: float = 600.0,
+  ):
     if backend not in BACKENDS:
       raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
     if bucket_bytes < 1:
@@ -260,7 +297,8 @@ class WeightUpdateGroup:
     self._torch = None
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=max(2, len(self.urls)),
-        thread_name_prefix="weight-update-group")
+        thread_name_prefix="weight-update-group",
+    )
 
   # ------------------------------------------------------------------ http
 
@@ -278,11 +316,15 @@ class WeightUpdateGroup:
 
   def _post_ok(self, url: str, route: str, body) -> dict:
     status, answer = self._post(url, route, body)
-    if (status != 200 or not isinstance(answer, dict)
-        or answer.get("success") is False):
+    if (
+        status != 200
+        or not isinstance(answer, dict)
+        or answer.get("success") is False
+    ):
       text = json.dumps(answer) if isinstance(answer, dict) else str(answer)
       raise DistributedSyncError(
-          f"{url}{route} failed (HTTP {status}): {_message(text)}")
+          f"{url}{route} failed (HTTP {status}): {_message(text)}"
+      )
     return answer
 
   def _tp_size(self, url: str) -> int:
@@ -293,12 +335,15 @@ class WeightUpdateGroup:
         raise DistributedSyncError(f"{url}{route}: no answer ({e})") from e
       if status == 200:
         info = json.loads(text)
-        if int(info.get("pp_size") or 1) != 1 or int(
-            info.get("dp_size") or 1) != 1:
+        if (
+            int(info.get("pp_size") or 1) != 1
+            or int(info.get("dp_size") or 1) != 1
+        ):
           raise DistributedSyncError(
               f"{url}: pp_size {info.get('pp_size')} / dp_size"
               f" {info.get('dp_size')}: SGLang's distributed weight update"
-              " needs pp_size = dp_size = 1")
+              " needs pp_size = dp_size = 1"
+          )
         return int(info.get("tp_size") or 1)
     raise DistributedSyncError(f"{url}: no /server_info (HTTP {status})")
 
@@ -318,46 +363,64 @@ class WeightUpdateGroup:
     if self.tp_sizes is None:
       self.tp_sizes = self._all(self._tp_size)
     if len(self.tp_sizes) != len(self.urls):
-      raise ValueError(f"{len(self.tp_sizes)} tp sizes for"
-                       f" {len(self.urls)} servers")
+      raise ValueError(
+          f"{len(self.tp_sizes)} tp sizes for" f" {len(self.urls)} servers"
+      )
     bodies = init_group_bodies(
-        self.tp_sizes, master_address=self.master_address,
-        master_port=self.master_port, group_name=self.group_name,
-        backend=self.backend)
+        self.tp_sizes,
+        master_address=self.master_address,
+        master_port=self.master_port,
+        group_name=self.group_name,
+        backend=self.backend,
+    )
     self.world_size = bodies[0]["world_size"]
-    log.info("weight update group %s: %s:%d, world size %d, %s",
-             self.group_name, self.master_address, self.master_port,
-             self.world_size, self.backend)
-    futures = [self._pool.submit(self._post_ok, u,
-                                 "/init_weights_update_group", b)
-               for u, b in zip(self.urls, bodies)]
+    log.info(
+        "weight update group %s: %s:%d, world size %d, %s",
+        self.group_name,
+        self.master_address,
+        self.master_port,
+        self.world_size,
+        self.backend,
+    )
+    futures = [
+        self._pool.submit(self._post_ok, u, "/init_weights_update_group", b)
+        for u, b in zip(self.urls, bodies)
+    ]
     joined = {}
 
     def join():
       try:
         joined["pg"] = _join_as_rank0(
-            self.backend, self.master_address, self.master_port,
-            self.world_size, self.group_name, self.timeout_s)
+            self.backend,
+            self.master_address,
+            self.master_port,
+            self.world_size,
+            self.group_name,
+            self.timeout_s,
+        )
       except Exception as e:  # pylint: disable=broad-except
         joined["error"] = e
 
     # A daemon thread: a server that refused to join ends the wait at once
     # (rank 0 would otherwise wait for it until the timeout).
-    thread = threading.Thread(target=join, daemon=True,
-                              name="weight-update-group-join")
+    thread = threading.Thread(
+        target=join, daemon=True, name="weight-update-group-join"
+    )
     thread.start()
     while thread.is_alive():
       for f in futures:
         if f.done() and f.exception() is not None:
           raise DistributedSyncError(
               f"a server did not join weight update group"
-              f" {self.group_name}: {f.exception()}")
+              f" {self.group_name}: {f.exception()}"
+          )
       thread.join(0.05)
     if "error" in joined:
       raise DistributedSyncError(
           f"joining weight update group {self.group_name} at"
           f" {self.master_address}:{self.master_port} failed:"
-          f" {joined['error']}") from joined["error"]
+          f" {joined['error']}"
+      ) from joined["error"]
     self._pg = joined["pg"]
     for f in futures:
       f.result()
@@ -392,23 +455,31 @@ class WeightUpdateGroup:
     status, answer = self._post(url, "/begin_weight_update", {})
     if status == 404:
       return False
-    if (status != 200 and isinstance(answer, dict)
-        and "already open" in str(answer.get("message", ""))):
+    if (
+        status != 200
+        and isinstance(answer, dict)
+        and "already open" in str(answer.get("message", ""))
+    ):
       self._post_ok(url, "/end_weight_update", {})
       status, answer = self._post(url, "/begin_weight_update", {})
     if status != 200:
       raise DistributedSyncError(
-          f"{url}/begin_weight_update failed (HTTP {status}): {answer}")
+          f"{url}/begin_weight_update failed (HTTP {status}): {answer}"
+      )
     return True
 
   def _broadcast(self, batch, body) -> None:
     dist = self._torch.distributed
-    futures = {u: self._pool.submit(
-        self._post_ok, u, "/update_weights_from_distributed", body)
-               for u in self.urls}
+    futures = {
+        u: self._pool.submit(
+            self._post_ok, u, "/update_weights_from_distributed", body
+        )
+        for u in self.urls
+    }
     tensors = [self._to_torch(x) for _, x in batch]  # alive until sent
-    works = [dist.broadcast(t, src=0, group=self._pg, async_op=True)
-             for t in tensors]
+    works = [
+        dist.broadcast(t, src=0, group=self._pg, async_op=True) for t in tensors
+    ]
     deadline = time.monotonic() + self.timeout_s
     while not all(w.is_completed() for w in works):
       for u, f in futures.items():
@@ -416,11 +487,13 @@ class WeightUpdateGroup:
           raise DistributedSyncError(
               f"{u} refused a weight batch while it was being broadcast"
               f" (weight update group {self.group_name} is now unusable):"
-              f" {f.exception()}")
+              f" {f.exception()}"
+          )
       if time.monotonic() > deadline:
         raise DistributedSyncError(
             f"broadcast of {len(tensors)} tensors to group"
-            f" {self.group_name} took over {self.timeout_s:.0f} s")
+            f" {self.group_name} took over {self.timeout_s:.0f} s"
+        )
       time.sleep(0.001)
     for w in works:
       w.wait()
@@ -437,8 +510,9 @@ class WeightUpdateGroup:
       self._sessions = all(self._all(self._begin))
     nbytes = ntensors = nbatches = 0
     for batch, last in with_last(batches(named, self.bucket_bytes)):
-      body = update_body(batch, group_name=self.group_name, version=version,
-                         last=last)
+      body = update_body(
+          batch, group_name=self.group_name, version=version, last=last
+      )
       self._broadcast(batch, body)
       nbytes += sum(int(x.nbytes) for _, x in batch)
       ntensors += len(batch)
@@ -446,16 +520,23 @@ class WeightUpdateGroup:
     if self._sessions:
       self._all(self._post_ok, "/end_weight_update", {})
     self.updates += 1
-    return dict(bytes=nbytes, tensors=ntensors, batches=nbatches,
-                seconds=time.perf_counter() - start)
+    return dict(
+        bytes=nbytes,
+        tensors=ntensors,
+        batches=nbatches,
+        seconds=time.perf_counter() - start,
+    )
 
   def close(self) -> None:
     """Asks the servers to leave the group (answers ignored) and leaves."""
     if self._pg is not None:
       for u in self.urls:
         try:
-          self._post(u, "/destroy_weights_update_group",
-                     {"group_name": self.group_name})
+          self._post(
+              u,
+              "/destroy_weights_update_group",
+              {"group_name": self.group_name},
+          )
         except DistributedSyncError:
           pass
       try:
@@ -483,21 +564,33 @@ class DistributedPush:
   hand numpy arrays; else device arrays.
   """
 
-  def __init__(self, *, backend: str = "", master_address: str = "",
-               master_port: int = 0, group_name: str = GROUP_NAME,
-               bucket_bytes: int = BUCKET_BYTES, timeout_s: float = 600.0,
-               connect: Optional[Callable] = None):
+  def __init__(
+      self,
+      *,
+      backend: str = "",
+      master_address: str = "",
+      master_port: int = 0,
+      group_name: str = GROUP_NAME,
+      bucket_bytes: int = BUCKET_BYTES,
+      timeout_s: float = 600.0,
+      connect: Optional[Callable] = None,
+  ):
     if connect is None:
       require_torch()
     self.backend = backend or default_backend()
     if self.backend not in BACKENDS:
-      raise ValueError(f"rollout.weight_sync_backend {self.backend!r} is not"
-                       f" one of {BACKENDS} (or '' for nccl on CUDA, else"
-                       " gloo)")
-    self._settings = dict(master_address=master_address,
-                          master_port=int(master_port), group_name=group_name,
-                          bucket_bytes=int(bucket_bytes),
-                          timeout_s=float(timeout_s))
+      raise ValueError(
+          f"rollout.weight_sync_backend {self.backend!r} is not"
+          f" one of {BACKENDS} (or '' for nccl on CUDA, else"
+          " gloo)"
+      )
+    self._settings = dict(
+        master_address=master_address,
+        master_port=int(master_port),
+        group_name=group_name,
+        bucket_bytes=int(bucket_bytes),
+        timeout_s=float(timeout_s),
+    )
     self._connect = connect or self._default_connect
     self._groups = {}
     self._lock = threading.Lock()  # A's and B's engines sync from 2 threads
@@ -509,10 +602,14 @@ class DistributedPush:
   def _default_connect(self, urls, index: int):
     s = self._settings
     return WeightUpdateGroup(
-        urls, backend=self.backend, master_address=s["master_address"],
+        urls,
+        backend=self.backend,
+        master_address=s["master_address"],
         master_port=s["master_port"] + index if s["master_port"] else 0,
         group_name=f"{s['group_name']}_{index}",
-        bucket_bytes=s["bucket_bytes"], timeout_s=s["timeout_s"]).connect()
+        bucket_bytes=s["bucket_bytes"],
+        timeout_s=s["timeout_s"],
+    ).connect()
 
   def __call__(self, engine, named: Iterable, version: int) -> dict:
     key = tuple(engine.urls)
@@ -550,10 +647,14 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   logging.basicConfig(level=logging.INFO, stream=sys.stderr)
   group = WeightUpdateGroup(
-      [u for u in args.urls.split(",") if u], backend=args.backend,
-      master_address=args.master_address, master_port=args.master_port,
-      group_name=args.group_name, bucket_bytes=args.bucket_bytes,
-      timeout_s=args.timeout_s).connect()
+      [u for u in args.urls.split(",") if u],
+      backend=args.backend,
+      master_address=args.master_address,
+      master_port=args.master_port,
+      group_name=args.group_name,
+      bucket_bytes=args.bucket_bytes,
+      timeout_s=args.timeout_s,
+  ).connect()
   print(json.dumps({"world_size": group.world_size}), flush=True)
   try:
     for line in sys.stdin:

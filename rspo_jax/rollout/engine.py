@@ -38,9 +38,7 @@ class SamplingParams:
           f"SamplingParams.temperature must be >= 0: {self.temperature}"
       )
     if not 0 < self.top_p <= 1:
-      raise ValueError(
-          f"SamplingParams.top_p must be in (0, 1]: {self.top_p}"
-      )
+      raise ValueError(f"SamplingParams.top_p must be in (0, 1]: {self.top_p}")
 
 
 @dataclasses.dataclass

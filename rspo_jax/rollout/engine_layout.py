@@ -12,13 +12,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 # 1.5x apart: at most 1.5x padding, ~2.25x less attention than powers of 2.
-PROMPT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
-                  4096)
+PROMPT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
 # CPU defaults (length_group_rows=None, prefill_chunk=None).
@@ -46,8 +44,9 @@ def prefill_block(chunk: int, pb: int) -> int:
 PREFIX_GRAIN = 64
 
 
-def rows_per_call(buckets: Sequence[int], group_rows: int = 0,
-                  max_rows: int = 0) -> int:
+def rows_per_call(
+    buckets: Sequence[int], group_rows: int = 0, max_rows: int = 0
+) -> int:
   """Most prompts one prefill / decode call takes (``jax_engine``'s
   docstring, step 0): ``group_rows`` (0: the largest of ``buckets``), at
   most the largest batch bucket, and with ``max_rows`` > 0 at most the
@@ -56,8 +55,9 @@ def rows_per_call(buckets: Sequence[int], group_rows: int = 0,
   buckets = sorted(int(b) for b in buckets)
   rows = min(group_rows, buckets[-1]) if group_rows else buckets[-1]
   if max_rows:
-    rows = min(rows, max([b for b in buckets if b <= max_rows],
-                         default=buckets[0]))
+    rows = min(
+        rows, max([b for b in buckets if b <= max_rows], default=buckets[0])
+    )
   return rows
 
 
@@ -73,8 +73,15 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-def share_prompts(rows, bb: int, shards: int, buckets, pad_id: int,
-                  share: bool = True, filler: Optional[Sequence[int]] = None):
+def share_prompts(
+    rows,
+    bb: int,
+    shards: int,
+    buckets,
+    pad_id: int,
+    share: bool = True,
+    filler: Optional[Sequence[int]] = None,
+):
   """(unique prompts, row_map [bb]): decode row b (of ``bb``; rows past
   ``len(rows)`` are dummies) reads prompt ``row_map[b]``.
 
@@ -87,7 +94,7 @@ def share_prompts(rows, bb: int, shards: int, buckets, pad_id: int,
   per = bb // shards
   parts, maps = [], []
   for j in range(shards):
-    block = [list(r) for r in rows[j * per:(j + 1) * per]]
+    block = [list(r) for r in rows[j * per : (j + 1) * per]]
     row_map = list(range(len(block)))
     if share:
       uniq = {}
@@ -104,8 +111,9 @@ def share_prompts(rows, bb: int, shards: int, buckets, pad_id: int,
   return unique, np.asarray(row_map, np.int32)
 
 
-def prefix_width(unique_rows, min_len: int, shards: int, grain: int,
-                 buckets, pb: int) -> int:
+def prefix_width(
+    unique_rows, min_len: int, shards: int, grain: int, buckets, pb: int
+) -> int:
   """The shared prefix width W of a chunk (``jax_engine``'s docstring,
   step 2).
 
@@ -129,15 +137,20 @@ def prefix_width(unique_rows, min_len: int, shards: int, grain: int,
   u = bu // shards
   lcps = []
   for j in range(shards):
-    real = sorted(r for r in unique_rows[j * u:(j + 1) * u]
-                  if len(r) >= min_len)
-    lcps.append(np.asarray([_common_prefix(a, b)
-                            for a, b in zip(real, real[1:])], np.int64))
+    real = sorted(
+        r for r in unique_rows[j * u : (j + 1) * u] if len(r) >= min_len
+    )
+    lcps.append(
+        np.asarray(
+            [_common_prefix(a, b) for a, b in zip(real, real[1:])], np.int64
+        )
+    )
   best, best_cost = 0, bu * (pb - 1)
   for w in widths:
     distinct = max(1 + int(np.sum(ls < w)) for ls in lcps)
-    cost = (shards * bucket_size(distinct, buckets, "batch size") * w
-            + bu * (pb - 1 - w))
+    cost = shards * bucket_size(distinct, buckets, "batch size") * w + bu * (
+        pb - 1 - w
+    )
     if cost < best_cost:
       best, best_cost = w, cost
   return best
@@ -157,7 +170,7 @@ def _prefix_rows(unique_rows, shards: int, head: int):
   u = len(unique_rows) // shards
   out = []
   for j in range(shards):
-    block = unique_rows[j * u:(j + 1) * u]
+    block = unique_rows[j * u : (j + 1) * u]
     fill = block[0] if len(block[0]) > head else unique_rows[0]
     out += [list(r[:head] if len(r) > head else fill[:head]) for r in block]
   return out

@@ -22,7 +22,6 @@ from rspo_jax import sharding as shd
 from rspo_jax.models import transformer as tfm
 from rspo_jax.rollout import sampling
 
-
 # Logical axes of each layer's KV-cache buffer [B, Hkv, S, Dh].
 _CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 
@@ -118,8 +117,10 @@ class _Knobs(NamedTuple):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("cache_len", "static", "chunk"),
-    donate_argnames=("cache",))
+    jax.jit,
+    static_argnames=("cache_len", "static", "chunk"),
+    donate_argnames=("cache",),
+)
 def _prefill(
     params,
     rest,
@@ -155,8 +156,11 @@ def _prefill(
   _TRACES[0] += 1
   cfg = static.cfg
   model = nnx.merge(static.graphdef, params, rest)
-  shards = _row_shards(static.mesh, static.rules, tokens.shape[0]
-                       if row_map is None else row_map.shape[0])
+  shards = _row_shards(
+      static.mesh,
+      static.rules,
+      tokens.shape[0] if row_map is None else row_map.shape[0],
+  )
   start = 0
   if cache is None or row_map is not None:
     cache = tfm.init_cache(cfg, tokens.shape[0], cache_len, cfg.dtype)
@@ -166,10 +170,11 @@ def _prefill(
     heads = tfm.init_cache(cfg, p_tok.shape[0], start, cfg.dtype)
     heads = _take_rows(
         _prefill_columns(model, heads, p_tok, p_pos, p_mask, 0, chunk),
-        head_map, shards)
+        head_map,
+        shards,
+    )
     cache = _write_slots(cache, heads, 0, start)
-  cache = _prefill_columns(model, cache, tokens, positions, mask, start,
-                           chunk)
+  cache = _prefill_columns(model, cache, tokens, positions, mask, start, chunk)
   if row_map is not None:
     cache = _take_rows(cache, row_map, shards)
   return _constrain_cache(cache, static.mesh, static.rules)
@@ -180,12 +185,14 @@ def empty_cache(*, rows: int, cache_len: int, static: _Static):
   """An empty KV cache of ``rows`` x ``cache_len`` slots, its rows over the
   mesh's batch axes: what ``_prefill`` writes into in place."""
   cfg = static.cfg
-  return _constrain_cache(tfm.init_cache(cfg, rows, cache_len, cfg.dtype),
-                          static.mesh, static.rules)
+  return _constrain_cache(
+      tfm.init_cache(cfg, rows, cache_len, cfg.dtype), static.mesh, static.rules
+  )
 
 
-def _prefill_columns(model, cache, tokens, positions, mask, start: int,
-                     chunk: int):
+def _prefill_columns(
+    model, cache, tokens, positions, mask, start: int, chunk: int
+):
   """Writes columns [start, start + width) of the cache from ``tokens``
   [B, width]: one pass over the whole cache (start 0, ``chunk`` 0 or >=
   width) or blocks of ``chunk`` (``width`` when 0) columns, each
@@ -195,8 +202,7 @@ def _prefill_columns(model, cache, tokens, positions, mask, start: int,
   if not width:
     return cache
   if start == 0 and not 0 < chunk < width:
-    return model(tokens, positions, mask, cache=cache,
-                 return_logits=False)[2]
+    return model(tokens, positions, mask, cache=cache, return_logits=False)[2]
   step = chunk or width
   for c0 in range(start, start + width, step):
     c1 = min(start + width, c0 + step)
@@ -208,8 +214,11 @@ def _prefill_columns(model, cache, tokens, positions, mask, start: int,
     )
     cols = slice(c0 - start, c1 - start)
     _, _, part = model(
-        tokens[:, cols], positions[:, cols], mask[:, cols],
-        cache=part, return_logits=False,
+        tokens[:, cols],
+        positions[:, cols],
+        mask[:, cols],
+        cache=part,
+        return_logits=False,
     )
     cache = _write_slots(cache, part, c0, c1)
   return cache
@@ -219,12 +228,14 @@ def _write_slots(cache, part, c0: int, c1: int):
   """``cache`` with ``part``'s slots [c0, c1) written in place of its own,
   its next write slot c1."""
   put = lambda full, new: jax.lax.dynamic_update_slice_in_dim(
-      full, new[:, :, c0:c1], c0, axis=2)
+      full, new[:, :, c0:c1], c0, axis=2
+  )
   return tfm.KVCache(
       k=tuple(map(put, cache.k, part.k)),
       v=tuple(map(put, cache.v, part.v)),
       key_mask=jax.lax.dynamic_update_slice_in_dim(
-          cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1),
+          cache.key_mask, part.key_mask[:, c0:c1], c0, axis=1
+      ),
       index=jnp.int32(c1),
   )
 
@@ -272,7 +283,8 @@ def _start_state(cache, rows: _Rows, knobs: _Knobs, slots: int, pad):
       out_lp=jnp.zeros((batch, slots), jnp.float32),
       matched=jnp.zeros((batch, n_strings), jnp.int32),
       row_keys=jax.vmap(jax.random.fold_in, (None, 0))(
-          jax.random.key(knobs.seed), rows.row_ids),
+          jax.random.key(knobs.seed), rows.row_ids
+      ),
   )
 
 
@@ -306,7 +318,8 @@ def _run(params, rest, state: _State, knobs: _Knobs, static):
     matched = st.matched
     if strings:
       matched, in_text = sampling.advance_stop_states(
-          knobs.stop_table, knobs.stop_len, matched, tok)
+          knobs.stop_table, knobs.stop_len, matched, tok
+      )
       hit = hit | (live & in_text)
     return _State(
         i=i + 1,

@@ -43,10 +43,19 @@ import numpy as np
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
 
 # Top-level /generate fields understood; anything else is refused.
-_GENERATE_FIELDS = frozenset({
-    "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "text",
-})
+_GENERATE_FIELDS = frozenset(
+    {
+        "input_ids",
+        "sampling_params",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "return_text_in_logprobs",
+        "stream",
+        "rid",
+        "text",
+    }
+)
 # SGLang sampling fields accepted only at their neutral value (field ->
 # predicate on the value).
 _NEUTRAL = {
@@ -88,8 +97,15 @@ def parse_sampling_params(d: Any) -> tuple[SamplingParams, Optional[int]]:
     d = {}
   if not isinstance(d, dict):
     raise BadRequest(f"sampling_params must be an object, got {d!r}")
-  known = {"temperature", "top_p", "top_k", "max_new_tokens", "stop",
-           "stop_token_ids", "sampling_seed"}
+  known = {
+      "temperature",
+      "top_p",
+      "top_k",
+      "max_new_tokens",
+      "stop",
+      "stop_token_ids",
+      "sampling_seed",
+  }
   for k, v in d.items():
     if k in known:
       continue
@@ -122,7 +138,9 @@ def parse_sampling_params(d: Any) -> tuple[SamplingParams, Optional[int]]:
     raise BadRequest(f"sampling_params.sampling_seed={seed!r}: need an int")
   try:
     params = SamplingParams(
-        temperature=temperature, top_p=top_p, max_new_tokens=max_new,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new,
         stop_token_ids=tuple(int(t) for t in stop_ids),
         stop_strings=tuple(stop),
     )
@@ -170,9 +188,7 @@ def parse_generate_request(body: Any):
   sp = body.get("sampling_params")
   if isinstance(sp, list):
     if len(sp) != len(prompts):
-      raise BadRequest(
-          f"{len(sp)} sampling_params for {len(prompts)} prompts"
-      )
+      raise BadRequest(f"{len(sp)} sampling_params for {len(prompts)} prompts")
     per_prompt = [parse_sampling_params(s) for s in sp]
   else:
     per_prompt = [parse_sampling_params(sp)] * len(prompts)
@@ -200,8 +216,9 @@ def plan_engine_calls(per_prompt) -> list[tuple[SamplingParams, list[int]]]:
     seeds = [per_prompt[i][1] for i in idx]
     if all(s is None for s in seeds):
       calls.append((params, idx))
-    elif None not in seeds and seeds == list(range(seeds[0],
-                                                   seeds[0] + len(seeds))):
+    elif None not in seeds and seeds == list(
+        range(seeds[0], seeds[0] + len(seeds))
+    ):
       calls.append((_with_seed(params, seeds[0]), idx))
     else:
       for i, s in zip(idx, seeds):
@@ -256,7 +273,8 @@ def format_result(
 
 def _empty_result() -> GenerationResult:
   return GenerationResult(
-      token_ids=np.zeros((0,), np.int32), logprobs=np.zeros((0,), np.float32),
+      token_ids=np.zeros((0,), np.int32),
+      logprobs=np.zeros((0,), np.float32),
       finish_reason="length",
   )
 
@@ -337,8 +355,12 @@ class EngineHTTPServer(http.server.ThreadingHTTPServer):
     latency = time.monotonic() - start
     answers = [
         format_result(
-            r, len(p), per_prompt[i][0], version=version,
-            return_logprob=return_logprob, decode_fn=self.decode_fn,
+            r,
+            len(p),
+            per_prompt[i][0],
+            version=version,
+            return_logprob=return_logprob,
+            decode_fn=self.decode_fn,
             latency_s=latency,
         )
         for i, (r, p) in enumerate(zip(results, prompts))
@@ -346,8 +368,9 @@ class EngineHTTPServer(http.server.ThreadingHTTPServer):
     return answers[0] if single else answers
 
   def update_weights(self, body) -> tuple[int, dict]:
-    if not isinstance(body, dict) or not isinstance(body.get("model_path"),
-                                                    str):
+    if not isinstance(body, dict) or not isinstance(
+        body.get("model_path"), str
+    ):
       raise BadRequest("update_weights_from_disk needs a model_path string")
     path = body["model_path"]
     if body.get("load_format") not in (None, "auto"):
@@ -359,8 +382,9 @@ class EngineHTTPServer(http.server.ThreadingHTTPServer):
       version = int(version)
     except (TypeError, ValueError):
       return 400, _update_answer(
-          False, f"weight_version {version!r} is not an integer; this server"
-          " keeps integer versions"
+          False,
+          f"weight_version {version!r} is not an integer; this server"
+          " keeps integer versions",
       )
     if not os.path.isdir(path):
       return 400, _update_answer(False, f"model_path {path} is not a directory")
@@ -373,8 +397,9 @@ class EngineHTTPServer(http.server.ThreadingHTTPServer):
         )
       self.model_path = path
       answer = _update_answer(
-          True, "Succeeded to update model weights. Weight version updated"
-          f" to {version}."
+          True,
+          "Succeeded to update model weights. Weight version updated"
+          f" to {version}.",
       )
       answer["weight_version"] = str(self.engine.weight_version)
     return 200, answer
@@ -435,8 +460,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
   def _error(self, code: int, message: str):
     kind = "Bad Request" if code == 400 else "Internal Server Error"
-    self._json(code, {"object": "error", "message": message, "type": kind,
-                      "param": None, "code": code})
+    self._json(
+        code,
+        {
+            "object": "error",
+            "message": message,
+            "type": kind,
+            "param": None,
+            "code": code,
+        },
+    )
 
   def _json(self, code: int, obj):
     self._send(code, json.dumps(obj).encode(), "application/json")
@@ -462,6 +495,10 @@ def make_server(
   """A bound, not yet serving, server (``port=0`` picks a free port); run
   ``serve_forever()`` (e.g. in a thread) and ``shutdown()`` to stop."""
   return EngineHTTPServer(
-      (host, port), engine, model_path=model_path, vocab_size=vocab_size,
-      decode_fn=decode_fn, verbose=verbose,
+      (host, port),
+      engine,
+      model_path=model_path,
+      vocab_size=vocab_size,
+      decode_fn=decode_fn,
+      verbose=verbose,
   )

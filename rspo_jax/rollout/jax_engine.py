@@ -63,7 +63,6 @@ tokenizer's texts do not concatenate, it falls back, once and for all, to
 decoding to a stop id or the limit and cutting on the host).
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -79,6 +78,7 @@ from jax.sharding import Mesh, NamedSharding
 from rspo_jax import sharding as shd
 from rspo_jax.rollout import sampling
 from rspo_jax.rollout.engine import Engine, GenerationResult, SamplingParams
+
 # The prompt layout and the jitted programs live beside this module; their
 # names are read here (by the engine, and by hlo.py, launch/ and the tests
 # as ``jax_engine.<name>``; tests patch ``_prefill``, ``_decode`` and
@@ -187,8 +187,9 @@ class JaxEngine(Engine):
     if not 0 <= int(pad_id) < cfg.vocab_size:
       raise ValueError(f"pad_id {pad_id} outside vocab [0, {cfg.vocab_size})")
     self._pad_id = int(pad_id)
-    self._eos_ids = _checked_ids(tuple(int(i) for i in eos_ids), "eos_ids",
-                                 cfg.vocab_size)
+    self._eos_ids = _checked_ids(
+        tuple(int(i) for i in eos_ids), "eos_ids", cfg.vocab_size
+    )
     for name, b in (
         ("batch_buckets", batch_buckets),
         ("prompt_buckets", prompt_buckets),
@@ -213,9 +214,11 @@ class JaxEngine(Engine):
       length_group_rows = CPU_GROUP_ROWS if on_cpu else 0
     if prefill_chunk is None:
       prefill_chunk = CPU_PREFILL_CHUNK if on_cpu else 0
-    for name, v in (("length_group_rows", length_group_rows),
-                    ("prefill_chunk", prefill_chunk),
-                    ("max_rows", max_rows)):
+    for name, v in (
+        ("length_group_rows", length_group_rows),
+        ("prefill_chunk", prefill_chunk),
+        ("max_rows", max_rows),
+    ):
       if v < 0:
         raise ValueError(f"{name} must be >= 0: {v}")
     self._group_rows = int(length_group_rows)
@@ -229,7 +232,8 @@ class JaxEngine(Engine):
     if mesh is not None:
       weights = shd.inference_rules(rules)  # whole on each row shard
       self._graphdef = _with_activation_rules(
-          self._graphdef, self._params, self._rest, weights)
+          self._graphdef, self._params, self._rest, weights
+      )
       self._param_sh = shd.state_shardings(mesh, self._params, weights)
       self._rest_sh = shd.state_shardings(mesh, self._rest, weights)
     self._params = self._place(self._params, self._param_sh)
@@ -311,7 +315,8 @@ class JaxEngine(Engine):
     # Keep the engine's dtypes (e.g. float32 trainer params -> bf16 engine).
     if self._param_sh is None:
       self._params = jax.tree.map(
-          lambda new, dtype: _own_copy(new, dtype, None), params, dtypes)
+          lambda new, dtype: _own_copy(new, dtype, None), params, dtypes
+      )
     else:
       self._params = jax.tree.map(_own_copy, params, dtypes, self._param_sh)
     self._version = int(version)
@@ -330,41 +335,48 @@ class JaxEngine(Engine):
     if self._params is None:
       raise RuntimeError(
           "the engine has no weights: an update_weights call failed after"
-          " freeing the old ones; call update_weights again")
+          " freeing the old ones; call update_weights again"
+      )
     self._check_params(params)
-    rows = [_checked_prompt(p, i, self._cfg.vocab_size,
-                            self._prompt_buckets[-1])
-            for i, p in enumerate(prompts)]
+    rows = [
+        _checked_prompt(p, i, self._cfg.vocab_size, self._prompt_buckets[-1])
+        for i, p in enumerate(prompts)
+    ]
     if not rows:
       return []
     if params.max_new_tokens == 0:  # nothing to generate (SGLang's answer)
       empty = lambda: GenerationResult(
-          np.zeros(0, np.int32), np.zeros(0, np.float32), "length")
+          np.zeros(0, np.int32), np.zeros(0, np.float32), "length"
+      )
       return [empty() for _ in rows]
     seed = params.seed
     if seed is None:
       seed = int(self._np_rng.integers(0, 2**31 - 1))
     stop_ids = self._eos_ids + _checked_ids(
-        tuple(int(i) for i in params.stop_token_ids), "stop_token_ids",
-        self._cfg.vocab_size)
+        tuple(int(i) for i in params.stop_token_ids),
+        "stop_token_ids",
+        self._cfg.vocab_size,
+    )
     stop_mask = np.zeros((self._cfg.vocab_size,), np.bool_)
     stop_mask[list(stop_ids)] = True
     stops = self._stop_automaton(params.stop_strings)
     results = self._generate_rows(rows, seed, stop_mask, stops, params)
     done = set()  # rows the automaton stopped at the right token
     if stops is not None:
-      done = stopped_by_string(results, stop_mask, params.stop_strings,
-                               self._decode_fn)
+      done = stopped_by_string(
+          results, stop_mask, params.stop_strings, self._decode_fn
+      )
       if done is None:
-        log.warning("token texts do not concatenate to decode_fn's text:"
-                    " stop strings are cut on the host from now on")
+        log.warning(
+            "token texts do not concatenate to decode_fn's text:"
+            " stop strings are cut on the host from now on"
+        )
         self._stop_in_loop = False
         results = self._generate_rows(rows, seed, stop_mask, None, params)
         done = set()
     if params.stop_strings:
       results = [
-          r if i in done else
-          self._cut_at_stop_string(r, params.stop_strings)
+          r if i in done else self._cut_at_stop_string(r, params.stop_strings)
           for i, r in enumerate(results)
       ]
     return results
@@ -372,8 +384,7 @@ class JaxEngine(Engine):
   def _generate_rows(self, rows, seed, stop_mask, stops, params):
     """Results of every row, chunk by chunk (module docstring, step 0)."""
     n = len(rows)
-    chunk = rows_per_call(self._batch_buckets, self._group_rows,
-                          self._max_rows)
+    chunk = rows_per_call(self._batch_buckets, self._group_rows, self._max_rows)
     if self._group_rows:
       order = sorted(range(n), key=lambda i: (len(rows[i]), rows[i]))
     else:
@@ -401,8 +412,13 @@ class JaxEngine(Engine):
     nb = round_up(params.max_new_tokens, self._new_multiple)
     shards = _row_shards(self._mesh, self._rules, bb)
     unique_rows, row_map = share_prompts(
-        rows, bb, shards, self._batch_buckets, self._pad_id,
-        self._prefix_sharing)
+        rows,
+        bb,
+        shards,
+        self._batch_buckets,
+        self._pad_id,
+        self._prefix_sharing,
+    )
     if 2 * len(unique_rows) > bb:  # no gather: the decode rows' cache only
       unique_rows = [list(r) for r in rows] + [[self._pad_id]] * (bb - n)
       row_map = None
@@ -410,18 +426,33 @@ class JaxEngine(Engine):
     chunk = self._chunk_for(pb)
     head = 0
     if self._shared_prefix:
-      head = prefix_width(unique_rows, min(len(r) for r in rows), shards,
-                          chunk or PREFIX_GRAIN, self._batch_buckets, pb)
+      head = prefix_width(
+          unique_rows,
+          min(len(r) for r in rows),
+          shards,
+          chunk or PREFIX_GRAIN,
+          self._batch_buckets,
+          pb,
+      )
     tokens, positions, mask = _layout(unique_rows, pb, self._pad_id, head)
     prefix, bp = None, 0
     if head:
       heads, head_map = share_prompts(
-          _prefix_rows(unique_rows, shards, head), bu, shards,
-          self._batch_buckets, self._pad_id, filler=unique_rows[0][:head])
+          _prefix_rows(unique_rows, shards, head),
+          bu,
+          shards,
+          self._batch_buckets,
+          self._pad_id,
+          filler=unique_rows[0][:head],
+      )
       bp = len(heads)
       p_tok, p_pos, p_mask = _layout(heads, head, self._pad_id)
-      prefix = (self._put_rows(p_tok), self._put_rows(p_pos),
-                self._put_rows(p_mask), jnp.asarray(head_map))
+      prefix = (
+          self._put_rows(p_tok),
+          self._put_rows(p_pos),
+          self._put_rows(p_mask),
+          jnp.asarray(head_map),
+      )
     self._columns_prefilled[0] += bp * head + bu * (pb - 1 - head)
     self._columns_prefilled[1] += bu * (pb - 1)
     lengths = np.asarray([len(r) for r in rows] + [1] * (bb - n), np.int32)
@@ -429,15 +460,20 @@ class JaxEngine(Engine):
     active = np.arange(bb) < n
     # Dummy rows take ids past the request's rows (their draws are unused).
     row_ids = np.concatenate(
-        [np.asarray(ids, np.int32), np.arange(bb - n, dtype=np.int32)
-         + max(ids) + 1])
+        [
+            np.asarray(ids, np.int32),
+            np.arange(bb - n, dtype=np.int32) + max(ids) + 1,
+        ]
+    )
 
     put = self._put_rows
     stop_shape = None if stops is None else stops[0].shape[:2]
-    self._shape_keys.update((
-        ("prefill", bu, bb, pb, nb, chunk, bp, head, row_map is None),
-        ("decode", bb, pb, nb, stop_shape),
-    ))
+    self._shape_keys.update(
+        (
+            ("prefill", bu, bb, pb, nb, chunk, bp, head, row_map is None),
+            ("decode", bb, pb, nb, stop_shape),
+        )
+    )
     cache = _prefill(
         self._params,
         self._rest,
@@ -446,8 +482,9 @@ class JaxEngine(Engine):
         put(mask[:, head:-1]),
         None if row_map is None else jnp.asarray(row_map),
         prefix,
-        None if row_map is not None else empty_cache(
-            rows=bb, cache_len=pb + nb, static=self._static),
+        None
+        if row_map is not None
+        else empty_cache(rows=bb, cache_len=pb + nb, static=self._static),
         cache_len=pb + nb,
         static=self._static,
         chunk=chunk,
@@ -460,10 +497,16 @@ class JaxEngine(Engine):
     )
     knobs = _knobs(seed, params, stop_mask, stops)
     # The spent cache comes back only so the donated input can alias it.
-    out = _decode(self._params, self._rest, cache, decode_rows, knobs,
-                  slots=nb, static=self._static)
-    out_tok, out_lp, out_len, stopped, steps = jax.device_get(
-        out[:4] + out[5:])
+    out = _decode(
+        self._params,
+        self._rest,
+        cache,
+        decode_rows,
+        knobs,
+        slots=nb,
+        static=self._static,
+    )
+    out_tok, out_lp, out_len, stopped, steps = jax.device_get(out[:4] + out[5:])
     self._decode_steps += int(steps)
     return _results(out_tok, out_lp, out_len, stopped, n)
 
@@ -493,7 +536,8 @@ class JaxEngine(Engine):
             self._decode_fn([i]) for i in range(self._cfg.vocab_size)
         ]
       self._stop_tables[key] = sampling.stop_string_tables(
-          self._token_texts, key)
+          self._token_texts, key
+      )
     return self._stop_tables[key]
 
   def _cut_at_stop_string(
@@ -509,7 +553,6 @@ class JaxEngine(Engine):
           f"SamplingParams.stop_strings {p.stop_strings!r} need a decode_fn"
           " given to JaxEngine"
       )
-
 
 
 # ------------------------------------------------------------ one chunk
@@ -540,8 +583,9 @@ def _results(out_tok, out_lp, out_len, stopped, n: int) -> list:
   ]
 
 
-def _checked_prompt(prompt, i: int, vocab_size: int,
-                    max_tokens: int) -> list[int]:
+def _checked_prompt(
+    prompt, i: int, vocab_size: int, max_tokens: int
+) -> list[int]:
   """Prompt ``i``'s token ids as a list; ValueError unless it is a
   non-empty run of ids in [0, vocab_size), at most ``max_tokens`` long."""
   ids = np.asarray(prompt).reshape(-1)
@@ -550,9 +594,7 @@ def _checked_prompt(prompt, i: int, vocab_size: int,
   if not np.issubdtype(ids.dtype, np.integer):
     raise ValueError(f"prompt {i} holds non-integer ids ({ids.dtype})")
   if ids.min() < 0 or ids.max() >= vocab_size:
-    raise ValueError(
-        f"prompt {i} has token ids outside [0, {vocab_size})"
-    )
+    raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
   if ids.size > max_tokens:
     raise ValueError(
         f"prompt {i} has {ids.size} tokens, more than the largest prompt"
@@ -583,14 +625,16 @@ def stopped_by_string(results, stop_mask, stops, decode_fn):
     if r.finish_reason != "stop" or not ids or stop_mask[ids[-1]]:
       continue
     if not any(s in decode_fn(ids) for s in stops) or any(
-        s in decode_fn(ids[:-1]) for s in stops):
+        s in decode_fn(ids[:-1]) for s in stops
+    ):
       return None
     done.add(i)
   return done
 
 
-def cut_at_stop_string(res: GenerationResult, stops,
-                       decode_fn) -> GenerationResult:
+def cut_at_stop_string(
+    res: GenerationResult, stops, decode_fn
+) -> GenerationResult:
   """Cuts after the first token whose decoded prefix contains a stop string.
 
   Binary search over prefix lengths (containment only grows with the
@@ -668,10 +712,15 @@ def _check_same_shapes(old, new) -> None:
 
 def _shapes_by_name(state) -> dict:
   """{'layers/0/attn/q': shape, ...} of an nnx.State's arrays."""
+
   def name(path):
-    keys = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
-            for k in path]
+    keys = [
+        getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
+        for k in path
+    ]
     return "/".join(str(k) for k in keys if k != "value")
 
-  return {name(path): tuple(jnp.shape(x))
-          for path, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+  return {
+      name(path): tuple(jnp.shape(x))
+      for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+  }

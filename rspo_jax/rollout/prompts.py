@@ -90,13 +90,17 @@ class PromptSpec:
     reject_cjk: a reply with CJK characters is an invalid action.
   """
 
-  intro: str = ("You are an expert agent acting in the {env} environment. "
-                "Your task is to: {task}\n")
-  actions: str = ("Your admissible actions in the current situation are: "
-                  "[{actions}].\n")
+  intro: str = (
+      "You are an expert agent acting in the {env} environment. "
+      "Your task is to: {task}\n"
+  )
+  actions: str = (
+      "Your admissible actions in the current situation are: " "[{actions}].\n"
+  )
   goal: str = ""
-  history_entry: str = ("[Observation {i}: '{observation}', "
-                        "Action {i}: '{action}']")
+  history_entry: str = (
+      "[Observation {i}: '{observation}', " "Action {i}: '{action}']"
+  )
   format_actions: Callable[[Sequence[str]], str] = quoted_list
   format_observation: Callable[[str, str], str] = same_observation
   reject_cjk: bool = False
@@ -119,7 +123,8 @@ _SPECS = {
         "environment. Your task is to: {task}\n",
         # verl-agent hides 'help'
         format_actions=lambda actions: "\n ".join(
-            f"'{a}'" for a in actions if a != "help"),
+            f"'{a}'" for a in actions if a != "help"
+        ),
         reject_cjk=True,  # verl-agent's alfworld_projection does this
     ),
     "webshop": PromptSpec(
@@ -152,14 +157,18 @@ def spec_for(env_name: str) -> tuple[PromptSpec, str]:
   from third_party_envs import registry
 
   if not registry.is_import_path(env_name):
-    raise ValueError(f"unknown env_name {env_name!r}; known: "
-                     f"{list(ENV_NAMES)} or an import path "
-                     "'package.module:ClassName'")
+    raise ValueError(
+        f"unknown env_name {env_name!r}; known: "
+        f"{list(ENV_NAMES)} or an import path "
+        "'package.module:ClassName'"
+    )
   cls = registry.env_class(env_name)
   spec = getattr(cls, "prompt_spec", None) or PromptSpec()
   if not isinstance(spec, PromptSpec):
-    raise ValueError(f"{env_name}.prompt_spec is {type(spec).__name__}, "
-                     "expected rspo_jax.rollout.prompts.PromptSpec")
+    raise ValueError(
+        f"{env_name}.prompt_spec is {type(spec).__name__}, "
+        "expected rspo_jax.rollout.prompts.PromptSpec"
+    )
   name = getattr(cls, "name", "base")
   return spec, (cls.__name__ if name == "base" else name)
 
@@ -200,8 +209,10 @@ def build_prompt(
     first = step_idx - len(window) + 1  # number of the oldest shown step
     entries = "\n".join(
         spec.history_entry.format(
-            i=first + j, observation=spec.format_observation(obs, task),
-            action=act)
+            i=first + j,
+            observation=spec.format_observation(obs, task),
+            action=act,
+        )
         for j, (obs, act) in enumerate(window)
     )
     text += _LATER.format(
@@ -232,9 +243,7 @@ def render_chat(tokenizer, user_text: str) -> list[int]:
   return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def truncate_prompt(
-    ids: Sequence[int], max_len: int
-) -> tuple[list[int], bool]:
+def truncate_prompt(ids: Sequence[int], max_len: int) -> tuple[list[int], bool]:
   """Keeps the last ``max_len`` ids (left truncation, as verl does):
   the generation prompt and current observation survive."""
   if max_len < 1:
@@ -267,7 +276,12 @@ def build_prompt_ids(
   shown = min(max(history_length, 0), len(history))
   for h in range(shown, -1, -1):
     text = build_prompt(
-        env_name, task, observation, admissible_actions, history, step_idx,
+        env_name,
+        task,
+        observation,
+        admissible_actions,
+        history,
+        step_idx,
         history_length=h,
     )
     ids = render_chat(tokenizer, text)

@@ -141,7 +141,9 @@ def stop_string_tables(
 
 
 def advance_stop_states(
-    table: jax.Array, lengths: jax.Array, states: jax.Array,
+    table: jax.Array,
+    lengths: jax.Array,
+    states: jax.Array,
     tokens: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
   """One token per row: (new states [B, n], hit [B]: a stop string is now
@@ -188,9 +190,10 @@ def _token_automaton(token_texts, s: str, longest: int) -> np.ndarray:
   cols = np.full((vocab, max(width, 1)), -1, np.int32)  # -1: past the end
   for v, text in enumerate(token_texts):
     if text:
-      cols[v, :len(text)] = [chars.get(c, other) for c in text]
-  state = np.broadcast_to(np.arange(m + 1, dtype=np.int32)[:, None],
-                          (m + 1, vocab)).copy()
+      cols[v, : len(text)] = [chars.get(c, other) for c in text]
+  state = np.broadcast_to(
+      np.arange(m + 1, dtype=np.int32)[:, None], (m + 1, vocab)
+  ).copy()
   for j in range(cols.shape[1]):
     c = cols[:, j]
     live = c >= 0

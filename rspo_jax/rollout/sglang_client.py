@@ -154,8 +154,10 @@ def make_generate_request(
   """
   if not prompts:
     raise ValueError("prompts is empty")
-  ids = [_check_prompt(p, first_index + j, vocab_size)
-         for j, p in enumerate(prompts)]
+  ids = [
+      _check_prompt(p, first_index + j, vocab_size)
+      for j, p in enumerate(prompts)
+  ]
   stop_ids = [int(t) for t in params.stop_token_ids]
   if vocab_size is not None and any(not 0 <= t < vocab_size for t in stop_ids):
     raise ValueError(
@@ -397,8 +399,7 @@ class SGLangClient(Engine):
       if url in self._down:
         return
       self._down.add(url)
-    log.warning("rollout server %s is down (%s); using the others", url,
-                reason)
+    log.warning("rollout server %s is down (%s); using the others", url, reason)
 
   @property
   def weight_version(self) -> int:
@@ -483,7 +484,8 @@ class SGLangClient(Engine):
     version = int(version)
     self._sync_all(
         lambda u, retries: self._update_one(u, path, str(version), retries),
-        f"weight update to version {version} from {path}")
+        f"weight update to version {version} from {path}",
+    )
     self._version, self._served = version, str(version)
     self._adapter = None
     self._synced = True
@@ -502,9 +504,11 @@ class SGLangClient(Engine):
     name = f"{ADAPTER_PREFIX}{self._token}-v{version}"
     make_adapter_request(name, adapter_dir)  # validates
     self._sync_all(
-        lambda u, retries: self._adapter_one(u, adapter_dir, name, base_dir,
-                                             retries),
-        f"adapter update to version {version} from {adapter_dir}")
+        lambda u, retries: self._adapter_one(
+            u, adapter_dir, name, base_dir, retries
+        ),
+        f"adapter update to version {version} from {adapter_dir}",
+    )
     self._version, self._served = version, self.base_version
     self._adapter = name
     self._synced = True
@@ -514,8 +518,9 @@ class SGLangClient(Engine):
     without retries) and keeps membership (``update_weights``)."""
     down = set(self.down_urls)
     futures = {
-        u: self._pool.submit(update_one, u,
-                             0 if u in down else self._max_retries)
+        u: self._pool.submit(
+            update_one, u, 0 if u in down else self._max_retries
+        )
         for u in self._urls
     }
     errors, unreachable, loaded, refused = [], [], [], []
@@ -539,8 +544,10 @@ class SGLangClient(Engine):
       self._mark_down(u, e)
     if unreachable and not errors and loaded:
       log.warning(
-          "%s skipped %d of %d servers that did not answer: %s", what,
-          len(unreachable), len(self._urls),
+          "%s skipped %d of %d servers that did not answer: %s",
+          what,
+          len(unreachable),
+          len(self._urls),
           ", ".join(u for u, _ in unreachable),
       )
     if errors or not loaded:
@@ -561,8 +568,10 @@ class SGLangClient(Engine):
       info = self._call(u, "GET", "/model_info", None)
       got = info.get("weight_version") if isinstance(info, dict) else info
       if str(got) != str(version):
-        raise SGLangError(f"{u}: after a weight update reports"
-                          f" weight_version {got!r}, expected {str(version)!r}")
+        raise SGLangError(
+            f"{u}: after a weight update reports"
+            f" weight_version {got!r}, expected {str(version)!r}"
+        )
     with self._rr_lock:
       self._down.clear()
     self._version, self._served = version, str(version)
@@ -585,8 +594,9 @@ class SGLangClient(Engine):
     """True when every server answers ``GET /health`` with 200 (one try)."""
     for u in self._urls:
       try:
-        status, _ = _http(u + "/health", "GET", None,
-                          min(self._timeout_s, _HEALTH_TIMEOUT_S))
+        status, _ = _http(
+            u + "/health", "GET", None, min(self._timeout_s, _HEALTH_TIMEOUT_S)
+        )
       except _NO_ANSWER:
         return False
       if status != 200:
@@ -600,8 +610,9 @@ class SGLangClient(Engine):
     down = []
     for u in self._urls:
       try:
-        _http(u + "/health", "GET", None,
-              min(self._timeout_s, _HEALTH_TIMEOUT_S))
+        _http(
+            u + "/health", "GET", None, min(self._timeout_s, _HEALTH_TIMEOUT_S)
+        )
       except _NO_ANSWER:
         down.append(u)
     return down
@@ -627,11 +638,13 @@ class SGLangClient(Engine):
 
   def _generate_chunk(self, prompts, params, first_index, urls, server):
     body = make_generate_request(
-        prompts, params, first_index=first_index, vocab_size=self._vocab_size,
+        prompts,
+        params,
+        first_index=first_index,
+        vocab_size=self._vocab_size,
         adapter=self._adapter,
     )
-    expected = self._served if self._synced and self._check_version \
-        else None
+    expected = self._served if self._synced and self._check_version else None
     last = None
     for attempt in range(self._max_retries + 1):
       if attempt:
@@ -663,15 +676,21 @@ class SGLangClient(Engine):
       self._update_one(url, base_dir, self.base_version, retries)
     for old in stale_adapters(answer.get("loaded_adapters"), name):
       try:
-        self._call(url, "POST", "/unload_lora_adapter", {"lora_name": old},
-                   retries=retries)
+        self._call(
+            url,
+            "POST",
+            "/unload_lora_adapter",
+            {"lora_name": old},
+            retries=retries,
+        )
       except SGLangError as e:  # memory, not correctness: requests name new
         log.warning("%s: could not unload LoRA adapter %s: %s", url, old, e)
 
   def _update_one(self, url, path, version, retries):
     body = {"model_path": path, "weight_version": str(version)}
-    answer = self._call(url, "POST", "/update_weights_from_disk", body,
-                        retries=retries)
+    answer = self._call(
+        url, "POST", "/update_weights_from_disk", body, retries=retries
+    )
     if not isinstance(answer, dict) or answer.get("success") is not True:
       raise SGLangError(f"{url}/update_weights_from_disk: answered {answer!r}")
     info = self._call(url, "GET", "/model_info", None, retries=retries)
@@ -682,8 +701,7 @@ class SGLangClient(Engine):
           f" {got!r}, expected {str(version)!r}"
       )
 
-  def _call(self, url, method, route, body, *, want_json=True,
-            retries=None):
+  def _call(self, url, method, route, body, *, want_json=True, retries=None):
     """One request to one server, with retries on that server.
 
     Raises SGLangUnreachableError when no attempt got an HTTP answer.
@@ -710,7 +728,8 @@ class SGLangClient(Engine):
     except _NO_ANSWER as e:  # refusals, resets, timeouts, cut-off answers
       reason = getattr(e, "reason", e)
       raise _RetriableError(
-          f"{type(e).__name__}: {e}", answered=False,
+          f"{type(e).__name__}: {e}",
+          answered=False,
           refused=isinstance(reason, ConnectionRefusedError),
       ) from e
     if 400 <= status < 500:
@@ -725,9 +744,7 @@ class SGLangClient(Engine):
     try:
       return json.loads(text)
     except json.JSONDecodeError as e:
-      raise _RetriableError(
-          f"answer is not JSON ({e}): {text[:200]!r}"
-      ) from e
+      raise _RetriableError(f"answer is not JSON ({e}): {text[:200]!r}") from e
 
 
 def _message(text: str) -> str:
@@ -758,17 +775,24 @@ def _load_adapter(call, url, name, adapter_dir, retries) -> dict:
   """``POST /load_lora_adapter`` through ``call`` (``SGLangClient._call``):
   the server's answer, or SGLangAdapterRefused."""
   try:
-    answer = call(url, "POST", "/load_lora_adapter",
-                  make_adapter_request(name, adapter_dir), retries=retries)
+    answer = call(
+        url,
+        "POST",
+        "/load_lora_adapter",
+        make_adapter_request(name, adapter_dir),
+        retries=retries,
+    )
   except SGLangRequestError as e:
     if "already loaded" not in str(e):  # else: a retry after a lost answer
       raise SGLangAdapterRefused(
           f"{url} refused LoRA adapter {adapter_dir} ({e}); start the"
           " servers with --enable-lora --max-lora-rank R"
           " --lora-target-modules ... or set"
-          " rollout.sglang_lora_sync=merged") from e
+          " rollout.sglang_lora_sync=merged"
+      ) from e
     answer = {"success": True}
   if not isinstance(answer, dict) or answer.get("success") is not True:
-    raise SGLangAdapterRefused(f"{url}/load_lora_adapter: answered"
-                               f" {answer!r}")
+    raise SGLangAdapterRefused(
+        f"{url}/load_lora_adapter: answered" f" {answer!r}"
+    )
   return answer

@@ -37,8 +37,14 @@ import numpy as np
 
 from rspo_jax import timing
 from rspo_jax.rollout import prompts as prompt_lib
-from rspo_jax.rollout.collect import (CollectConfig, CollectRequest, PHASES,
-                                      _Episode, _apply_env_results, _finish)
+from rspo_jax.rollout.collect import (
+    CollectConfig,
+    CollectRequest,
+    PHASES,
+    _Episode,
+    _apply_env_results,
+    _finish,
+)
 from rspo_jax.rollout.engine import Engine
 from rspo_jax.types import StepRecord
 
@@ -59,23 +65,35 @@ def collect_unbarriered(
   if n > venv.num_envs:
     raise ValueError(
         f"{n} episodes ({len(task_ids)} groups x {group_size}) need"
-        f" {n} environments; the pool has {venv.num_envs}")
+        f" {n} environments; the pool has {venv.num_envs}"
+    )
   t_start = time.perf_counter()
   row_tasks = [t for t in task_ids for _ in range(group_size)]
   env_s = 0.0
   t0 = time.perf_counter()
   first = venv.reset(row_tasks + [None] * (venv.num_envs - n), cfg.split)
   env_s += time.perf_counter() - t0
-  eps = [_Episode(task_id=t,
-                  group_id=request.group_id_start + i // group_size,
-                  traj_id=request.traj_id_start + i, obs=first[i])
-         for i, t in enumerate(row_tasks)]
+  eps = [
+      _Episode(
+          task_id=t,
+          group_id=request.group_id_start + i // group_size,
+          traj_id=request.traj_id_start + i,
+          obs=first[i],
+      )
+      for i, t in enumerate(row_tasks)
+  ]
   for e in eps:
     e.failed = bool(e.obs.info.get("failed", False))
     e.done = e.failed
     e.anchors.append(e.obs.anchor_obs)
-  stats = dict(gen_tokens=0, gen_time=0.0, env_time=0.0, prompt_truncated=0,
-               invalid=0, steps=0)
+  stats = dict(
+      gen_tokens=0,
+      gen_time=0.0,
+      env_time=0.0,
+      prompt_truncated=0,
+      invalid=0,
+      steps=0,
+  )
   lock = threading.Lock()
   ready = queue.Queue()  # (episode, action, threading.Event)
   aborted = threading.Event()  # the calling thread failed: episodes stop
@@ -86,13 +104,19 @@ def collect_unbarriered(
       if e.done:
         return
       ids, _, truncated = prompt_lib.build_prompt_ids(
-          tokenizer, cfg.env_name, task=e.obs.task,
+          tokenizer,
+          cfg.env_name,
+          task=e.obs.task,
           observation=e.obs.observation,
-          admissible_actions=e.obs.admissible_actions, history=e.history,
-          step_idx=turn, history_length=cfg.history_length,
-          max_prompt_tokens=cfg.max_prompt_tokens)
+          admissible_actions=e.obs.admissible_actions,
+          history=e.history,
+          step_idx=turn,
+          history_length=cfg.history_length,
+          max_prompt_tokens=cfg.max_prompt_tokens,
+      )
       params = dataclasses.replace(
-          request.sampling, seed=request.seed * 1_000_003 + turn * 2 + i)
+          request.sampling, seed=request.seed * 1_000_003 + turn * 2 + i
+      )
       res = engine.generate([ids], params)[0]
       reply = tokenizer.decode(res.token_ids, skip_special_tokens=True)
       action, valid = prompt_lib.parse_action(reply, cfg.env_name)
@@ -100,16 +124,24 @@ def collect_unbarriered(
         stats["gen_tokens"] += len(res.token_ids)
         stats["invalid"] += int(not valid)
         stats["prompt_truncated"] += int(truncated)
-      e.records.append(StepRecord(
-          task_id=e.task_id, group_id=e.group_id, traj_id=e.traj_id,
-          step_idx=turn, prompt_ids=np.asarray(ids, np.int32),
-          response_ids=np.asarray(res.token_ids, np.int32),
-          behavior_logp=np.asarray(res.logprobs, np.float32),
-          policy_tag=request.policy_tag,
-          weight_version=engine.weight_version,
-          env_reward=0.0 if valid else cfg.invalid_action_penalty,
-          invalid=not valid, anchor_obs=e.obs.anchor_obs, action=action,
-          task_type=e.obs.task_type))
+      e.records.append(
+          StepRecord(
+              task_id=e.task_id,
+              group_id=e.group_id,
+              traj_id=e.traj_id,
+              step_idx=turn,
+              prompt_ids=np.asarray(ids, np.int32),
+              response_ids=np.asarray(res.token_ids, np.int32),
+              behavior_logp=np.asarray(res.logprobs, np.float32),
+              policy_tag=request.policy_tag,
+              weight_version=engine.weight_version,
+              env_reward=0.0 if valid else cfg.invalid_action_penalty,
+              invalid=not valid,
+              anchor_obs=e.obs.anchor_obs,
+              action=action,
+              task_type=e.obs.task_type,
+          )
+      )
       stepped = threading.Event()
       ready.put((i, action, stepped))
       while not stepped.wait(0.1):  # the calling thread steps the env
@@ -117,7 +149,8 @@ def collect_unbarriered(
           return
 
   with concurrent.futures.ThreadPoolExecutor(
-      max_workers=max(1, n), thread_name_prefix="episode") as pool:
+      max_workers=max(1, n), thread_name_prefix="episode"
+  ) as pool:
     futures = [pool.submit(play, i) for i in range(n)]
     try:
       env_s += _step_ready(venv, eps, futures, ready, lock, stats, progress)

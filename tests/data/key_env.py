@@ -42,8 +42,9 @@ class KeyHunt(base.TextEnv):
 
   name = "key_hunt"
 
-  def __init__(self, max_steps: int = 4, expert: str = "direct",
-               num_tasks: int = 16):
+  def __init__(
+      self, max_steps: int = 4, expert: str = "direct", num_tasks: int = 16
+  ):
     if expert not in EXPERTS:
       raise ValueError(f"expert={expert!r}; one of {EXPERTS}")
     self.max_steps, self.expert, self.tasks = max_steps, expert, num_tasks
@@ -66,8 +67,7 @@ class KeyHunt(base.TextEnv):
     elif action == "take key":
       won = self.room == self.key
     self.done = won or self.t >= self.max_steps
-    return self._observe(won=won, valid=action in ACTIONS,
-                         dense=float(entered))
+    return self._observe(won=won, valid=action in ACTIONS, dense=float(entered))
 
   def expert_action(self) -> Optional[str]:
     if self.done:
@@ -85,9 +85,14 @@ class KeyHunt(base.TextEnv):
     return base.EnvStep(
         observation=f"You are in the {self.room}. {here}",
         admissible_actions=list(ACTIONS),
-        reward=base.SUCCESS_REWARD * won, done=self.done, won=won,
-        score=float(won), task="find the key and take it",
-        valid_action=valid, dense_reward=dense)
+        reward=base.SUCCESS_REWARD * won,
+        done=self.done,
+        won=won,
+        score=float(won),
+        task="find the key and take it",
+        valid_action=valid,
+        dense_reward=dense,
+    )
 
 
 class SearchingKeyHunt(KeyHunt):
@@ -110,8 +115,9 @@ class NanReward(KeyHunt):
   """``reward`` NaN from ``nan_turn`` on, in the tasks of ``nan_tasks``
   (all when empty)."""
 
-  def __init__(self, max_steps: int = 4, nan_turn: int = 1,
-               nan_tasks: tuple = ()):
+  def __init__(
+      self, max_steps: int = 4, nan_turn: int = 1, nan_tasks: tuple = ()
+  ):
     super().__init__(max_steps)
     self.nan_turn, self.nan_tasks, self.task_id = nan_turn, nan_tasks, 0
 
@@ -121,8 +127,9 @@ class NanReward(KeyHunt):
 
   def step(self, action):
     step = super().step(action)
-    if self.t >= self.nan_turn and (not self.nan_tasks
-                                    or self.task_id in self.nan_tasks):
+    if self.t >= self.nan_turn and (
+        not self.nan_tasks or self.task_id in self.nan_tasks
+    ):
       step.reward = float("nan")
     return step
 

@@ -20,8 +20,7 @@ from third_party_envs import base
 
 LETTERS = "abcdef"
 ACTIONS = [f"type {c}" for c in LETTERS] + ["erase"]
-_SPLIT_SIZES = {"train": 128, "valid_seen": 32, "valid_unseen": 32,
-                "test": 32}
+_SPLIT_SIZES = {"train": 128, "valid_seen": 32, "valid_unseen": 32, "test": 32}
 
 
 def word_of(split: str, task_id: int) -> str:
@@ -47,7 +46,8 @@ class SpellEnv(base.TextEnv):
   # Optional: the prompt's task line (other parts keep verl-agent's layout).
   prompt_spec = PromptSpec(
       intro="You are typing a word one letter at a time. Your task is to: "
-      "{task}.\n")
+      "{task}.\n"
+  )
 
   def __init__(self, max_steps: int = 8):
     self.max_steps = max_steps
@@ -81,8 +81,11 @@ class SpellEnv(base.TextEnv):
         f"'{self.text}'.",
         admissible_actions=list(ACTIONS),
         reward=base.SUCCESS_REWARD * won,  # 10 * won, as every env here
-        done=self.done, won=won, score=float(won),
-        task=f"type the word '{self.word}'", valid_action=valid,
+        done=self.done,
+        won=won,
+        score=float(won),
+        task=f"type the word '{self.word}'",
+        valid_action=valid,
     )
 
 

@@ -27,7 +27,17 @@ if not torch.cuda.is_available():
 
     return make
 
-  for _name in ("tensor", "empty", "zeros", "ones", "full", "arange",
-                "empty_strided", "empty_like", "zeros_like", "ones_like",
-                "full_like"):
+  for _name in (
+      "tensor",
+      "empty",
+      "zeros",
+      "ones",
+      "full",
+      "arange",
+      "empty_strided",
+      "empty_like",
+      "zeros_like",
+      "ones_like",
+      "full_like",
+  ):
     setattr(torch, _name, _unpinned(getattr(torch, _name)))

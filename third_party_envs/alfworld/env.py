@@ -75,7 +75,8 @@ class AlfWorldEnv(base.TextEnv):
     if unknown or len(set(self.task_types)) != len(self.task_types):
       raise ValueError(
           f"task_types must be distinct names from {gen.TASK_TYPES};"
-          f" got {tuple(task_types)}")
+          f" got {tuple(task_types)}"
+      )
     self.expert = expert
     self.dense_reward = dense_reward
     self._official = official.official_root(data_dir)
@@ -103,7 +104,8 @@ class AlfWorldEnv(base.TextEnv):
     split = _ALIASES.get(split, split)
     if split not in DEFAULT_NUM_TASKS:
       raise ValueError(
-          f"unknown split {split!r}; known: {list(DEFAULT_NUM_TASKS)} + test")
+          f"unknown split {split!r}; known: {list(DEFAULT_NUM_TASKS)} + test"
+      )
     return split
 
   def _official_games(self, split: str) -> tuple:
@@ -136,12 +138,16 @@ class AlfWorldEnv(base.TextEnv):
     split = self._split(split)
     if self._official:
       return self._official_games(split)[task_id]
-    if not os.path.exists(os.path.join(
-        self._cache.task_dir(split, self._generated_id(task_id)),
-        "game.tw-pddl")):
+    if not os.path.exists(
+        os.path.join(
+            self._cache.task_dir(split, self._generated_id(task_id)),
+            "game.tw-pddl",
+        )
+    ):
       self._last = None  # generating verifies the game on our engine
-    return self._cache.game_file(split, self._generated_id(task_id),
-                                 engine=self._engine())
+    return self._cache.game_file(
+        split, self._generated_id(task_id), engine=self._engine()
+    )
 
   def _engine(self):
     if self._env is None:
@@ -156,8 +162,9 @@ class AlfWorldEnv(base.TextEnv):
       return []
     if self.expert == "planner":
       return tw.plan(self._env) or None
-    return expert_lib.expert_plan(state["_facts"], tw.names(self._env),
-                                  self._traj)
+    return expert_lib.expert_plan(
+        state["_facts"], tw.names(self._env), self._traj
+    )
 
   def _make_step(self, state, **kw) -> base.EnvStep:
     obs = state["feedback"]
@@ -173,12 +180,13 @@ class AlfWorldEnv(base.TextEnv):
 
   def reset(self, task_id: int, split: str = "train") -> base.EnvStep:
     self._game_file = self.game_file(task_id, split)
-    with open(os.path.join(os.path.dirname(self._game_file),
-                           "traj_data.json")) as f:
+    with open(
+        os.path.join(os.path.dirname(self._game_file), "traj_data.json")
+    ) as f:
       self._traj = json.load(f)
     self._state = tw.load_and_reset(self._engine(), self._game_file)
     intro = self._state["feedback"]
-    self._task = intro[intro.find(_TASK_PREFIX) + len(_TASK_PREFIX):].strip()
+    self._task = intro[intro.find(_TASK_PREFIX) + len(_TASK_PREFIX) :].strip()
     self._plan = self._expert_plan(self._state) if self.dense_reward else None
     self._plan_len0 = self._plan_len = max(len(self._plan or ()), 1)
     self._last = self._make_step(self._state)
@@ -206,7 +214,11 @@ class AlfWorldEnv(base.TextEnv):
     self._last = self._make_step(
         self._state,
         reward=base.SUCCESS_REWARD if won else 0.0,
-        done=won, won=won, score=float(won), dense_reward=dense)
+        done=won,
+        won=won,
+        score=float(won),
+        dense_reward=dense,
+    )
     return self._last
 
   def _invalid_step(self) -> base.EnvStep:
@@ -214,18 +226,24 @@ class AlfWorldEnv(base.TextEnv):
     and so the admissible commands, stay as they were."""
     last = self._last
     return dataclasses.replace(
-        last, observation=INVALID_FEEDBACK, anchor_obs=INVALID_FEEDBACK,
-        reward=0.0, dense_reward=0.0, valid_action=False,
+        last,
+        observation=INVALID_FEEDBACK,
+        anchor_obs=INVALID_FEEDBACK,
+        reward=0.0,
+        dense_reward=0.0,
+        valid_action=False,
         admissible_actions=list(last.admissible_actions),
-        info=dict(last.info))
+        info=dict(last.info),
+    )
 
   def expert_action(self) -> Optional[str]:
     if self._last is None or self._last.done:
       return None
     if self.expert == "search":  # what the agent was shown, nothing else
       last = self._last
-      return search.next_action(last.task, last.observation,
-                                last.admissible_actions, self._history)
+      return search.next_action(
+          last.task, last.observation, last.admissible_actions, self._history
+      )
     if self._plan is None:
       self._plan = self._expert_plan(self._state)
     return self._plan[0] if self._plan else None
@@ -236,8 +254,9 @@ class AlfWorldEnv(base.TextEnv):
     if self.expert != "search" or self._last is None or self._last.done:
       return None
     last = self._last
-    return search.next_thought(last.task, last.observation,
-                               last.admissible_actions, self._history)
+    return search.next_thought(
+        last.task, last.observation, last.admissible_actions, self._history
+    )
 
   def close(self) -> None:
     # The engine's private libdownward copy stays mapped: dlclose-ing it

@@ -33,10 +33,23 @@ _TOOLS = {
 
 
 # The predicates World.from_facts reads.
-_READ = frozenset((
-    "atlocation", "holds", "receptacleatlocation", "inreceptacle",
-    "objecttype", "receptacletype", "openable", "opened", "isclean", "ishot",
-    "iscool", "istoggled", "cancontain"))
+_READ = frozenset(
+    (
+        "atlocation",
+        "holds",
+        "receptacleatlocation",
+        "inreceptacle",
+        "objecttype",
+        "receptacletype",
+        "openable",
+        "opened",
+        "isclean",
+        "ishot",
+        "iscool",
+        "istoggled",
+        "cancontain",
+    )
+)
 
 
 @dataclasses.dataclass
@@ -70,8 +83,10 @@ class World:
         rtype=dict(args["receptacletype"]),
         openable={r for (r,) in args["openable"]},
         opened={r for (r,) in args["opened"]},
-        props={p: {o for (o,) in args[p]}
-               for p in ("isclean", "ishot", "iscool", "istoggled")},
+        props={
+            p: {o for (o,) in args[p]}
+            for p in ("isclean", "ishot", "iscool", "istoggled")
+        },
         can_contain=set(args["cancontain"]),
     )
 
@@ -172,8 +187,11 @@ def _single(w, names, params, task_type) -> Optional[list[str]]:
         if not options:
           continue
         p = min(options, key=lambda q: (len(q.cmds), q.cmds))
-      plans += [p.copy().put(r) for r in parents
-                if (w.rtype[r], w.otype[o]) in w.can_contain]
+      plans += [
+          p.copy().put(r)
+          for r in parents
+          if (w.rtype[r], w.otype[o]) in w.can_contain
+      ]
   return _best(plans)
 
 
@@ -231,10 +249,15 @@ def expert_plan(facts, names: dict, traj: dict) -> Optional[list[str]]:
   if task_type == "look_at_obj_in_light":
     lamps = w.of_otype(_type_key(params["toggle_target"]))
     held = w.holding
-    if (held and w.otype[held] == _type_key(params["object_target"])
-        and any(l in w.props["istoggled"] and
-                w.recep_loc.get(w.obj_recep.get(l)) == w.agent_loc
-                for l in lamps)):
+    if (
+        held
+        and w.otype[held] == _type_key(params["object_target"])
+        and any(
+            l in w.props["istoggled"]
+            and w.recep_loc.get(w.obj_recep.get(l)) == w.agent_loc
+            for l in lamps
+        )
+    ):
       return []
     return _look(w, names, params)
   if task_type == "pick_two_obj_and_place":

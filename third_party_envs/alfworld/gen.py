@@ -82,7 +82,8 @@ def split_scenes(split: str) -> tuple[int, ...]:
 
 def _holders(scene: scenes.Scene, otype: str, exclude=()) -> list:
   return [
-      r for r in scene.receptacles
+      r
+      for r in scene.receptacles
       if otype in constants.VAL_RECEPTACLE_OBJECTS.get(r.type, ())
       and r.type not in exclude
   ]
@@ -141,9 +142,14 @@ def split_combos(split: str, task_type: str) -> tuple[tuple[int, tuple], ...]:
 def _new_id(rng, otype, recep, used) -> str:
   x, y, z = recep.xyz
   while True:
-    oid = scenes.make_id(otype, (x + rng.uniform(-0.4, 0.4),
-                                 y + rng.uniform(0.0, 0.1),
-                                 z + rng.uniform(-0.4, 0.4)))
+    oid = scenes.make_id(
+        otype,
+        (
+            x + rng.uniform(-0.4, 0.4),
+            y + rng.uniform(0.0, 0.1),
+            z + rng.uniform(-0.4, 0.4),
+        ),
+    )
     if oid not in used:
       used.add(oid)
       return oid
@@ -176,12 +182,16 @@ def place_objects(rng, scene, params) -> Optional[list]:
       continue
     for _ in range(count):
       recep = rng.choice(holders)
-      placed.append(problem.PlacedObject(
-          _new_id(rng, otype, recep, used), otype, recep))
+      placed.append(
+          problem.PlacedObject(_new_id(rng, otype, recep, used), otype, recep)
+      )
   if "DeskLamp" in scene.object_types and _lamp_holders(scene):
     recep = rng.choice(_lamp_holders(scene))
-    placed.append(problem.PlacedObject(
-        _new_id(rng, "DeskLamp", recep, used), "DeskLamp", recep))
+    placed.append(
+        problem.PlacedObject(
+            _new_id(rng, "DeskLamp", recep, used), "DeskLamp", recep
+        )
+    )
   elif params.toggle_target:
     return None
   return placed
@@ -193,12 +203,14 @@ def _agent_loc(rng, scene) -> str:
   taken = {r.loc for r in scene.receptacles}
   x, z = scene.nav_points[rng.randrange(len(scene.nav_points))]
   rot, horizon = rng.randrange(4), 30
-  loc = scenes.loc_name(round(x / scenes.STEP), round(z / scenes.STEP), rot,
-                        horizon)
+  loc = scenes.loc_name(
+      round(x / scenes.STEP), round(z / scenes.STEP), rot, horizon
+  )
   while loc in taken:
     horizon += 15
-    loc = scenes.loc_name(round(x / scenes.STEP), round(z / scenes.STEP),
-                          rot, horizon)
+    loc = scenes.loc_name(
+        round(x / scenes.STEP), round(z / scenes.STEP), rot, horizon
+    )
   return loc
 
 
@@ -206,8 +218,11 @@ def goal_text(rng, params) -> str:
   """ALFWorld's templated goal (``misc.get_templated_task_desc``)."""
   template = rng.choice(goal_library.gdict[params.task_type]["templates"])
   return template.format(
-      obj=params.object_target.lower(), recep=params.parent_target.lower(),
-      toggle=params.toggle_target.lower(), mrecep=params.mrecep_target.lower())
+      obj=params.object_target.lower(),
+      recep=params.parent_target.lower(),
+      toggle=params.toggle_target.lower(),
+      mrecep=params.mrecep_target.lower(),
+  )
 
 
 @functools.lru_cache(maxsize=1)
@@ -223,7 +238,8 @@ def sample_game(seed: int, split: str, task_id: int, attempt: int):
   """One candidate game as ``(game_json, traj_data)``, or None."""
   task_type = TASK_TYPES[task_id % len(TASK_TYPES)]
   rng = random.Random(
-      f"alfworld-gen:{GEN_VERSION}:{seed}:{split}:{task_id}:{attempt}")
+      f"alfworld-gen:{GEN_VERSION}:{seed}:{split}:{task_id}:{attempt}"
+  )
   combos = split_combos(split, task_type)
   if not combos:
     raise RuntimeError(f"no {task_type} goals for split {split!r}")
@@ -234,8 +250,9 @@ def sample_game(seed: int, split: str, task_id: int, attempt: int):
   if objects is None:
     return None
   name = f"{split}_{task_id}"
-  pddl = problem.problem_pddl(name, scene, objects, _agent_loc(rng, scene),
-                              params)
+  pddl = problem.problem_pddl(
+      name, scene, objects, _agent_loc(rng, scene), params
+  )
   text = goal_text(rng, params)
   domain, grammar = _logic()
   game = {
@@ -251,8 +268,13 @@ def sample_game(seed: int, split: str, task_id: int, attempt: int):
       "pddl_params": params.as_pddl_params(),
       "scene": {"floor_plan": f"FloorPlan{scene_num}", "scene_num": scene_num},
       "turk_annotations": {"anns": [{"task_desc": text, "votes": []}]},
-      "generator": {"version": GEN_VERSION, "seed": seed, "split": split,
-                    "index": task_id, "attempt": attempt},
+      "generator": {
+          "version": GEN_VERSION,
+          "seed": seed,
+          "split": split,
+          "index": task_id,
+          "attempt": attempt,
+      },
   }
   return game, traj
 
@@ -290,7 +312,8 @@ class GameCache:
   def __init__(self, cache_dir: Optional[str] = None, seed: int = 0):
     self.root = os.path.join(
         os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR),
-        f"gen-{GEN_VERSION}-seed{seed}")
+        f"gen-{GEN_VERSION}-seed{seed}",
+    )
     self.seed = seed
     self._env = None
     speedups.install(sas_cache_dir=self.sas_dir)
@@ -338,4 +361,5 @@ class GameCache:
       _write_json(path, game)  # written last: marks the task complete
       return path
     raise RuntimeError(
-        f"no solvable game for {split}/{task_id} in {MAX_ATTEMPTS} attempts")
+        f"no solvable game for {split}/{task_id} in {MAX_ATTEMPTS} attempts"
+    )

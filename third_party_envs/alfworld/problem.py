@@ -23,7 +23,11 @@ from third_party_envs.alfworld import scenes
 
 AGENT = "agent1"
 _ESCAPES = {
-    "-": "_minus_", "#": "-", "|": "_bar_", "+": "_plus_", ".": "_dot_",
+    "-": "_minus_",
+    "#": "-",
+    "|": "_bar_",
+    "+": "_plus_",
+    ".": "_dot_",
     ",": "_comma_",
 }
 _ESCAPE_RE = re.compile("|".join(re.escape(k) for k in _ESCAPES))
@@ -88,8 +92,12 @@ def problem_pddl(
   locs = sorted({r.loc for r in receptacles} | {agent_loc})
   present = {o.type for o in objects}
   val = constants.VAL_ACTION_OBJECTS
-  lines = [f"(define (problem plan_{problem_name})", "(:domain alfred)",
-           "(:objects", f"{AGENT} # agent"]
+  lines = [
+      f"(define (problem plan_{problem_name})",
+      "(:domain alfred)",
+      "(:objects",
+      f"{AGENT} # agent",
+  ]
   lines += [f"{t}Type # otype" for t in _OTYPES]
   lines += [f"{t}Type # rtype" for t in _RTYPES]
   lines += [f"{o.id} # object" for o in objects]
@@ -101,18 +109,30 @@ def problem_pddl(
   init += [f"(objectType {o.id} {o.type}Type)" for o in objects]
   for rtype in sorted({r.type for r in receptacles}):
     holdable = constants.VAL_RECEPTACLE_OBJECTS.get(rtype, set())
-    init += [f"(canContain {rtype}Type {t}Type)"
-             for t in sorted(holdable & present)]
-  init += [f"(pickupable {o.id})" for o in objects
-           if o.type in scenes.PICKUPABLE]
-  init += [f"(isReceptacleObject {o.id})" for o in objects
-           if o.type in constants.MOVABLE_RECEPTACLES_SET]
-  init += [f"(openable {r.id})" for r in receptacles
-           if r.type in constants.OPENABLE_CLASS_SET]
+    init += [
+        f"(canContain {rtype}Type {t}Type)" for t in sorted(holdable & present)
+    ]
+  init += [
+      f"(pickupable {o.id})" for o in objects if o.type in scenes.PICKUPABLE
+  ]
+  init += [
+      f"(isReceptacleObject {o.id})"
+      for o in objects
+      if o.type in constants.MOVABLE_RECEPTACLES_SET
+  ]
+  init += [
+      f"(openable {r.id})"
+      for r in receptacles
+      if r.type in constants.OPENABLE_CLASS_SET
+  ]
   init.append(f"(atLocation {AGENT} {agent_loc})")
-  for prop, key in (("cleanable", "Cleanable"), ("heatable", "Heatable"),
-                    ("coolable", "Coolable"), ("toggleable", "Toggleable"),
-                    ("sliceable", "Sliceable")):
+  for prop, key in (
+      ("cleanable", "Cleanable"),
+      ("heatable", "Heatable"),
+      ("coolable", "Coolable"),
+      ("toggleable", "Toggleable"),
+      ("sliceable", "Sliceable"),
+  ):
     init += [f"({prop} {o.id})" for o in objects if o.type in val[key]]
   init += [f"(inReceptacle {o.id} {o.receptacle.id})" for o in objects]
   init += [f"(objectAtLocation {o.id} {o.receptacle.loc})" for o in objects]

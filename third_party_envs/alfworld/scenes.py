@@ -43,10 +43,20 @@ LAMP_RECEPTACLES = ("Desk", "SideTable", "Dresser")  # where desk lamps stand
 # Instances made up for receptacle types the openable file does not list.
 _SYNTH_COUNT = {"StoveBurner": 4, "Cabinet": 3, "Drawer": 3, "Shelf": 2}
 _SYNTH_HEIGHT = {
-    "StoveBurner": 0.92, "Toaster": 0.90, "CoffeeMachine": 0.90,
-    "GarbageCan": 0.0, "Toilet": 0.0, "LaundryHamper": 0.0, "Ottoman": 0.0,
-    "TowelHolder": 1.10, "HandTowelHolder": 1.60, "ToiletPaperHanger": 0.70,
-    "Shelf": 0.80, "Drawer": 0.40, "Cabinet": 0.40, "SinkBasin": 0.90,
+    "StoveBurner": 0.92,
+    "Toaster": 0.90,
+    "CoffeeMachine": 0.90,
+    "GarbageCan": 0.0,
+    "Toilet": 0.0,
+    "LaundryHamper": 0.0,
+    "Ottoman": 0.0,
+    "TowelHolder": 1.10,
+    "HandTowelHolder": 1.60,
+    "ToiletPaperHanger": 0.70,
+    "Shelf": 0.80,
+    "Drawer": 0.40,
+    "Cabinet": 0.40,
+    "SinkBasin": 0.90,
     "Safe": 0.0,
 }
 
@@ -120,7 +130,7 @@ def available_scenes() -> tuple[int, ...]:
   nums = []
   for name in os.listdir(LAYOUT_DIR):
     if name.startswith("FloorPlan") and name.endswith("-objects.json"):
-      nums.append(int(name[len("FloorPlan"):-len("-objects.json")]))
+      nums.append(int(name[len("FloorPlan") : -len("-objects.json")]))
   return tuple(sorted(nums))
 
 
@@ -160,7 +170,10 @@ def load_scene(scene_num: int) -> Scene:
       continue
     x, z, rot, horizon = openable[obj_id]
     loc = _unique_loc(
-        used_locs, round(x / STEP), round(z / STEP), round(rot / 90) % 4,
+        used_locs,
+        round(x / STEP),
+        round(z / STEP),
+        round(rot / 90) % 4,
         int(horizon),
     )
     receptacles.append(Receptacle(obj_id, rtype, loc, id_xyz(obj_id)))

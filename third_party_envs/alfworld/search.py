@@ -68,7 +68,8 @@ _PLACES = re.compile(
     r"You (?:arrive at|open the|close the) ([a-z]+ \d+)\."
     r"|You pick up the [a-z]+ \d+ from the ([a-z]+ \d+)\."
     r"|You move the [a-z]+ \d+ to the ([a-z]+ \d+)\."
-    r"|You (?:clean|heat|cool) the [a-z]+ \d+ using the ([a-z]+ \d+)\.")
+    r"|You (?:clean|heat|cool) the [a-z]+ \d+ using the ([a-z]+ \d+)\."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +87,9 @@ def _task_patterns() -> tuple:
     for template in goal_library.gdict[kind]["templates"]:
       regex = re.escape(template)
       for field in ("obj", "recep", "toggle"):
-        regex = regex.replace(re.escape("{" + field + "}"),
-                              f"(?P<{field}>[a-z]+)")
+        regex = regex.replace(
+            re.escape("{" + field + "}"), f"(?P<{field}>[a-z]+)"
+        )
       out.append((kind, re.compile(regex + r"\.?")))
   return tuple(out)
 
@@ -107,8 +109,10 @@ def parse_task(task: str) -> Goal:
 def _holder_types(obj: str) -> frozenset:
   """Receptacle types (lower case) that can hold objects of type ``obj``."""
   return frozenset(
-      r.lower() for r, objs in constants.VAL_RECEPTACLE_OBJECTS.items()
-      if obj in {o.lower() for o in objs})
+      r.lower()
+      for r, objs in constants.VAL_RECEPTACLE_OBJECTS.items()
+      if obj in {o.lower() for o in objs}
+  )
 
 
 def kind_of(name: str) -> str:
@@ -141,38 +145,54 @@ def _after(names, here: Optional[str]) -> Optional[str]:
   order = sorted(set(names) - {here}, key=place_key)
   if not order:
     return None
-  return next((r for r in order
-               if here is None or place_key(r) > place_key(here)), order[0])
+  return next(
+      (r for r in order if here is None or place_key(r) > place_key(here)),
+      order[0],
+  )
 
 
 def _held(admissible: Sequence[str], here: Optional[str]) -> list[str]:
   """What the agent holds: x for each admissible ``examine x``, x != here."""
-  return sorted(a[len("examine "):] for a in admissible
-                if a.startswith("examine ") and a[len("examine "):] != here)
+  return sorted(
+      a[len("examine ") :]
+      for a in admissible
+      if a.startswith("examine ") and a[len("examine ") :] != here
+  )
 
 
-def _done(goal: Goal, held_obj: str, observation: str,
-          history: Sequence[tuple[str, str]]) -> bool:
+def _done(
+    goal: Goal,
+    held_obj: str,
+    observation: str,
+    history: Sequence[tuple[str, str]],
+) -> bool:
   """Whether the held object was cleaned / heated / cooled already."""
   verb = TOOLS[goal.kind][0]
-  return any(f"You {verb} the {held_obj} using" in o
-             for o in [observation] + [o for o, _ in history])
+  return any(
+      f"You {verb} the {held_obj} using" in o
+      for o in [observation] + [o for o, _ in history]
+  )
 
 
-def _takes(goal: Goal, admissible: Sequence[str],
-           here: Optional[str]) -> list[str]:
+def _takes(
+    goal: Goal, admissible: Sequence[str], here: Optional[str]
+) -> list[str]:
   """The admissible ``take <obj> k from here`` (none at a goal
   receptacle), smallest k first."""
   if not here or kind_of(here) == goal.recep:
     return []
-  return sorted(a for a in admissible if re.fullmatch(
-      rf"take {goal.obj} \d+ from {re.escape(here)}", a))
+  return sorted(
+      a
+      for a in admissible
+      if re.fullmatch(rf"take {goal.obj} \d+ from {re.escape(here)}", a)
+  )
 
 
 def _uses(goal: Goal, admissible: Sequence[str]) -> list[str]:
   """The admissible ``use <toggle> k``, smallest k first."""
-  return sorted(a for a in admissible
-                if re.fullmatch(rf"use {goal.toggle} \d+", a))
+  return sorted(
+      a for a in admissible if re.fullmatch(rf"use {goal.toggle} \d+", a)
+  )
 
 
 def _seen(thing: str, found: Optional[str]) -> str:
@@ -180,8 +200,12 @@ def _seen(thing: str, found: Optional[str]) -> str:
   return f"{found} is here" if found else f"{thing} is not here"
 
 
-def next_thought(task: str, observation: str, admissible: Sequence[str],
-                 history: Sequence[tuple[str, str]] = ()) -> str:
+def next_thought(
+    task: str,
+    observation: str,
+    admissible: Sequence[str],
+    history: Sequence[tuple[str, str]] = (),
+) -> str:
   """What the expert states before acting: while searching, whether the
   thing it searches is here, the thing named first; then its sub-goal.
 
@@ -195,30 +219,35 @@ def next_thought(task: str, observation: str, admissible: Sequence[str],
   """
   goal = parse_task(task)
   here = location(observation, history)
-  held_obj = next((h for h in _held(admissible, here)
-                   if kind_of(h) == goal.obj), None)
+  held_obj = next(
+      (h for h in _held(admissible, here) if kind_of(h) == goal.obj), None
+  )
   if held_obj is None:
     takes = _takes(goal, admissible, here)
-    return _seen(goal.obj, takes[0].split(" from ")[0][len("take "):]
-                 if takes else None)
+    return _seen(
+        goal.obj, takes[0].split(" from ")[0][len("take ") :] if takes else None
+    )
   if goal.kind == "look_at_obj_in_light":
     uses = _uses(goal, admissible)
-    return _seen(goal.toggle, uses[0][len("use "):] if uses else None)
+    return _seen(goal.toggle, uses[0][len("use ") :] if uses else None)
   if goal.kind in TOOLS and not _done(goal, held_obj, observation, history):
     verb, tool = TOOLS[goal.kind]
     return f"{verb} {goal.obj} with {tool}"
   return f"put {goal.obj} in {goal.recep}"
 
 
-def next_action(task: str, observation: str,
-                admissible: Sequence[str],
-                history: Sequence[tuple[str, str]] = ()) -> Optional[str]:
+def next_action(
+    task: str,
+    observation: str,
+    admissible: Sequence[str],
+    history: Sequence[tuple[str, str]] = (),
+) -> Optional[str]:
   """The searching expert's command (module docstring); None when it has
   nothing to do (e.g. its rules do not cover the state)."""
   goal = parse_task(task)
   adm = set(admissible)
   here = location(observation, history)
-  places = [a[len("go to "):] for a in admissible if a.startswith("go to ")]
+  places = [a[len("go to ") :] for a in admissible if a.startswith("go to ")]
   places += [here] if here else []
   held = _held(admissible, here)
   held_obj = next((h for h in held if kind_of(h) == goal.obj), None)
@@ -235,8 +264,11 @@ def next_action(task: str, observation: str,
     takes = _takes(goal, admissible, here)
     if takes:
       return takes[0]
-    searched = [p for p in places if kind_of(p) in _holder_types(goal.obj)
-                and kind_of(p) != goal.recep]
+    searched = [
+        p
+        for p in places
+        if kind_of(p) in _holder_types(goal.obj) and kind_of(p) != goal.recep
+    ]
     if here in searched and f"open {here}" in adm:
       return f"open {here}"
     target = _after(searched, here)

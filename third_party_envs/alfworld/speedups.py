@@ -50,6 +50,7 @@ admissible commands, facts, wins and plans are unchanged
 (``tests/alfworld_test.py`` compares transcripts with and without).
 ``uninstall()`` restores the originals.
 """
+
 # pylint: disable=protected-access
 
 from __future__ import annotations
@@ -94,9 +95,15 @@ def _memo(orig, copy_out=None):
   return parse
 
 
-_SYMBOL_TYPES = frozenset((
-    textgen.TerminalSymbol, textgen.NonterminalSymbol, textgen.EvalSymbol,
-    textgen.ListSymbol, textgen.ConditionalSymbol))
+_SYMBOL_TYPES = frozenset(
+    (
+        textgen.TerminalSymbol,
+        textgen.NonterminalSymbol,
+        textgen.EvalSymbol,
+        textgen.ListSymbol,
+        textgen.ConditionalSymbol,
+    )
+)
 
 
 def _copy_symbols(x, memo=None):
@@ -123,12 +130,14 @@ def _copy_symbols(x, memo=None):
     out = object.__new__(kind)
     memo[id(x)] = out
     out.__dict__.update(
-        (k, _copy_symbols(v, memo)) for k, v in x.__dict__.items())
+        (k, _copy_symbols(v, memo)) for k, v in x.__dict__.items()
+    )
   elif kind is dict:
     out = {}
     memo[id(x)] = out
-    out.update((copy.deepcopy(k, memo), _copy_symbols(v, memo))
-               for k, v in x.items())
+    out.update(
+        (copy.deepcopy(k, memo), _copy_symbols(v, memo)) for k, v in x.items()
+    )
   else:
     return copy.deepcopy(x, memo)
   return out
@@ -156,8 +165,9 @@ class _SortedFacts:
 _SORTED_FACTS = _SortedFacts()
 
 
-def _all_applicable_assignments(self, rule, mapping, used_vars,
-                                new_phs_by_depth, depth):
+def _all_applicable_assignments(
+    self, rule, mapping, used_vars, new_phs_by_depth, depth
+):
   """``textworld.logic.State._all_applicable_assignments`` with its
   ``sorted(self.facts_with_signature(signature))`` read from
   ``_SORTED_FACTS``; otherwise line for line the original."""
@@ -168,8 +178,9 @@ def _all_applicable_assignments(self, rule, mapping, used_vars,
   pred = rule.preconditions[depth]
   types = [self._logic.types.get(t) for t in pred.signature.types]
   for subtypes in self._logic.types.multi_subtypes(types):
-    signature = tw_logic.Signature(pred.signature.name,
-                                   [t.name for t in subtypes])
+    signature = tw_logic.Signature(
+        pred.signature.name, [t.name for t in subtypes]
+    )
     for prop in _SORTED_FACTS(self.facts_with_signature(signature)):
       for ph, var in zip(pred.parameters, prop.arguments):
         existing = mapping.get(ph)
@@ -182,7 +193,8 @@ def _all_applicable_assignments(self, rule, mapping, used_vars,
           break
       else:
         yield from self._all_applicable_assignments(
-            rule, mapping, used_vars, new_phs_by_depth, depth + 1)
+            rule, mapping, used_vars, new_phs_by_depth, depth + 1
+        )
       for ph in new_phs:  # the mapping as it was before this fact
         var = mapping.pop(ph, None)
         used_vars.discard(var)
@@ -291,15 +303,29 @@ class _Game:
   def of(cls, env) -> "_Game":
     """The game ``env`` has loaded (looked up once per ``load``)."""
     bound = env.__dict__.get("_speedups_game")
-    if (bound is not None and bound[0] is env._logic
-        and bound[1] is env._entity_infos):
+    if (
+        bound is not None
+        and bound[0] is env._logic
+        and bound[1] is env._entity_infos
+    ):
       return bound[2]
     data = env._game_data
-    key = (data["pddl_domain"], data["grammar"], data["pddl_problem"],
-           tuple(sorted(
-               (k, tuple(_frozen(getattr(info, slot))
-                         for slot in info.__slots__))
-               for k, info in env._entity_infos.items())))
+    key = (
+        data["pddl_domain"],
+        data["grammar"],
+        data["pddl_problem"],
+        tuple(
+            sorted(
+                (
+                    k,
+                    tuple(
+                        _frozen(getattr(info, slot)) for slot in info.__slots__
+                    ),
+                )
+                for k, info in env._entity_infos.items()
+            )
+        ),
+    )
     with _LOCK:
       game = cls._LIVE.get(key)
       if game is None:
@@ -320,8 +346,12 @@ class _Game:
     facts, equal numbers, never reused: texts and tokens are dropped
     together once ``MAX_TOKENS`` sets were met, as templates querying
     changing facts would have them grow)."""
-    facts = frozenset(fact for sig, group in pddl_state._facts.items()
-                      if sig.name in predicates for fact in group)
+    facts = frozenset(
+        fact
+        for sig, group in pddl_state._facts.items()
+        if sig.name in predicates
+        for fact in group
+    )
     token = self.tokens.get((predicates, facts))
     if token is None:
       if len(self.tokens) >= self.MAX_TOKENS:
@@ -341,8 +371,9 @@ class _Game:
     if reads.predicates not in tokens:
       tokens[reads.predicates] = self.token(pddl_state, reads.predicates)
     if reads.queried.issubset(mapping):
-      items = tuple((ph, v) for ph, v in mapping.items()
-                    if ph.name in reads.names)
+      items = tuple(
+          (ph, v) for ph, v in mapping.items() if ph.name in reads.names
+      )
     else:
       items = tuple(mapping.items())
     return template, items, tokens[reads.predicates]
@@ -356,14 +387,16 @@ def _gather_infos(self):
   before in this game; otherwise line for line the original."""
   pddl_state = self._pddl_state
   self.state["command_templates"] = sorted(
-      set(action.template for action in self._logic.actions.values()))
+      set(action.template for action in self._logic.actions.values())
+  )
   self.state["won"] = pddl_state.check_goal()
   self.state["lost"] = False
   self.state["_entity_infos"] = dict(self._entity_infos)
   self.state["_facts"] = list(pddl_state.facts)
   if self.request_infos.facts:
     self.state["facts"] = list(
-        map(self._get_human_readable_fact, self.state["_facts"]))
+        map(self._get_human_readable_fact, self.state["_facts"])
+    )
   self.state["last_action"] = None
   self.state["_last_action"] = self._last_action
   self.state["_valid_actions"] = list(pddl_state.all_applicable_actions())
@@ -380,8 +413,10 @@ def _gather_infos(self):
       context = {
           "state": pddl_state,
           "facts": facts,
-          "variables": {ph.name: self._entity_infos[var.name]
-                        for ph, var in action.mapping.items()},
+          "variables": {
+              ph.name: self._entity_infos[var.name]
+              for ph, var in action.mapping.items()
+          },
           "mapping": action.mapping,
           "entity_infos": self._entity_infos,
       }
@@ -390,8 +425,7 @@ def _gather_infos(self):
         game.texts[key] = derived
     action.command_template = derived
     self.state["_valid_commands"].append(action.format_command(mapping))
-  self.state["admissible_commands"] = sorted(
-      set(self.state["_valid_commands"]))
+  self.state["admissible_commands"] = sorted(set(self.state["_valid_commands"]))
   if self.request_infos.moves:
     self.state["moves"] = self._moves
   if self.request_infos.policy_commands:
@@ -411,10 +445,14 @@ def _reset(self):
   and loads another), and the intro text, a function of the game
   (``_Game``), is derived once. Otherwise line for line the original."""
   loaded = self.__dict__.pop("_speedups_loaded", None)
-  if (loaded is None or loaded[0] is not self._pddl_state
-      or loaded[1] is not self.__dict__.get("state")):
+  if (
+      loaded is None
+      or loaded[0] is not self._pddl_state
+      or loaded[1] is not self.__dict__.get("state")
+  ):
     self._pddl_state = pddl_logic.PddlState(
-        self.downward_lib, self._game_data["pddl_problem"], self._logic)
+        self.downward_lib, self._game_data["pddl_problem"], self._logic
+    )
   self.prev_state = None
   self.state = tw_core.GameState()
   self._last_action = None
@@ -434,7 +472,8 @@ def _reset(self):
   self._gather_infos()
   if "walkthrough" in self.request_infos.extras:
     self.state["extra.walkthrough"] = (
-        self.walkthrough or self._pddl_state.replan(self._entity_infos))
+        self.walkthrough or self._pddl_state.replan(self._entity_infos)
+    )
   return self.state
 
 
@@ -445,7 +484,8 @@ def _atom_to_proposition(atom, name2type):
       return None
     return tw_logic.Proposition(
         atom.predicate,
-        [tw_logic.Variable(arg, name2type[arg]) for arg in atom.args])
+        [tw_logic.Variable(arg, name2type[arg]) for arg in atom.args],
+    )
   elif isinstance(atom, fast_downward.translate.pddl.f_expression.Assign):
     if atom.fluent.symbol == "total-cost":
       return None
@@ -454,7 +494,8 @@ def _atom_to_proposition(atom, name2type):
       return None
     return tw_logic.Proposition(
         name,
-        [tw_logic.Variable(arg, name2type[arg]) for arg in atom.fluent.args])
+        [tw_logic.Variable(arg, name2type[arg]) for arg in atom.fluent.args],
+    )
   return None
 
 
@@ -474,15 +515,23 @@ class _InitialFacts:
         self.cache.move_to_end(key)
         return self.cache[key]
     name2type = pddl_state.name2type
-    task_facts = tuple(filter(None, (
-        _atom_to_proposition(atom, name2type)
-        for atom in pddl_state.task.init)))
+    task_facts = tuple(
+        filter(
+            None,
+            (
+                _atom_to_proposition(atom, name2type)
+                for atom in pddl_state.task.init
+            ),
+        )
+    )
     lib = pddl_state.downward_lib
     atoms = (pddl_logic.Atom * lib.get_state_size())()
     lib.get_state(atoms)
     state_facts = tuple(
-        fact for fact in (atom.get_fact(name2type) for atom in atoms)
-        if not fact.is_negation)
+        fact
+        for fact in (atom.get_fact(name2type) for atom in atoms)
+        if not fact.is_negation
+    )
     with _LOCK:
       self.cache[key] = task_facts, state_facts
       while len(self.cache) > self.size:
@@ -506,9 +555,11 @@ def _pddl_state_init(self, downward_lib, pddl_problem: str, logic):
   self.pddl_problem = pddl_problem
   verbose = check_flag("TW_PDDL_DEBUG")
   self.task, self.sas = fast_downward.pddl2sas(
-      logic.domain, pddl_problem, verbose=verbose)
+      logic.domain, pddl_problem, verbose=verbose
+  )
   _, self.sas_replan = fast_downward.pddl2sas(
-      logic.domain, pddl_problem, verbose=verbose, optimize=True)
+      logic.domain, pddl_problem, verbose=verbose, optimize=True
+  )
   self._actions = {a.name: a for a in self.task.actions}
   for type_ in self.task.types:
     try:
@@ -532,8 +583,11 @@ def _copy_pddl_parse(parsed):
   grammar_copy = textgen.ContextSensitiveGrammar()
   for rules in grammar._rules.values():
     for rule in rules:
-      grammar_copy.add_rule(textgen.ProductionRule(
-          rule.lhs, _copy_symbols(rule.rhs), rule.weight, rule.condition))
+      grammar_copy.add_rule(
+          textgen.ProductionRule(
+              rule.lhs, _copy_symbols(rule.rhs), rule.weight, rule.condition
+          )
+      )
   return {k: copy.copy(a) for k, a in actions.items()}, grammar_copy
 
 
@@ -599,9 +653,12 @@ class _Translations(_DiskCache):
   def __call__(self, domain, problem, verbose=False, optimize=False):
     optimize = bool(optimize) and not self.share_replan
     key = hashlib.sha256(
-        f"{optimize}\0{domain}\0{problem}".encode()).hexdigest()
-    return self.get(key, lambda: self.orig(
-        domain, problem, verbose=verbose, optimize=optimize))
+        f"{optimize}\0{domain}\0{problem}".encode()
+    ).hexdigest()
+    return self.get(
+        key,
+        lambda: self.orig(domain, problem, verbose=verbose, optimize=optimize),
+    )
 
 
 class _GameLogicParses(_DiskCache):
@@ -617,7 +674,8 @@ class _GameLogicParses(_DiskCache):
   def __call__(self, text, **kwargs):
     key = hashlib.sha256(
         f"GameLogic parse\0{textworld.__version__}\0"
-        f"{sorted(kwargs.items())}\0{text}".encode()).hexdigest()
+        f"{sorted(kwargs.items())}\0{text}".encode()
+    ).hexdigest()
     return _copy_pddl_parse(self.get(key, lambda: self.orig(text, **kwargs)))
 
 
@@ -635,8 +693,9 @@ def installed() -> bool:
   return bool(_ORIG)
 
 
-def install(sas_cache_dir: Optional[str] = None,
-            share_replan: Optional[bool] = None) -> None:
+def install(
+    sas_cache_dir: Optional[str] = None, share_replan: Optional[bool] = None
+) -> None:
   """Patches textworld/fast_downward in this process.
 
   Idempotent; a later call only updates ``sas_cache_dir`` (translations
@@ -665,10 +724,13 @@ def install(sas_cache_dir: Optional[str] = None,
   textgen._parse_and_convert = _memo(_ORIG["textgen_parse"], _copy_symbols)
   tw_logic._parse_and_convert = _memo(_ORIG["logic_parse"])
   pddl_logic._parse_and_convert = _GameLogicParses(
-      _ORIG["pddl_parse"], cache_dir=sas_cache_dir)
+      _ORIG["pddl_parse"], cache_dir=sas_cache_dir
+  )
   fast_downward.pddl2sas = _Translations(
-      _ORIG["pddl2sas"], cache_dir=sas_cache_dir,
-      share_replan=share_replan is not False)
+      _ORIG["pddl2sas"],
+      cache_dir=sas_cache_dir,
+      share_replan=share_replan is not False,
+  )
   textgen.copy_context = _shallow_copy_context
   textgen.deepcopy = _copy_symbols
   tw_logic.State._all_applicable_assignments = _all_applicable_assignments

@@ -7,6 +7,7 @@ gym batching. Object ids like ``Sink_bar_..._bar_SinkBasin`` are shown as
 walkthrough from the current state: the commands ALFWorld's
 ``expert_type='planner'`` exposes as ``extra.expert_plan``.
 """
+
 # pylint: disable=protected-access
 
 from __future__ import annotations
@@ -58,4 +59,3 @@ def plan(env) -> list[str]:
 def names(env) -> dict:
   """PDDL id -> the name the game shows (after demangling)."""
   return {k: info.name for k, info in env.unwrapped._entity_infos.items()}
-

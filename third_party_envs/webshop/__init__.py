@@ -13,6 +13,13 @@ from third_party_envs.webshop.world import World
 from third_party_envs.webshop.world import make_world
 
 __all__ = [
-    "WebShopEnv", "World", "SearchEngine", "get_reward", "make_catalogue",
-    "make_goals", "make_world", "parse_action", "search_words",
+    "WebShopEnv",
+    "World",
+    "SearchEngine",
+    "get_reward",
+    "make_catalogue",
+    "make_goals",
+    "make_world",
+    "parse_action",
+    "search_words",
 ]

@@ -24,8 +24,17 @@ from third_party_envs.webshop import catalogue_data as data
 from third_party_envs.webshop import reward as reward_lib
 
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
-_BUTTONS = {"back to search", "< prev", "next >", "description", "features",
-            "reviews", "buy now", "search", "attributes"}
+_BUTTONS = {
+    "back to search",
+    "< prev",
+    "next >",
+    "description",
+    "features",
+    "reviews",
+    "buy now",
+    "search",
+    "attributes",
+}
 
 
 def _brand(rng: random.Random) -> str:
@@ -56,8 +65,10 @@ def _collides(name: str, value: str, chosen: Sequence[str], product) -> bool:
     other_norm = reward_lib.normalize_color(other)
     if norm == other_norm:
       return True
-    if (name not in reward_lib.EXACT_MATCH_OPTS
-        and reward_lib.token_set_ratio(norm, other_norm) > 85):
+    if (
+        name not in reward_lib.EXACT_MATCH_OPTS
+        and reward_lib.token_set_ratio(norm, other_norm) > 85
+    ):
       return True
   return False
 
@@ -70,8 +81,11 @@ def _options(ptype, product, rng: random.Random) -> dict:
     for value in rng.sample(pool, len(pool)):
       if len(chosen) == want:
         break
-      if (value in used or value in _BUTTONS
-          or _collides(name, value, chosen, product)):
+      if (
+          value in used
+          or value in _BUTTONS
+          or _collides(name, value, chosen, product)
+      ):
         continue
       chosen.append(value)
     if len(chosen) >= 2:
@@ -90,13 +104,15 @@ def _product(ptype, rng: random.Random, taken: set) -> dict:
   if ptype.descriptors and rng.random() < 0.7:
     title += f", {rng.choice(ptype.descriptors)}"
   bullets = [
-      rng.choice(data.BULLET_LEADS).format(A=a.upper(),
-                                           noun=ptype.noun.lower())
+      rng.choice(data.BULLET_LEADS).format(A=a.upper(), noun=ptype.noun.lower())
       for a in rng.sample(attrs, len(attrs))
   ]
   description = (
-      rng.choice(data.DESCRIPTION_LEADS).format(noun=ptype.noun.lower()) +
-      f" {brand} brings you: " + "; ".join(attrs) + ".")
+      rng.choice(data.DESCRIPTION_LEADS).format(noun=ptype.noun.lower())
+      + f" {brand} brings you: "
+      + "; ".join(attrs)
+      + "."
+  )
   low = round(rng.uniform(*ptype.price)) + 0.99
   if rng.random() < 0.25:
     pricing = [low, round(low + rng.choice((2.0, 3.0, 5.0, 8.0)), 2)]
@@ -107,17 +123,35 @@ def _product(ptype, rng: random.Random, taken: set) -> dict:
   reviews = []
   if rng.random() < 0.3:
     for _ in range(rng.randint(1, 3)):
-      reviews.append(dict(title=rng.choice(data.REVIEW_TITLES),
-                          score=rng.randint(1, 5),
-                          body=rng.choice(data.REVIEW_BODIES)))
-  rating = (round(sum(r["score"] for r in reviews) / len(reviews), 1)
-            if reviews else "N.A.")
+      reviews.append(
+          dict(
+              title=rng.choice(data.REVIEW_TITLES),
+              score=rng.randint(1, 5),
+              body=rng.choice(data.REVIEW_BODIES),
+          )
+      )
+  rating = (
+      round(sum(r["score"] for r in reviews) / len(reviews), 1)
+      if reviews
+      else "N.A."
+  )
   product = dict(
-      asin=_asin(rng, taken), name=title, Title=title,
-      category=ptype.category, query=ptype.query,
-      product_category=" › ".join(ptype.path), Description=description,
-      BulletPoints=bullets, pricing=pricing, Price=price_tag, price=price,
-      Attributes=list(attrs), Reviews=reviews, Rating=rating, MainImage=None)
+      asin=_asin(rng, taken),
+      name=title,
+      Title=title,
+      category=ptype.category,
+      query=ptype.query,
+      product_category=" › ".join(ptype.path),
+      Description=description,
+      BulletPoints=bullets,
+      pricing=pricing,
+      Price=price_tag,
+      price=price,
+      Attributes=list(attrs),
+      Reviews=reviews,
+      Rating=rating,
+      MainImage=None,
+  )
   product["options"] = _options(ptype, product, rng)
   return product
 
@@ -149,39 +183,50 @@ def price_cap(price: float, rng: random.Random) -> float:
 
 def _join_and(items: Sequence[str]) -> str:
   items = list(items)
-  return items[0] if len(items) == 1 else (
-      ", ".join(items[:-1]) + " and " + items[-1])
+  return (
+      items[0]
+      if len(items) == 1
+      else (", ".join(items[:-1]) + " and " + items[-1])
+  )
 
 
-def instruction_text(noun: str, attrs: Sequence[str], goal_options: dict,
-                     cap: float, style: int) -> str:
+def instruction_text(
+    noun: str, attrs: Sequence[str], goal_options: dict, cap: float, style: int
+) -> str:
   """Upstream-style instruction; ``style`` in 0..3 picks the template."""
   noun = noun.lower()
   if goal_options and style % 2 == 0:  # upstream's synthetic option text
-    opts = " with " + ", and ".join(f"{k}: {v}" for k, v in
-                                   goal_options.items())
+    opts = " with " + ", and ".join(
+        f"{k}: {v}" for k, v in goal_options.items()
+    )
   elif goal_options:
-    opts = " in " + " and ".join(f"{v} {k.replace(' name', '')}"
-                                 for k, v in goal_options.items())
+    opts = " in " + " and ".join(
+        f"{v} {k.replace(' name', '')}" for k, v in goal_options.items()
+    )
   else:
     opts = ""
-  head = (f"i need {noun} that is {_join_and(attrs)}",
-          f"i am looking for {_join_and(attrs)} {noun}",
-          f"find me {noun} with {_join_and(attrs)}",
-          f"i want to buy {noun} which is {_join_and(attrs)}")[style % 4]
-  tail = (f", and price lower than {cap:.2f} dollars"
-          if cap < 1_000_000.0 else "")
+  head = (
+      f"i need {noun} that is {_join_and(attrs)}",
+      f"i am looking for {_join_and(attrs)} {noun}",
+      f"find me {noun} with {_join_and(attrs)}",
+      f"i want to buy {noun} which is {_join_and(attrs)}",
+  )[style % 4]
+  tail = (
+      f", and price lower than {cap:.2f} dollars" if cap < 1_000_000.0 else ""
+  )
   return head + opts + tail
 
 
-def make_goals(products: Sequence[dict], seed: int = 0,
-               goals_per_product: int = 3) -> list[dict]:
+def make_goals(
+    products: Sequence[dict], seed: int = 0, goals_per_product: int = 3
+) -> list[dict]:
   """Up to ``goals_per_product`` distinct goals per product, upstream's
   goal-dict fields (asin, category, query, name, product_category,
   instruction_text, attributes, price_upper, goal_options, weight)."""
   if goals_per_product < 1:
-    raise ValueError(f"goals_per_product must be >= 1, got "
-                     f"{goals_per_product}")
+    raise ValueError(
+        f"goals_per_product must be >= 1, got " f"{goals_per_product}"
+    )
   rng = random.Random(f"webshop-goals-{seed}")
   noun_of = {t.query: t.noun for t in data.PRODUCT_TYPES}
   goals, counts = [], {}
@@ -196,18 +241,28 @@ def make_goals(products: Sequence[dict], seed: int = 0,
         continue
       seen.add(key)
       cap = price_cap(p["price"], rng)
-      text = instruction_text(noun_of[p["query"]], attrs, goal_options, cap,
-                              rng.randrange(4))
-      goals.append(dict(
-          asin=p["asin"], category=p["category"], query=p["query"],
-          name=p["Title"], product_category=p["product_category"],
-          instruction_text=text, attributes=list(attrs), price_upper=cap,
-          goal_options=goal_options))
+      text = instruction_text(
+          noun_of[p["query"]], attrs, goal_options, cap, rng.randrange(4)
+      )
+      goals.append(
+          dict(
+              asin=p["asin"],
+              category=p["category"],
+              query=p["query"],
+              name=p["Title"],
+              product_category=p["product_category"],
+              instruction_text=text,
+              attributes=list(attrs),
+              price_upper=cap,
+              goal_options=goal_options,
+          )
+      )
       for a in attrs:
         counts[a] = counts.get(a, 0) + 1
   for g in goals:  # upstream: rarer attributes weigh more
     g["weight"] = sum(1.0 / counts[a] for a in g["attributes"]) / len(
-        g["attributes"])
+        g["attributes"]
+    )
   return goals
 
 

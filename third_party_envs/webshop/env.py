@@ -66,15 +66,22 @@ class WebShopEnv(base.TextEnv):
   name = "webshop"
   EXPERT_QUERIES = ("instruction", "type")
 
-  def __init__(self, seed: int = 0, num_products: int = 500,
-               goals_per_product: int = 3,
-               num_test_goals: int = world_lib.NUM_TEST_GOALS,
-               expert_query: str = "instruction"):
+  def __init__(
+      self,
+      seed: int = 0,
+      num_products: int = 500,
+      goals_per_product: int = 3,
+      num_test_goals: int = world_lib.NUM_TEST_GOALS,
+      expert_query: str = "instruction",
+  ):
     if expert_query not in self.EXPERT_QUERIES:
-      raise ValueError(f"expert_query must be one of {self.EXPERT_QUERIES},"
-                       f" got {expert_query!r}")
-    self.world = world_lib.make_world(seed, num_products, goals_per_product,
-                                      num_test_goals)
+      raise ValueError(
+          f"expert_query must be one of {self.EXPERT_QUERIES},"
+          f" got {expert_query!r}"
+      )
+    self.world = world_lib.make_world(
+        seed, num_products, goals_per_product, num_test_goals
+    )
     self.expert_query = expert_query
     self.goal: Optional[dict] = None
 
@@ -120,8 +127,11 @@ class WebShopEnv(base.TextEnv):
       return None
     target = self.goal["asin"]
     if self._page == "search":
-      words = (self.goal["query"] if self.expert_query == "type"
-               else catalogue.search_words(self.goal))
+      words = (
+          self.goal["query"]
+          if self.expert_query == "type"
+          else catalogue.search_words(self.goal)
+      )
       return f"search[{words}]"
     if self._page == "sub":
       return "click[< prev]"
@@ -161,7 +171,8 @@ class WebShopEnv(base.TextEnv):
     if text == pages.END_BUTTON.lower():
       product = self._product()
       self._score, self._reward_info = reward_lib.get_reward(
-          product, self.goal, product["price"], self._options, verbose=True)
+          product, self.goal, product["price"], self._options, verbose=True
+      )
       self._done, self._page = True, "done"
     elif text == pages.BACK_TO_SEARCH.lower():
       self._to_search_page()
@@ -233,17 +244,30 @@ class WebShopEnv(base.TextEnv):
   def _make_step(self, valid: bool, dense: float) -> base.EnvStep:
     obs = self.observation()
     won = self._done and self._score == 1.0
-    info = dict(page=self._page, asin=self._asin, options=dict(self._options),
-                goal_asin=self.goal["asin"], task_id=self._task[0],
-                split=self._task[1])
+    info = dict(
+        page=self._page,
+        asin=self._asin,
+        options=dict(self._options),
+        goal_asin=self.goal["asin"],
+        task_id=self._task[0],
+        split=self._task[1],
+    )
     if self._reward_info is not None:
       info["reward_info"] = dict(self._reward_info)
     return base.EnvStep(
-        observation=obs, admissible_actions=self.admissible_actions(),
-        reward=base.SUCCESS_REWARD * won if valid else 0.0, done=self._done,
-        won=won, score=self._score, anchor_obs=obs, dense_reward=dense,
-        task=self.goal["instruction_text"], task_type=self.goal["category"],
-        valid_action=valid, info=info)
+        observation=obs,
+        admissible_actions=self.admissible_actions(),
+        reward=base.SUCCESS_REWARD * won if valid else 0.0,
+        done=self._done,
+        won=won,
+        score=self._score,
+        anchor_obs=obs,
+        dense_reward=dense,
+        task=self.goal["instruction_text"],
+        task_type=self.goal["category"],
+        valid_action=valid,
+        info=info,
+    )
 
   # --- dense reward and expert helpers --------------------------------
 
@@ -251,16 +275,19 @@ class WebShopEnv(base.TextEnv):
     """Per option name, the goal's value if offered, else the first value
     the reward would count as matching (names with none are skipped)."""
     goal_opts = self.goal["goal_options"]
-    wanted = [reward_lib.normalize_color(v)
-              for v in reward_lib.goal_option_values(self.goal)]
+    wanted = [
+        reward_lib.normalize_color(v)
+        for v in reward_lib.goal_option_values(self.goal)
+    ]
     best = {}
     for name, values in product["options"].items():
       if goal_opts.get(name) in values:
         best[name] = goal_opts[name]
         continue
       for v in values:
-        if reward_lib.option_matches(name, reward_lib.normalize_color(v),
-                                     wanted, product):
+        if reward_lib.option_matches(
+            name, reward_lib.normalize_color(v), wanted, product
+        ):
           best[name] = v
           break
     return best
@@ -269,7 +296,8 @@ class WebShopEnv(base.TextEnv):
     if asin not in self._best_cache:
       p = self.world.by_asin[asin]
       self._best_cache[asin] = reward_lib.get_reward(
-          p, self.goal, p["price"], self._best_options(p))
+          p, self.goal, p["price"], self._best_options(p)
+      )
     return self._best_cache[asin]
 
   def _potential(self) -> float:

@@ -44,22 +44,24 @@ def require_site_code() -> None:
         "'web_agent_site' not found). Clone princeton-nlp/WebShop, install "
         "its requirements (spaCy en_core_web_lg, pyserini with Java) and put "
         "the clone on PYTHONPATH; or use "
-        "third_party_envs.webshop.WebShopEnv, the offline reimplementation.")
+        "third_party_envs.webshop.WebShopEnv, the offline reimplementation."
+    )
 
 
 def resolve_data_files(data_dir: Optional[str] = None) -> dict[str, str]:
   """``{role: path}`` of the data files in ``data_dir`` (default
   ``$WEBSHOP_DATA_DIR``); FileNotFoundError naming what is missing."""
-  data_dir = data_dir if data_dir is not None else os.environ.get(
-      DATA_ENV_VAR)
+  data_dir = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
   if not data_dir:
     raise FileNotFoundError(
         f"${DATA_ENV_VAR} is not set: point it at the directory holding "
-        "WebShop's data files (" + ", ".join(n[0] for _, n in DATA_FILES) +
-        ").")
+        "WebShop's data files (" + ", ".join(n[0] for _, n in DATA_FILES) + ")."
+    )
   if not os.path.isdir(data_dir):
-    raise FileNotFoundError(f"WebShop data directory {data_dir!r} "
-                            f"(${DATA_ENV_VAR}) does not exist")
+    raise FileNotFoundError(
+        f"WebShop data directory {data_dir!r} "
+        f"(${DATA_ENV_VAR}) does not exist"
+    )
   found, missing = {}, []
   for role, names in DATA_FILES:
     paths = [os.path.join(data_dir, n) for n in names]
@@ -69,8 +71,9 @@ def resolve_data_files(data_dir: Optional[str] = None) -> dict[str, str]:
     else:
       found[role] = hit
   if missing:
-    raise FileNotFoundError(f"WebShop data directory {data_dir!r} lacks: " +
-                            "; ".join(missing))
+    raise FileNotFoundError(
+        f"WebShop data directory {data_dir!r} lacks: " + "; ".join(missing)
+    )
   return found
 
 
@@ -79,8 +82,12 @@ class WebShopOriginalEnv(base.TextEnv):
 
   name = "webshop_original"
 
-  def __init__(self, data_dir: Optional[str] = None, num_products=None,
-               human_goals: bool = True):
+  def __init__(
+      self,
+      data_dir: Optional[str] = None,
+      num_products=None,
+      human_goals: bool = True,
+  ):
     files = resolve_data_files(data_dir)
     require_site_code()
     utils = importlib.import_module("web_agent_site.utils")
@@ -91,8 +98,11 @@ class WebShopOriginalEnv(base.TextEnv):
       module.HUMAN_ATTR_PATH = files["human instructions"]
     envs = importlib.import_module("web_agent_site.envs")
     self._env = envs.WebAgentTextEnv(
-        observation_mode="text", file_path=files["products"],
-        num_products=num_products, human_goals=human_goals)
+        observation_mode="text",
+        file_path=files["products"],
+        num_products=num_products,
+        human_goals=human_goals,
+    )
     self._goals = self._env.server.goals
     self._done = False
 
@@ -117,24 +127,36 @@ class WebShopOriginalEnv(base.TextEnv):
     obs, _ = self._env.reset(session=goal_idx)
     self._task = self._env.instruction_text
     self._done = False
-    return base.EnvStep(observation=obs, admissible_actions=self._actions(),
-                        anchor_obs=obs, task=self._task,
-                        info=dict(task_id=task_id, split=split))
+    return base.EnvStep(
+        observation=obs,
+        admissible_actions=self._actions(),
+        anchor_obs=obs,
+        task=self._task,
+        info=dict(task_id=task_id, split=split),
+    )
 
   def step(self, action: str) -> base.EnvStep:
     name, arg = env_lib.parse_action(action)
     arg = arg.lower() if arg is not None else None
     clickables = self._env.get_available_actions()["clickables"]
     # upstream's own test: a non-empty search, or a click on a clickable
-    valid = bool((name == "search" and arg) or
-                 (name == "click" and arg in clickables and arg != "search"))
+    valid = bool(
+        (name == "search" and arg)
+        or (name == "click" and arg in clickables and arg != "search")
+    )
     obs, score, done, _ = self._env.step(action)
     won = bool(done and score == 1.0)
     return base.EnvStep(
-        observation=obs, admissible_actions=[] if done else self._actions(),
-        reward=base.SUCCESS_REWARD * won, done=bool(done), won=won,
-        score=float(score), anchor_obs=obs, task=self._task,
-        valid_action=valid)
+        observation=obs,
+        admissible_actions=[] if done else self._actions(),
+        reward=base.SUCCESS_REWARD * won,
+        done=bool(done),
+        won=won,
+        score=float(score),
+        anchor_obs=obs,
+        task=self._task,
+        valid_action=valid,
+    )
 
   def expert_action(self) -> Optional[str]:
     return None

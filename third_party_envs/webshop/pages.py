@@ -45,10 +45,18 @@ def search_page(instruction: str) -> list[str]:
   return ["WebShop", "Instruction:", instruction, "Search"]
 
 
-def results_page(instruction: str, products: Sequence[Mapping[str, Any]],
-                 page: int, total: int) -> list[str]:
-  texts = ["Instruction:", instruction, BACK_TO_SEARCH,
-           f"Page {page} (Total results: {total})"]
+def results_page(
+    instruction: str,
+    products: Sequence[Mapping[str, Any]],
+    page: int,
+    total: int,
+) -> list[str]:
+  texts = [
+      "Instruction:",
+      instruction,
+      BACK_TO_SEARCH,
+      f"Page {page} (Total results: {total})",
+  ]
   texts += [PREV_PAGE, NEXT_PAGE] if page > 1 else [NEXT_PAGE]
   for p in products:
     texts += [p["asin"], p["Title"], p["Price"]]
@@ -59,13 +67,19 @@ def item_page(instruction: str, product: Mapping[str, Any]) -> list[str]:
   texts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
   for name, values in product["options"].items():
     texts += [name, *values]
-  texts += [product["Title"], f"Price: {product['Price']}",
-            f"Rating: {product['Rating']}", *SUB_PAGES, END_BUTTON]
+  texts += [
+      product["Title"],
+      f"Price: {product['Price']}",
+      f"Rating: {product['Rating']}",
+      *SUB_PAGES,
+      END_BUTTON,
+  ]
   return texts
 
 
-def sub_page(instruction: str, product: Mapping[str, Any],
-             sub: str) -> list[str]:
+def sub_page(
+    instruction: str, product: Mapping[str, Any], sub: str
+) -> list[str]:
   texts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
   if sub == "Description":
     texts.append(product["Description"])
@@ -80,8 +94,11 @@ def sub_page(instruction: str, product: Mapping[str, Any],
 
 
 def done_page(score: float) -> list[str]:
-  return ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)",
-          str(score)]
+  return [
+      "Thank you for shopping with us!",
+      "Your score (min 0.0, max 1.0)",
+      str(score),
+  ]
 
 
 def results_clickables(asins: Sequence[str], page: int) -> list[str]:
@@ -91,8 +108,9 @@ def results_clickables(asins: Sequence[str], page: int) -> list[str]:
 
 def item_clickables(product: Mapping[str, Any]) -> dict[str, str]:
   """``{clickable text: option name or ''}`` for an item page."""
-  out = {b.lower(): "" for b in (BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES,
-                                 END_BUTTON)}
+  out = {
+      b.lower(): "" for b in (BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES, END_BUTTON)
+  }
   for name, values in product["options"].items():
     for v in values:
       out[v] = name

@@ -107,13 +107,15 @@ def _categories(path: str) -> set[str]:
   return {x.strip() for x in path.split("›")}
 
 
-def get_type_reward(purchased: Mapping[str, Any],
-                    goal: Mapping[str, Any]) -> dict:
+def get_type_reward(
+    purchased: Mapping[str, Any], goal: Mapping[str, Any]
+) -> dict:
   """Type reward: ``{'r_type', 'query_match', 'category_match',
   'title_score'}`` of a purchased product against a goal (formula above)."""
   query_match = purchased["query"] == goal["query"]
   shared = _categories(purchased["product_category"]) & _categories(
-      goal["product_category"])
+      goal["product_category"]
+  )
   category_match = len(shared) >= 2
   bought = title_nouns(purchased["name"])
   wanted = title_nouns(goal["name"])
@@ -128,35 +130,48 @@ def get_type_reward(purchased: Mapping[str, Any],
     r_type = 0.1
   if title_score == 0.0:
     r_type = 0.0
-  return dict(r_type=r_type, query_match=query_match,
-              category_match=category_match, title_score=title_score)
+  return dict(
+      r_type=r_type,
+      query_match=query_match,
+      category_match=category_match,
+      title_score=title_score,
+  )
 
 
 def in_product_text(value: str, product: Mapping[str, Any]) -> bool:
   """Upstream's fallback: ``value`` is a substring of the lower-cased Title,
   bullets or Description (a str BulletPoints joins character-wise, as
   upstream's ``' '.join`` does)."""
-  return (value in product["Title"].lower()
-          or value in " ".join(product["BulletPoints"]).lower()
-          or value in product["Description"].lower())
+  return (
+      value in product["Title"].lower()
+      or value in " ".join(product["BulletPoints"]).lower()
+      or value in product["Description"].lower()
+  )
 
 
-def get_attribute_reward(purchased: Mapping[str, Any],
-                         goal: Mapping[str, Any]) -> tuple[float, int]:
+def get_attribute_reward(
+    purchased: Mapping[str, Any], goal: Mapping[str, Any]
+) -> tuple[float, int]:
   """``(fraction, count)`` of goal attributes the purchased product has."""
   goal_attrs = goal["attributes"]
   matches = 0
   for g_attr in goal_attrs:
-    if any(token_set_ratio(p_attr, g_attr) > FUZZY_THRESHOLD
-           for p_attr in purchased["Attributes"]):
+    if any(
+        token_set_ratio(p_attr, g_attr) > FUZZY_THRESHOLD
+        for p_attr in purchased["Attributes"]
+    ):
       matches += 1
     elif in_product_text(g_attr, purchased):
       matches += 1
   return matches / len(goal_attrs), matches
 
 
-def option_matches(name: str, value: str, goal_values: Sequence[str],
-                   purchased: Mapping[str, Any]) -> bool:
+def option_matches(
+    name: str,
+    value: str,
+    goal_values: Sequence[str],
+    purchased: Mapping[str, Any],
+) -> bool:
   """Whether one purchased option ``name: value`` (colour-normalised) counts
   as matching one of the (normalised) ``goal_values``."""
   if name.lower() in EXACT_MATCH_OPTS:
@@ -167,15 +182,18 @@ def option_matches(name: str, value: str, goal_values: Sequence[str],
   return in_product_text(value, purchased)
 
 
-def get_option_reward(purchased: Mapping[str, Any],
-                      goal_options: Sequence[str],
-                      purchased_options: Mapping[str, str]):
+def get_option_reward(
+    purchased: Mapping[str, Any],
+    goal_options: Sequence[str],
+    purchased_options: Mapping[str, str],
+):
   """``(fraction or None, count)``: purchased option values that match one of
   the goal's option values (``None`` fraction when the goal has none)."""
   goal_values = [normalize_color(o) for o in goal_options]
   matches = sum(
       option_matches(k, normalize_color(v), goal_values, purchased)
-      for k, v in purchased_options.items())
+      for k, v in purchased_options.items()
+  )
   fraction = matches / len(goal_values) if goal_values else None
   return fraction, matches
 
@@ -185,27 +203,36 @@ def goal_option_values(goal: Mapping[str, Any]) -> list[str]:
   return list(opts.values()) if isinstance(opts, Mapping) else list(opts)
 
 
-def get_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any],
-               price: float, options: Mapping[str, str],
-               verbose: bool = False):
+def get_reward(
+    purchased: Mapping[str, Any],
+    goal: Mapping[str, Any],
+    price: float,
+    options: Mapping[str, str],
+    verbose: bool = False,
+):
   """Total reward of buying ``purchased`` at ``price`` with the chosen
   ``options`` (``{name: value}``) for ``goal``. With ``verbose`` also returns
   upstream's info dict (r_type, r_att, r_option, r_price and weights)."""
   type_info = get_type_reward(purchased, goal)
   r_price = price <= goal["price_upper"]
   r_att, n_att = get_attribute_reward(purchased, goal)
-  r_option, n_opt = get_option_reward(purchased, goal_option_values(goal),
-                                      options)
+  r_option, n_opt = get_option_reward(
+      purchased, goal_option_values(goal), options
+  )
   denom = len(goal["attributes"]) + len(goal["goal_options"]) + 1
   total = (n_att + n_opt + r_price) / denom * type_info["r_type"]
   if not verbose:
     return total
-  info = dict(r_type=type_info["r_type"], r_att=r_att,
-              w_att=len(goal["attributes"]) / denom,
-              query_match=type_info["query_match"],
-              category_match=type_info["category_match"],
-              title_score=type_info["title_score"],
-              r_price=bool(r_price), w_price=1 / denom)
+  info = dict(
+      r_type=type_info["r_type"],
+      r_att=r_att,
+      w_att=len(goal["attributes"]) / denom,
+      query_match=type_info["query_match"],
+      category_match=type_info["category_match"],
+      title_score=type_info["title_score"],
+      r_price=bool(r_price),
+      w_price=1 / denom,
+  )
   if r_option is not None:
     info["r_option"] = r_option
     info["w_option"] = len(goal["goal_options"]) / denom

@@ -31,7 +31,8 @@ K1, B = 0.9, 0.4
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET.
 LUCENE_STOPWORDS = frozenset(
     "a an and are as at be but by for if in into is it no not of on or such "
-    "that the their then there these they this to was will with".split())
+    "that the their then there these they this to was will with".split()
+)
 _WORD_RE = re.compile(r"\w+(?:'\w+)?")
 _stemmer = Stemmer.Stemmer("porter")
 
@@ -55,24 +56,30 @@ def analyze(text: str) -> list[str]:
 
 
 def option_text(options: Mapping[str, Sequence[str]]) -> str:
-  return ", and ".join(f"{name}: {', '.join(values)}"
-                       for name, values in options.items())
+  return ", and ".join(
+      f"{name}: {', '.join(values)}" for name, values in options.items()
+  )
 
 
 def document_text(product: Mapping[str, Any]) -> str:
   """The text upstream indexes for one product (lower-cased)."""
   bullets = product["BulletPoints"]
-  return " ".join([
-      product["Title"], product["Description"], bullets[0] if bullets else "",
-      option_text(product["options"])
-  ]).lower()
+  return " ".join(
+      [
+          product["Title"],
+          product["Description"],
+          bullets[0] if bullets else "",
+          option_text(product["options"]),
+      ]
+  ).lower()
 
 
 class SearchEngine:
   """BM25 index over a product list; ``search`` returns ranked ASINs."""
 
-  def __init__(self, products: Sequence[Mapping[str, Any]],
-               k1: float = K1, b: float = B):
+  def __init__(
+      self, products: Sequence[Mapping[str, Any]], k1: float = K1, b: float = B
+  ):
     if not products:
       raise ValueError("SearchEngine needs at least one product")
     self.asins = [p["asin"] for p in products]
@@ -100,4 +107,4 @@ class SearchEngine:
 
 def page_slice(hits: Sequence[str], page: int) -> list[str]:
   """The hits shown on results page ``page`` (1-based, 10 a page)."""
-  return list(hits[(page - 1) * PRODUCT_WINDOW:page * PRODUCT_WINDOW])
+  return list(hits[(page - 1) * PRODUCT_WINDOW : page * PRODUCT_WINDOW])

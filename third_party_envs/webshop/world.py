@@ -44,31 +44,40 @@ class World:
       return range(n_test, n)
     if split in ("test", "valid_seen", "valid_unseen"):
       return range(n_test)
-    raise ValueError(f"unknown split {split!r}; expected train, test, "
-                     "valid_seen or valid_unseen")
+    raise ValueError(
+        f"unknown split {split!r}; expected train, test, "
+        "valid_seen or valid_unseen"
+    )
 
   def goal(self, task_id: int, split: str) -> dict:
     ids = self.split_ids(split)
     if not 0 <= task_id < len(ids):
-      raise ValueError(f"task_id {task_id} out of range for split {split!r} "
-                       f"({len(ids)} tasks)")
+      raise ValueError(
+          f"task_id {task_id} out of range for split {split!r} "
+          f"({len(ids)} tasks)"
+      )
     return self.goals[ids[task_id]]
 
 
-def is_solvable(goal: dict, products_by_asin: dict,
-                engine: search_lib.SearchEngine) -> bool:
+def is_solvable(
+    goal: dict, products_by_asin: dict, engine: search_lib.SearchEngine
+) -> bool:
   product = products_by_asin[goal["asin"]]
-  score = reward_lib.get_reward(product, goal, product["price"],
-                                goal["goal_options"])
+  score = reward_lib.get_reward(
+      product, goal, product["price"], goal["goal_options"]
+  )
   if score != 1.0:
     return False
   return goal["asin"] in engine.search(catalogue.search_words(goal))
 
 
 @functools.lru_cache(maxsize=8)
-def make_world(seed: int = 0, num_products: int = 500,
-               goals_per_product: int = 3,
-               num_test_goals: int = NUM_TEST_GOALS) -> World:
+def make_world(
+    seed: int = 0,
+    num_products: int = 500,
+    goals_per_product: int = 3,
+    num_test_goals: int = NUM_TEST_GOALS,
+) -> World:
   """The cached world for these arguments (deterministic)."""
   if num_test_goals < 1:
     raise ValueError(f"num_test_goals must be >= 1, got {num_test_goals}")
@@ -78,5 +87,10 @@ def make_world(seed: int = 0, num_products: int = 500,
   goals = catalogue.make_goals(products, seed, goals_per_product)
   goals = [g for g in goals if is_solvable(g, by_asin, engine)]
   random.Random(233 + seed).shuffle(goals)
-  return World(products=products, by_asin=by_asin, engine=engine, goals=goals,
-               num_test_goals=num_test_goals)
+  return World(
+      products=products,
+      by_asin=by_asin,
+      engine=engine,
+      goals=goals,
+      num_test_goals=num_test_goals,
+  )
