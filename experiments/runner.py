@@ -67,6 +67,31 @@ def run_logged(
   return rc, round(time.time() - t0, 1)
 
 
+def run_eval(
+    python: str,
+    flags: list[str],
+    workdir: str,
+    env: Optional[dict],
+    out_path: str,
+    out: dict,
+) -> Optional[dict]:
+  """``python launch/eval.py <flags> --out=<out_path>`` through
+  ``run_logged``; adds its ``wall_s`` and ``rc`` to ``out``. Returns
+  ``out`` marked failed when it exited non-zero or wrote nothing, else
+  None (the evaluation is at ``out_path``)."""
+  rc, wall_s = run_logged(
+      [python, EVAL_PY, *flags, f"--out={out_path}"], workdir, env
+  )
+  out.update(wall_s=wall_s, rc=rc)
+  if rc != 0 or not os.path.exists(out_path):
+    return {
+        **out,
+        "status": "failed",
+        "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}",
+    }
+  return None
+
+
 def sft_config_arg(env: str, extra: str = "") -> str:
   """The env's config at seed 0 (every cell's SFT settings are the same)."""
   path = os.path.join(ROOT, "configs", f"{env}_grpo.py")
@@ -196,24 +221,16 @@ def shared_start_eval(
     return {**out, "status": "skipped", "from_archive": archive}
   config = f"{sft_config_arg(env, extra)},model.checkpoint_dir={policy}"
   tmp = path + ".tmp"
-  rc, wall_s = run_logged(
-      [
-          python,
-          EVAL_PY,
-          f"--config={config}",
-          f"--out={tmp}",
-          *(eval_flags or (GREEDY_EVAL,)),
-      ],
+  failed = run_eval(
+      python,
+      [f"--config={config}", *(eval_flags or (GREEDY_EVAL,))],
       workdir,
       env_vars,
+      tmp,
+      out,
   )
-  out.update(wall_s=wall_s, rc=rc)
-  if rc != 0 or not os.path.exists(tmp):
-    return {
-        **out,
-        "status": "failed",
-        "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}",
-    }
+  if failed:
+    return failed
   os.replace(tmp, path)
   if archive:
     ra.archive_run(workdir, archive)

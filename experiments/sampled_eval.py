@@ -19,8 +19,8 @@ from typing import Optional
 
 import run_archive as ra
 from grid import ROOT, RunSpec, sampled_flags, sampled_names
-from run_files import LOG, is_finished, run_config, write_json
-from runner import EVAL_PY, run_logged
+from run_files import is_finished, run_config, write_json
+from runner import run_eval
 
 
 def trained_config(spec: RunSpec, root: str, extra: str = "") -> str:
@@ -110,25 +110,20 @@ def sampled_final_eval(
   if ra.same_run(workdir, archive) and ra.restore(workdir, archive, name):
     return {**out, "status": "skipped", "from_archive": archive}
   tmp = path + ".tmp"
-  rc, wall_s = run_logged(
+  failed = run_eval(
+      python,
       [
-          python,
-          EVAL_PY,
           f"--config={trained_config(spec, root, extra)}",
           f"--workdir={workdir}",
-          f"--out={tmp}",
           *sampled_flags(temperature),
       ],
       workdir,
       env_vars,
+      tmp,
+      out,
   )
-  out.update(wall_s=wall_s, rc=rc)
-  if rc != 0 or not os.path.exists(tmp):
-    return {
-        **out,
-        "status": "failed",
-        "error": f"exit code {rc}; see {os.path.join(workdir, LOG)}",
-    }
+  if failed:
+    return failed
   os.replace(tmp, path)
   if archive:
     ra.archive_run(workdir, archive, python)
@@ -169,25 +164,20 @@ def archived_policy_eval(
   os.makedirs(scratch)
   config = with_policy(run_config(found) or spec.config_arg(extra), policy)
   tmp = os.path.join(scratch, name)
-  rc, wall_s = run_logged(
+  failed = run_eval(
+      python,
       [
-          python,
-          EVAL_PY,
           f"--config={config}",
           f"--workdir={scratch}",
-          f"--out={tmp}",
           *sampled_flags(temperature),
       ],
       scratch,
       env_vars,
+      tmp,
+      out,
   )
-  out.update(wall_s=wall_s, rc=rc)
-  if rc != 0 or not os.path.exists(tmp):
-    return {
-        **out,
-        "status": "failed",
-        "error": f"exit code {rc}; see {os.path.join(scratch, LOG)}",
-    }
+  if failed:
+    return failed
   result = json.load(open(tmp))
   export = os.path.join(policy, "export.json")
   if os.path.isfile(export):  # launch/eval.py saw no checkpoint: 0 steps
