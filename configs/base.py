@@ -151,6 +151,12 @@ def _rspo(c: ml_collections.ConfigDict) -> None:
   # train.warmup_steps); docs/method.md "B's optimizer".
   c.rspo.b_lr = 0.0
   c.rspo.b_warmup_steps = 0
+  # Adaptive B (beyond the paper; loop/adaptive_b.py). 0: B trains k steps.
+  # > k: after its k steps B goes on while its win rate on a fresh batch
+  # is below the target set by b_win_multiple (B's odds of a win that many
+  # times A's), up to b_k_max steps.
+  c.rspo.b_k_max = 0
+  c.rspo.b_win_multiple = 10.0
   # Multiplier of the dense reward r_t (credit.step_rewards): 10 puts the
   # environments' progress signals (which sum to ~1 on a win) into the
   # outcome's units (10 * won), as the PRM's are.
@@ -628,6 +634,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
       ),
       (0.0 <= c.rspo.alpha < 1.0, "rspo.alpha", c.rspo.alpha, "0 <= x < 1"),
       (c.rspo.k >= 1, "rspo.k", c.rspo.k, ">= 1"),
+      (
+          c.rspo.b_k_max == 0 or c.rspo.b_k_max > c.rspo.k,
+          "rspo.b_k_max",
+          c.rspo.b_k_max,
+          "0 (B trains rspo.k steps) or > rspo.k",
+      ),
+      (
+          c.rspo.b_win_multiple > 0,
+          "rspo.b_win_multiple",
+          c.rspo.b_win_multiple,
+          "> 0",
+      ),
       (c.rspo.b_lr >= 0, "rspo.b_lr", c.rspo.b_lr, ">= 0 (0 = train.lr)"),
       (
           c.train.lora_lr_multiplier > 0,

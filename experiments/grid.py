@@ -445,8 +445,22 @@ def partial_variants() -> dict[str, str]:
 
 
 SPELL_VARIANTS.update(partial_variants())
+# Adaptive B (issue 50 item 6, loop/adaptive_b.py): B takes its k = 10
+# steps, then goes on until its odds of a win are 10x A's, up to 20 steps
+# (B_K_MAX). At most 3 x 21 B collections + 30 x 7/8 of A's: 89.25 x
+# GiGPO's 30, so GiGPO at 90 A steps (``baseline_x3_nopen``) is GiGPO at
+# its largest cost.
+B_K_MAX = 20
+SPELL_VARIANTS["rspo_adaptive_partial2_nopen"] = (
+    f"{RSPO_K10},rspo.b_k_max={B_K_MAX},{partial(2)},{NO_PENALTY}"
+)
+SPELL_VARIANTS["baseline_x3_nopen"] = f"rspo=0,{DENSE},{NO_PENALTY}"
 # Overrides after --extra (RunSpec.late_overrides), by variant.
-SPELL_LATE = {"baseline_long": LONG, "baseline_long_nopen": LONG}
+SPELL_LATE = {
+    "baseline_long": LONG,
+    "baseline_long_nopen": LONG,
+    "baseline_x3_nopen": "steps=90",
+}
 
 
 def partial_study(penalty: bool = False) -> tuple[str, ...]:

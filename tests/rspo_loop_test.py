@@ -487,3 +487,48 @@ def test_b_warmup_gives_b_a_schedule_state_of_its_own(tmp_path):
       t.make_b()
   finally:
     run.close()
+
+
+@pytest.mark.parametrize("b_wins", [False, True])
+def test_adaptive_b_trains_until_it_wins_enough_or_b_k_max(b_wins, tmp_path):
+  """rspo.b_k_max > k: B takes its k steps, then goes on while its newest
+  training collection's win rate is below the target. Here every B
+  episode is made a loss (never reached: B trains b_k_max steps) or,
+  after B's first collection, a win (reached at once: k steps, and the
+  collection that showed it is not trained on). B_stop logs the count."""
+  k, k_max = 2, 4
+  cfg = micro_config(
+      "grpo",
+      f"rspo.k={k},rspo.b_k_max={k_max},rspo.b_win_multiple=3,"
+      "train.updates_per_step=1",
+  )
+  run = build.build_run(cfg, str(tmp_path), progress=False)
+  t = run.trainer
+  rows, calls = spy_metrics(t), spy_updates(t)
+  collect, played = t.collect_groups, []
+
+  def rigged(learner, n, tag, *a, **kw):
+    records, stats = collect(learner, n, tag, *a, **kw)
+    won = b_wins and bool(played)  # B's first collection (B = A): lost
+    for r in records:
+      r.won = won
+    played.append(len(records))
+    return records, stats
+
+  t.collect_groups = rigged
+  try:
+    t.b_phase()
+    (stop,) = [m for p, m in rows if p == "B_stop"]
+    n = cfg.train.batch_tasks * cfg.train.group_size
+    odds = 3 * (1 / n) / (1 - 1 / n)  # A's rate 0, floored at one win
+    assert stop["b_win_target"] == pytest.approx(odds / (1 + odds))
+    steps = k if b_wins else k_max
+    assert stop["b_steps"] == steps
+    assert stop["b_target_reached"] == b_wins
+    assert len(calls) == steps  # B's updates
+    b_rows = [m for p, m in rows if p == "B"]
+    assert [m["b_step"] for m in b_rows] == list(range(1, steps + 1))
+    # training collections (one more, unused, when reached) + the stored
+    assert len(played) == steps + b_wins + 1
+  finally:
+    run.close()

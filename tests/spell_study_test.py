@@ -36,6 +36,7 @@ VARIANTS = (
     "rspo_nopen",
 )
 PARTIAL = tuple(grid.partial_variants())  # issue 50 item 3, by name
+ADAPTIVE = ("rspo_adaptive_partial2_nopen", "baseline_x3_nopen")  # item 6
 
 
 def parse(spec, extra):
@@ -48,7 +49,7 @@ def test_grid_cells_seeds_and_order():
   specs = grid.spell_grid()
   default = ("baseline", "rspo", "rspo_o", "dense_only", "rspo_k3")
   assert len(specs) == 5 * 5 and len({s.name for s in specs}) == 25
-  assert tuple(grid.SPELL_VARIANTS) == VARIANTS + PARTIAL
+  assert tuple(grid.SPELL_VARIANTS) == VARIANTS + PARTIAL + ADAPTIVE
   assert grid.SPELL_DEFAULT_VARIANTS == default  # misaligned: by name
   assert {s.seed for s in specs} == {0, 200, 400, 600, 800}
   assert {(s.env, s.algo) for s in specs} == {("spell", "gigpo")}
@@ -166,6 +167,29 @@ def test_partial_study_cells_parse_to_their_recipe():
       f"rspo=0,rspo.dense_reward=oracle,seed=0,{extra}"
   )
   assert not (set(PARTIAL) - {"rspo_o_nopen"}) & set(grid.SPARSE_VARIANTS)
+
+
+def test_adaptive_b_cells_parse_to_their_recipe():
+  """Item 6: RSPO+GiGPO on m = 2 with B up to B_K_MAX steps, and GiGPO at
+  its largest cost: 3 x (B_K_MAX + 1) B collections of 8 x 8 and 30 x 7
+  x 8 of A's episodes = 89.25 x GiGPO's 64 a step; 90 steps."""
+  extra = grid.spell_extra("env.kwargs.word_length=6")
+  by = {
+      s.variant: parse(s, extra)
+      for s in grid.spell_grid(seeds=[0], variants=ADAPTIVE)
+  }
+  rspo, base = by["rspo_adaptive_partial2_nopen"], by["baseline_x3_nopen"]
+  assert rspo.rspo.enabled and rspo.rspo.k == 10
+  assert rspo.rspo.b_k_max == grid.B_K_MAX == 20
+  assert rspo.env.kwargs.dense == "partial"
+  assert rspo.env.kwargs.decoy_positions == 2
+  assert rspo.train.total_steps == 30
+  assert not base.rspo.enabled and base.train.total_steps == 90
+  for c in (rspo, base):
+    assert c.algo.invalid_action_penalty == 0.0
+    assert c.env.kwargs.word_length == 6
+  assert (30 * 7 * 8 + 3 * (grid.B_K_MAX + 1) * 64) / 64 == 89.25
+  assert not set(ADAPTIVE) & set(grid.SPARSE_VARIANTS)
 
 
 def test_word_length_comes_from_extra_and_picks_the_root():

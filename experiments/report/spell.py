@@ -91,6 +91,7 @@ import numpy as np
 
 import run_archive as ra
 from grid import (
+    B_K_MAX,
     DENSE,
     EQUAL_ENV_STEPS,
     PARTIAL_M,
@@ -170,6 +171,12 @@ for _m in PARTIAL_M:
     LABELS[f"rspo_partial{_m}{_pen}"] = (
         f"RSPO+GiGPO (partial, m = {_m}), k = 10{_tail}"
     )
+LABELS.update(
+    rspo_adaptive_partial2_nopen="RSPO+GiGPO (partial, m = 2), adaptive B,"
+    f" k = 10 up to {B_K_MAX}{NOPEN}",
+    baseline_x3_nopen="GiGPO, 90 A steps (adaptive RSPO's largest"
+    f" environment steps){NOPEN}",
+)
 PARTIAL_RSPO = tuple(
     f"rspo_partial{m}{pen}" for pen in ("_nopen", "") for m in PARTIAL_M
 )
@@ -187,6 +194,7 @@ RSPO_CELLS = (
     "rspo_nopen",
     "rspo_o_nopen",
     *PARTIAL_RSPO,
+    "rspo_adaptive_partial2_nopen",
     "rspo_lora",
     "rspo_grpo",
     "rspo_grpo_lora",
@@ -206,6 +214,8 @@ BASES = {
         for v in (
             "baseline_long_nopen",
             "rspo_o_nopen",
+            "rspo_adaptive_partial2_nopen",
+            "baseline_x3_nopen",
             *PARTIAL_RSPO,
             *PARTIAL_DENSE,
         )
@@ -235,6 +245,10 @@ EQUAL_COST = {
         )
         for v in PARTIAL_RSPO
     },
+    "rspo_adaptive_partial2_nopen": (
+        "baseline_x3_nopen",
+        "dense_only_partial2_nopen",
+    ),
 }
 # (a, b, what a - b answers), besides every cell - its base.
 CONTRASTS = (
@@ -280,6 +294,11 @@ CONTRASTS = (
         f"GiGPO: {EQUAL_ENV_STEPS} vs 30 A steps, no penalty",
     ),
     ("baseline_long", "baseline", f"GiGPO: {EQUAL_ENV_STEPS} vs 30 A steps"),
+    (
+        "rspo_adaptive_partial2_nopen",
+        "rspo_partial2_nopen",
+        "adaptive B (up to 20 steps) vs fixed k = 10, m = 2, no penalty",
+    ),
     *(
         (
             v,

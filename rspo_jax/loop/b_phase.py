@@ -1,4 +1,5 @@
-"""B's phase of a loop: B := copy(A), then k steps of B on the dense reward.
+"""B's phase of a loop: B := copy(A), then k steps of B on the dense reward
+(adaptive B: until B wins enough, loop/adaptive_b.py).
 
 The bodies of ``RSPOTrainer.b_phase`` and ``RSPOTrainer.make_b``: they
 read and set the trainer's parts (its learners, collector, buffer D,
@@ -11,7 +12,7 @@ from __future__ import annotations
 from rspo_jax import distributed, faults
 from rspo_jax import train_step as ts
 from rspo_jax.learner import Learner
-from rspo_jax.loop import b_store, host_stats, seeds
+from rspo_jax.loop import adaptive_b, b_store, host_stats, seeds
 from rspo_jax.models import lora
 from rspo_jax.types import POLICY_B
 
@@ -26,22 +27,34 @@ def run(trainer) -> None:
   loop = trainer.state.loop
   b = trainer.make_b()
   b_critic = trainer.critic.copy() if trainer.critic is not None else None
-  source = "outcome" if trainer.cfg.rspo.data_source == "outcome" else "dense"
-  for i in range(trainer.k):
-    on, stats = trainer.collect_groups(
-        b, trainer.cfg.train.batch_tasks, POLICY_B
-    )
+  r, t = trainer.cfg.rspo, trainer.cfg.train
+  source = "outcome" if r.data_source == "outcome" else "dense"
+  target, i, reached = None, 0, False
+  while i < adaptive_b.max_steps(r):  # k steps (adaptive: up to b_k_max)
+    on, stats = trainer.collect_groups(b, t.batch_tasks, POLICY_B)
     if i == 0:  # B = A: the start of B's lift
       trainer.b_first = b_store.first_collection(
           on, stats, trainer.state.collections, trainer.multihost
       )
+      target = adaptive_b.win_target(
+          trainer.b_first.stats["success"],
+          t.batch_tasks * t.group_size,
+          r.b_win_multiple,
+      )
+    if i >= trainer.k:  # adaptive B past its k steps: does B win enough?
+      check = host_stats.play_stats(on, trainer.multihost)["success"]
+      if check >= target:
+        reached = True
+        break
+      if trainer._bar is not None:
+        trainer._bar.total += 1
     m = trainer.update(
         b, b_critic, on, [], source, step_key=seeds.b_step_key(loop, i)
     )
     faults.maybe_fail("b_phase")
     m.update({f"rollout_{k}": v for k, v in stats.items()})
     m.update(host_stats.reward_means(on, trainer.multihost))
-    m.update(loop=loop, b_step=loop * trainer.k + i + 1)
+    m.update(loop=loop, b_step=loop * adaptive_b.max_steps(r) + i + 1)
     trainer.metrics.write(trainer.state.a_steps, "B", m)
     if trainer._bar is not None:
       trainer._bar.set_postfix(
@@ -52,6 +65,18 @@ def run(trainer) -> None:
       )
       trainer._bar.update(1)
     trainer._stop_if_requested(save=False)  # B is redone from A on resume
+    i += 1
+  if adaptive_b.is_adaptive(r):
+    trainer.metrics.write(
+        trainer.state.a_steps,
+        "B_stop",
+        {
+            "loop": loop,
+            "b_steps": i,
+            "b_win_target": target,
+            "b_target_reached": reached,
+        },
+    )
   if trainer.decoupled:
     trainer.decoupled_b.start(
         b,

@@ -97,5 +97,6 @@ def a_step_key(a_steps: int) -> int:
 
 
 def b_step_key(loop: int, step: int) -> int:
-  """The update's key of B's step ``step`` (0..k-1) of loop ``loop``."""
+  """The update's key of B's step ``step`` (0..k-1; adaptive B: up to
+  b_k_max - 1) of loop ``loop``."""
   return folded_key(ROLE_B, loop, step)
