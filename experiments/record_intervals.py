@@ -14,7 +14,13 @@ numbers come back), a t interval over the units and an exact p:
              the seeds' gains and the exact sign-flip p;
   lifts      B's lift (stored - first success of B's collections) per
              loop: the t interval over loops and the exact sign-flip p;
-  levels     one cell's success: the t interval over its seeds.
+             where B_collect rows log per-task wins, also over the
+             paired tasks (t interval; too many for an exact p);
+  levels     one cell's success: the t interval over its seeds;
+  by_seed    RSPO - the stronger of two cells, seed by seed: the t
+             interval over the seeds' differences and the sign-flip p;
+  toy_more   the toy study at equal environment steps and against the
+             dense reward alone: Welch's t and the exact p.
 
 A seed's success is its mean over held-out goals x sampling seeds, in
 percent (points for differences). ``replay`` gives, per RSPO run, the
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -203,6 +210,66 @@ def _lift_summary(name, lifts, quoted=None, source="") -> dict:
   }
 
 
+def task_lift(name, study: str, runs, quoted=None) -> dict:
+  """B's lift over paired tasks: per task of each B_collect row, (stored
+  - first wins) / group size, in points. The tasks are clustered by loop
+  and seed; the t interval over them ignores that."""
+  d, g = [], None
+  for run in runs:
+    run_dir = os.path.join(ARCHIVE, study, run)
+    g = json.load(open(os.path.join(run_dir, "run.json")))
+    g = _group_size(g)
+    for r in _rows(run_dir, "B_collect"):
+      if "b_first_wins_by_task" in r:
+        first = np.asarray(r["b_first_wins_by_task"], np.float64)
+        stored = np.asarray(r["b_stored_wins_by_task"], np.float64)
+        d.extend(100 * (stored - first) / g)
+  d = np.asarray(d)
+  t = intervals.t_interval(d)
+  return {
+      "claim": name,
+      "source": study,
+      "runs": list(runs),
+      "n_tasks": int(d.size),
+      "group_size": g,
+      "quoted": quoted,
+      "tasks_won_more": int((d > 0).sum()),
+      "tasks_won_less": int((d < 0).sum()),
+      "t": {k: _r(t[k]) for k in ("mean", "lo", "hi")},
+      "note": "t over tasks, ignoring their clustering by loop and seed",
+  }
+
+
+def _group_size(run_json: dict) -> int:
+  """train.group_size from a run.json's config overrides."""
+  m = re.search(r"train\.group_size=(\d+)", json.dumps(run_json))
+  return int(m.group(1))
+
+
+def by_seed_max(name, study, env, algo, a, others, decoding, seeds=SEEDS3):
+  """a - max(others) seed by seed, each seed's value its mean success."""
+  sa = 100 * _cell(study, env, algo, a, seeds, decoding).mean(axis=(1, 2))
+  so = np.stack(
+      [
+          100 * _cell(study, env, algo, b, seeds, decoding).mean(axis=(1, 2))
+          for b in others
+      ]
+  )
+  d = sa - so.max(axis=0)
+  t = intervals.t_interval(d)
+  return {
+      "claim": name,
+      "study": study,
+      "a": a,
+      "others": list(others),
+      "decoding": decoding,
+      "n": len(seeds),
+      "per_seed_difference": [_r(v) for v in d],
+      "t": {k: _r(t[k]) for k in ("mean", "lo", "hi")},
+      "sign_flip_p": _r(intervals.sign_flip_p(d), 3),
+  }
+
+
 def _rows(run_dir: str, phase: str) -> list:
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     return [r for r in map(json.loads, f) if r.get("phase") == phase]
@@ -321,6 +388,47 @@ def default_run() -> dict:
       "permutation_p": _r(intervals.permutation_p(sr, sg), 3),
       "rank_p": _r(intervals.rank_p(sr, sg), 3),
   }
+  # The score (0-1), three decimals: final - start and RSPO+GRPO - GRPO.
+  start = intervals.outcome_matrix(
+      json.load(open(os.path.join(base, "eval_start.json")))["per_task"],
+      "score",
+  )
+  xr, xg = (
+      np.stack(
+          [
+              intervals.outcome_matrix(json.load(open(p))["per_task"], "score")
+              for p in ps
+          ]
+      )
+      for ps in (rspo, grpo)
+  )
+  for name, x, q in (
+      ("RSPO+GRPO score final - start", xr, "+0.025 [+0.001, +0.053]"),
+      ("GRPO score final - start", xg, None),
+  ):
+    d = x.mean(axis=(1, 2)) - start.mean()
+    t = intervals.t_interval(d)
+    b = intervals.paired_difference(x, start, seed=0)
+    out[name] = {
+        "n": 3,
+        "quoted": q,
+        "per_seed_gain": [_r(v, 3) for v in d],
+        "bootstrap": {k: _r(b[k], 3) for k in ("mean", "lo", "hi")},
+        "t": {k: _r(t[k], 3) for k in ("mean", "lo", "hi")},
+        "sign_flip_p": _r(intervals.sign_flip_p(d), 3),
+    }
+  sr, sg = xr.mean(axis=(1, 2)), xg.mean(axis=(1, 2))
+  w = intervals.welch_interval(sr, sg)
+  b = intervals.method_difference(xr, xg, seed=0)
+  out["RSPO+GRPO - GRPO score"] = {
+      "n_a": 3,
+      "n_b": 3,
+      "quoted": "+0.024 [+0.000, +0.051]",
+      "bootstrap": {k: _r(b[k], 3) for k in ("mean", "lo", "hi")},
+      "welch": {k: _r(w[k], 3) for k in ("mean", "lo", "hi", "df")},
+      "permutation_p": _r(intervals.permutation_p(sr, sg), 3),
+      "rank_p": _r(intervals.rank_p(sr, sg), 3),
+  }
   return out
 
 
@@ -350,6 +458,42 @@ def toy(step: int = 6) -> dict:
       "welch": {k: _r(w[k]) for k in ("mean", "lo", "hi", "df")},
       "permutation_p": _r(intervals.permutation_p(by["rspo"], by["grpo"]), 3),
       "rank_p": _r(intervals.rank_p(by["rspo"], by["grpo"]), 3),
+  }
+
+
+def _toy_t1(arm: str, step: int):
+  """x[r, g, s] of an arm's held-out T = 1 outcomes at A step ``step``,
+  seeds in order, and its mean environment steps there."""
+  cells = json.load(open(os.path.join(RESULTS, "toy_mechanism.json")))["cells"]
+  evals = [
+      next(e for e in c["evals"] if e["a_step"] == step)
+      for c in sorted(cells.values(), key=lambda c: c["seed"])
+      if c["arm"] == arm
+  ]
+  x = np.array([np.asarray(e["t1_won"], np.float64).T for e in evals])
+  return x, float(np.mean([e["env_steps"] for e in evals]))
+
+
+def toy_contrast(name, arm_a, step_a, arm_b, step_b, quoted=None) -> dict:
+  """The toy study: arm a at A step a - arm b at A step b, T = 1, 5 vs 5
+  seeds; the bootstrap draws as the toy report's (seed 0)."""
+  xa, ea = _toy_t1(arm_a, step_a)
+  xb, eb = _toy_t1(arm_b, step_b)
+  sa, sb = 100 * xa.mean(axis=(1, 2)), 100 * xb.mean(axis=(1, 2))
+  w = intervals.welch_interval(sa, sb)
+  return {
+      "claim": name,
+      "a": f"{arm_a} at A step {step_a}, {ea:.0f} env steps",
+      "b": f"{arm_b} at A step {step_b}, {eb:.0f} env steps",
+      "quoted": quoted,
+      "n_a": len(sa),
+      "n_b": len(sb),
+      "per_seed_a": [_r(v) for v in sa],
+      "per_seed_b": [_r(v) for v in sb],
+      "bootstrap": _pct(intervals.method_difference(xa, xb, seed=0)),
+      "welch": {k: _r(w[k]) for k in ("mean", "lo", "hi", "df")},
+      "permutation_p": _r(intervals.permutation_p(sa, sb), 3),
+      "rank_p": _r(intervals.rank_p(sa, sb), 3),
   }
 
 
@@ -391,6 +535,8 @@ def main() -> dict:
       ("rspo_nopen", "rspo", "+6.3 [-7.4, +26.5]"),
       ("rspo_decoy", "baseline", "-11.1 [-35.5, +9.1]"),
       ("rspo_decoy_nopen", "baseline_nopen", "-22.6 [-61.6, +18.8]"),
+      # Across settings: dense alone ran with the penalty only.
+      ("rspo_nopen", "dense_only", "-2.6 [-7.7, +2.2]"),
   ):
     c.append(
         contrast(
@@ -406,6 +552,36 @@ def main() -> dict:
             q,
         )
     )
+  # The decoy at equal environment steps (GiGPO, 60 A steps, no
+  # penalty) and against the decoy alone (3 seeds, with the penalty).
+  c.append(
+      contrast(
+          "spell L=4 rspo_decoy_nopen - baseline_long_nopen",
+          L4,
+          sp,
+          "gigpo",
+          "rspo_decoy_nopen",
+          "baseline_long_nopen",
+          "T=1",
+          SEEDS5,
+          SEEDS5,
+          "-56.7 [-87.8, -26.0]",
+      )
+  )
+  c.append(
+      contrast(
+          "spell L=4 rspo_decoy - dense_only_decoy",
+          L4,
+          sp,
+          "gigpo",
+          "rspo_decoy",
+          "dense_only_decoy",
+          "T=1",
+          SEEDS5,
+          SEEDS3,
+          "+6.5 [+0.2, +18.1]",
+      )
+  )
   # As first reported: RSPO (decoy) at 3 seeds against GiGPO's 5; the
   # no-penalty cells at 3 seeds each.
   c.append(
@@ -459,6 +635,42 @@ def main() -> dict:
           "dense_only",
           "rspo",
           "T=1",
+      )
+  )
+  # The partly misleading regime, L = 6, m = 2, no penalty: GiGPO at
+  # equal A steps (1 seed), at RSPO's environment steps, dense alone.
+  L6 = "study_spell_L6_D1"
+  for b, seeds_b, q in (
+      ("baseline_nopen", (0,), "+29.6 [+0.0, +88.0]"),
+      ("baseline_long_nopen", SEEDS3, "+29.6 [+0.0, +88.0]"),
+      ("dense_only_partial2_nopen", SEEDS3, "-45.9 [-77.9, +12.2]"),
+  ):
+    c.append(
+        contrast(
+            f"spell L6 rspo_partial2_nopen - {b}",
+            L6,
+            sp,
+            "gigpo",
+            "rspo_partial2_nopen",
+            b,
+            "T=1",
+            SEEDS3,
+            seeds_b,
+            q,
+        )
+    )
+  # L = 8: dense alone ran at seed 0 only.
+  c.append(
+      contrast(
+          "spell L8 rspo_k30 (seed 0) - dense_only (seed 0)",
+          "study_spell_L8_D1",
+          sp,
+          "gigpo",
+          "rspo_k30",
+          "dense_only",
+          "T=1",
+          (0,),
+          (0,),
       )
   )
   # WebShop every row, today's code (alpha 1/4, one-pass replay).
@@ -544,6 +756,20 @@ def main() -> dict:
             (0,),
             SEEDS3,
             q,
+        )
+    )
+  for dec in ("greedy", "T=0.4"):
+    c.append(
+        contrast(
+            "gate: RSPO+GiGPO (seed 0) - dense alone",
+            gate,
+            ws,
+            "gigpo",
+            "rspo",
+            "dense_only",
+            dec,
+            (0,),
+            SEEDS3,
         )
     )
   for dec, q in (
@@ -680,6 +906,26 @@ def main() -> dict:
       )
   )
 
+  for cell, seeds, qs in (
+      ("baseline", SEEDS3, ("+5.2 [+1.8, +8.6]", "+3.1 [+0.3, +5.9]")),
+      ("baseline_lora", SEEDS3, ("+3.8 [+1.2, +6.7]", "+2.3 [-0.3, +4.7]")),
+      ("grpo", (0, 200), ("+6.1 [+2.9, +9.3]", "+3.5 [+0.9, +6.1]")),
+      ("grpo_lora", (0, 200), ("+5.1 [+2.3, +8.5]", "+2.4 [+0.0, +4.8]")),
+  ):
+    for dec, q in zip(("T=0.4", "T=1"), qs):
+      g.append(
+          gain(
+              f"gate: {cell} final - start",
+              gate,
+              ws,
+              "gigpo",
+              cell,
+              dec,
+              seeds,
+              quoted=q,
+          )
+      )
+
   lv = out["levels"]
   for cell, q in (
       ("baseline", "17.6 [3.3, 41.1]"),
@@ -695,6 +941,18 @@ def main() -> dict:
     lv.append(
         level(f"spell L=4 {cell}", L4, sp, "gigpo", cell, "T=1", SEEDS5, q)
     )
+  lv.append(
+      level(
+          "spell L=4 rspo_nopen, D from fresh tasks",
+          "spell_fresh_d",
+          sp,
+          "gigpo",
+          "rspo_nopen",
+          "T=1",
+          SEEDS5,
+          "89.2 [83.6, 92.7]",
+      )
+  )
   lv.append(
       level(
           "spell L=4 dense_only_decoy",
@@ -837,6 +1095,31 @@ def main() -> dict:
         )
     )
 
+  li.append(
+      _lift_summary(
+          "B's lift, spell L=6 partial m=2 no penalty, over loops",
+          run_lifts(
+              L6, [f"spell_gigpo_rspo_partial2_nopen_s{s}" for s in SEEDS3]
+          ),
+          "+5.9 [+0.0, +17.7]",
+          L6,
+      )
+  )
+  li.append(
+      task_lift(
+          "B's lift, spell L=6 partial m=2 no penalty, over paired tasks",
+          L6,
+          [f"spell_gigpo_rspo_partial2_nopen_s{s}" for s in SEEDS3],
+      )
+  )
+  li.append(
+      task_lift(
+          "B's lift, spell L=6 RSPO_O no penalty (seed 0), over paired tasks",
+          L6,
+          ["spell_gigpo_rspo_o_nopen_s0"],
+      )
+  )
+
   out["default_run"] = default_run()
   out["toy"] = toy()
   for study in sorted(os.listdir(ARCHIVE)):
@@ -847,6 +1130,64 @@ def main() -> dict:
           and os.path.isfile(os.path.join(ARCHIVE, study, run, "metrics.jsonl"))
       ):
         out["replay"].append(replay_run(study, run))
+  out["by_seed"] = [
+      by_seed_max(
+          "spell L6 rspo_partial2_nopen - max(GiGPO at RSPO's env steps,"
+          " dense alone), by seed",
+          L6,
+          sp,
+          "gigpo",
+          "rspo_partial2_nopen",
+          ("baseline_long_nopen", "dense_only_partial2_nopen"),
+          "T=1",
+      )
+  ]
+  # D from fresh tasks - D from B's first batch's tasks: the same seeds,
+  # paired; the bootstrap resamples the seeds' paired outcome differences.
+  fresh = _cell("spell_fresh_d", sp, "gigpo", "rspo_nopen", SEEDS5, "T=1")
+  first = _cell(L4, sp, "gigpo", "rspo_nopen", SEEDS5, "T=1")
+  d = 100 * (fresh.mean(axis=(1, 2)) - first.mean(axis=(1, 2)))
+  t = intervals.t_interval(d)
+  out["by_seed"].append(
+      {
+          "claim": "spell L=4 rspo_nopen, D fresh - D first, paired by seed",
+          "study": "spell_fresh_d - study_spell_L4_D1",
+          "decoding": "T=1",
+          "n": len(SEEDS5),
+          "quoted": "+2.2 [-1.5, +7.0]",
+          "per_seed_difference": [_r(v) for v in d],
+          "bootstrap": _pct(intervals.success_interval(fresh - first, seed=0)),
+          "t": {k: _r(t[k]) for k in ("mean", "lo", "hi")},
+          "sign_flip_p": _r(intervals.sign_flip_p(d), 3),
+      }
+  )
+  out["toy_more"] = [
+      toy_contrast(
+          "toy RSPO+GRPO at step 6 - GRPO at step 12: about equal"
+          " environment steps, T = 1",
+          "rspo",
+          6,
+          "grpo",
+          12,
+          "31.2 vs 49.4 %",
+      ),
+      toy_contrast(
+          "toy RSPO+GRPO - the aligned dense reward alone at step 12, T = 1",
+          "rspo",
+          12,
+          "dense_only",
+          12,
+          "59.2 vs 67.5 %",
+      ),
+      toy_contrast(
+          "toy RSPO+GRPO - GRPO at step 12, T = 1",
+          "rspo",
+          12,
+          "grpo",
+          12,
+          "+9.8 [-1.9, 20.6]",
+      ),
+  ]
   return out
 
 
