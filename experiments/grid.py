@@ -455,11 +455,17 @@ SPELL_VARIANTS["rspo_adaptive_partial2_nopen"] = (
     f"{RSPO_K10},rspo.b_k_max={B_K_MAX},{partial(2)},{NO_PENALTY}"
 )
 SPELL_VARIANTS["baseline_x3_nopen"] = f"rspo=0,{DENSE},{NO_PENALTY}"
+# The dense reward alone at the same 90 A steps: it was still rising at
+# its 30th step, so RSPO - dense alone at equal A steps flatters RSPO.
+SPELL_VARIANTS["dense_only_x3_partial2_nopen"] = (
+    f"{DENSE_ONLY},{partial(2)},{NO_PENALTY}"
+)
 # Overrides after --extra (RunSpec.late_overrides), by variant.
 SPELL_LATE = {
     "baseline_long": LONG,
     "baseline_long_nopen": LONG,
     "baseline_x3_nopen": "steps=90",
+    "dense_only_x3_partial2_nopen": "steps=90",
 }
 
 

@@ -659,6 +659,27 @@ def main() -> dict:
             q,
         )
     )
+  # Adaptive B (issue 50 item 6) in the same regime: against GiGPO at its
+  # largest environment steps (90 A steps), dense alone, and fixed k.
+  for b, q in (
+      ("baseline_x3_nopen", None),
+      ("dense_only_partial2_nopen", None),
+      ("rspo_partial2_nopen", None),
+  ):
+    c.append(
+        contrast(
+            f"spell L6 rspo_adaptive_partial2_nopen - {b}",
+            L6,
+            sp,
+            "gigpo",
+            "rspo_adaptive_partial2_nopen",
+            b,
+            "T=1",
+            SEEDS3,
+            SEEDS3,
+            q,
+        )
+    )
   # L = 8: dense alone ran at seed 0 only.
   c.append(
       contrast(
@@ -1114,6 +1135,14 @@ def main() -> dict:
   )
   li.append(
       task_lift(
+          "B's lift, spell L=6 partial m=2 no penalty, adaptive B, over"
+          " paired tasks",
+          L6,
+          [f"spell_gigpo_rspo_adaptive_partial2_nopen_s{s}" for s in SEEDS3],
+      )
+  )
+  li.append(
+      task_lift(
           "B's lift, spell L=6 RSPO_O no penalty (seed 0), over paired tasks",
           L6,
           ["spell_gigpo_rspo_o_nopen_s0"],
@@ -1140,7 +1169,17 @@ def main() -> dict:
           "rspo_partial2_nopen",
           ("baseline_long_nopen", "dense_only_partial2_nopen"),
           "T=1",
-      )
+      ),
+      by_seed_max(
+          "spell L6 rspo_adaptive_partial2_nopen - max(GiGPO at its largest"
+          " env steps, dense alone), by seed",
+          L6,
+          sp,
+          "gigpo",
+          "rspo_adaptive_partial2_nopen",
+          ("baseline_x3_nopen", "dense_only_partial2_nopen"),
+          "T=1",
+      ),
   ]
   # D from fresh tasks - D from B's first batch's tasks: the same seeds,
   # paired; the bootstrap resamples the seeds' paired outcome differences.

@@ -36,7 +36,11 @@ VARIANTS = (
     "rspo_nopen",
 )
 PARTIAL = tuple(grid.partial_variants())  # issue 50 item 3, by name
-ADAPTIVE = ("rspo_adaptive_partial2_nopen", "baseline_x3_nopen")  # item 6
+ADAPTIVE = (  # item 6
+    "rspo_adaptive_partial2_nopen",
+    "baseline_x3_nopen",
+    "dense_only_x3_partial2_nopen",
+)
 
 
 def parse(spec, extra):
@@ -179,13 +183,16 @@ def test_adaptive_b_cells_parse_to_their_recipe():
       for s in grid.spell_grid(seeds=[0], variants=ADAPTIVE)
   }
   rspo, base = by["rspo_adaptive_partial2_nopen"], by["baseline_x3_nopen"]
+  dense = by["dense_only_x3_partial2_nopen"]
+  assert dense.rspo.dense_only and dense.train.total_steps == 90
+  assert dense.env.kwargs.decoy_positions == 2
   assert rspo.rspo.enabled and rspo.rspo.k == 10
   assert rspo.rspo.b_k_max == grid.B_K_MAX == 20
   assert rspo.env.kwargs.dense == "partial"
   assert rspo.env.kwargs.decoy_positions == 2
   assert rspo.train.total_steps == 30
   assert not base.rspo.enabled and base.train.total_steps == 90
-  for c in (rspo, base):
+  for c in (rspo, base, dense):
     assert c.algo.invalid_action_penalty == 0.0
     assert c.env.kwargs.word_length == 6
   assert (30 * 7 * 8 + 3 * (grid.B_K_MAX + 1) * 64) / 64 == 89.25

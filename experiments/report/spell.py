@@ -176,6 +176,8 @@ LABELS.update(
     f" k = 10 up to {B_K_MAX}{NOPEN}",
     baseline_x3_nopen="GiGPO, 90 A steps (adaptive RSPO's largest"
     f" environment steps){NOPEN}",
+    dense_only_x3_partial2_nopen="Dense only (partial, m = 2), 90 A steps"
+    f"{NOPEN}",
 )
 PARTIAL_RSPO = tuple(
     f"rspo_partial{m}{pen}" for pen in ("_nopen", "") for m in PARTIAL_M
@@ -216,6 +218,7 @@ BASES = {
             "rspo_o_nopen",
             "rspo_adaptive_partial2_nopen",
             "baseline_x3_nopen",
+            "dense_only_x3_partial2_nopen",
             *PARTIAL_RSPO,
             *PARTIAL_DENSE,
         )
@@ -227,6 +230,7 @@ DENSE_ONLY_CELLS = (
     "dense_only_misaligned",
     "dense_only_decoy",
     *PARTIAL_DENSE,
+    "dense_only_x3_partial2_nopen",
 )
 # Issue 50 item 2: each RSPO cell against GiGPO at RSPO's environment
 # steps (B's included: the 60-step cell) and against the dense reward it
