@@ -217,8 +217,7 @@ def task_lift(name, study: str, runs, quoted=None) -> dict:
   d, g = [], None
   for run in runs:
     run_dir = os.path.join(ARCHIVE, study, run)
-    g = json.load(open(os.path.join(run_dir, "run.json")))
-    g = _group_size(g)
+    g = _group_size(json.load(open(os.path.join(run_dir, "run.json"))))
     for r in _rows(run_dir, "B_collect"):
       if "b_first_wins_by_task" in r:
         first = np.asarray(r["b_first_wins_by_task"], np.float64)
@@ -678,6 +677,32 @@ def main() -> dict:
             SEEDS3,
             SEEDS3,
             q,
+        )
+    )
+  # ... and against the dense reward alone at 90 A steps (at least
+  # adaptive RSPO's environment steps), at the seeds it has run.
+  x3 = [
+      s
+      for s in SEEDS3
+      if os.path.isdir(
+          os.path.join(
+              ARCHIVE, L6, f"spell_gigpo_dense_only_x3_partial2_nopen_s{s}"
+          )
+      )
+  ]
+  if x3:
+    c.append(
+        contrast(
+            "spell L6 rspo_adaptive_partial2_nopen - dense_only_x3"
+            "_partial2_nopen (90 A steps), at the seeds run",
+            L6,
+            sp,
+            "gigpo",
+            "rspo_adaptive_partial2_nopen",
+            "dense_only_x3_partial2_nopen",
+            "T=1",
+            x3,
+            x3,
         )
     )
   # L = 8: dense alone ran at seed 0 only.
