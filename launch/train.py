@@ -333,9 +333,9 @@ def summary(
 def _mechanism(workdir: str) -> list:
   """Whether RSPO acted, in the summary's words: B's lift (its first
   batch's success and its stored collection's, which replays those tasks,
-  averaged over loops) and the share of wins among the trajectories A
-  replayed, over the A steps that replayed any; [] for a run without
-  them."""
+  averaged over loops), adaptive B's steps a loop, and the share of wins
+  among the trajectories A replayed, over the A steps that replayed any;
+  [] for a run without them."""
   from rspo_jax.metrics import read_metrics
 
   path = os.path.join(workdir, "metrics.jsonl")
@@ -363,6 +363,14 @@ def _mechanism(workdir: str) -> list:
     lines.append(
         f"{row:<32}{stored - first:+.1f} points on B's first"
         f" batch's tasks, {len(lifts)} loop{'s' * (len(lifts) != 1)}"
+    )
+  stops = read_metrics(path, "B_stop")  # adaptive B (loop/adaptive_b.py)
+  if stops:
+    lines.append(
+        f"  {'B steps':<9}"
+        + ", ".join(str(r["b_steps"]) for r in stops)
+        + f" a loop; target reached in"
+        f" {sum(bool(r['b_target_reached']) for r in stops)} of {len(stops)}"
     )
   if wins:
     trajectories, won = (sum(x) for x in zip(*wins))

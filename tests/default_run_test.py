@@ -167,6 +167,25 @@ def test_summary_reads_start_to_end_with_a_paired_interval(tmp_path):
   assert b_lift.endswith("2 loops")
   assert replay.split()[:3] == ["replay", "75", "%"]
   assert replay.endswith("2 A steps")
+  # Adaptive B logs B_stop rows: its steps a loop and how often it
+  # reached its target.
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    for step, n, reached in ((0, 17, True), (3, 20, False)):
+      f.write(
+          json.dumps(
+              {
+                  "step": step,
+                  "phase": "B_stop",
+                  "b_steps": n,
+                  "b_target_reached": reached,
+              }
+          )
+          + "\n"
+      )
+  text = train.summary(cfg, str(tmp_path), start, final, _State(), 754.0)
+  assert text.splitlines()[6] == (
+      "  B steps  17, 20 a loop; target reached in 1 of 2"
+  )
   # Without per-task outcomes: the means, no interval.
   del start["per_task"]
   text = train.summary(cfg, "runs/x", start, final, _State(), 1.0)
