@@ -299,11 +299,22 @@ def plot_curves(
   matplotlib.use("Agg", force=True)
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-  for label, c in curves.items():
+  # Many curves: 20 distinct colours and the legend below the axes, so
+  # it covers no curve and no two curves share a colour.
+  many = len(curves) > 5
+  fig, ax = plt.subplots(
+      figsize=(6.4, 4.0 + (0.2 * len(curves) if many else 0.0)), dpi=120
+  )
+  colours = plt.get_cmap("tab20").colors
+  for i, (label, c) in enumerate(curves.items()):
     name = f"{label} (n={c.n_runs})" if c.n_runs > 1 else label
     (line,) = ax.plot(
-        c.x, c.mean, label=name, lw=1.6, marker="o" if len(c.x) == 1 else None
+        c.x,
+        c.mean,
+        label=name,
+        lw=1.6,
+        marker="o" if len(c.x) == 1 else None,
+        color=colours[i % len(colours)] if many else None,
     )
     if band != "none" and c.n_runs > 1:
       ax.fill_between(c.x, c.lo, c.hi, color=line.get_color(), alpha=0.2, lw=0)
@@ -315,11 +326,19 @@ def plot_curves(
   ax.set_ylabel(metric)
   ax.set_title(title or f"{metric} ({phase})")
   ax.grid(alpha=0.3)
-  ax.legend(loc="best", fontsize="small")
+  if many:
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        fontsize="x-small",
+        frameon=False,
+    )
+  else:
+    ax.legend(loc="best", fontsize="small")
   fig.tight_layout()
   parent = os.path.dirname(os.path.abspath(out_path))
   os.makedirs(parent, exist_ok=True)
-  fig.savefig(out_path, format="png")
+  fig.savefig(out_path, format="png", bbox_inches="tight")
   plt.close(fig)
   return curves
 
