@@ -121,29 +121,38 @@ def contrast(
   """cell a - cell b over independent training seeds."""
   xa = _cell(study, env, algo, a, seeds_a, decoding)
   xb = _cell(study, env, algo, b, seeds_b, decoding)
-  sa, sb = 100 * xa.mean(axis=(1, 2)), 100 * xb.mean(axis=(1, 2))
-  out = {
+  return {
       "claim": name,
       "study": study,
       "a": a,
       "b": b,
       "decoding": decoding,
-      "n_a": len(seeds_a),
-      "n_b": len(seeds_b),
       "quoted": quoted,
+      **_two_sample(xa, xb),
+  }
+
+
+def _two_sample(xa: np.ndarray, xb: np.ndarray) -> dict:
+  """a - b from x[r, g, s] of two sets of independent seeds: the seeds'
+  means, the percentile bootstrap (draw seed 0), the exact permutation
+  and rank p and their floor, and Welch's t interval (None with one
+  seed: no spread to estimate)."""
+  sa, sb = 100 * xa.mean(axis=(1, 2)), 100 * xb.mean(axis=(1, 2))
+  welch = None
+  if len(sa) >= 2 and len(sb) >= 2:
+    w = intervals.welch_interval(sa, sb)
+    welch = {k: _r(w[k]) for k in ("mean", "lo", "hi", "df")}
+  return {
+      "n_a": len(sa),
+      "n_b": len(sb),
       "per_seed_a": _per_seed(xa),
       "per_seed_b": _per_seed(xb),
       "bootstrap": _pct(intervals.method_difference(xa, xb, seed=0)),
       "permutation_p": _r(intervals.permutation_p(sa, sb), 3),
       "rank_p": _r(intervals.rank_p(sa, sb), 3),
-      "smallest_possible_p": _r(_smallest_p(len(seeds_a), len(seeds_b)), 3),
+      "smallest_possible_p": _r(_smallest_p(len(sa), len(sb)), 3),
+      "welch": welch,
   }
-  if len(seeds_a) >= 2 and len(seeds_b) >= 2:
-    w = intervals.welch_interval(sa, sb)
-    out["welch"] = {k: _r(w[k]) for k in ("mean", "lo", "hi", "df")}
-  else:
-    out["welch"] = None  # one seed: no spread to estimate
-  return out
 
 
 def _smallest_p(n_a: int, n_b: int) -> float:
@@ -478,21 +487,12 @@ def toy_contrast(name, arm_a, step_a, arm_b, step_b, quoted=None) -> dict:
   seeds; the bootstrap draws as the toy report's (seed 0)."""
   xa, ea = _toy_t1(arm_a, step_a)
   xb, eb = _toy_t1(arm_b, step_b)
-  sa, sb = 100 * xa.mean(axis=(1, 2)), 100 * xb.mean(axis=(1, 2))
-  w = intervals.welch_interval(sa, sb)
   return {
       "claim": name,
       "a": f"{arm_a} at A step {step_a}, {ea:.0f} env steps",
       "b": f"{arm_b} at A step {step_b}, {eb:.0f} env steps",
       "quoted": quoted,
-      "n_a": len(sa),
-      "n_b": len(sb),
-      "per_seed_a": [_r(v) for v in sa],
-      "per_seed_b": [_r(v) for v in sb],
-      "bootstrap": _pct(intervals.method_difference(xa, xb, seed=0)),
-      "welch": {k: _r(w[k]) for k in ("mean", "lo", "hi", "df")},
-      "permutation_p": _r(intervals.permutation_p(sa, sb), 3),
-      "rank_p": _r(intervals.rank_p(sa, sb), 3),
+      **_two_sample(xa, xb),
   }
 
 
@@ -659,11 +659,13 @@ def main() -> dict:
         )
     )
   # Adaptive B (issue 50 item 6) in the same regime: against GiGPO at its
-  # largest environment steps (90 A steps), dense alone, and fixed k.
-  for b, q in (
-      ("baseline_x3_nopen", None),
-      ("dense_only_partial2_nopen", None),
-      ("rspo_partial2_nopen", None),
+  # largest environment steps (90 A steps), dense alone at 30 and 90 A
+  # steps, and fixed k.
+  for b in (
+      "baseline_x3_nopen",
+      "dense_only_partial2_nopen",
+      "dense_only_x3_partial2_nopen",  # 90 A steps: equal environment steps
+      "rspo_partial2_nopen",
   ):
     c.append(
         contrast(
@@ -674,35 +676,6 @@ def main() -> dict:
             "rspo_adaptive_partial2_nopen",
             b,
             "T=1",
-            SEEDS3,
-            SEEDS3,
-            q,
-        )
-    )
-  # ... and against the dense reward alone at 90 A steps (at least
-  # adaptive RSPO's environment steps), at the seeds it has run.
-  x3 = [
-      s
-      for s in SEEDS3
-      if os.path.isdir(
-          os.path.join(
-              ARCHIVE, L6, f"spell_gigpo_dense_only_x3_partial2_nopen_s{s}"
-          )
-      )
-  ]
-  if x3:
-    c.append(
-        contrast(
-            "spell L6 rspo_adaptive_partial2_nopen - dense_only_x3"
-            "_partial2_nopen (90 A steps), at the seeds run",
-            L6,
-            sp,
-            "gigpo",
-            "rspo_adaptive_partial2_nopen",
-            "dense_only_x3_partial2_nopen",
-            "T=1",
-            x3,
-            x3,
         )
     )
   # L = 8: dense alone ran at seed 0 only.
