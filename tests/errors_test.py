@@ -61,8 +61,8 @@ def _free_port() -> int:
                 "unknown config key 'rspo.alpah'",
                 "(did you mean 'rspo.alpha'?)",
                 "rspo.alpah=0.1",
-                "known keys of rspo: alpha, b_lift_tasks, b_lr,"
-                " b_warmup_steps, centre_cap",
+                "known keys of rspo: alpha, b_k_max, b_lift_tasks, b_lr,"
+                " b_warmup_steps, b_win_multiple, centre_cap",
             ],
         ),
         (
