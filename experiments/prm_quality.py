@@ -11,8 +11,7 @@ runs/prm_webshop/<start>):
   python experiments/prm_quality.py loop --start sparse --b_reward prm  # (b)
   python experiments/prm_quality.py loop --start sparse \
       --b_reward outcome                                                # (b)
-  python experiments/prm_quality.py dense_only --start sparse --steps 4 # (c)
-  python experiments/prm_quality.py dense_only --start sparse --steps 8 ... 12
+  python experiments/prm_quality.py dense_only --start sparse --steps 12 # (c)
   python experiments/prm_quality.py report --out docs/results/prm_webshop.json
 
 Starts (``--start``): ``sparse``, the WebShop gate's warm start (300
@@ -45,8 +44,12 @@ loop      One RSPO+GRPO loop, k = 3 B steps then 1 A step, B on the PRM
 dense_only  The spell study's dense-only cell (experiments/grid.py DENSE_ONLY,
           on GiGPO as the gate's) with the PRM as A's only reward:
           ``rspo=0,rspo.dense_only=1,rspo.dense_reward=prm``; resumes from
-          its checkpoint up to ``--steps`` A steps; ``--eval`` evaluates
-          the result greedily on the 256 held-out goals once it is there.
+          its checkpoint up to ``--steps`` A steps. A run cut short and
+          resumed is the same run; one extended by a larger ``--steps``
+          is not, since its last loop ended at the old total
+          (loop/driver.py) and the later loops' seeds move. ``--eval``
+          evaluates the result greedily on the 256 held-out goals once it
+          is there.
 report    Gathers every piece's JSON, the gate's archived cells of seed 0
           (same tasks per step) and the gate of item 4(d).
 """

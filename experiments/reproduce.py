@@ -69,7 +69,10 @@ from its checkpoints. The config
 argument is kept in ``<workdir>/run.json``; a workdir started with another
 one is refused (use another ``--root``), and so is a finished run (under
 root or in ``--archive``) trained with another (config_key: the run names
-do not hold ``--extra``/``--rl_extra``). One run at a time, or ``--parallel
+do not hold ``--extra``/``--rl_extra``). run.json also names the git
+commit the run started on and whether tracked files had changed
+(``commit``, ``dirty``), and each resume on other code
+(``resumed_with``). One run at a time, or ``--parallel
 N`` subprocesses. One JSON line is printed per run.
 
 Every run of an env starts from one shared warm start, made first (once) by

@@ -1,6 +1,7 @@
 """What a run directory holds, and where the runs of a cell are.
 
-A run's workdir holds ``run.json`` (the ``--config`` it was started with),
+A run's workdir holds ``run.json`` (the ``--config`` it was started with,
+and the code it ran: ``code_version``),
 ``train.log``, ``eval_start.json`` and, once finished, ``eval_final.json``
 (``is_finished``). A cell's finished runs are looked up under ``--root``,
 else in the ``--archive`` (experiments/run_archive.py; root wins). Reports and
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from typing import Optional
 
 import run_archive as ra
@@ -32,6 +34,29 @@ def run_config(workdir: str) -> Optional[str]:
   """The ``--config`` a run was started with (its run.json), if known."""
   meta = os.path.join(workdir, RUN_JSON)
   return json.load(open(meta)).get("config") if os.path.isfile(meta) else None
+
+
+def code_version(repo: str) -> dict:
+  """``{"commit": sha, "dirty": bool}`` of the git checkout at ``repo``
+  (dirty: tracked files changed since the commit), or ``{}`` outside one
+  (an installed wheel). Two runs of one config at one clean commit play
+  the same rollouts; the commit says which code a number came from."""
+
+  def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", repo, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
+
+  try:
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+  except (OSError, subprocess.SubprocessError):
+    return {}
+  return {"commit": commit, "dirty": dirty}
 
 
 def warm_start_workdir(root: str, env: str) -> str:

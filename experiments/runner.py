@@ -29,6 +29,7 @@ from typing import Iterable, Optional, Sequence
 import run_archive as ra
 from grid import ROOT, RunSpec, config_key
 from run_files import (
+    code_version,
     LOG,
     RUN_JSON,
     START,
@@ -293,19 +294,24 @@ def _run_one(
     return {**out, **where, "status": "skipped"}
   os.makedirs(workdir, exist_ok=True)
   meta_path = os.path.join(workdir, RUN_JSON)
+  code = code_version(ROOT)
   if os.path.exists(meta_path):
-    started = json.load(open(meta_path)).get("config")
-    if started != config:
+    meta = json.load(open(meta_path))
+    if meta.get("config") != config:
       return {
           **out,
           "status": "failed",
           "error": (
-              f"{workdir} was started with --config={started!r}, not"
-              f" {config!r}; use another --root"
+              f"{workdir} was started with --config={meta.get('config')!r},"
+              f" not {config!r}; use another --root"
           ),
       }
+    started_code = {k: meta[k] for k in ("commit", "dirty") if k in meta}
+    if code and code != started_code:  # resumed on other code: say so
+      meta.setdefault("resumed_with", []).append(code)
+      write_json(meta_path, meta)
   else:
-    write_json(meta_path, {"config": config, "name": spec.name})
+    write_json(meta_path, {"config": config, "name": spec.name, **code})
   own_eval = os.path.join(workdir, START)
   if (
       spec.start_eval

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -228,6 +229,51 @@ def test_workdir_of_another_config_is_refused(tmp_path):
   )
   assert res["status"] == "failed"
   assert "something else" in res["error"] and "--root" in res["error"]
+
+
+def test_code_version_names_the_commit_and_a_dirty_tree(tmp_path):
+  repo = tmp_path / "repo"
+  repo.mkdir()
+
+  def git(*args):
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+  git("init", "-q")
+  (repo / "a.py").write_text("x = 1\n")
+  git("add", "a.py")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+  sha = git("rev-parse", "HEAD")
+  assert run_files.code_version(str(repo)) == {"commit": sha, "dirty": False}
+  (repo / "new.txt").write_text("untracked files do not count\n")
+  assert run_files.code_version(str(repo))["dirty"] is False
+  (repo / "a.py").write_text("x = 2\n")
+  assert run_files.code_version(str(repo)) == {"commit": sha, "dirty": True}
+  assert run_files.code_version(str(tmp_path / "not_a_repo")) == {}
+
+
+def test_run_json_records_the_code_and_a_resume_on_other_code(tmp_path):
+  (spec,) = grid.main_grid(["toy"], ["grpo"], [0], ["rspo"])
+  code = run_files.code_version(runner.ROOT)
+  if not code:
+    pytest.skip("the checkout is not a git repository")
+  run = lambda: runner.run_grid(  # noqa: E731
+      [spec], str(tmp_path), python="/nonexistent/python", echo=False
+  )
+  run()  # cannot start, but its run.json is written first
+  meta_path = tmp_path / spec.name / "run.json"
+  meta = json.loads(meta_path.read_text())
+  assert {k: meta[k] for k in ("commit", "dirty")} == code
+  run()  # resumed on the same code: nothing added
+  assert "resumed_with" not in json.loads(meta_path.read_text())
+  meta["commit"] = "0" * 40
+  meta_path.write_text(json.dumps(meta))
+  run()  # resumed on other code: recorded
+  assert json.loads(meta_path.read_text())["resumed_with"] == [code]
 
 
 def test_failed_run_is_reported_and_the_report_still_written(tmp_path, capsys):
