@@ -246,7 +246,7 @@ def test_prefix_sharing_equals_no_sharing(model, prompts, gathered):
   ).generate(prompts, params)
   for a, b in zip(shared, plain):
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
-    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
   # Members of a group draw different samples (row-indexed keys).
   assert shared[0].token_ids.tolist() != shared[2].token_ids.tolist()
 
@@ -280,7 +280,7 @@ def test_row_cap_gives_the_same_tokens_and_logprobs(model, temperature):
     want, got = whole.generate(batch, params), capped.generate(batch, params)
     for a, b in zip(want, got):
       np.testing.assert_array_equal(a.token_ids, b.token_ids)
-      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+      np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
       assert a.finish_reason == b.finish_reason
   assert {k[2] for k in whole._shape_keys if k[0] == "prefill"} == {8}
   assert {k[2] for k in capped._shape_keys if k[0] == "prefill"} == {2}
@@ -648,7 +648,9 @@ def test_grouped_blocked_engine_equals_full_forward_sampling(
       assert int(want[0]) == int(t), (row, i)
     np.testing.assert_allclose(r.logprobs, lp[p:], atol=1e-4)
     np.testing.assert_array_equal(r.token_ids, ref[row].token_ids)
-    np.testing.assert_allclose(r.logprobs, ref[row].logprobs, atol=1e-5)
+    np.testing.assert_allclose(
+        r.logprobs, ref[row].logprobs, rtol=1e-5, atol=1e-5
+    )
   assert len({tuple(r.token_ids.tolist()) for r in got}) > 3
 
 
