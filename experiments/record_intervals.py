@@ -96,6 +96,24 @@ def _cell(study: str, env: str, algo: str, cell: str, seeds, decoding: str):
   )
 
 
+def seeds_run(study: str, env: str, algo: str, *cells, decoding="T=1"):
+  """The seeds of SEEDS5 at which every one of ``cells`` has a finished
+  run at ``decoding`` in the archive: a study that gains seeds is
+  recomputed over all of them."""
+  return tuple(
+      s
+      for s in SEEDS5
+      if all(
+          os.path.isfile(
+              os.path.join(
+                  ARCHIVE, study, f"{env}_{algo}_{c}_s{s}", FILES[decoding]
+              )
+          )
+          for c in cells
+      )
+  )
+
+
 def _start(study: str, env: str, decoding: str) -> np.ndarray:
   return _outcomes(
       os.path.join(ARCHIVE, study, f"warm_start_{env}", START_FILES[decoding])
@@ -639,23 +657,19 @@ def main() -> dict:
   # The partly misleading regime, L = 6, m = 2, no penalty: GiGPO at
   # equal A steps (1 seed), at RSPO's environment steps, dense alone.
   L6 = "study_spell_L6_D1"
-  for b, seeds_b, q in (
-      ("baseline_nopen", (0,), "+29.6 [+0.0, +88.0]"),
-      ("baseline_long_nopen", SEEDS3, "+29.6 [+0.0, +88.0]"),
-      ("dense_only_partial2_nopen", SEEDS3, "-45.9 [-77.9, +12.2]"),
+
+  def l6(*cells):
+    return seeds_run(L6, sp, "gigpo", *cells)
+
+  for b, q in (
+      ("baseline_nopen", "+29.6 [+0.0, +88.0] (3 vs 1)"),
+      ("baseline_long_nopen", "+29.6 [+0.0, +88.0] (3 vs 3)"),
+      ("dense_only_partial2_nopen", "-45.9 [-77.9, +12.2] (3 vs 3)"),
   ):
+    a = "rspo_partial2_nopen"
     c.append(
         contrast(
-            f"spell L6 rspo_partial2_nopen - {b}",
-            L6,
-            sp,
-            "gigpo",
-            "rspo_partial2_nopen",
-            b,
-            "T=1",
-            SEEDS3,
-            seeds_b,
-            q,
+            f"spell L6 {a} - {b}", L6, sp, "gigpo", a, b, "T=1", l6(a), l6(b), q
         )
     )
   # Adaptive B (issue 50 item 6) in the same regime: against GiGPO at its
@@ -667,15 +681,10 @@ def main() -> dict:
       "dense_only_x3_partial2_nopen",  # 90 A steps: equal environment steps
       "rspo_partial2_nopen",
   ):
+    a = "rspo_adaptive_partial2_nopen"
     c.append(
         contrast(
-            f"spell L6 rspo_adaptive_partial2_nopen - {b}",
-            L6,
-            sp,
-            "gigpo",
-            "rspo_adaptive_partial2_nopen",
-            b,
-            "T=1",
+            f"spell L6 {a} - {b}", L6, sp, "gigpo", a, b, "T=1", l6(a), l6(b)
         )
     )
   # L = 8: dense alone ran at seed 0 only.
@@ -1118,7 +1127,11 @@ def main() -> dict:
       _lift_summary(
           "B's lift, spell L=6 partial m=2 no penalty, over loops",
           run_lifts(
-              L6, [f"spell_gigpo_rspo_partial2_nopen_s{s}" for s in SEEDS3]
+              L6,
+              [
+                  f"spell_gigpo_rspo_partial2_nopen_s{s}"
+                  for s in seeds_run(L6, sp, "gigpo", "rspo_partial2_nopen")
+              ],
           ),
           "+5.9 [+0.0, +17.7]",
           L6,
@@ -1128,7 +1141,10 @@ def main() -> dict:
       task_lift(
           "B's lift, spell L=6 partial m=2 no penalty, over paired tasks",
           L6,
-          [f"spell_gigpo_rspo_partial2_nopen_s{s}" for s in SEEDS3],
+          [
+              f"spell_gigpo_rspo_partial2_nopen_s{s}"
+              for s in seeds_run(L6, sp, "gigpo", "rspo_partial2_nopen")
+          ],
       )
   )
   li.append(
@@ -1136,7 +1152,12 @@ def main() -> dict:
           "B's lift, spell L=6 partial m=2 no penalty, adaptive B, over"
           " paired tasks",
           L6,
-          [f"spell_gigpo_rspo_adaptive_partial2_nopen_s{s}" for s in SEEDS3],
+          [
+              f"spell_gigpo_rspo_adaptive_partial2_nopen_s{s}"
+              for s in seeds_run(
+                  L6, sp, "gigpo", "rspo_adaptive_partial2_nopen"
+              )
+          ],
       )
   )
   li.append(
@@ -1167,6 +1188,14 @@ def main() -> dict:
           "rspo_partial2_nopen",
           ("baseline_long_nopen", "dense_only_partial2_nopen"),
           "T=1",
+          seeds_run(
+              L6,
+              sp,
+              "gigpo",
+              "rspo_partial2_nopen",
+              "baseline_long_nopen",
+              "dense_only_partial2_nopen",
+          ),
       ),
       by_seed_max(
           "spell L6 rspo_adaptive_partial2_nopen - max(GiGPO at its largest"
@@ -1177,6 +1206,32 @@ def main() -> dict:
           "rspo_adaptive_partial2_nopen",
           ("baseline_x3_nopen", "dense_only_partial2_nopen"),
           "T=1",
+          seeds_run(
+              L6,
+              sp,
+              "gigpo",
+              "rspo_adaptive_partial2_nopen",
+              "baseline_x3_nopen",
+              "dense_only_partial2_nopen",
+          ),
+      ),
+      by_seed_max(
+          "spell L6 rspo_adaptive_partial2_nopen - max(GiGPO, dense alone),"
+          " both at 90 A steps (its largest env steps), by seed",
+          L6,
+          sp,
+          "gigpo",
+          "rspo_adaptive_partial2_nopen",
+          ("baseline_x3_nopen", "dense_only_x3_partial2_nopen"),
+          "T=1",
+          seeds_run(
+              L6,
+              sp,
+              "gigpo",
+              "rspo_adaptive_partial2_nopen",
+              "baseline_x3_nopen",
+              "dense_only_x3_partial2_nopen",
+          ),
       ),
   ]
   # D from fresh tasks - D from B's first batch's tasks: the same seeds,
