@@ -383,8 +383,58 @@ def gate(lift_prm: dict, lift_outcome: dict) -> dict:
   }
 
 
+def figure3(result: dict, out_png: str) -> None:
+  """Figure 3's plot from the sparse start: the PRM-alone run's PRM
+  reward a step row (solid) and rollout success (dashed) by A step, and
+  GiGPO's success on the same tasks (the gate's archived seed 0)."""
+  import matplotlib  # noqa: PLC0415 -- only the plotting path needs it
+
+  matplotlib.use("Agg", force=True)
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  from report.common import save_figure  # noqa: PLC0415
+
+  prm = result["sparse"]["dense_only"]["steps"]
+  gigpo = [
+      r
+      for r in result["sparse"]["archived_seed0"]["baseline"]
+      if r["step"] <= prm[-1]["step"]
+  ]
+  fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+  x = [r["step"] for r in prm]
+  ax.plot(x, [r["dense_reward_mean"] for r in prm], "-", color="C3", lw=1.6)
+  ax.plot(x, [r["success"] for r in prm], "--", color="C3", lw=1.6)
+  ax.plot(
+      [r["step"] for r in gigpo],
+      [r["success"] for r in gigpo],
+      "--",
+      color="C0",
+      lw=1.6,
+  )
+  ax.legend(
+      [
+          "PRM alone: PRM reward a step row",
+          "PRM alone: rollout success",
+          "GiGPO on the outcome: rollout success",
+      ],
+      fontsize="x-small",
+      loc="upper left",
+  )
+  ax.set_xlabel("A step (same tasks in both runs)")
+  ax.set_ylabel("PRM reward / success")
+  ax.set_title(
+      "WebShop, the learned PRM as A's only reward (sparse start, seed 0)",
+      fontsize="medium",
+  )
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  save_figure(fig, out_png)
+
+
 def report(base: str, out: str) -> None:
-  result = {}
+  """Gathers the pieces under ``base`` into ``out``. A start with no
+  pieces under ``base`` keeps its entry from ``out``: runs/ is not
+  committed, so a later session's report keeps an earlier one's start."""
+  result = _read(out) or {}
   for start in STARTS:
     root = os.path.join(base, start)
     r = {
@@ -402,12 +452,14 @@ def report(base: str, out: str) -> None:
       r["gate"] = gate(r["loop_prm"], r["loop_outcome"])
     if r:
       result[start] = r
-  if "sparse" in result:
+  if "sparse" in result and os.path.isdir(GATE):
     result["sparse"]["archived_seed0"] = {
         cell: _archived_curve(f"webshop_gigpo_{cell}_s0")
         for cell in ("baseline", "dense_only", "grpo")
     }
   _write(out, result)
+  if "dense_only" in result.get("sparse", {}):
+    figure3(result, os.path.splitext(out)[0] + "_figure3.png")
   print(json.dumps({s: r.get("gate") for s, r in result.items()}, indent=1))
 
 
