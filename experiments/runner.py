@@ -306,8 +306,9 @@ def _run_one(
               f" not {config!r}; use another --root"
           ),
       }
-    started_code = {k: meta[k] for k in ("commit", "dirty") if k in meta}
-    if code and code != started_code:  # resumed on other code: say so
+    last_code = (meta.get("resumed_with") or [meta])[-1]
+    last_code = {k: last_code[k] for k in ("commit", "dirty") if k in last_code}
+    if code and code != last_code:  # resumed on other code: say so
       meta.setdefault("resumed_with", []).append(code)
       write_json(meta_path, meta)
   else:

@@ -274,6 +274,8 @@ def test_run_json_records_the_code_and_a_resume_on_other_code(tmp_path):
   meta_path.write_text(json.dumps(meta))
   run()  # resumed on other code: recorded
   assert json.loads(meta_path.read_text())["resumed_with"] == [code]
+  run()  # and again on that code: recorded once
+  assert json.loads(meta_path.read_text())["resumed_with"] == [code]
 
 
 def test_failed_run_is_reported_and_the_report_still_written(tmp_path, capsys):
