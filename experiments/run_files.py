@@ -38,7 +38,8 @@ def run_config(workdir: str) -> Optional[str]:
 
 def code_version(repo: str) -> dict:
   """``{"commit": sha, "dirty": bool}`` of the git checkout at ``repo``
-  (dirty: tracked files changed since the commit), or ``{}`` outside one
+  (dirty: tracked files outside docs/ changed since the commit; a study
+  writes its reports and archive under docs/), or ``{}`` outside one
   (an installed wheel). Two runs of one config at one clean commit play
   the same rollouts; the commit says which code a number came from."""
 
@@ -53,7 +54,16 @@ def code_version(repo: str) -> dict:
 
   try:
     commit = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    dirty = bool(
+        git(
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":(exclude)docs",
+        )
+    )
   except (OSError, subprocess.SubprocessError):
     return {}
   return {"commit": commit, "dirty": dirty}

@@ -250,7 +250,13 @@ def test_code_version_names_the_commit_and_a_dirty_tree(tmp_path):
   sha = git("rev-parse", "HEAD")
   assert run_files.code_version(str(repo)) == {"commit": sha, "dirty": False}
   (repo / "new.txt").write_text("untracked files do not count\n")
-  assert run_files.code_version(str(repo))["dirty"] is False
+  (repo / "docs").mkdir()
+  (repo / "docs" / "report.md").write_text("a\n")
+  git("add", "docs")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "d")
+  sha = git("rev-parse", "HEAD")
+  (repo / "docs" / "report.md").write_text("a study's report changed\n")
+  assert run_files.code_version(str(repo)) == {"commit": sha, "dirty": False}
   (repo / "a.py").write_text("x = 2\n")
   assert run_files.code_version(str(repo)) == {"commit": sha, "dirty": True}
   assert run_files.code_version(str(tmp_path / "not_a_repo")) == {}
