@@ -384,48 +384,48 @@ def gate(lift_prm: dict, lift_outcome: dict) -> dict:
 
 
 def figure3(result: dict, out_png: str) -> None:
-  """Figure 3's plot from the sparse start: the PRM-alone run's PRM
+  """Figure 3's plot, one panel per start that ran the PRM alone: its PRM
   reward a step row (solid) and rollout success (dashed) by A step, and
-  GiGPO's success on the same tasks (the gate's archived seed 0)."""
+  from the sparse start GiGPO's success on the same tasks (the gate's
+  archived seed 0)."""
   import matplotlib  # noqa: PLC0415 -- only the plotting path needs it
 
   matplotlib.use("Agg", force=True)
   import matplotlib.pyplot as plt  # noqa: PLC0415
   from report.common import save_figure  # noqa: PLC0415
 
-  prm = result["sparse"]["dense_only"]["steps"]
-  gigpo = [
-      r
-      for r in result["sparse"]["archived_seed0"]["baseline"]
-      if r["step"] <= prm[-1]["step"]
-  ]
-  fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-  x = [r["step"] for r in prm]
-  ax.plot(x, [r["dense_reward_mean"] for r in prm], "-", color="C3", lw=1.6)
-  ax.plot(x, [r["success"] for r in prm], "--", color="C3", lw=1.6)
-  ax.plot(
-      [r["step"] for r in gigpo],
-      [r["success"] for r in gigpo],
-      "--",
-      color="C0",
-      lw=1.6,
+  starts = [s for s in STARTS if "dense_only" in result.get(s, {})]
+  fig, axes = plt.subplots(
+      1, len(starts), figsize=(6.4 * len(starts), 4.0), dpi=120, squeeze=False
   )
-  ax.legend(
-      [
-          "PRM alone: PRM reward a step row",
-          "PRM alone: rollout success",
-          "GiGPO on the outcome: rollout success",
-      ],
-      fontsize="x-small",
-      loc="upper left",
-  )
-  ax.set_xlabel("A step (same tasks in both runs)")
-  ax.set_ylabel("PRM reward / success")
-  ax.set_title(
-      "WebShop, the learned PRM as A's only reward (sparse start, seed 0)",
-      fontsize="medium",
-  )
-  ax.grid(alpha=0.3)
+  for ax, start in zip(axes[0], starts):
+    prm = result[start]["dense_only"]["steps"]
+    x = [r["step"] for r in prm]
+    ax.plot(x, [r["dense_reward_mean"] for r in prm], "-", color="C3", lw=1.6)
+    ax.plot(x, [r["success"] for r in prm], "--", color="C3", lw=1.6)
+    legend = ["PRM alone: PRM reward a step row", "PRM alone: rollout success"]
+    gigpo = [
+        r
+        for r in result[start].get("archived_seed0", {}).get("baseline", [])
+        if r["step"] <= prm[-1]["step"]
+    ]
+    if gigpo:
+      ax.plot(
+          [r["step"] for r in gigpo],
+          [r["success"] for r in gigpo],
+          "--",
+          color="C0",
+          lw=1.6,
+      )
+      legend.append("GiGPO on the outcome: rollout success")
+    ax.legend(legend, fontsize="x-small", loc="upper left")
+    ax.set_xlabel("A step" + (" (same tasks in both runs)" if gigpo else ""))
+    ax.set_ylabel("PRM reward / success")
+    ax.set_title(
+        f"WebShop, the learned PRM as A's only reward ({start} start, seed 0)",
+        fontsize="medium",
+    )
+    ax.grid(alpha=0.3)
   fig.tight_layout()
   save_figure(fig, out_png)
 
@@ -458,7 +458,7 @@ def report(base: str, out: str) -> None:
         for cell in ("baseline", "dense_only", "grpo")
     }
   _write(out, result)
-  if "dense_only" in result.get("sparse", {}):
+  if any("dense_only" in result.get(s, {}) for s in STARTS):
     figure3(result, os.path.splitext(out)[0] + "_figure3.png")
   print(json.dumps({s: r.get("gate") for s, r in result.items()}, indent=1))
 
