@@ -162,6 +162,7 @@ def warm_start(root: str) -> tuple:
 
 def run_cell(rank, lr, seed, args, checkpoint, direction, cache_dir) -> dict:
   from rspo_jax import build
+  from rspo_jax.metrics import metrics_path, read_metrics
   from rspo_jax.models import lora
 
   workdir = os.path.join(args.root, f"r{rank}_lr{lr:g}_s{seed}")
@@ -179,9 +180,7 @@ def run_cell(rank, lr, seed, args, checkpoint, direction, cache_dir) -> dict:
     final = greedy(run, args.steps)
   finally:
     run.close()
-  rows = [
-      json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
-  ]
+  rows = read_metrics(metrics_path(workdir))
   a_rows = [r for r in rows if r["phase"] == "A"]
   shutil.rmtree(workdir, ignore_errors=True)
   return {

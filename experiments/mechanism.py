@@ -15,7 +15,6 @@ Runs older than these metrics give None. numpy only.
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 import numpy as np
@@ -24,10 +23,11 @@ LIFT_KEYS = ("b_lift_success", "b_lift_dense_return")
 
 
 def _rows(workdir: str, phase: str) -> list[dict]:
-  from rspo_jax.metrics import read_metrics  # noqa: PLC0415 -- json only
+  from rspo_jax import metrics  # noqa: PLC0415 -- json only
 
-  path = os.path.join(workdir, "metrics.jsonl")
-  return read_metrics(path, phase) if os.path.isfile(path) else []
+  if not metrics.has_metrics(workdir):  # plain, or gzipped when archived
+    return []
+  return metrics.read_metrics(metrics.metrics_path(workdir), phase)
 
 
 def b_lift(workdirs: Sequence[str], seed: int = 0) -> Optional[dict]:

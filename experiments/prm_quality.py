@@ -270,9 +270,9 @@ def loop(root: str, start: str, b_reward: str) -> None:
 
 
 def loop_summary(workdir: str) -> dict:
-  from rspo_jax.metrics import read_metrics  # noqa: PLC0415
+  from rspo_jax.metrics import metrics_path, read_metrics  # noqa: PLC0415
 
-  path = os.path.join(workdir, "metrics.jsonl")
+  path = metrics_path(workdir)
   b = read_metrics(path, "B")
   (lift,) = read_metrics(path, "B_collect")
   a = read_metrics(path, "A")[0]
@@ -322,9 +322,9 @@ def dense_only(root: str, start: str, steps: int, evaluate: bool) -> None:
 def curve(workdir: str) -> dict:
   """Per A step: rollout success, dense reward per step row, outcome;
   the greedy evaluation when there is one."""
-  from rspo_jax.metrics import read_metrics  # noqa: PLC0415
+  from rspo_jax.metrics import metrics_path, read_metrics  # noqa: PLC0415
 
-  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"), "A")
+  rows = read_metrics(metrics_path(workdir), "A")
   out = {
       "steps": [
           {
@@ -348,8 +348,10 @@ def curve(workdir: str) -> dict:
 
 
 def _archived_curve(cell: str) -> list:
-  path = os.path.join(GATE, cell, "metrics.jsonl")
-  rows = [json.loads(line) for line in open(path) if line.strip()]
+  """A rows of the gate's archived ``cell`` (its metrics gzipped)."""
+  from rspo_jax.metrics import metrics_path, read_metrics  # noqa: PLC0415
+
+  rows = read_metrics(metrics_path(os.path.join(GATE, cell)))
   return [
       {
           "step": m["step"],

@@ -107,8 +107,9 @@ rename) into ``--out`` (default docs/results):
 Runs live under ``--root`` (runs/ is git-ignored: a fresh clone has none).
 ``--archive DIR`` (e.g. docs/results/archive/study_allrows, committed) keeps
 each finished run's small files there -- run.json, every eval*.json with
-its per_task, metrics.jsonl's A/B/eval rows, command.txt, and policy.json:
-its final policy A's sha256 per file and the command that regenerates it
+its per_task, metrics.jsonl's A/B/eval rows (gzipped: metrics.jsonl.gz),
+command.txt, and policy.json: its final policy A's sha256 per file and the
+command that regenerates it
 (the policy itself is exported by launch/export.py with --python into
 ``<root>/<name>/final_policy/``, the local copy); the warm start's
 done.json, evaluations and policy.json; never weights or checkpoints

@@ -6,12 +6,17 @@ read, kept across working sessions that each start from a fresh clone
   <archive>/<run name>/        a finished run (its eval_final.json exists):
       run.json                 the --config argument it was trained with
       eval*.json               every evaluation, per_task included
-      metrics.jsonl            its rows of phases A, B, B_collect and eval,
-                               verbatim (the curve plots,
-                               experiments/ablations.py and
-                               experiments/study_probes.py read the A rows);
-                               dropped: the 'time', 'B_time' and 'compile'
-                               rows (seconds per phase, compile counts)
+      metrics.jsonl.gz         its metrics.jsonl's rows of phases A, B,
+                               B_collect, B_stop and eval, verbatim, gzipped
+                               (``gzip_bytes``: the same rows, the same
+                               bytes; the archive stays small,
+                               tests/repo_size_test.py); readers take
+                               either form (rspo_jax/metrics.py
+                               ``metrics_path``, ``read_metrics``: the
+                               curve plots, the reports,
+                               experiments/study_probes.py); dropped: the
+                               'time', 'B_time' and 'compile' rows (seconds
+                               per phase, compile counts)
       command.txt              when present
       policy.json              its final policy A, described, not kept:
                                {policy: 'final_policy', sha256: {file:
@@ -44,7 +49,9 @@ only when its bytes change; eval_final.json last of all (a copy cut short
 is not a finished run). Files are added or replaced, never removed; except
 that a finished run whose archived copy is of another training (its
 eval_final.json differs) or was cut short (has none) first has that copy's
-files removed, eval_final.json first.
+files removed, eval_final.json first, and that an archived plain
+metrics.jsonl (the format before metrics.jsonl.gz) is replaced by its
+metrics.jsonl.gz (``gzip_plain_metrics``).
 
 Reading (``run_dir``): a run is ``<root>/<name>`` when finished there --
 root wins -- else ``<archive>/<name>`` when finished there; such a run
@@ -67,7 +74,9 @@ instead of computing them again.
 from __future__ import annotations
 
 import fnmatch
+import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -76,7 +85,8 @@ import sys
 from typing import Optional
 
 FINAL = "eval_final.json"  # a finished run's mark (experiments/run_files.py)
-METRICS = "metrics.jsonl"
+METRICS = "metrics.jsonl"  # a run's metrics (rspo_jax/metrics.py)
+METRICS_GZ = METRICS + ".gz"  # the archived copy's: gzip_bytes(kept rows)
 KEPT_FILES = ("run.json", "command.txt", "done.json")
 KEPT_PATTERN = "eval*.json"
 KEPT_PHASES = ("A", "B", "B_collect", "B_stop", "eval")
@@ -124,10 +134,10 @@ def kept_files(workdir: str) -> list[str]:
 
 
 def kept_metrics(path: str) -> bytes:
-  """The lines of a metrics.jsonl whose phase is in KEPT_PHASES, verbatim
-  (a torn last line is left out)."""
+  """The lines of a metrics.jsonl (or of a metrics.jsonl.gz) whose phase is
+  in KEPT_PHASES, verbatim (a torn last line is left out)."""
   kept = []
-  with open(path, "rb") as f:
+  with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
     for line in f:
       try:
         phase = json.loads(line).get("phase")
@@ -136,6 +146,43 @@ def kept_metrics(path: str) -> bytes:
       if phase in KEPT_PHASES:
         kept.append(line.rstrip(b"\n") + b"\n")
   return b"".join(kept)
+
+
+def gzip_bytes(data: bytes) -> bytes:
+  """``data`` gzipped deterministically (level 9, no file name, mtime 0):
+  the same rows give the same metrics.jsonl.gz, so that re-archiving an
+  unchanged run writes nothing (``_write_atomic``)."""
+  buf = io.BytesIO()
+  with gzip.GzipFile(
+      filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0
+  ) as f:
+    f.write(data)
+  return buf.getvalue()
+
+
+def metrics_source(workdir: str) -> Optional[str]:
+  """``<workdir>/metrics.jsonl``, else its metrics.jsonl.gz (a run copied
+  out of an archive), else None."""
+  for name in (METRICS, METRICS_GZ):
+    if os.path.isfile(os.path.join(workdir, name)):
+      return os.path.join(workdir, name)
+  return None
+
+
+def gzip_plain_metrics(dst: str) -> list[str]:
+  """An archived copy's plain metrics.jsonl (the archive's format before
+  metrics.jsonl.gz) replaced: gzipped (``gzip_bytes``, its bytes as they
+  are) into metrics.jsonl.gz unless that exists, then removed; the names
+  written or removed."""
+  plain, gz = os.path.join(dst, METRICS), os.path.join(dst, METRICS_GZ)
+  if not os.path.isfile(plain):
+    return []
+  written = []
+  if not os.path.isfile(gz):
+    _write_atomic(gz, gzip_bytes(_read(plain)))
+    written.append(METRICS_GZ)
+  os.remove(plain)
+  return written + [METRICS]
 
 
 def archived_dir(workdir: str, archive: str) -> str:
@@ -161,7 +208,7 @@ def archive_run(
   """Copies a run's (or warm start's) small files into ``<archive>/<its
   name>``, with its policy's policy.json (``archive_final_policy``,
   exported with ``python``; ``record_warm_start``); returns the names
-  written (none when all were up to date)."""
+  written or removed (none when all were up to date)."""
   dst = archived_dir(workdir, archive)
   if (
       is_finished(workdir)
@@ -176,20 +223,21 @@ def archive_run(
       if os.path.isfile(os.path.join(dst, n)):
         os.remove(os.path.join(dst, n))
   files = {n: _read(os.path.join(workdir, n)) for n in kept_files(workdir)}
-  metrics = os.path.join(workdir, METRICS)
-  if os.path.isfile(metrics) and (rows := kept_metrics(metrics)):
-    files[METRICS] = rows
+  metrics = metrics_source(workdir)
+  if metrics and (rows := kept_metrics(metrics)):
+    files[METRICS_GZ] = gzip_bytes(rows)
   if files:
     os.makedirs(dst, exist_ok=True)
   written = record_warm_start(workdir, dst) + archive_final_policy(
       workdir, dst, python
   )
   # The finished mark last: a copy cut short is not taken as finished.
-  return written + [
+  written += [
       n
       for n in sorted(files, key=lambda n: n == FINAL)
       if _write_atomic(os.path.join(dst, n), files[n])
   ]
+  return written + gzip_plain_metrics(dst)
 
 
 def _policy_files(policy: str) -> list[str]:

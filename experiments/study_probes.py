@@ -54,7 +54,7 @@ import sys
 import numpy as np
 
 from rspo_jax import intervals
-from rspo_jax.metrics import read_metrics
+from rspo_jax.metrics import has_metrics, metrics_path, read_metrics
 
 
 def _eval(path: str):
@@ -66,7 +66,7 @@ def _eval(path: str):
 
 def summarize(workdir: str) -> dict:
   """One row of the table (module docstring) for a run's workdir."""
-  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"), "A")
+  rows = read_metrics(metrics_path(workdir), "A")
   by_step = {r["step"]: r for r in rows}  # a redone step: its last row
   a = [by_step[s] for s in sorted(by_step)]
   get = lambda key: np.array([r.get(key, np.nan) for r in a], float)
@@ -243,7 +243,7 @@ def pooled_markdown(rows: list[dict]) -> str:
 
 def rspo_summary(workdir: str) -> dict | None:
   """One row of the RSPO table (module docstring); None for a baseline."""
-  path = os.path.join(workdir, "metrics.jsonl")
+  path = metrics_path(workdir)  # gzipped in the archive
   collect = read_metrics(path, "B_collect")
   if not collect:
     return None
@@ -289,7 +289,7 @@ def main(argv: list[str]) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(__doc__)
     return 0 if argv else 2
-  dirs = [d for d in argv if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+  dirs = [d for d in argv if has_metrics(d)]
   print(markdown([summarize(d) for d in dirs]), end="")
   rows = pooled(dirs)
   if rows:

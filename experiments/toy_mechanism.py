@@ -140,6 +140,7 @@ def warm_start(root: str) -> str:
 def run_cell(arm: str, seed: int, args, checkpoint: str) -> dict:
   from rspo_jax import build
   from rspo_jax import evaluate as evaluate_lib
+  from rspo_jax.metrics import metrics_path, read_metrics
 
   workdir = os.path.join(args.root, f"{arm}_s{seed}")
   shutil.rmtree(workdir, ignore_errors=True)  # a cell restarts whole
@@ -185,9 +186,7 @@ def run_cell(arm: str, seed: int, args, checkpoint: str) -> dict:
       evaluate(run.trainer.a, args.steps)
   finally:
     run.close()
-  rows = [
-      json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
-  ]
+  rows = read_metrics(metrics_path(workdir))
   rollouts = [
       {
           "a_step": r["step"],

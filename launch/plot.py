@@ -39,11 +39,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rspo_jax.metrics import read_metrics
+from rspo_jax.metrics import metrics_path, read_metrics
 
 X_AXES = ("step", "env_steps")
 BANDS = ("minmax", "std", "none")
-METRICS_FILE = "metrics.jsonl"
 
 
 @dataclasses.dataclass
@@ -63,7 +62,10 @@ class Curve:
 
 
 def _metrics_path(run: str) -> str:
-  path = run if run.endswith(".jsonl") else os.path.join(run, METRICS_FILE)
+  """A run directory's metrics file (plain, or gzipped when archived:
+  rspo_jax/metrics.py ``metrics_path``), or ``run`` itself when it names
+  one."""
+  path = run if run.endswith((".jsonl", ".jsonl.gz")) else metrics_path(run)
   if not os.path.isfile(path):
     raise ValueError(f"run {run!r}: no metrics file at {path!r}")
   return path
@@ -358,7 +360,7 @@ def b_lift_points(run: str):
   batch's tasks and seeds (``rspo.b_lift_tasks=first``), at its last; None
   without B_collect rows that carry ``b_first_success``."""
   xs, ys, steps = [], [], []
-  for row in read_metrics(os.path.join(run, "metrics.jsonl")):
+  for row in read_metrics(metrics_path(run)):
     if row.get("phase") == "B" and "b_step" in row:
       steps.append(row["b_step"])
     elif (

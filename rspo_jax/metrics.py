@@ -17,6 +17,7 @@ works as usual (``wandb sync <workdir>/wandb/offline-run-*`` uploads later).
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import math
@@ -26,6 +27,8 @@ import uuid
 from typing import Any, Optional
 
 WANDB_FILE = "wandb.json"
+METRICS_FILE = "metrics.jsonl"
+GZ = ".gz"  # an archived run's metrics file: METRICS_FILE + GZ
 
 
 def _clean(v):
@@ -234,9 +237,44 @@ def _read_json(path: str) -> Optional[dict]:
     return None
 
 
+def metrics_path(workdir: str) -> str:
+  """``<workdir>/metrics.jsonl``; its gzipped form ``metrics.jsonl.gz``
+  when only that exists; the plain path when neither does.
+
+  A live run writes the plain file (``MetricsWriter``); an archived run
+  (experiments/run_archive.py) keeps its metrics gzipped, so that the
+  committed archive stays small (tests/repo_size_test.py). Readers of a
+  run's metrics take this path and ``read_metrics`` it.
+  """
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path) and os.path.exists(path + GZ):
+    return path + GZ
+  return path
+
+
+def has_metrics(workdir: str) -> bool:
+  """Whether ``workdir`` holds a metrics file, plain or gzipped."""
+  return os.path.isfile(metrics_path(workdir))
+
+
+def _open_text(path: str):
+  """``path`` opened for reading text: gunzipped when it ends in ``.gz``,
+  or when it does not exist and ``path + '.gz'`` does (an archived run's
+  metrics.jsonl: ``metrics_path``)."""
+  if not os.path.exists(path) and os.path.exists(path + GZ):
+    path += GZ
+  if path.endswith(GZ):
+    return gzip.open(path, "rt")
+  return open(path)
+
+
 def read_metrics(path: str, phase: Optional[str] = None) -> list[dict]:
+  """The rows of the metrics file ``path`` (of ``phase`` only, when given),
+  in order; blank lines skipped. ``path`` may be gzipped (``<name>.gz``),
+  and a missing ``path`` is read from ``path + '.gz'`` when that exists
+  (an archived run's metrics: ``metrics_path``)."""
   rows = []
-  with open(path) as f:
+  with _open_text(path) as f:
     for line in f:
       line = line.strip()
       if line:

@@ -279,3 +279,37 @@ def test_per_task_outcomes_stay_out_of_the_metrics_stream(tmp_path):
   (row,) = read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
   assert row["success_rate"] == 0.5 and row["seeds"] == [0]
   assert "per_task" not in row
+
+
+def test_gzipped_metrics_read_like_the_plain_file(tmp_path):
+  """An archived run keeps its metrics gzipped (experiments/run_archive.py):
+  read_metrics, metrics_path and the curves take either form, the plain
+  file winning where both exist."""
+  import gzip  # noqa: PLC0415
+
+  from rspo_jax.metrics import (  # noqa: PLC0415
+      has_metrics,
+      metrics_path,
+      read_metrics,
+  )
+
+  run = write_run(tmp_path / "r", [0.1, 0.2, 0.3])
+  plain = os.path.join(run, "metrics.jsonl")
+  rows = read_metrics(plain)
+  with open(plain, "rb") as f:
+    data = f.read()
+  os.remove(plain)
+  assert not has_metrics(run) and metrics_path(run) == plain
+  with open(plain + ".gz", "wb") as f:
+    f.write(gzip.compress(data, mtime=0))
+  assert has_metrics(run) and metrics_path(run) == plain + ".gz"
+  assert read_metrics(plain + ".gz") == rows
+  assert read_metrics(plain) == rows  # the missing plain: its .gz
+  assert read_metrics(plain, "A") == [r for r in rows if r["phase"] == "A"]
+  for source in (run, plain + ".gz"):
+    xs, ys = plot.load_series(source, "rollout_success_rate")
+    assert xs.tolist() == [1, 2, 3]
+    np.testing.assert_allclose(ys, [0.1, 0.2, 0.3])
+  with open(plain, "w") as f:  # a live run's file wins over the archive's
+    f.write(json.dumps({"phase": "A", "step": 1}) + "\n")
+  assert metrics_path(run) == plain and len(read_metrics(plain)) == 1

@@ -4,12 +4,14 @@ and resuming runs, and the reports (numbers worked out by hand from
 synthetic runs)."""
 
 import ast
+import gzip
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -984,13 +986,13 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
       "webshop_grpo_rspo_s0/eval_final.json",
       "webshop_grpo_rspo_s0/eval_final_t04.json",
       "webshop_grpo_rspo_s0/eval_start.json",
-      "webshop_grpo_rspo_s0/metrics.jsonl",
+      "webshop_grpo_rspo_s0/metrics.jsonl.gz",
       "webshop_grpo_rspo_s0/run.json",
   ]
   a = arch / "webshop_grpo_rspo_s0"
   for n in ("run.json", "eval_final.json", "eval_final_t04.json"):
     assert (a / n).read_bytes() == open(os.path.join(wd, n), "rb").read()
-  rows = read_metrics(str(a / "metrics.jsonl"))
+  rows = read_metrics(str(a / "metrics.jsonl.gz"))
   assert [r["phase"] for r in rows] == ["eval", "A", "A", "B"]
   assert rows == [
       r
@@ -1008,6 +1010,85 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
   ).read()
 
 
+def test_archived_metrics_gzip_is_deterministic(tmp_path, monkeypatch):
+  """The same rows give the same metrics.jsonl.gz bytes whenever and
+  wherever archived (mtime 0, no file name in the gzip header): an
+  unchanged run is not written again."""
+  wd = study_run(tmp_path / "runs", "webshop_grpo_rspo_s0", [1, 0])
+  ra.archive_run(wd, str(tmp_path / "a1"))
+  monkeypatch.setattr(time, "time", lambda: 2e9)  # another moment
+  ra.archive_run(wd, str(tmp_path / "a2"))
+  first, second = (
+      (tmp_path / a / "webshop_grpo_rspo_s0" / "metrics.jsonl.gz").read_bytes()
+      for a in ("a1", "a2")
+  )
+  assert first == second
+  assert first[3] == 0 and first[4:8] == bytes(4)  # no FNAME, mtime 0
+  plain = os.path.join(wd, "metrics.jsonl")
+  assert gzip.decompress(first) == ra.kept_metrics(plain)
+  assert ra.archive_run(wd, str(tmp_path / "a2")) == []
+
+
+def test_archived_plain_metrics_become_the_gzip(tmp_path):
+  """An archived copy in the format before metrics.jsonl.gz (a plain
+  metrics.jsonl) is left with the gzip only: the run's, or its own rows
+  gzipped when there is no run to archive."""
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  wd = study_run(root, "webshop_grpo_rspo_s0", [1, 0])
+  ra.archive_run(wd, str(arch))
+  dst = arch / "webshop_grpo_rspo_s0"
+  gz = (dst / "metrics.jsonl.gz").read_bytes()
+
+  def old_format():
+    (dst / "metrics.jsonl").write_bytes(gzip.decompress(gz))
+    os.remove(dst / "metrics.jsonl.gz")
+
+  old_format()
+  assert ra.archive_run(wd, str(arch)) == ["metrics.jsonl.gz", "metrics.jsonl"]
+  assert (dst / "metrics.jsonl.gz").read_bytes() == gz
+  assert not (dst / "metrics.jsonl").exists()
+  old_format()
+  assert ra.gzip_plain_metrics(str(dst)) == [
+      "metrics.jsonl.gz",
+      "metrics.jsonl",
+  ]
+  assert (dst / "metrics.jsonl.gz").read_bytes() == gz
+  assert not (dst / "metrics.jsonl").exists()
+  assert ra.gzip_plain_metrics(str(dst)) == []
+
+
+@pytest.mark.filterwarnings("ignore:Mean of empty slice")
+def test_archived_gzipped_metrics_feed_the_readers(tmp_path):
+  """An archived run holds metrics.jsonl.gz only, and the readers of a
+  run's metrics read it: study_probes, mechanism, the spell report's B
+  lift and experiments/intervals_record."""
+  import mechanism  # noqa: PLC0415
+  import study_probes  # noqa: PLC0415
+  from intervals_record import common  # noqa: PLC0415
+  from report import spell  # noqa: PLC0415
+
+  root, arch = tmp_path / "runs", tmp_path / "archive"
+  wd = study_run(root, "webshop_grpo_rspo_s0", [1, 0])
+  w = MetricsWriter(wd, tensorboard=False)
+  lift = {"b_lift_success": 0.25, "b_lift_dense_return": 0.5, "loop": 0}
+  w.write(2, "B_collect", lift)
+  w.close()
+  ra.archive_run(wd, str(arch))
+  dst = str(arch / "webshop_grpo_rspo_s0")
+  assert not os.path.exists(os.path.join(dst, "metrics.jsonl"))
+  assert os.path.isfile(os.path.join(dst, "metrics.jsonl.gz"))
+  s = study_probes.summarize(dst)
+  assert s["steps"] == 2 and s["rollouts"] == pytest.approx((0.15, 0.15))
+  assert study_probes.rspo_summary(dst)["a_own"] == pytest.approx(0.15)
+  assert mechanism.b_lift([dst])["samples"] == 1
+  assert spell.lift_values(dst) == {
+      "b_lift_success": [0.25],
+      "b_lift_dense_return": [0.5],
+  }
+  (row,) = common.phase_rows(dst, "B_collect")
+  assert row["b_lift_success"] == 0.25
+
+
 def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
   root, arch = tmp_path / "runs", tmp_path / "archive"
   specs = grid.main_grid(["toy"], ["grpo"], [0], ["baseline"])
@@ -1021,6 +1102,11 @@ def test_archived_run_counts_as_finished_and_is_not_rerun(tmp_path, capsys):
       .replace(grid.ROOT, "/old/clone")
   )
   fake_run(arch, specs[0].name, success=0.5, config=cfg_a)
+  # Archived metrics are gzipped (the curve below reads them).
+  assert ra.gzip_plain_metrics(str(arch / specs[0].name)) == [
+      "metrics.jsonl.gz",
+      "metrics.jsonl",
+  ]
   fake_run(root, specs[0].name)  # started here, unfinished: the archive's
   (res,) = runner.run_grid(
       specs,
@@ -1388,14 +1474,14 @@ def test_archive_copy_cut_short_is_not_a_finished_run(tmp_path, monkeypatch):
   assert set(files_under(dst)) >= {
       "eval_final.json",
       "run.json",
-      "metrics.jsonl",
+      "metrics.jsonl.gz",
       "eval_final_t04.json",
   }
   # Another training, cut short while replacing: not finished either, and
   # the next copy leaves none of the old training's files.
   os.remove(os.path.join(wd, "eval_final_t04.json"))
   write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
-  cut_at("metrics.jsonl")
+  cut_at("metrics.jsonl.gz")
   with pytest.raises(KeyboardInterrupt):
     ra.archive_run(wd, str(arch))
   assert not ra.is_finished(str(dst))

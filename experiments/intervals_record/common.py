@@ -22,6 +22,7 @@ import re
 import numpy as np
 
 from rspo_jax import intervals
+from rspo_jax.metrics import metrics_path, read_metrics
 
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -286,8 +287,9 @@ def by_seed_max(name, study, env, algo, a, others, decoding, seeds=SEEDS3):
 
 
 def phase_rows(run_dir: str, phase: str) -> list:
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    return [r for r in map(json.loads, f) if r.get("phase") == phase]
+  """The rows of ``phase`` of an archived run's metrics (gzipped:
+  rspo_jax/metrics.py ``metrics_path``)."""
+  return read_metrics(metrics_path(run_dir), phase)
 
 
 def run_lifts(study: str, runs, key: str = "b_lift_success") -> list:

@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from intervals_record.common import ARCHIVE, phase_rows, rounded
+from rspo_jax.metrics import has_metrics
 
 
 def _spread(values, steps) -> dict | None:
@@ -88,7 +89,7 @@ def replay_runs() -> list:
       if (
           "rspo" in run
           and "dense_only" not in run
-          and os.path.isfile(os.path.join(ARCHIVE, study, run, "metrics.jsonl"))
+          and has_metrics(os.path.join(ARCHIVE, study, run))
       ):
         out.append(replay_run(study, run))
   return out

@@ -335,16 +335,11 @@ EDGE_STEPS = 3  # the first / last A steps of the hacking table
 
 
 def _rows(workdir: str, phase: str) -> list[dict]:
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.isfile(path):
+  from rspo_jax import metrics  # noqa: PLC0415 -- json only
+
+  if not metrics.has_metrics(workdir):  # plain, or gzipped when archived
     return []
-  out = []
-  with open(path) as f:
-    for line in f:
-      if line.strip():
-        row = json.loads(line)
-        if row.get("phase") == phase:
-          out.append(row)
+  out = metrics.read_metrics(metrics.metrics_path(workdir), phase)
   # A resumed run may write a step twice: the last row of a step wins.
   by_step = {}
   for row in out:
