@@ -261,8 +261,8 @@ def plot_curves(
   """Draws one mean line (+ band) per group into a PNG at ``out_path``.
 
   Args:
-    groups: label -> run directories (or metrics.jsonl paths); the runs of a
-      label are seeds of one configuration.
+    groups: label -> run directories (or metrics.jsonl[.gz] paths); the
+      runs of a label are seeds of one configuration.
     metric: key of the rows to plot (dots index nested dicts).
     x: 'step' or 'env_steps'.
     out_path: PNG to write (parent directories are created).
