@@ -179,6 +179,7 @@ def contrasts() -> list:
   # largest environment steps (90 A steps), dense alone at 30 and 90 A
   # steps, and fixed k.
   for b in (
+      "baseline_nopen",  # 30 A steps: equal A steps (3 seeds)
       "baseline_x3_nopen",
       "dense_only_partial2_nopen",
       "dense_only_x3_partial2_nopen",  # 90 A steps: equal environment steps
@@ -196,6 +197,28 @@ def contrasts() -> list:
             "T=1",
             _l6_seeds(a),
             _l6_seeds(b),
+        )
+    )
+  # The partly misleading regime at L = 4, m = 2, no penalty (session 8;
+  # its own regenerated warm start, the GiGPO cells archived earlier).
+  for a, b in (
+      ("rspo_partial2_nopen", "baseline_nopen"),
+      ("rspo_partial2_nopen", "baseline_long_nopen"),
+      ("rspo_partial2_nopen", "dense_only_partial2_nopen"),
+      ("rspo_partial2_nopen", "rspo_o_nopen"),
+      ("rspo_o_nopen", "baseline_nopen"),
+  ):
+    c.append(
+        contrast(
+            f"spell L=4 {a} - {b}",
+            L4,
+            SPELL,
+            "gigpo",
+            a,
+            b,
+            "T=1",
+            SEEDS5,
+            SEEDS5,
         )
     )
   # L = 8: dense alone ran at seed 0 only.
@@ -228,9 +251,36 @@ def levels() -> list:
       ("rspo_nopen", "87.0 [80.8, 92.5]"),
       ("rspo_decoy", "6.5 [0.2, 18.1]"),
       ("rspo_decoy_nopen", "39.9 [8.7, 70.9]"),
+      ("baseline_long_nopen", None),
+      ("dense_only_partial2_nopen", None),
+      ("rspo_partial2_nopen", None),
+      ("rspo_o_nopen", None),
   ):
     lv.append(
         level(f"spell L=4 {cell}", L4, SPELL, "gigpo", cell, "T=1", SEEDS5, q)
+    )
+  # The partly misleading regime at L = 6, every cell over its seeds.
+  for cell in (
+      "baseline_nopen",
+      "baseline_long_nopen",
+      "baseline_x3_nopen",
+      "dense_only_partial2_nopen",
+      "dense_only_x3_partial2_nopen",
+      "rspo_partial2_nopen",
+      "rspo_adaptive_partial2_nopen",
+      "rspo_o_nopen",
+  ):
+    lv.append(
+        level(
+            f"spell L=6 {cell}",
+            L6,
+            SPELL,
+            "gigpo",
+            cell,
+            "T=1",
+            _l6_seeds(cell),
+            None,
+        )
     )
   lv.append(
       level(
@@ -376,8 +426,9 @@ def lifts() -> list:
 
 
 def by_seed() -> list:
-  """RSPO - the stronger of GiGPO and dense alone, seed by seed, at L = 6;
-  D from fresh tasks - D from B's first batch at L = 4, paired by seed."""
+  """RSPO - the stronger of GiGPO and dense alone, seed by seed, at L = 6
+  and 4 (m = 2); D from fresh tasks - D from B's first batch at L = 4,
+  paired by seed."""
   out = [
       by_seed_max(
           "spell L6 rspo_partial2_nopen - max(GiGPO at RSPO's env steps,"
@@ -423,6 +474,17 @@ def by_seed() -> list:
               "baseline_x3_nopen",
               "dense_only_x3_partial2_nopen",
           ),
+      ),
+      by_seed_max(
+          "spell L=4 rspo_partial2_nopen - max(GiGPO at RSPO's env steps,"
+          " dense alone), by seed",
+          L4,
+          SPELL,
+          "gigpo",
+          "rspo_partial2_nopen",
+          ("baseline_long_nopen", "dense_only_partial2_nopen"),
+          "T=1",
+          SEEDS5,
       ),
   ]
   # D from fresh tasks - D from B's first batch's tasks: the same seeds,
