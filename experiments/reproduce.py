@@ -172,6 +172,7 @@ from runner import (
     sft_command,
     shared_start_eval,
     shared_warm_start,
+    use_this_checkout,
 )
 from sampled_eval import sampled_final_eval
 
@@ -357,6 +358,7 @@ def _start_from_shared_warm_starts(specs, args):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
+  use_this_checkout()  # a pinned worktree's reports plot with its launch/
   if args.grid == "study" and _csv(args.envs) == [SPELL_ENV]:
     args.grid = "spell"  # the spell task's study is its own grid
   try:

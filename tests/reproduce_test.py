@@ -1752,21 +1752,31 @@ def test_with_policy_points_the_trained_config_at_the_archived_policy():
 
 
 def test_runs_import_this_checkouts_code_first(tmp_path, monkeypatch):
-  """A study run from a pinned worktree runs that worktree's rspo_jax,
-  not an editable install's: run_logged puts the repo root first on
-  PYTHONPATH (python launch/train.py adds only launch/ to sys.path)."""
-  monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  """A study run from a pinned worktree runs that worktree's rspo_jax and
+  launch/ (installed as rspo_launch), not an editable install's:
+  run_logged puts checkout_paths() first on PYTHONPATH (python
+  launch/train.py adds only launch/ to sys.path). Session 8's pinned
+  runs crashed importing the other checkout's launch/plot.py."""
+  # Another checkout's launch/, found before the editable install's as
+  # PYTHONPATH is: without the link to this one's, it would be imported.
+  other = tmp_path / "other" / "rspo_launch"
+  other.mkdir(parents=True)
+  (other / "__init__.py").write_text("")
+  (other / "plot.py").write_text("")
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path / "other"))
   rc, _ = runner.run_logged(
       [
           sys.executable,
           "-c",
-          "import sys, rspo_jax;"
-          " print(rspo_jax.__file__); print(sys.path[1])",
+          "import os, rspo_jax, rspo_launch.plot as p;"
+          " print(rspo_jax.__file__); print(os.path.realpath(p.__file__))",
       ],
       str(tmp_path),
       None,
   )
-  assert rc == 0
+  assert rc == 0, open(tmp_path / runner.LOG).read()
   lines = open(tmp_path / runner.LOG).read().splitlines()
   assert lines[1] == os.path.join(runner.ROOT, "rspo_jax", "__init__.py")
-  assert lines[2] == runner.ROOT
+  assert lines[2] == os.path.realpath(
+      os.path.join(runner.ROOT, "launch", "plot.py")
+  )
