@@ -165,6 +165,7 @@ from grid import (
     with_rl_extra,
 )
 from report import (ablation_report, env_report, spell_report, study_report)
+from checkout import use_this_checkout
 from run_files import START, is_finished, warm_start_workdir
 from runner import (
     command,
@@ -172,7 +173,6 @@ from runner import (
     sft_command,
     shared_start_eval,
     shared_warm_start,
-    use_this_checkout,
 )
 from sampled_eval import sampled_final_eval
 

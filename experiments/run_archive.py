@@ -84,6 +84,8 @@ import subprocess
 import sys
 from typing import Optional
 
+from checkout import checkout_env
+
 FINAL = "eval_final.json"  # a finished run's mark (experiments/run_files.py)
 METRICS = "metrics.jsonl"  # a run's metrics (rspo_jax/metrics.py)
 METRICS_GZ = METRICS + ".gz"  # the archived copy's: gzip_bytes(kept rows)
@@ -407,6 +409,7 @@ def export_policy(
           f"--max_bytes={MAX_POLICY_BYTES}",
       ],
       cwd=ROOT,
+      env=checkout_env(),
       capture_output=True,
       text=True,
   )

@@ -27,6 +27,7 @@ import time
 from typing import Iterable, Optional, Sequence
 
 import run_archive as ra
+from checkout import checkout_env
 from grid import ROOT, RunSpec, config_key
 from run_files import (
     code_version,
@@ -44,51 +45,15 @@ SFT_PY = os.path.join(ROOT, "launch", "sft.py")
 EVAL_PY = os.path.join(ROOT, "launch", "eval.py")
 
 
-_LAUNCH_SHIM: list[str] = []
-
-
-def checkout_paths() -> list[str]:
-  """The sys.path entries that make this checkout's code the one imported:
-  a directory whose ``rspo_launch`` links to this checkout's launch/, then
-  the repo root (rspo_jax, configs, third_party_envs).
-
-  An editable install maps the package name ``rspo_launch`` to the launch/
-  of the checkout it was installed from; the root on the path does not
-  override it, since the folder is named launch/. A study run from a
-  pinned worktree would otherwise import another checkout's launch/
-  modules (run_absl, plot, xla_flags). The link lives in a temporary
-  directory made once per process."""
-  if not _LAUNCH_SHIM:
-    import tempfile  # noqa: PLC0415
-
-    shim = tempfile.mkdtemp(prefix="rspo_checkout_")
-    os.symlink(os.path.join(ROOT, "launch"), os.path.join(shim, "rspo_launch"))
-    _LAUNCH_SHIM.append(shim)
-  return [_LAUNCH_SHIM[0], ROOT]
-
-
-def use_this_checkout() -> None:
-  """Puts ``checkout_paths()`` first on this process's sys.path (before
-  any rspo_launch import: the reports load launch/plot.py)."""
-  for p in reversed(checkout_paths()):
-    if p not in sys.path:
-      sys.path.insert(0, p)
-
-
 def run_logged(
     cmd: list[str], workdir: str, env: Optional[dict]
 ) -> tuple[int, float]:
   """Runs ``cmd`` from the repo root, appending its output to
   ``<workdir>/train.log`` after a timestamped command line; (rc, wall s).
 
-  ``checkout_paths()`` go first on PYTHONPATH: ``python launch/train.py``
-  puts only launch/ on sys.path, so without them an editable install of
-  another checkout would supply rspo_jax and rspo_launch, and a study run
-  from a pinned worktree would run that checkout's code."""
-  env = dict(os.environ if env is None else env)
-  env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (*checkout_paths(), env.get("PYTHONPATH", "")) if p
-  )
+  Its environment is ``checkout_env``'s (experiments/checkout.py): a study
+  run from a pinned worktree runs that worktree's rspo_jax and launch/."""
+  env = checkout_env(env)
   t0 = time.time()
   with open(os.path.join(workdir, LOG), "a") as log:
     log.write(f"# {datetime.datetime.now().isoformat()} {' '.join(cmd)}\n")

@@ -1754,7 +1754,7 @@ def test_with_policy_points_the_trained_config_at_the_archived_policy():
 def test_runs_import_this_checkouts_code_first(tmp_path, monkeypatch):
   """A study run from a pinned worktree runs that worktree's rspo_jax and
   launch/ (installed as rspo_launch), not an editable install's:
-  run_logged puts checkout_paths() first on PYTHONPATH (python
+  run_logged gives it experiments/checkout.py's PYTHONPATH (python
   launch/train.py adds only launch/ to sys.path). Session 8's pinned
   runs crashed importing the other checkout's launch/plot.py."""
   # Another checkout's launch/, found before the editable install's as
