@@ -221,6 +221,27 @@ def contrasts() -> list:
             SEEDS5,
         )
     )
+  # The same with the invalid-action penalty, the check: 3 seeds; GiGPO
+  # at 30 A steps and RSPO_O at their 5.
+  for b, seeds_b in (
+      ("baseline", SEEDS5),
+      ("baseline_long", SEEDS3),
+      ("dense_only_partial2", SEEDS3),
+      ("rspo_o", SEEDS5),
+  ):
+    c.append(
+        contrast(
+            f"spell L=4 rspo_partial2 - {b}",
+            L4,
+            SPELL,
+            "gigpo",
+            "rspo_partial2",
+            b,
+            "T=1",
+            SEEDS3,
+            seeds_b,
+        )
+    )
   # L = 8: dense alone ran at seed 0 only.
   c.append(
       contrast(
@@ -258,6 +279,10 @@ def levels() -> list:
   ):
     lv.append(
         level(f"spell L=4 {cell}", L4, SPELL, "gigpo", cell, "T=1", SEEDS5, q)
+    )
+  for cell in ("baseline_long", "dense_only_partial2", "rspo_partial2"):
+    lv.append(
+        level(f"spell L=4 {cell}", L4, SPELL, "gigpo", cell, "T=1", SEEDS3)
     )
   # The partly misleading regime at L = 6, every cell over its seeds.
   for cell in (
@@ -485,6 +510,17 @@ def by_seed() -> list:
           ("baseline_long_nopen", "dense_only_partial2_nopen"),
           "T=1",
           SEEDS5,
+      ),
+      by_seed_max(
+          "spell L=4 rspo_partial2 (penalty) - max(GiGPO at RSPO's env"
+          " steps, dense alone), by seed",
+          L4,
+          SPELL,
+          "gigpo",
+          "rspo_partial2",
+          ("baseline_long", "dense_only_partial2"),
+          "T=1",
+          SEEDS3,
       ),
   ]
   # D from fresh tasks - D from B's first batch's tasks: the same seeds,
