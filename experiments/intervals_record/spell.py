@@ -30,6 +30,22 @@ def _l6_seeds(*cells) -> tuple:
   return seeds_run(L6, SPELL, "gigpo", *cells)
 
 
+def _l4(a: str, b: str, quoted=None, seeds_a=SEEDS5, seeds_b=SEEDS5):
+  """Cell a - cell b at L = 4, T = 1."""
+  return contrast(
+      f"spell L=4 {a} - {b}",
+      L4,
+      SPELL,
+      "gigpo",
+      a,
+      b,
+      "T=1",
+      seeds_a,
+      seeds_b,
+      quoted,
+  )
+
+
 def contrasts() -> list:
   """cell a - cell b over independent seeds, T = 1 (L = 6 and 8 also
   greedy): L = 4 at 5 seeds, the decoy, L = 6's partly misleading regime
@@ -54,48 +70,18 @@ def contrasts() -> list:
       # Across settings: dense alone ran with the penalty only.
       ("rspo_nopen", "dense_only", "-2.6 [-7.7, +2.2]"),
   ):
-    c.append(
-        contrast(
-            f"spell L=4 {a} - {b}",
-            L4,
-            SPELL,
-            "gigpo",
-            a,
-            b,
-            "T=1",
-            SEEDS5,
-            SEEDS5,
-            q,
-        )
-    )
+    c.append(_l4(a, b, q))
   # The decoy at equal environment steps (GiGPO, 60 A steps, no
   # penalty) and against the decoy alone (3 seeds, with the penalty).
   c.append(
-      contrast(
-          "spell L=4 rspo_decoy_nopen - baseline_long_nopen",
-          L4,
-          SPELL,
-          "gigpo",
-          "rspo_decoy_nopen",
-          "baseline_long_nopen",
-          "T=1",
-          SEEDS5,
-          SEEDS5,
-          "-56.7 [-87.8, -26.0]",
-      )
+      _l4("rspo_decoy_nopen", "baseline_long_nopen", "-56.7 [-87.8, -26.0]")
   )
   c.append(
-      contrast(
-          "spell L=4 rspo_decoy - dense_only_decoy",
-          L4,
-          SPELL,
-          "gigpo",
+      _l4(
           "rspo_decoy",
           "dense_only_decoy",
-          "T=1",
-          SEEDS5,
-          SEEDS3,
           "+6.5 [+0.2, +18.1]",
+          seeds_b=SEEDS3,
       )
   )
   # As first reported: RSPO (decoy) at 3 seeds against GiGPO's 5; the
@@ -208,19 +194,7 @@ def contrasts() -> list:
       ("rspo_partial2_nopen", "rspo_o_nopen"),
       ("rspo_o_nopen", "baseline_nopen"),
   ):
-    c.append(
-        contrast(
-            f"spell L=4 {a} - {b}",
-            L4,
-            SPELL,
-            "gigpo",
-            a,
-            b,
-            "T=1",
-            SEEDS5,
-            SEEDS5,
-        )
-    )
+    c.append(_l4(a, b))
   # The same with the invalid-action penalty, the check: 3 seeds; GiGPO
   # at 30 A steps and RSPO_O at their 5.
   for b, seeds_b in (
@@ -229,19 +203,7 @@ def contrasts() -> list:
       ("dense_only_partial2", SEEDS3),
       ("rspo_o", SEEDS5),
   ):
-    c.append(
-        contrast(
-            f"spell L=4 rspo_partial2 - {b}",
-            L4,
-            SPELL,
-            "gigpo",
-            "rspo_partial2",
-            b,
-            "T=1",
-            SEEDS3,
-            seeds_b,
-        )
-    )
+    c.append(_l4("rspo_partial2", b, seeds_a=SEEDS3, seeds_b=seeds_b))
   # L = 8: dense alone ran at seed 0 only.
   c.append(
       contrast(
