@@ -85,10 +85,11 @@ import sys
 from typing import Optional
 
 from checkout import checkout_env
+from rspo_jax.metrics import GZ, METRICS_FILE, has_metrics, metrics_path
 
 FINAL = "eval_final.json"  # a finished run's mark (experiments/run_files.py)
-METRICS = "metrics.jsonl"  # a run's metrics (rspo_jax/metrics.py)
-METRICS_GZ = METRICS + ".gz"  # the archived copy's: gzip_bytes(kept rows)
+METRICS = METRICS_FILE  # a run's metrics (rspo_jax/metrics.py)
+METRICS_GZ = METRICS + GZ  # the archived copy's: gzip_bytes(kept rows)
 KEPT_FILES = ("run.json", "command.txt", "done.json")
 KEPT_PATTERN = "eval*.json"
 KEPT_PHASES = ("A", "B", "B_collect", "B_stop", "eval")
@@ -162,15 +163,6 @@ def gzip_bytes(data: bytes) -> bytes:
   return buf.getvalue()
 
 
-def metrics_source(workdir: str) -> Optional[str]:
-  """``<workdir>/metrics.jsonl``, else its metrics.jsonl.gz (a run copied
-  out of an archive), else None."""
-  for name in (METRICS, METRICS_GZ):
-    if os.path.isfile(os.path.join(workdir, name)):
-      return os.path.join(workdir, name)
-  return None
-
-
 def gzip_plain_metrics(dst: str) -> list[str]:
   """An archived copy's plain metrics.jsonl (the archive's format before
   metrics.jsonl.gz) replaced: gzipped (``gzip_bytes``, its bytes as they
@@ -225,8 +217,8 @@ def archive_run(
       if os.path.isfile(os.path.join(dst, n)):
         os.remove(os.path.join(dst, n))
   files = {n: _read(os.path.join(workdir, n)) for n in kept_files(workdir)}
-  metrics = metrics_source(workdir)
-  if metrics and (rows := kept_metrics(metrics)):
+  # Plain from a live run; gzipped from a run copied out of an archive.
+  if has_metrics(workdir) and (rows := kept_metrics(metrics_path(workdir))):
     files[METRICS_GZ] = gzip_bytes(rows)
   if files:
     os.makedirs(dst, exist_ok=True)
