@@ -394,6 +394,10 @@ SPELL_VARIANTS = {
     "rspo_decoy_nopen": f"{RSPO_K10},{DECOY},{NO_PENALTY}",
     "baseline_nopen": f"rspo=0,{DENSE},{NO_PENALTY}",
     "rspo_nopen": f"{RSPO_K10},{NO_PENALTY}",
+    # The dense reward alone without the penalty: the "− dense alone"
+    # contrasts of rspo_nopen and rspo_decoy_nopen.
+    "dense_only_nopen": f"{DENSE_ONLY},{NO_PENALTY}",
+    "dense_only_decoy_nopen": f"{DENSE_ONLY},{DECOY},{NO_PENALTY}",
 }
 
 

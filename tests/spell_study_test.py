@@ -34,6 +34,8 @@ VARIANTS = (
     "rspo_decoy_nopen",
     "baseline_nopen",
     "rspo_nopen",
+    "dense_only_nopen",
+    "dense_only_decoy_nopen",
 )
 PARTIAL = tuple(grid.partial_variants())  # issue 50 item 3, by name
 ADAPTIVE = (  # item 6
@@ -114,7 +116,13 @@ def test_every_cell_parses_to_its_recipe():
     assert by[v].rspo.sampling == "reward"
   assert by["rspo_o"].rspo.enabled
   assert by["rspo_o"].rspo.data_source == "outcome"
-  for v in ("dense_only", "dense_only_misaligned", "dense_only_decoy"):
+  for v in (
+      "dense_only",
+      "dense_only_misaligned",
+      "dense_only_decoy",
+      "dense_only_nopen",
+      "dense_only_decoy_nopen",
+  ):
     assert by[v].rspo.dense_only and not by[v].rspo.enabled
 
 
@@ -583,6 +591,8 @@ def test_report_numbers_by_hand(tmp_path, monkeypatch):
       1,
       0,
       1,
+      0,
+      0,
       0,
       0,
       0,

@@ -147,6 +147,8 @@ LABELS = {
     "rspo_decoy_nopen": "RSPO+GiGPO (decoy), no invalid-action penalty",
     "baseline_nopen": "GiGPO, no invalid-action penalty",
     "rspo_nopen": "RSPO+GiGPO (aligned), k = 10, no invalid-action penalty",
+    "dense_only_nopen": "Dense only (aligned), no invalid-action penalty",
+    "dense_only_decoy_nopen": "Dense only (decoy), no invalid-action penalty",
     "baseline_lora": "GiGPO, LoRA r = 16",
     "rspo_lora": "RSPO+GiGPO (aligned), k = 10, LoRA r = 16",
     "baseline_lora3e3": "GiGPO, LoRA r = 16, lr 3e-3",
@@ -219,6 +221,8 @@ BASES = {
             "rspo_adaptive_partial2_nopen",
             "baseline_x3_nopen",
             "dense_only_x3_partial2_nopen",
+            "dense_only_nopen",
+            "dense_only_decoy_nopen",
             *PARTIAL_RSPO,
             *PARTIAL_DENSE,
         )
@@ -229,6 +233,8 @@ DENSE_ONLY_CELLS = (
     "dense_only",
     "dense_only_misaligned",
     "dense_only_decoy",
+    "dense_only_nopen",
+    "dense_only_decoy_nopen",
     *PARTIAL_DENSE,
     "dense_only_x3_partial2_nopen",
 )
@@ -239,8 +245,8 @@ EQUAL_COST = {
     "rspo": ("baseline_long", "dense_only"),
     "rspo_decoy": ("baseline_long", "dense_only_decoy"),
     "rspo_o": ("baseline_long", None),
-    "rspo_nopen": ("baseline_long_nopen", None),
-    "rspo_decoy_nopen": ("baseline_long_nopen", None),
+    "rspo_nopen": ("baseline_long_nopen", "dense_only_nopen"),
+    "rspo_decoy_nopen": ("baseline_long_nopen", "dense_only_decoy_nopen"),
     "rspo_o_nopen": ("baseline_long_nopen", None),
     **{
         v: (
