@@ -731,3 +731,56 @@ def test_report_equal_cost_peak_and_figure3(tmp_path, monkeypatch):
   assert cols == [label.split(" ")[0], "+75.0", "+50.0", "+25.0", "+25.0"]
   assert row.endswith("(dense alone) |")
   assert "| 66.7 [66.7, 66.7] | 4 |" in md
+
+
+def test_divergence_on_replayed_tokens_by_hand(tmp_path):
+  """B - A on replayed tokens: the mean of the steps' means, the median
+  of their medians, the largest token, the mean k3; a step that did not
+  replay is skipped, a statistic no step logged is None."""
+  run = tmp_path / "run"
+  run.mkdir()
+  rows = [
+      {
+          "phase": "A",
+          "step": 1,
+          "replay_logp_b_minus_old": 0.1,
+          "replay_logp_b_minus_old_median": 0.0,
+          "replay_logp_b_minus_old_max": 0.5,
+          "replay_kl_b_old_k3": 0.02,
+      },
+      {"phase": "A", "step": 2},  # nothing replayed
+      {
+          "phase": "A",
+          "step": 3,
+          "replay_logp_b_minus_old": -0.3,
+          "replay_logp_b_minus_old_median": 0.2,
+          "replay_logp_b_minus_old_max": 2.0,
+          "replay_kl_b_old_k3": 0.06,
+      },
+      {
+          "phase": "A",
+          "step": 4,
+          "replay_logp_b_minus_old": 0.5,
+          "replay_logp_b_minus_old_median": 0.1,
+          "replay_logp_b_minus_old_max": 1.0,
+          "replay_kl_b_old_k3": 0.04,
+      },
+      {"phase": "B", "step": 1, "replay_logp_b_minus_old": 9.0},
+  ]
+  (run / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in rows)
+  )
+  d = spell_study.divergence([str(run)])
+  assert d["steps"] == 3
+  assert d["mean"] == pytest.approx(0.1)  # (0.1 - 0.3 + 0.5) / 3
+  assert d["median"] == pytest.approx(0.1)
+  assert d["max"] == 2.0 and d["k3"] == pytest.approx(0.04)
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "metrics.jsonl").write_text(
+      json.dumps({"phase": "A", "step": 1, "replay_logp_b_minus_old": 0.2})
+      + "\n"
+  )
+  d = spell_study.divergence([str(old)])
+  assert d == {"steps": 1, "mean": 0.2, "median": None, "max": None, "k3": None}
+  assert spell_study.divergence([str(tmp_path / "missing")]) is None

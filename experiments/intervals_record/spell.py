@@ -195,15 +195,23 @@ def contrasts() -> list:
       ("rspo_o_nopen", "baseline_nopen"),
   ):
     c.append(_l4(a, b))
-  # The same with the invalid-action penalty, the check: 3 seeds; GiGPO
-  # at 30 A steps and RSPO_O at their 5.
-  for b, seeds_b in (
-      ("baseline", SEEDS5),
-      ("baseline_long", SEEDS3),
-      ("dense_only_partial2", SEEDS3),
-      ("rspo_o", SEEDS5),
+  # The same with the invalid-action penalty, the check (5 seeds since
+  # session 9).
+  for b in ("baseline", "baseline_long", "dense_only_partial2", "rspo_o"):
+    c.append(_l4("rspo_partial2", b))
+  # The knob's second value, m = 3, no penalty (session 9; the same
+  # regenerated start as m = 2).
+  for b in (
+      "baseline_nopen",
+      "baseline_long_nopen",
+      "dense_only_partial3_nopen",
+      "rspo_o_nopen",
   ):
-    c.append(_l4("rspo_partial2", b, seeds_a=SEEDS3, seeds_b=seeds_b))
+    c.append(_l4("rspo_partial3_nopen", b))
+  # The dense reward alone without the penalty (session 9), aligned and
+  # decoy: the "− dense alone" contrasts of RSPO without the penalty.
+  c.append(_l4("rspo_nopen", "dense_only_nopen"))
+  c.append(_l4("rspo_decoy_nopen", "dense_only_decoy_nopen"))
   # L = 8: dense alone ran at seed 0 only.
   c.append(
       contrast(
@@ -242,9 +250,17 @@ def levels() -> list:
     lv.append(
         level(f"spell L=4 {cell}", L4, SPELL, "gigpo", cell, "T=1", SEEDS5, q)
     )
-  for cell in ("baseline_long", "dense_only_partial2", "rspo_partial2"):
+  for cell in (
+      "baseline_long",
+      "dense_only_partial2",
+      "rspo_partial2",
+      "dense_only_partial3_nopen",
+      "rspo_partial3_nopen",
+      "dense_only_nopen",
+      "dense_only_decoy_nopen",
+  ):
     lv.append(
-        level(f"spell L=4 {cell}", L4, SPELL, "gigpo", cell, "T=1", SEEDS3)
+        level(f"spell L=4 {cell}", L4, SPELL, "gigpo", cell, "T=1", SEEDS5)
     )
   # The partly misleading regime at L = 6, every cell over its seeds.
   for cell in (
@@ -482,7 +498,29 @@ def by_seed() -> list:
           "rspo_partial2",
           ("baseline_long", "dense_only_partial2"),
           "T=1",
-          SEEDS3,
+          SEEDS5,
+      ),
+      by_seed_max(
+          "spell L=4 rspo_partial3_nopen - max(GiGPO at RSPO's env steps,"
+          " dense alone), by seed",
+          L4,
+          SPELL,
+          "gigpo",
+          "rspo_partial3_nopen",
+          ("baseline_long_nopen", "dense_only_partial3_nopen"),
+          "T=1",
+          SEEDS5,
+      ),
+      by_seed_max(
+          "spell L=4 rspo_nopen - max(GiGPO at RSPO's env steps, dense"
+          " alone), by seed",
+          L4,
+          SPELL,
+          "gigpo",
+          "rspo_nopen",
+          ("baseline_long_nopen", "dense_only_nopen"),
+          "T=1",
+          SEEDS5,
       ),
   ]
   # D from fresh tasks - D from B's first batch's tasks: the same seeds,

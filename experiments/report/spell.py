@@ -361,6 +361,39 @@ def lift_values(workdir: str) -> dict[str, list[float]]:
   }
 
 
+# log pi_B - log pi_old on A's replayed response tokens, per A step: the
+# tokens' mean, median and largest value, and the k3 estimate of
+# KL(pi_B || pi_old) (runs before 2026-12-06 logged the mean only).
+DIVERGENCE_KEYS = {
+    "mean": "replay_logp_b_minus_old",
+    "median": "replay_logp_b_minus_old_median",
+    "max": "replay_logp_b_minus_old_max",
+    "k3": "replay_kl_b_old_k3",
+}
+
+
+def divergence(workdirs: Sequence[str]) -> Optional[dict]:
+  """B - A on replayed tokens over the A steps of ``workdirs`` that
+  replayed: {'steps': how many, 'mean': mean of the steps' token means,
+  'median': median of their token medians, 'max': the largest token
+  value, 'k3': mean of their k3}; a statistic no step logged is None;
+  None when no step replayed."""
+  rows = [
+      r
+      for w in workdirs
+      for r in _rows(w, "A")
+      if r.get(DIVERGENCE_KEYS["mean"]) is not None
+  ]
+  if not rows:
+    return None
+  how = {"mean": np.mean, "median": np.median, "max": np.max, "k3": np.mean}
+  out = {"steps": len(rows)}
+  for name, key in DIVERGENCE_KEYS.items():
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]
+    out[name] = float(how[name](vals)) if vals else None
+  return out
+
+
 def a_series(workdir: str, key: str, scale: float = 1.0) -> list[float]:
   """``key`` of a run's A rows in step order, times ``scale``."""
   rows = sorted(_rows(workdir, "A"), key=lambda r: r["step"])
@@ -482,6 +515,7 @@ def spell_report(
       cell["b_lift"]["b_lift_success"] = _ci_pct(
           cell["b_lift"]["b_lift_success"]
       )
+      cell["divergence"] = divergence(wds)
     if v in DENSE_ONLY_CELLS or v == "baseline":
       cell["hacking"] = _hacking(wds, length, seed)
     cells.append(cell)
@@ -911,6 +945,28 @@ def spell_markdown(report: dict) -> str:
           f"| {c['label']} | {n} | {fmt_ci(s, True)}"
           f" | {fmt_ci(dr, True, 2)} |"
       )
+    num = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+    div_rows = [
+        f"| {cells[v]['label']} | {dv['steps']} | {num(dv['mean'])}"
+        f" | {num(dv['median'])} | {num(dv['max'])} | {num(dv['k3'])} |"
+        for v in rspo_cells
+        if (dv := cells[v].get("divergence")) is not None
+    ]
+    if div_rows:
+      lines += [
+          "",
+          "## B − A on replayed tokens",
+          "",
+          "log pi_B − log pi_old on the response tokens of A's replayed"
+          " trajectories (nats), over every A step that replayed, all"
+          " seeds: the mean of the steps' token means, the median of their"
+          " token medians, the largest token, and the mean k3 estimate of"
+          " KL(pi_B || pi_old). '—': not logged by runs this old.",
+          "",
+          "| Method | A steps | mean | median | max | k3 |",
+          "|---|---:|---:|---:|---:|---:|",
+          *div_rows,
+      ]
   lines += [
       "",
       "## Reward hacking: dense return against success",
