@@ -217,6 +217,7 @@ def contrasts() -> list:
     c.append(_l4(a, "baseline_long"))
   c.append(_l4("rspo_nopen", "dense_only_nopen"))
   c.append(_l4("rspo_decoy_nopen", "dense_only_decoy_nopen"))
+  c.append(_l4("rspo_decoy_nopen", "rspo_o_nopen"))
   # L = 8: dense alone ran at seed 0 only.
   c.append(
       contrast(
