@@ -208,13 +208,13 @@ def contrasts() -> list:
       "rspo_o_nopen",
   ):
     c.append(_l4("rspo_partial3_nopen", b))
-  # The dense reward alone without the penalty (session 9), aligned and
-  # decoy: the "− dense alone" contrasts of RSPO without the penalty.
   # With the penalty at equal environment steps: GiGPO at 60 A steps ran
   # from the regenerated start (sessions 8-9), these cells from the
   # archived one.
   for a in ("rspo", "rspo_decoy", "rspo_o"):
     c.append(_l4(a, "baseline_long"))
+  # The dense reward alone without the penalty (session 9), aligned and
+  # decoy: the "− dense alone" contrasts of RSPO without the penalty.
   c.append(_l4("rspo_nopen", "dense_only_nopen"))
   c.append(_l4("rspo_decoy_nopen", "dense_only_decoy_nopen"))
   c.append(_l4("rspo_decoy_nopen", "rspo_o_nopen"))
