@@ -784,3 +784,14 @@ def test_divergence_on_replayed_tokens_by_hand(tmp_path):
   d = spell_study.divergence([str(old)])
   assert d == {"steps": 1, "mean": 0.2, "median": None, "max": None, "k3": None}
   assert spell_study.divergence([str(tmp_path / "missing")]) is None
+
+
+def test_b_by_loop_reads_the_archived_runs():
+  """The figure's numbers, read from an archived run: spell L = 4, m = 3,
+  seed 600, where B's success on its first batch fell from 48.4 to 0 %
+  in loop 3 (docs/results.md, "The knob at three values")."""
+  import figure_b_by_loop as fig  # noqa: PLC0415
+
+  run = os.path.join(fig.ARCHIVE, fig.RUN.format(m=3, seed=600))
+  got = [(loop, round(a, 1), round(b, 1)) for loop, a, b in fig.loops(run)]
+  assert got == [(1, 0.0, 0.0), (2, 1.6, 9.4), (3, 48.4, 0.0)]
