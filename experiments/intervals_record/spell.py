@@ -185,6 +185,28 @@ def contrasts() -> list:
             _l6_seeds(b),
         )
     )
+  # The knob at L = 6, m = 4 (session 9; the dense reward alone is hacked
+  # from the start): the same contrasts as m = 2's, and RSPO_O.
+  for b in (
+      "baseline_nopen",
+      "baseline_long_nopen",
+      "dense_only_partial4_nopen",
+      "rspo_o_nopen",
+  ):
+    a = "rspo_partial4_nopen"
+    c.append(
+        contrast(
+            f"spell L6 {a} - {b}",
+            L6,
+            SPELL,
+            "gigpo",
+            a,
+            b,
+            "T=1",
+            _l6_seeds(a),
+            _l6_seeds(b),
+        )
+    )
   # The partly misleading regime at L = 4, m = 2, no penalty (session 8;
   # its own regenerated warm start, the GiGPO cells archived earlier).
   for a, b in (
@@ -278,6 +300,8 @@ def levels() -> list:
       "rspo_partial2_nopen",
       "rspo_adaptive_partial2_nopen",
       "rspo_o_nopen",
+      "dense_only_partial4_nopen",
+      "rspo_partial4_nopen",
   ):
     lv.append(
         level(
@@ -482,6 +506,21 @@ def by_seed() -> list:
               "rspo_adaptive_partial2_nopen",
               "baseline_x3_nopen",
               "dense_only_x3_partial2_nopen",
+          ),
+      ),
+      by_seed_max(
+          "spell L6 rspo_partial4_nopen - max(GiGPO at RSPO's env steps,"
+          " dense alone), by seed",
+          L6,
+          SPELL,
+          "gigpo",
+          "rspo_partial4_nopen",
+          ("baseline_long_nopen", "dense_only_partial4_nopen"),
+          "T=1",
+          _l6_seeds(
+              "rspo_partial4_nopen",
+              "baseline_long_nopen",
+              "dense_only_partial4_nopen",
           ),
       ),
       by_seed_max(
