@@ -46,6 +46,37 @@ def _l4(a: str, b: str, quoted=None, seeds_a=SEEDS5, seeds_b=SEEDS5):
   )
 
 
+def _l6(a: str, b: str, quoted=None):
+  """Cell a - cell b at L = 6, T = 1, each over the seeds it finished."""
+  return contrast(
+      f"spell L6 {a} - {b}",
+      L6,
+      SPELL,
+      "gigpo",
+      a,
+      b,
+      "T=1",
+      _l6_seeds(a),
+      _l6_seeds(b),
+      quoted,
+  )
+
+
+def _by_seed(claim: str, study: str, a: str, others: tuple):
+  """Cell a - max(others) seed by seed, T = 1, over the seeds at which
+  all of them finished."""
+  return by_seed_max(
+      claim,
+      study,
+      SPELL,
+      "gigpo",
+      a,
+      others,
+      "T=1",
+      seeds_run(study, SPELL, "gigpo", a, *others),
+  )
+
+
 def contrasts() -> list:
   """cell a - cell b over independent seeds, T = 1 (L = 6 and 8 also
   greedy): L = 4 at 5 seeds, the decoy, L = 6's partly misleading regime
@@ -147,20 +178,7 @@ def contrasts() -> list:
       ("dense_only_partial2_nopen", "-45.9 [-77.9, +12.2] (3 vs 3)"),
   ):
     a = "rspo_partial2_nopen"
-    c.append(
-        contrast(
-            f"spell L6 {a} - {b}",
-            L6,
-            SPELL,
-            "gigpo",
-            a,
-            b,
-            "T=1",
-            _l6_seeds(a),
-            _l6_seeds(b),
-            q,
-        )
-    )
+    c.append(_l6(a, b, q))
   # Adaptive B (issue 50 item 6) in the same regime: against GiGPO at its
   # largest environment steps (90 A steps), dense alone at 30 and 90 A
   # steps, and fixed k.
@@ -172,19 +190,7 @@ def contrasts() -> list:
       "rspo_partial2_nopen",
   ):
     a = "rspo_adaptive_partial2_nopen"
-    c.append(
-        contrast(
-            f"spell L6 {a} - {b}",
-            L6,
-            SPELL,
-            "gigpo",
-            a,
-            b,
-            "T=1",
-            _l6_seeds(a),
-            _l6_seeds(b),
-        )
-    )
+    c.append(_l6(a, b))
   # The knob at L = 6, m = 4 (session 9; the dense reward alone is hacked
   # from the start): the same contrasts as m = 2's, and RSPO_O.
   for b in (
@@ -194,19 +200,7 @@ def contrasts() -> list:
       "rspo_o_nopen",
   ):
     a = "rspo_partial4_nopen"
-    c.append(
-        contrast(
-            f"spell L6 {a} - {b}",
-            L6,
-            SPELL,
-            "gigpo",
-            a,
-            b,
-            "T=1",
-            _l6_seeds(a),
-            _l6_seeds(b),
-        )
-    )
+    c.append(_l6(a, b))
   # The partly misleading regime at L = 4, m = 2, no penalty (session 8;
   # its own regenerated warm start, the GiGPO cells archived earlier).
   for a, b in (
@@ -462,110 +456,57 @@ def by_seed() -> list:
   """RSPO - the stronger of GiGPO and dense alone, seed by seed, at L = 6
   and 4 (m = 2); D from fresh tasks - D from B's first batch at L = 4,
   paired by seed."""
+  env = "GiGPO at RSPO's env steps, dense alone"
   out = [
-      by_seed_max(
-          "spell L6 rspo_partial2_nopen - max(GiGPO at RSPO's env steps,"
-          " dense alone), by seed",
+      _by_seed(
+          f"spell L6 rspo_partial2_nopen - max({env}), by seed",
           L6,
-          SPELL,
-          "gigpo",
           "rspo_partial2_nopen",
           ("baseline_long_nopen", "dense_only_partial2_nopen"),
-          "T=1",
-          _l6_seeds(
-              "rspo_partial2_nopen",
-              "baseline_long_nopen",
-              "dense_only_partial2_nopen",
-          ),
       ),
-      by_seed_max(
+      _by_seed(
           "spell L6 rspo_adaptive_partial2_nopen - max(GiGPO at its largest"
           " env steps, dense alone), by seed",
           L6,
-          SPELL,
-          "gigpo",
           "rspo_adaptive_partial2_nopen",
           ("baseline_x3_nopen", "dense_only_partial2_nopen"),
-          "T=1",
-          _l6_seeds(
-              "rspo_adaptive_partial2_nopen",
-              "baseline_x3_nopen",
-              "dense_only_partial2_nopen",
-          ),
       ),
-      by_seed_max(
+      _by_seed(
           "spell L6 rspo_adaptive_partial2_nopen - max(GiGPO, dense alone),"
           " both at 90 A steps (its largest env steps), by seed",
           L6,
-          SPELL,
-          "gigpo",
           "rspo_adaptive_partial2_nopen",
           ("baseline_x3_nopen", "dense_only_x3_partial2_nopen"),
-          "T=1",
-          _l6_seeds(
-              "rspo_adaptive_partial2_nopen",
-              "baseline_x3_nopen",
-              "dense_only_x3_partial2_nopen",
-          ),
       ),
-      by_seed_max(
-          "spell L6 rspo_partial4_nopen - max(GiGPO at RSPO's env steps,"
-          " dense alone), by seed",
+      _by_seed(
+          f"spell L6 rspo_partial4_nopen - max({env}), by seed",
           L6,
-          SPELL,
-          "gigpo",
           "rspo_partial4_nopen",
           ("baseline_long_nopen", "dense_only_partial4_nopen"),
-          "T=1",
-          _l6_seeds(
-              "rspo_partial4_nopen",
-              "baseline_long_nopen",
-              "dense_only_partial4_nopen",
-          ),
       ),
-      by_seed_max(
-          "spell L=4 rspo_partial2_nopen - max(GiGPO at RSPO's env steps,"
-          " dense alone), by seed",
+      _by_seed(
+          f"spell L=4 rspo_partial2_nopen - max({env}), by seed",
           L4,
-          SPELL,
-          "gigpo",
           "rspo_partial2_nopen",
           ("baseline_long_nopen", "dense_only_partial2_nopen"),
-          "T=1",
-          SEEDS5,
       ),
-      by_seed_max(
-          "spell L=4 rspo_partial2 (penalty) - max(GiGPO at RSPO's env"
-          " steps, dense alone), by seed",
+      _by_seed(
+          f"spell L=4 rspo_partial2 (penalty) - max({env}), by seed",
           L4,
-          SPELL,
-          "gigpo",
           "rspo_partial2",
           ("baseline_long", "dense_only_partial2"),
-          "T=1",
-          SEEDS5,
       ),
-      by_seed_max(
-          "spell L=4 rspo_partial3_nopen - max(GiGPO at RSPO's env steps,"
-          " dense alone), by seed",
+      _by_seed(
+          f"spell L=4 rspo_partial3_nopen - max({env}), by seed",
           L4,
-          SPELL,
-          "gigpo",
           "rspo_partial3_nopen",
           ("baseline_long_nopen", "dense_only_partial3_nopen"),
-          "T=1",
-          SEEDS5,
       ),
-      by_seed_max(
-          "spell L=4 rspo_nopen - max(GiGPO at RSPO's env steps, dense"
-          " alone), by seed",
+      _by_seed(
+          f"spell L=4 rspo_nopen - max({env}), by seed",
           L4,
-          SPELL,
-          "gigpo",
           "rspo_nopen",
           ("baseline_long_nopen", "dense_only_nopen"),
-          "T=1",
-          SEEDS5,
       ),
   ]
   # D from fresh tasks - D from B's first batch's tasks: the same seeds,
