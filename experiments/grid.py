@@ -73,6 +73,11 @@ class RunSpec:
   # and one cell must change: the spell study's GiGPO at RSPO's
   # environment steps (steps=60 after SPELL_OVERRIDES' steps=30).
   late_overrides: str = ""
+  # A variant of the same grid and seed whose final policy this run starts
+  # from (runner.py: <root>/<that run>/final_policy, after everything
+  # else, so it wins over the shared warm start): a reward switched in
+  # mid-training, as the spell study's ``from_gigpo_*`` cells.
+  start_from: str = ""
 
   @property
   def name(self) -> str:
@@ -154,6 +159,13 @@ def make_grid(
 def main_grid(envs=None, algos=None, seeds=None, variants=None):
   """The paper's main table: baseline and RSPO for every env x algo."""
   return make_grid(MAIN_VARIANTS, envs, algos, seeds, variants)
+
+
+def start_run(spec: RunSpec) -> Optional[str]:
+  """The name of the run ``spec`` starts from (``start_from``), or None."""
+  if not spec.start_from:
+    return None
+  return run_name(spec.env, spec.algo, spec.start_from, spec.seed)
 
 
 def from_warm_start(
@@ -464,6 +476,26 @@ SPELL_VARIANTS["baseline_x3_nopen"] = f"rspo=0,{DENSE},{NO_PENALTY}"
 SPELL_VARIANTS["dense_only_x3_partial2_nopen"] = (
     f"{DENSE_ONLY},{partial(2)},{NO_PENALTY}"
 )
+# Figure 3 on spell: the dense reward alone from a policy that already
+# wins. GiGPO trains 30 A steps from the warm start (``baseline_nopen``,
+# 55-70 % of rollouts won at 4 of 5 seeds at L = 4); these cells go on
+# 30 A steps from its final policy (fresh Adam moments), on the dense
+# reward alone with m = 2 or 3 decoy positions, or on the outcome
+# (``from_gigpo_baseline_nopen``, the control). The start is the
+# policy's, not the warm start's, so the dense reward can be seen
+# rising while success falls.
+START_FROM = {
+    "from_gigpo_baseline_nopen": "baseline_nopen",
+    **{
+        f"from_gigpo_dense_only_partial{m}_nopen": "baseline_nopen"
+        for m in (2, 3)
+    },
+}
+SPELL_VARIANTS["from_gigpo_baseline_nopen"] = SPELL_VARIANTS["baseline_nopen"]
+for _m in (2, 3):
+  SPELL_VARIANTS[f"from_gigpo_dense_only_partial{_m}_nopen"] = SPELL_VARIANTS[
+      f"dense_only_partial{_m}_nopen"
+  ]
 # Overrides after --extra (RunSpec.late_overrides), by variant.
 SPELL_LATE = {
     "baseline_long": LONG,
@@ -506,12 +538,14 @@ def _sparse_grid(
     variants,
     run_overrides: str = "",
     late: Optional[dict] = None,
+    starts: Optional[dict] = None,
 ) -> list[RunSpec]:
   """env x GiGPO x variants (default SPELL_DEFAULT_VARIANTS, any of
   ``table``'s; each run's overrides its variant's, then ``run_overrides``;
-  after --extra ``late``'s of its variant) x seeds, seed-major (a
-  cut-short pass leaves whole seeds of every cell); ValueError on another
-  env or algorithm."""
+  after --extra ``late``'s of its variant; starting from the final policy
+  of ``starts``' variant, if any) x seeds, seed-major (a cut-short pass
+  leaves whole seeds of every cell); ValueError on another env or
+  algorithm."""
   _pick("env", envs, (env,), (env,))
   _pick("algo", algos, (SPELL_ALGO,), (SPELL_ALGO,))
   names = _pick("variant", variants, tuple(table), SPELL_DEFAULT_VARIANTS)
@@ -529,6 +563,7 @@ def _sparse_grid(
           s,
           ",".join(p for p in (table[v], run_overrides) if p),
           late_overrides=late.get(v, ""),
+          start_from=(starts or {}).get(v, ""),
       )
       for s in seeds
       for v in names
@@ -547,6 +582,7 @@ def spell_grid(envs=None, algos=None, seeds=None, variants=None):
       seeds,
       variants,
       late=SPELL_LATE,
+      starts=START_FROM,
   )
 
 

@@ -169,6 +169,7 @@ from checkout import use_this_checkout
 from run_files import START, is_finished, warm_start_workdir
 from runner import (
     command,
+    from_start_run,
     run_grid,
     sft_command,
     shared_start_eval,
@@ -430,7 +431,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for s in specs:
       if not is_finished(ra.run_dir(args.root, args.archive, s.name)):
         print(
-            " ".join(command(s, args.root, args.extra, args.python, args.mesh))
+            " ".join(
+                command(
+                    from_start_run(s, args.root),
+                    args.root,
+                    args.extra,
+                    args.python,
+                    args.mesh,
+                )
+            )
         )
     return 0
   if not args.report_only:

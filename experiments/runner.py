@@ -17,6 +17,7 @@ Each returns a status dict (``run``, ``status``: skipped / done / failed,
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import datetime
 import json
 import os
@@ -28,7 +29,7 @@ from typing import Iterable, Optional, Sequence
 
 import run_archive as ra
 from checkout import checkout_env
-from grid import ROOT, RunSpec, config_key
+from grid import ROOT, RunSpec, config_key, start_run
 from run_files import (
     code_version,
     LOG,
@@ -261,6 +262,23 @@ def command(
   return cmd + ([f"--mesh={os.path.abspath(mesh)}"] if mesh else [])
 
 
+def from_start_run(spec: RunSpec, root: str) -> RunSpec:
+  """The run starting from the final policy of its ``start_from`` run,
+  ``<root>/<that run>/final_policy`` (the archiver's export), named after
+  every other override so that it wins over the shared warm start's, and
+  from that policy's held-out evaluation (its eval_final.json) as its
+  start-of-RL evaluation. A run without ``start_from`` is returned as is."""
+  dep = start_run(spec)
+  if dep is None:
+    return spec
+  policy = f"model.checkpoint_dir={os.path.join(root, dep, ra.FINAL_POLICY)}"
+  return dataclasses.replace(
+      spec,
+      late_overrides=",".join(p for p in (spec.late_overrides, policy) if p),
+      start_eval=os.path.join(root, dep, "eval_final.json"),
+  )
+
+
 def _run_one(
     spec: RunSpec,
     root: str,
@@ -270,6 +288,7 @@ def _run_one(
     env: dict,
     archive: str = "",
 ) -> dict:
+  spec = from_start_run(spec, root)
   workdir = os.path.join(root, spec.name)
   out = {"run": spec.name, "workdir": workdir}
   config = spec.config_arg(extra)
@@ -288,6 +307,19 @@ def _run_one(
           ),
       }
     return {**out, **where, "status": "skipped"}
+  dep = start_run(spec)
+  if dep is not None and ra.local_policy(root, dep) is None:
+    return {
+        **out,
+        "status": "failed",
+        "error": (
+            f"starts from {dep}'s final policy, which is not in"
+            f" {os.path.join(root, dep, ra.FINAL_POLICY)}: train --variants"
+            f" {spec.start_from} under this --root with --archive (the"
+            " archiver exports it), or regenerate it with the command in"
+            " its archived policy.json"
+        ),
+    }
   os.makedirs(workdir, exist_ok=True)
   meta_path = os.path.join(workdir, RUN_JSON)
   code = code_version(ROOT)
@@ -346,7 +378,8 @@ def run_grid(
 
   Status is 'skipped' (already finished, under root or in ``archive``),
   'done' (then archived) or 'failed' (with 'error'). A failed run does not
-  stop the others.
+  stop the others. The runs that start from another's final policy
+  (``start_from``) run after all the others.
   """
   if parallel < 1:
     raise ValueError(f"--parallel must be >= 1, got {parallel}")
@@ -354,6 +387,20 @@ def run_grid(
   env = dict(os.environ)
   if parallel > 1:  # several JAX processes share the accelerator
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  results = {}
+  waves = [[s for s in specs if not s.start_from]]
+  waves.append([s for s in specs if s.start_from])
+  for wave in waves:
+    results.update(
+        _run_wave(wave, root, extra, parallel, python, echo, mesh, env, archive)
+    )
+  return [results[s.name] for s in specs]
+
+
+def _run_wave(
+    specs, root, extra, parallel, python, echo, mesh, env, archive
+) -> dict[str, dict]:
+  """run_grid's runs of one wave, ``parallel`` at a time, by name."""
   results = {}
   with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
     futures = {
@@ -375,4 +422,4 @@ def run_grid(
       results[name] = r
       if echo:
         print(json.dumps(r), flush=True)
-  return [results[s.name] for s in specs]
+  return results

@@ -10,12 +10,14 @@ import sys
 import pytest
 
 from configs import spell_gigpo, spell_grpo
+from configs.base import last_override
 from rspo_jax.metrics import MetricsWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import grid  # noqa: E402
 import reproduce as rp  # noqa: E402
+import runner  # noqa: E402
 import report as reports  # noqa: E402
 from report import spell as spell_study  # noqa: E402
 from reproduce_test import write_eval  # noqa: E402
@@ -44,6 +46,12 @@ ADAPTIVE = (  # item 6
     "dense_only_x3_partial2_nopen",
 )
 
+SWITCH = (  # Figure 3 from a policy that wins
+    "from_gigpo_baseline_nopen",
+    "from_gigpo_dense_only_partial2_nopen",
+    "from_gigpo_dense_only_partial3_nopen",
+)
+
 
 def parse(spec, extra):
   path, arg = spec.config_arg(extra).split(":", 1)
@@ -55,7 +63,7 @@ def test_grid_cells_seeds_and_order():
   specs = grid.spell_grid()
   default = ("baseline", "rspo", "rspo_o", "dense_only", "rspo_k3")
   assert len(specs) == 5 * 5 and len({s.name for s in specs}) == 25
-  assert tuple(grid.SPELL_VARIANTS) == VARIANTS + PARTIAL + ADAPTIVE
+  assert tuple(grid.SPELL_VARIANTS) == VARIANTS + PARTIAL + ADAPTIVE + SWITCH
   assert grid.SPELL_DEFAULT_VARIANTS == default  # misaligned: by name
   assert {s.seed for s in specs} == {0, 200, 400, 600, 800}
   assert {(s.env, s.algo) for s in specs} == {("spell", "gigpo")}
@@ -205,6 +213,75 @@ def test_adaptive_b_cells_parse_to_their_recipe():
     assert c.env.kwargs.word_length == 6
   assert (30 * 7 * 8 + 3 * (grid.B_K_MAX + 1) * 64) / 64 == 89.25
   assert not set(ADAPTIVE) & set(grid.SPARSE_VARIANTS)
+
+
+def test_switch_cells_start_from_gigpos_final_policy(tmp_path):
+  """Figure 3 from a policy that wins: each cell is its base variant's
+  recipe, started from the same seed's baseline_nopen final policy, whose
+  held-out evaluation is its start; the policy's path comes last, so it
+  wins over the shared warm start's (which reproduce.py adds first)."""
+  extra = grid.spell_extra("")
+  specs = grid.spell_grid(seeds=[400], variants=("baseline_nopen",) + SWITCH)
+  dep, *switched = specs
+  assert dep.start_from == "" and grid.start_run(dep) is None
+  root = str(tmp_path)
+  policy = os.path.join(root, dep.name, "final_policy")
+  for s in switched:
+    base = s.variant.removeprefix("from_gigpo_")
+    assert s.overrides == grid.SPELL_VARIANTS[base]
+    assert s.start_from == "baseline_nopen"
+    assert grid.start_run(s) == "spell_gigpo_baseline_nopen_s400"
+    r = runner.from_start_run(grid.from_warm_start(s, "/ws/warm_start"), root)
+    arg = r.config_arg(extra)
+    assert arg.count("model.checkpoint_dir=") == 2
+    assert last_override(arg, "model.checkpoint_dir") == policy
+    assert r.start_eval == os.path.join(root, dep.name, "eval_final.json")
+    c = parse(r, extra)
+    assert c.model.checkpoint_dir == policy
+    assert c.train.total_steps == 30
+    assert c.algo.invalid_action_penalty == 0.0
+    m = next((m for m in (2, 3) if f"partial{m}" in base), 0)
+    assert c.rspo.dense_only == bool(m)
+    assert c.env.kwargs.decoy_positions == m
+  assert runner.from_start_run(dep, root) == dep
+
+
+def test_switch_cell_waits_for_its_start_and_says_what_is_missing(tmp_path):
+  """The runs that start from another's policy run after every other
+  run; without that policy, one clear error and nothing started. With it,
+  the run's command starts from it and its evaluation is the run's
+  start (a fake python that only records its arguments)."""
+  root = tmp_path / "runs"
+  dep, switched = grid.spell_grid(
+      seeds=[0],
+      variants=["from_gigpo_dense_only_partial3_nopen", "baseline_nopen"],
+  )[::-1]
+  fake = tmp_path / "python"
+  fake.write_text(
+      '#!/bin/sh\necho "$@" >> ' + str(tmp_path / "calls.txt") + "\n"
+  )
+  fake.chmod(0o755)
+  res = runner.run_grid(
+      [switched, dep], str(root), python=str(fake), echo=False
+  )
+  assert [r["run"] for r in res] == [switched.name, dep.name]
+  assert res[0]["status"] == "failed"
+  assert "spell_gigpo_baseline_nopen_s0's final policy" in res[0]["error"]
+  assert not (root / switched.name).exists()
+  # Only the start ran, and first.
+  (call,) = (tmp_path / "calls.txt").read_text().splitlines()
+  assert f"--workdir={root / dep.name}" in call
+  policy = root / dep.name / "final_policy"
+  policy.mkdir(parents=True)
+  (policy / "model.safetensors").write_bytes(b"weights")
+  write_eval(root / dep.name / "eval_final.json", [1, 0, 1])
+  (res,) = runner.run_grid([switched], str(root), python=str(fake), echo=False)
+  assert res["status"] == "failed" and "exit code 0" in res["error"]
+  last = (tmp_path / "calls.txt").read_text().splitlines()[-1]
+  assert f"model.checkpoint_dir={policy} " in last
+  assert json.loads((root / switched.name / "eval_start.json").read_text())[
+      "success_rate"
+  ] == pytest.approx(2 / 3)
 
 
 def test_word_length_comes_from_extra_and_picks_the_root():

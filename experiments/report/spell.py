@@ -181,6 +181,15 @@ LABELS.update(
     dense_only_x3_partial2_nopen="Dense only (partial, m = 2), 90 A steps"
     f"{NOPEN}",
 )
+# Figure 3 from a policy that wins (grid.START_FROM): 30 more A steps from
+# GiGPO's 30-step policy, on the outcome or the dense reward alone; each
+# dense cell's "− base" is the outcome's.
+LABELS["from_gigpo_baseline_nopen"] = f"GiGPO, then 30 A steps more{NOPEN}"
+for _m in (2, 3):
+  LABELS[f"from_gigpo_dense_only_partial{_m}_nopen"] = (
+      f"GiGPO, then 30 A steps on the dense reward alone (partial,"
+      f" m = {_m}){NOPEN}"
+  )
 PARTIAL_RSPO = tuple(
     f"rspo_partial{m}{pen}" for pen in ("_nopen", "") for m in PARTIAL_M
 )
@@ -207,6 +216,9 @@ RSPO_CELLS = (
 # with the same penalty and the same LoRA setting; every other cell's is
 # GiGPO ("baseline").
 BASES = {
+    "from_gigpo_baseline_nopen": "baseline_nopen",
+    "from_gigpo_dense_only_partial2_nopen": "from_gigpo_baseline_nopen",
+    "from_gigpo_dense_only_partial3_nopen": "from_gigpo_baseline_nopen",
     "rspo_decoy_nopen": "baseline_nopen",
     "rspo_nopen": "baseline_nopen",
     "rspo_lora": "baseline_lora",
