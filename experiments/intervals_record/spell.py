@@ -192,15 +192,16 @@ def contrasts() -> list:
     a = "rspo_adaptive_partial2_nopen"
     c.append(_l6(a, b))
   # The knob at L = 6, m = 4 (session 9; the dense reward alone is hacked
-  # from the start): the same contrasts as m = 2's, and RSPO_O.
-  for b in (
-      "baseline_nopen",
-      "baseline_long_nopen",
-      "dense_only_partial4_nopen",
-      "rspo_o_nopen",
-  ):
-    a = "rspo_partial4_nopen"
-    c.append(_l6(a, b))
+  # from the start) and m = 3 (session 10): the same contrasts as m = 2's,
+  # and RSPO_O.
+  for m in (4, 3):
+    for b in (
+        "baseline_nopen",
+        "baseline_long_nopen",
+        f"dense_only_partial{m}_nopen",
+        "rspo_o_nopen",
+    ):
+      c.append(_l6(f"rspo_partial{m}_nopen", b))
   # The partly misleading regime at L = 4, m = 2, no penalty (session 8;
   # its own regenerated warm start, the GiGPO cells archived earlier).
   for a, b in (
@@ -296,6 +297,8 @@ def levels() -> list:
       "rspo_o_nopen",
       "dense_only_partial4_nopen",
       "rspo_partial4_nopen",
+      "dense_only_partial3_nopen",
+      "rspo_partial3_nopen",
   ):
     lv.append(
         level(
@@ -483,6 +486,12 @@ def by_seed() -> list:
           L6,
           "rspo_partial4_nopen",
           ("baseline_long_nopen", "dense_only_partial4_nopen"),
+      ),
+      _by_seed(
+          f"spell L6 rspo_partial3_nopen - max({env}), by seed",
+          L6,
+          "rspo_partial3_nopen",
+          ("baseline_long_nopen", "dense_only_partial3_nopen"),
       ),
       _by_seed(
           f"spell L=4 rspo_partial2_nopen - max({env}), by seed",

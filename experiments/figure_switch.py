@@ -1,0 +1,152 @@
+r"""Figure 3 on spell: the dense reward alone from a policy that wins.
+
+  python experiments/figure_switch.py  # spell_L4_figure3_switch.png
+
+GiGPO trains 30 A steps from the warm start (``baseline_nopen``), then
+30 more from its final policy (grid.START_FROM): on the outcome
+(``from_gigpo_baseline_nopen``) or on the dense reward alone with m = 2
+or 3 decoy positions (``from_gigpo_dense_only_partial{2,3}_nopen``).
+Left: A's rollout success by A step, 1-30 the GiGPO start, 31-60 each
+branch; right: the branches' dense return (L x the mean dense reward a
+turn; a won episode's is (L - m) / L, typing the decoys on the last m
+positions earns 1). Thin lines are seeds, thick ones their mean over
+the seeds whose start wins (``WINNING``). Reads the archive alone
+(docs/results/archive/study_spell_L4_D1_switch). ``summary`` prints
+the numbers docs/results.md quotes, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from rspo_jax.metrics import metrics_path, read_metrics  # noqa: E402
+
+ARCHIVE = os.path.join(
+    ROOT, "docs", "results", "archive", "study_spell_L4_D1_switch"
+)
+OUT = os.path.join(ROOT, "docs", "results", "spell_L4_figure3_switch.png")
+START = "baseline_nopen"
+BRANCHES = {
+    "from_gigpo_baseline_nopen": "GiGPO on the outcome",
+    "from_gigpo_dense_only_partial2_nopen": "dense alone, m = 2",
+    "from_gigpo_dense_only_partial3_nopen": "dense alone, m = 3",
+}
+SEEDS = (0, 200, 400, 600, 800)
+# Seeds whose 30-step GiGPO policy wins (its last rollouts 55-70 %, the
+# archived baseline_nopen; seed 200's 2 %), fixed before the runs
+# (docs/results/log.md, 2026-12-07, session 10).
+WINNING = (0, 400, 600, 800)
+WORD_LENGTH = 4
+EDGE = 3  # steps averaged at each end
+
+
+def curves(archive: str, variant: str, seed: int) -> dict:
+  """A's rows of one run: {'success': %, 'dense': dense return} by step."""
+  run = os.path.join(archive, f"spell_gigpo_{variant}_s{seed}")
+  rows = read_metrics(metrics_path(run), "A")
+  return {
+      "success": np.array([100 * r["rollout_success_rate"] for r in rows]),
+      "dense": np.array([WORD_LENGTH * r["dense_reward_mean"] for r in rows]),
+  }
+
+
+def summary(archive: str = ARCHIVE) -> dict:
+  """Per branch and seed: success over the start's last EDGE steps and
+  the branch's first and last EDGE steps, and the branch's dense return
+  over its first and last EDGE steps."""
+  out = {}
+  for v in BRANCHES:
+    per = {}
+    for seed in SEEDS:
+      start, c = curves(archive, START, seed), curves(archive, v, seed)
+      per[seed] = {
+          "start_success": round(float(start["success"][-EDGE:].mean()), 1),
+          "first_success": round(float(c["success"][:EDGE].mean()), 1),
+          "last_success": round(float(c["success"][-EDGE:].mean()), 1),
+          "first_dense": round(float(c["dense"][:EDGE].mean()), 3),
+          "last_dense": round(float(c["dense"][-EDGE:].mean()), 3),
+      }
+    out[v] = per
+  return out
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--archive", default=ARCHIVE)
+  p.add_argument("--out", default=OUT)
+  p.add_argument("--summary", action="store_true", help="print JSON only")
+  args = p.parse_args(argv)
+  if args.summary:
+    print(json.dumps(summary(args.archive), indent=1))
+    return
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+  start = [curves(args.archive, START, s)["success"] for s in WINNING]
+  n = len(start[0])
+  x0 = np.arange(1, n + 1)
+  for s in start:
+    left.plot(x0, s, color="gray", lw=0.5, alpha=0.6)
+  left.plot(x0, np.mean(start, 0), color="k", lw=2, label="GiGPO (the start)")
+  for i, (v, label) in enumerate(BRANCHES.items()):
+    runs = [curves(args.archive, v, s) for s in WINNING]
+    x = np.arange(n + 1, n + 1 + len(runs[0]["success"]))
+    for r in runs:
+      left.plot(x, r["success"], color=f"C{i}", lw=0.5, alpha=0.6)
+    left.plot(
+        x,
+        np.mean([r["success"] for r in runs], 0),
+        color=f"C{i}",
+        lw=2,
+        label=label,
+    )
+    if "dense" in label:
+      for r in runs:
+        right.plot(x, r["dense"], color=f"C{i}", lw=0.5, alpha=0.6)
+      right.plot(
+          x,
+          np.mean([r["dense"] for r in runs], 0),
+          color=f"C{i}",
+          lw=2,
+          label=f"{label}: dense return",
+      )
+      right.plot(
+          x,
+          np.mean([r["success"] for r in runs], 0) / 100,
+          color=f"C{i}",
+          lw=2,
+          ls="--",
+          label=f"{label}: success",
+      )
+  left.axvline(n + 0.5, color="gray", ls=":")
+  left.set_xlabel("A step")
+  left.set_ylabel("A's rollout success, %")
+  left.legend(fontsize=7)
+  left.set_title("success: 30 GiGPO steps, then each branch", fontsize=9)
+  right.set_xlabel("A step")
+  right.set_ylabel("dense return / success (fraction)")
+  right.set_title("the dense-alone branches", fontsize=9)
+  right.legend(fontsize=7)
+  fig.suptitle(
+      "Spell L = 4, no penalty: the dense reward alone from a policy that"
+      f" wins (seeds {', '.join(map(str, WINNING))})",
+      fontsize=10,
+  )
+  fig.tight_layout()
+  fig.savefig(args.out, dpi=110)
+  print(args.out)
+
+
+if __name__ == "__main__":
+  main()
