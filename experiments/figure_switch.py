@@ -5,7 +5,9 @@ r"""Figure 3 on spell: the dense reward alone from a policy that wins.
 GiGPO trains 30 A steps from the warm start (``baseline_nopen``), then
 30 more from its final policy (grid.START_FROM): on the outcome
 (``from_gigpo_baseline_nopen``) or on the dense reward alone with m = 2
-or 3 decoy positions (``from_gigpo_dense_only_partial{2,3}_nopen``).
+or 3 decoy positions (``from_gigpo_dense_only_partial{2,3}_nopen``), or
+as RSPO+GiGPO with B on the m = 3 reward (``from_gigpo_rspo_partial3_
+nopen``).
 Left: A's rollout success by A step, 1-30 the GiGPO start, 31-60 each
 branch; right: the branches' dense return (L x the mean dense reward a
 turn; a won episode's is (L - m) / L, typing the decoys on the last m
@@ -38,6 +40,7 @@ BRANCHES = {
     "from_gigpo_baseline_nopen": "GiGPO on the outcome",
     "from_gigpo_dense_only_partial2_nopen": "dense alone, m = 2",
     "from_gigpo_dense_only_partial3_nopen": "dense alone, m = 3",
+    "from_gigpo_rspo_partial3_nopen": "RSPO+GiGPO, B on m = 3",
 }
 SEEDS = (0, 200, 400, 600, 800)
 # Seeds whose 30-step GiGPO policy wins (its last rollouts 55-70 %, the

@@ -480,22 +480,21 @@ SPELL_VARIANTS["dense_only_x3_partial2_nopen"] = (
 # wins. GiGPO trains 30 A steps from the warm start (``baseline_nopen``,
 # 55-70 % of rollouts won at 4 of 5 seeds at L = 4); these cells go on
 # 30 A steps from its final policy (fresh Adam moments), on the dense
-# reward alone with m = 2 or 3 decoy positions, or on the outcome
-# (``from_gigpo_baseline_nopen``, the control). The start is the
-# policy's, not the warm start's, so the dense reward can be seen
-# rising while success falls.
-START_FROM = {
-    "from_gigpo_baseline_nopen": "baseline_nopen",
-    **{
-        f"from_gigpo_dense_only_partial{m}_nopen": "baseline_nopen"
-        for m in (2, 3)
-    },
-}
-SPELL_VARIANTS["from_gigpo_baseline_nopen"] = SPELL_VARIANTS["baseline_nopen"]
-for _m in (2, 3):
-  SPELL_VARIANTS[f"from_gigpo_dense_only_partial{_m}_nopen"] = SPELL_VARIANTS[
-      f"dense_only_partial{_m}_nopen"
-  ]
+# reward alone with m = 2 or 3 decoy positions, on the outcome
+# (``from_gigpo_baseline_nopen``, the control), or as RSPO+GiGPO with B
+# on the m = 3 reward (``from_gigpo_rspo_partial3_nopen``: does RSPO
+# keep A from a dense reward that is hacked?). The start is the
+# policy's, not the warm start's, so the dense reward can be seen rising
+# while success falls.
+SWITCHED = (
+    "baseline_nopen",
+    "dense_only_partial2_nopen",
+    "dense_only_partial3_nopen",
+    "rspo_partial3_nopen",
+)
+START_FROM = {f"from_gigpo_{v}": "baseline_nopen" for v in SWITCHED}
+for _v in SWITCHED:
+  SPELL_VARIANTS[f"from_gigpo_{_v}"] = SPELL_VARIANTS[_v]
 # Overrides after --extra (RunSpec.late_overrides), by variant.
 SPELL_LATE = {
     "baseline_long": LONG,

@@ -50,6 +50,7 @@ SWITCH = (  # Figure 3 from a policy that wins
     "from_gigpo_baseline_nopen",
     "from_gigpo_dense_only_partial2_nopen",
     "from_gigpo_dense_only_partial3_nopen",
+    "from_gigpo_rspo_partial3_nopen",
 )
 
 
@@ -241,7 +242,8 @@ def test_switch_cells_start_from_gigpos_final_policy(tmp_path):
     assert c.train.total_steps == 30
     assert c.algo.invalid_action_penalty == 0.0
     m = next((m for m in (2, 3) if f"partial{m}" in base), 0)
-    assert c.rspo.dense_only == bool(m)
+    assert c.rspo.dense_only == base.startswith("dense_only")
+    assert c.rspo.enabled == base.startswith("rspo")
     assert c.env.kwargs.decoy_positions == m
   assert runner.from_start_run(dep, root) == dep
 

@@ -190,6 +190,9 @@ for _m in (2, 3):
       f"GiGPO, then 30 A steps on the dense reward alone (partial,"
       f" m = {_m}){NOPEN}"
   )
+LABELS["from_gigpo_rspo_partial3_nopen"] = (
+    f"GiGPO, then 30 A steps of RSPO+GiGPO (partial, m = 3), k = 10{NOPEN}"
+)
 PARTIAL_RSPO = tuple(
     f"rspo_partial{m}{pen}" for pen in ("_nopen", "") for m in PARTIAL_M
 )
@@ -219,6 +222,7 @@ BASES = {
     "from_gigpo_baseline_nopen": "baseline_nopen",
     "from_gigpo_dense_only_partial2_nopen": "from_gigpo_baseline_nopen",
     "from_gigpo_dense_only_partial3_nopen": "from_gigpo_baseline_nopen",
+    "from_gigpo_rspo_partial3_nopen": "from_gigpo_baseline_nopen",
     "rspo_decoy_nopen": "baseline_nopen",
     "rspo_nopen": "baseline_nopen",
     "rspo_lora": "baseline_lora",
