@@ -82,7 +82,11 @@ instruct model: the cells differ in RL only, and the grid does not repeat
 the SFT (most of a CPU run's time) in every run. It is evaluated once too
 (``launch/eval.py`` into ``<root>/warm_start_<env>/eval_start.json``), and
 every run copies that as its start-of-RL evaluation. ``--own_warm_start`` (or a
-``model.checkpoint_dir`` in ``--extra``) turns this off. ``--rl_extra``
+``model.checkpoint_dir`` in ``--extra``) turns this off. A cell with a
+``start_from`` (grid.START_FROM: the spell study's ``from_gigpo_*`` cells)
+starts instead from the final policy of the same seed's run of that
+variant under ``--root`` (exported there by ``--archive``), after every
+other run, taking that run's final evaluation as its start's. ``--rl_extra``
 overrides go to the RL runs only: another RL recipe from the same warm
 start (a new ``--root`` whose ``warm_start_<env>`` links to the first's is
 not behaviour-cloned again), e.g. the WebShop study training every row:
