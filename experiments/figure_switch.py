@@ -41,6 +41,7 @@ BRANCHES = {
     "from_gigpo_dense_only_partial2_nopen": "dense alone, m = 2",
     "from_gigpo_dense_only_partial3_nopen": "dense alone, m = 3",
     "from_gigpo_rspo_partial3_nopen": "RSPO+GiGPO, B on m = 3",
+    "from_gigpo_baseline_long_nopen": "GiGPO, 60 steps (RSPO's env steps)",
 }
 SEEDS = (0, 200, 400, 600, 800)
 # Seeds whose 30-step GiGPO policy wins (its last rollouts 55-70 %, the

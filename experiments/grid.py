@@ -495,12 +495,19 @@ SWITCHED = (
 START_FROM = {f"from_gigpo_{v}": "baseline_nopen" for v in SWITCHED}
 for _v in SWITCHED:
   SPELL_VARIANTS[f"from_gigpo_{_v}"] = SPELL_VARIANTS[_v]
+# GiGPO on the outcome for 60 A steps from the same start: the RSPO cell's
+# environment steps (EQUAL_ENV_STEPS, its steps after --extra's).
+START_FROM["from_gigpo_baseline_long_nopen"] = "baseline_nopen"
+SPELL_VARIANTS["from_gigpo_baseline_long_nopen"] = SPELL_VARIANTS[
+    "baseline_nopen"
+]
 # Overrides after --extra (RunSpec.late_overrides), by variant.
 SPELL_LATE = {
     "baseline_long": LONG,
     "baseline_long_nopen": LONG,
     "baseline_x3_nopen": "steps=90",
     "dense_only_x3_partial2_nopen": "steps=90",
+    "from_gigpo_baseline_long_nopen": LONG,
 }
 
 

@@ -51,6 +51,7 @@ SWITCH = (  # Figure 3 from a policy that wins
     "from_gigpo_dense_only_partial2_nopen",
     "from_gigpo_dense_only_partial3_nopen",
     "from_gigpo_rspo_partial3_nopen",
+    "from_gigpo_baseline_long_nopen",
 )
 
 
@@ -229,7 +230,7 @@ def test_switch_cells_start_from_gigpos_final_policy(tmp_path):
   policy = os.path.join(root, dep.name, "final_policy")
   for s in switched:
     base = s.variant.removeprefix("from_gigpo_")
-    assert s.overrides == grid.SPELL_VARIANTS[base]
+    assert s.overrides == grid.SPELL_VARIANTS[base.replace("_long", "")]
     assert s.start_from == "baseline_nopen"
     assert grid.start_run(s) == "spell_gigpo_baseline_nopen_s400"
     r = runner.from_start_run(grid.from_warm_start(s, "/ws/warm_start"), root)
@@ -239,7 +240,7 @@ def test_switch_cells_start_from_gigpos_final_policy(tmp_path):
     assert r.start_eval == os.path.join(root, dep.name, "eval_final.json")
     c = parse(r, extra)
     assert c.model.checkpoint_dir == policy
-    assert c.train.total_steps == 30
+    assert c.train.total_steps == (60 if "long" in base else 30)
     assert c.algo.invalid_action_penalty == 0.0
     m = next((m for m in (2, 3) if f"partial{m}" in base), 0)
     assert c.rspo.dense_only == base.startswith("dense_only")

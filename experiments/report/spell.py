@@ -190,6 +190,10 @@ for _m in (2, 3):
       f"GiGPO, then 30 A steps on the dense reward alone (partial,"
       f" m = {_m}){NOPEN}"
   )
+LABELS["from_gigpo_baseline_long_nopen"] = (
+    f"GiGPO, then {EQUAL_ENV_STEPS} A steps more (RSPO's environment"
+    f" steps){NOPEN}"
+)
 LABELS["from_gigpo_rspo_partial3_nopen"] = (
     f"GiGPO, then 30 A steps of RSPO+GiGPO (partial, m = 3), k = 10{NOPEN}"
 )
@@ -223,6 +227,7 @@ BASES = {
     "from_gigpo_dense_only_partial2_nopen": "from_gigpo_baseline_nopen",
     "from_gigpo_dense_only_partial3_nopen": "from_gigpo_baseline_nopen",
     "from_gigpo_rspo_partial3_nopen": "from_gigpo_baseline_nopen",
+    "from_gigpo_baseline_long_nopen": "from_gigpo_baseline_nopen",
     "rspo_decoy_nopen": "baseline_nopen",
     "rspo_nopen": "baseline_nopen",
     "rspo_lora": "baseline_lora",
