@@ -476,39 +476,35 @@ SPELL_VARIANTS["baseline_x3_nopen"] = f"rspo=0,{DENSE},{NO_PENALTY}"
 SPELL_VARIANTS["dense_only_x3_partial2_nopen"] = (
     f"{DENSE_ONLY},{partial(2)},{NO_PENALTY}"
 )
-# Figure 3 on spell: the dense reward alone from a policy that already
-# wins. GiGPO trains 30 A steps from the warm start (``baseline_nopen``,
-# 55-70 % of rollouts won at 4 of 5 seeds at L = 4); these cells go on
-# 30 A steps from its final policy (fresh Adam moments), on the dense
-# reward alone with m = 2 or 3 decoy positions, on the outcome
-# (``from_gigpo_baseline_nopen``, the control), or as RSPO+GiGPO with B
-# on the m = 3 reward (``from_gigpo_rspo_partial3_nopen``: does RSPO
-# keep A from a dense reward that is hacked?). The start is the
-# policy's, not the warm start's, so the dense reward can be seen rising
-# while success falls.
-SWITCHED = (
-    "baseline_nopen",
-    "dense_only_partial2_nopen",
-    "dense_only_partial3_nopen",
-    "rspo_partial3_nopen",
-)
-START_FROM = {f"from_gigpo_{v}": "baseline_nopen" for v in SWITCHED}
-for _v in SWITCHED:
-  SPELL_VARIANTS[f"from_gigpo_{_v}"] = SPELL_VARIANTS[_v]
-# GiGPO on the outcome for 60 A steps from the same start: the RSPO cell's
-# environment steps (EQUAL_ENV_STEPS, its steps after --extra's).
-START_FROM["from_gigpo_baseline_long_nopen"] = "baseline_nopen"
-SPELL_VARIANTS["from_gigpo_baseline_long_nopen"] = SPELL_VARIANTS[
-    "baseline_nopen"
-]
 # Overrides after --extra (RunSpec.late_overrides), by variant.
 SPELL_LATE = {
     "baseline_long": LONG,
     "baseline_long_nopen": LONG,
     "baseline_x3_nopen": "steps=90",
     "dense_only_x3_partial2_nopen": "steps=90",
-    "from_gigpo_baseline_long_nopen": LONG,
 }
+# Figure 3 on spell: the dense reward alone from a policy that already
+# wins. GiGPO trains 30 A steps from the warm start (``baseline_nopen``,
+# 55-70 % of rollouts won at 4 of 5 seeds at L = 4); the cell
+# ``from_gigpo_<v>`` goes on from its final policy (fresh Adam moments)
+# as cell v: on the outcome (the control; 60 A steps, RSPO's environment
+# steps, for ``baseline_long_nopen``), on the dense reward alone with
+# m = 2 or 3 decoy positions, or as RSPO+GiGPO with B on the m = 3
+# reward (does RSPO keep A from a dense reward that is hacked?). The
+# start is a policy that wins, not the warm start, so the dense reward
+# can be seen rising while success falls.
+SWITCHED = (
+    "baseline_nopen",
+    "dense_only_partial2_nopen",
+    "dense_only_partial3_nopen",
+    "rspo_partial3_nopen",
+    "baseline_long_nopen",
+)
+START_FROM = {f"from_gigpo_{v}": "baseline_nopen" for v in SWITCHED}
+for _v in SWITCHED:
+  SPELL_VARIANTS[f"from_gigpo_{_v}"] = SPELL_VARIANTS[_v]
+  if _v in SPELL_LATE:
+    SPELL_LATE[f"from_gigpo_{_v}"] = SPELL_LATE[_v]
 
 
 def partial_study(penalty: bool = False) -> tuple[str, ...]:

@@ -230,7 +230,7 @@ def test_switch_cells_start_from_gigpos_final_policy(tmp_path):
   policy = os.path.join(root, dep.name, "final_policy")
   for s in switched:
     base = s.variant.removeprefix("from_gigpo_")
-    assert s.overrides == grid.SPELL_VARIANTS[base.replace("_long", "")]
+    assert s.overrides == grid.SPELL_VARIANTS[base]
     assert s.start_from == "baseline_nopen"
     assert grid.start_run(s) == "spell_gigpo_baseline_nopen_s400"
     r = runner.from_start_run(grid.from_warm_start(s, "/ws/warm_start"), root)
