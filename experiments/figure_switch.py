@@ -136,7 +136,7 @@ def main(argv=None) -> None:
   left.axvline(n + 0.5, color="gray", ls=":")
   left.set_xlabel("A step")
   left.set_ylabel("A's rollout success, %")
-  left.legend(fontsize=7)
+  left.legend(fontsize=7, loc="center left")
   left.set_title("success: 30 GiGPO steps, then each branch", fontsize=9)
   right.set_xlabel("A step")
   right.set_ylabel("dense return / success (fraction)")

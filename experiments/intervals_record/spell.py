@@ -22,6 +22,15 @@ from rspo_jax import intervals
 
 SPELL = "spell"
 L4, L6, L8 = "study_spell_L4_D1", "study_spell_L6_D1", "study_spell_L8_D1"
+# 30 or 60 A steps more from GiGPO's 30-step policy (grid.START_FROM).
+SWITCH = "study_spell_L4_D1_switch"
+SWITCH_CELLS = (
+    "from_gigpo_baseline_nopen",
+    "from_gigpo_baseline_long_nopen",
+    "from_gigpo_dense_only_partial2_nopen",
+    "from_gigpo_dense_only_partial3_nopen",
+    "from_gigpo_rspo_partial3_nopen",
+)
 
 
 def _l6_seeds(*cells) -> tuple:
@@ -74,6 +83,22 @@ def _by_seed(claim: str, study: str, a: str, others: tuple):
       others,
       "T=1",
       seeds_run(study, SPELL, "gigpo", a, *others),
+  )
+
+
+def _switch(a: str, b: str):
+  """Cell a - cell b of the switch study (both from GiGPO's 30-step
+  policy of the same seed), T = 1, over independent seeds."""
+  return contrast(
+      f"spell L=4 {a} - {b}",
+      SWITCH,
+      SPELL,
+      "gigpo",
+      a,
+      b,
+      "T=1",
+      SEEDS5,
+      SEEDS5,
   )
 
 
@@ -249,6 +274,14 @@ def contrasts() -> list:
           (0,),
       )
   )
+  # From GiGPO's 30-step policy (session 10): RSPO with B on the m = 3
+  # reward against GiGPO at equal A steps (30), at RSPO's environment
+  # steps (60), and the dense reward alone; each dense reward alone
+  # against GiGPO.
+  for b in SWITCH_CELLS[:2] + SWITCH_CELLS[3:4]:
+    c.append(_switch("from_gigpo_rspo_partial3_nopen", b))
+  for a in SWITCH_CELLS[2:4]:
+    c.append(_switch(a, "from_gigpo_baseline_nopen"))
   return c
 
 
@@ -372,6 +405,18 @@ def levels() -> list:
           "8.0 [4.3, 12.9]",
       )
   )
+  for cell in ("baseline_nopen",) + SWITCH_CELLS:
+    lv.append(
+        level(
+            f"spell L=4 {cell} (switch study)",
+            SWITCH,
+            SPELL,
+            "gigpo",
+            cell,
+            "T=1",
+            SEEDS5,
+        )
+    )
   return lv
 
 
@@ -492,6 +537,17 @@ def by_seed() -> list:
           L6,
           "rspo_partial3_nopen",
           ("baseline_long_nopen", "dense_only_partial3_nopen"),
+      ),
+      _by_seed(
+          "spell L=4 from_gigpo_rspo_partial3_nopen - max(GiGPO at RSPO's"
+          " env steps, dense alone), both from GiGPO's 30-step policy,"
+          " by seed",
+          SWITCH,
+          "from_gigpo_rspo_partial3_nopen",
+          (
+              "from_gigpo_baseline_long_nopen",
+              "from_gigpo_dense_only_partial3_nopen",
+          ),
       ),
       _by_seed(
           f"spell L=4 rspo_partial2_nopen - max({env}), by seed",
