@@ -990,8 +990,12 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
       "webshop_grpo_rspo_s0/run.json",
   ]
   a = arch / "webshop_grpo_rspo_s0"
-  for n in ("run.json", "eval_final.json", "eval_final_t04.json"):
-    assert (a / n).read_bytes() == open(os.path.join(wd, n), "rb").read()
+  assert (a / "run.json").read_bytes() == open(wd + "/run.json", "rb").read()
+  for n in ("eval_final.json", "eval_final_t04.json"):  # the same values,
+    source = json.load(open(os.path.join(wd, n)))  # without indentation
+    assert (a / n).read_bytes() == json.dumps(
+        source, separators=(",", ":")
+    ).encode()
   rows = read_metrics(str(a / "metrics.jsonl.gz"))
   assert [r["phase"] for r in rows] == ["eval", "A", "A", "B"]
   assert rows == [
@@ -1005,9 +1009,17 @@ def test_archive_copies_exactly_the_small_files(tmp_path):
   write_eval(os.path.join(wd, "eval_final.json"), [0, 0])
   ra.archive_run(wd, str(arch))
   assert not os.path.exists(a / "eval_final_t04.json")
-  assert (a / "eval_final.json").read_bytes() == open(
-      os.path.join(wd, "eval_final.json"), "rb"
-  ).read()
+  assert json.loads((a / "eval_final.json").read_bytes()) == json.load(
+      open(os.path.join(wd, "eval_final.json"))
+  )
+  # An archived copy's indented evaluation (the older format) is made
+  # compact when its run is archived again, and is still the same run.
+  (a / "eval_final.json").write_text(
+      json.dumps(json.load(open(os.path.join(wd, "eval_final.json"))), indent=1)
+  )
+  assert ra.same_run(wd, str(arch))
+  assert ra.archive_run(wd, str(arch)) == ["eval_final.json"]
+  assert b"\n" not in (a / "eval_final.json").read_bytes()
 
 
 def test_archived_metrics_gzip_is_deterministic(tmp_path, monkeypatch):
@@ -1279,9 +1291,8 @@ def test_study_with_an_archive_retrains_only_the_missing(tmp_path, capsys):
       str(arch),
   )
   ws = str(root / "warm_start_webshop")
-  assert (
-      open(os.path.join(ws, "eval_start.json")).read()
-      == (aws / "eval_start.json").read_text()
+  assert json.load(open(os.path.join(ws, "eval_start.json"))) == json.loads(
+      (aws / "eval_start.json").read_text()
   )
   assert "eval.py" not in open(os.path.join(ws, "train.log")).read()
   r = runner.shared_start_eval(
