@@ -278,10 +278,19 @@ def contrasts() -> list:
   # reward against GiGPO at equal A steps (30), at RSPO's environment
   # steps (60), and the dense reward alone; each dense reward alone
   # against GiGPO.
-  for b in SWITCH_CELLS[:2] + SWITCH_CELLS[3:4]:
+  for b in (
+      "from_gigpo_baseline_nopen",
+      "from_gigpo_baseline_long_nopen",
+      "from_gigpo_dense_only_partial3_nopen",
+  ):
     c.append(_switch("from_gigpo_rspo_partial3_nopen", b))
-  for a in SWITCH_CELLS[2:4]:
-    c.append(_switch(a, "from_gigpo_baseline_nopen"))
+  for m in (2, 3):
+    c.append(
+        _switch(
+            f"from_gigpo_dense_only_partial{m}_nopen",
+            "from_gigpo_baseline_nopen",
+        )
+    )
   return c
 
 
