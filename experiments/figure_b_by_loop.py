@@ -55,6 +55,7 @@ def main(argv=None) -> None:
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
+  from report.common import save_figure  # noqa: PLC0415
 
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
   for ax, m in zip(axes, TITLES):
@@ -80,7 +81,7 @@ def main(argv=None) -> None:
       fontsize=10,
   )
   fig.tight_layout()
-  fig.savefig(args.out, dpi=110)
+  save_figure(fig, args.out, dpi=110)
   print(args.out)
 
 

@@ -82,6 +82,14 @@ def summary(archive: str = ARCHIVE) -> dict:
   return out
 
 
+def _seeds_and_mean(ax, x, ys, color, label, seed_color=None) -> None:
+  """One thin line a seed (in ``seed_color``, default ``color``) and a
+  thick one for their mean, labelled."""
+  for y in ys:
+    ax.plot(x, y, color=seed_color or color, lw=0.5, alpha=0.6)
+  ax.plot(x, np.mean(ys, 0), color=color, lw=2, label=label)
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--archive", default=ARCHIVE)
@@ -95,35 +103,25 @@ def main(argv=None) -> None:
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
+  from report.common import save_figure  # noqa: PLC0415
 
   fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
   start = [curves(args.archive, START, s)["success"] for s in WINNING]
   n = len(start[0])
-  x0 = np.arange(1, n + 1)
-  for s in start:
-    left.plot(x0, s, color="gray", lw=0.5, alpha=0.6)
-  left.plot(x0, np.mean(start, 0), color="k", lw=2, label="GiGPO (the start)")
+  _seeds_and_mean(
+      left, np.arange(1, n + 1), start, "k", "GiGPO (the start)", "gray"
+  )
   for i, (v, label) in enumerate(BRANCHES.items()):
     runs = [curves(args.archive, v, s) for s in WINNING]
     x = np.arange(n + 1, n + 1 + len(runs[0]["success"]))
-    for r in runs:
-      left.plot(x, r["success"], color=f"C{i}", lw=0.5, alpha=0.6)
-    left.plot(
-        x,
-        np.mean([r["success"] for r in runs], 0),
-        color=f"C{i}",
-        lw=2,
-        label=label,
-    )
+    _seeds_and_mean(left, x, [r["success"] for r in runs], f"C{i}", label)
     if "dense" in label:
-      for r in runs:
-        right.plot(x, r["dense"], color=f"C{i}", lw=0.5, alpha=0.6)
-      right.plot(
+      _seeds_and_mean(
+          right,
           x,
-          np.mean([r["dense"] for r in runs], 0),
-          color=f"C{i}",
-          lw=2,
-          label=f"{label}: dense return",
+          [r["dense"] for r in runs],
+          f"C{i}",
+          f"{label}: dense return",
       )
       right.plot(
           x,
@@ -148,7 +146,7 @@ def main(argv=None) -> None:
       fontsize=10,
   )
   fig.tight_layout()
-  fig.savefig(args.out, dpi=110)
+  save_figure(fig, args.out, dpi=110)
   print(args.out)
 
 

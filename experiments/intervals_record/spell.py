@@ -39,11 +39,12 @@ def _l6_seeds(*cells) -> tuple:
   return seeds_run(L6, SPELL, "gigpo", *cells)
 
 
-def _l4(a: str, b: str, quoted=None, seeds_a=SEEDS5, seeds_b=SEEDS5):
-  """Cell a - cell b at L = 4, T = 1."""
+def _l4(a: str, b: str, quoted=None, seeds_a=SEEDS5, seeds_b=SEEDS5, study=L4):
+  """Cell a - cell b at L = 4, T = 1 (``study``: the L = 4 archive they
+  are in)."""
   return contrast(
       f"spell L=4 {a} - {b}",
-      L4,
+      study,
       SPELL,
       "gigpo",
       a,
@@ -83,22 +84,6 @@ def _by_seed(claim: str, study: str, a: str, others: tuple):
       others,
       "T=1",
       seeds_run(study, SPELL, "gigpo", a, *others),
-  )
-
-
-def _switch(a: str, b: str):
-  """Cell a - cell b of the switch study (both from GiGPO's 30-step
-  policy of the same seed), T = 1, over independent seeds."""
-  return contrast(
-      f"spell L=4 {a} - {b}",
-      SWITCH,
-      SPELL,
-      "gigpo",
-      a,
-      b,
-      "T=1",
-      SEEDS5,
-      SEEDS5,
   )
 
 
@@ -283,12 +268,13 @@ def contrasts() -> list:
       "from_gigpo_baseline_long_nopen",
       "from_gigpo_dense_only_partial3_nopen",
   ):
-    c.append(_switch("from_gigpo_rspo_partial3_nopen", b))
+    c.append(_l4("from_gigpo_rspo_partial3_nopen", b, study=SWITCH))
   for m in (2, 3):
     c.append(
-        _switch(
+        _l4(
             f"from_gigpo_dense_only_partial{m}_nopen",
             "from_gigpo_baseline_nopen",
+            study=SWITCH,
         )
     )
   return c

@@ -110,14 +110,15 @@ def plot_atomic(
   return True
 
 
-def save_figure(fig, out_path: str) -> None:
+def save_figure(fig, out_path: str, dpi=None) -> None:
   """Writes a matplotlib figure as a PNG to ``out_path`` via a tmp file
-  (a reader never sees half a file) and closes it."""
+  (a reader never sees half a file) and closes it; ``dpi`` as savefig's
+  (None: matplotlib's default)."""
   import matplotlib.pyplot as plt  # noqa: PLC0415  (loaded with the figure)
 
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   tmp = out_path + ".tmp"
-  fig.savefig(tmp, format="png")
+  fig.savefig(tmp, format="png", dpi=dpi)
   plt.close(fig)
   os.replace(tmp, out_path)
 
